@@ -1,0 +1,160 @@
+//! Guest SDK for mounthost plugins.
+//!
+//! A plugin is a pure planner compiled to a `wasm32-wasip2` component. Its author implements
+//! [`Plugin`] and calls [`export_plugin!`] once:
+//!
+//! ```ignore
+//! use mounthost_plugin_sdk::*;
+//!
+//! struct Tmpfs;
+//! impl Plugin for Tmpfs {
+//!     fn info() -> PluginInfo { /* name, version, parameters */ }
+//!     fn stage(req: StageRequest) -> Result<Plan, BackendError> { /* steps */ }
+//! }
+//! export_plugin!(Tmpfs);
+//! ```
+//!
+//! Everything else has a default: `validate` accepts, `publish` bind-mounts the staging
+//! directory onto the target (read-only when asked), `unstage` adds nothing to the host's own
+//! tear-down, and `provision`, `delete` and `dynamic_mount` say the plugin does not support them.
+//! The [`params`] module turns the `list<kv>` the host sends into typed, validated values with
+//! errors that name the parameter; [`paths`] builds the path references plans must use.
+
+pub mod params;
+pub mod paths;
+
+/// Bindings generated from `wit/plugin.wit`. Plugin code normally uses the re-exports at the
+/// crate root instead.
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "plugin",
+        pub_export_macro: true,
+        export_macro_name: "__export_planner",
+        default_bindings_module: "mounthost_plugin_sdk::bindings",
+        additional_derives: [PartialEq],
+    });
+}
+
+pub use bindings::exports::mounthost::plugin::planner::Guest as __Guest;
+pub use bindings::mounthost::plugin::host::Level;
+pub use bindings::mounthost::plugin::types::*;
+pub use params::Params;
+pub use paths::{arg, cache, path_arg, runtime, staging, target};
+
+/// What a plugin implements. Only [`Plugin::info`] and [`Plugin::stage`] are required.
+pub trait Plugin {
+    /// Name, version and documented parameters.
+    fn info() -> PluginInfo;
+
+    /// Check StorageClass parameters, secrets and capabilities without planning.
+    fn validate(_req: ValidateRequest) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    /// Plan CreateVolume. Default: this plugin has no dynamic provisioning.
+    fn provision(_req: ProvisionRequest) -> Result<ProvisionPlan, BackendError> {
+        Err(BackendError::InvalidArgument(format!(
+            "plugin {} does not provision volumes; create a static PersistentVolume instead",
+            Self::info().name
+        )))
+    }
+
+    /// Plan DeleteVolume. Default: nothing to delete.
+    fn delete(_req: DeleteRequest) -> Result<Plan, BackendError> {
+        Ok(Plan::default())
+    }
+
+    /// Plan NodeStageVolume.
+    fn stage(req: StageRequest) -> Result<Plan, BackendError>;
+
+    /// Plan NodePublishVolume. Default: bind the staging directory onto the target,
+    /// read-only when the request or the access mode says so.
+    fn publish(req: PublishRequest) -> Result<Plan, BackendError> {
+        Ok(Plan {
+            steps: vec![Step::Bind(Bind {
+                source: staging(""),
+                target: target(""),
+                readonly: req.readonly || is_read_only(req.capability.access_mode),
+                options: Vec::new(),
+            })],
+            attributes: Vec::new(),
+        })
+    }
+
+    /// Plan extra clean-up for NodeUnstageVolume. Default: none.
+    fn unstage(_req: UnstageRequest) -> Result<Plan, BackendError> {
+        Ok(Plan::default())
+    }
+
+    /// Plan a dynamic mount asked for by a pod. Default: not supported.
+    fn dynamic_mount(_req: DynamicMountRequest) -> Result<Plan, BackendError> {
+        Err(BackendError::InvalidArgument(format!(
+            "plugin {} does not support dynamic mounts",
+            Self::info().name
+        )))
+    }
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Plan { steps: Vec::new(), attributes: Vec::new() }
+    }
+}
+
+/// True for the access modes that never write.
+pub fn is_read_only(mode: AccessMode) -> bool {
+    matches!(mode, AccessMode::SingleNodeReaderOnly | AccessMode::MultiNodeReaderOnly)
+}
+
+/// Shorthand for a [`Kv`].
+pub fn kv(key: impl Into<String>, value: impl Into<String>) -> Kv {
+    Kv { key: key.into(), value: value.into() }
+}
+
+/// Write a line to the host's log (tagged with plugin and volume there). Never log secrets.
+pub fn log(level: Level, message: &str) {
+    bindings::mounthost::plugin::host::log(level, message);
+}
+
+/// Export a type implementing [`Plugin`] as this component's `planner` interface.
+#[macro_export]
+macro_rules! export_plugin {
+    ($plugin:ty) => {
+        const _: () = {
+            struct __MounthostPlanner;
+            impl $crate::__Guest for __MounthostPlanner {
+                fn info() -> $crate::PluginInfo {
+                    <$plugin as $crate::Plugin>::info()
+                }
+                fn validate(req: $crate::ValidateRequest) -> Result<(), $crate::BackendError> {
+                    <$plugin as $crate::Plugin>::validate(req)
+                }
+                fn provision(
+                    req: $crate::ProvisionRequest,
+                ) -> Result<$crate::ProvisionPlan, $crate::BackendError> {
+                    <$plugin as $crate::Plugin>::provision(req)
+                }
+                fn delete(req: $crate::DeleteRequest) -> Result<$crate::Plan, $crate::BackendError> {
+                    <$plugin as $crate::Plugin>::delete(req)
+                }
+                fn stage(req: $crate::StageRequest) -> Result<$crate::Plan, $crate::BackendError> {
+                    <$plugin as $crate::Plugin>::stage(req)
+                }
+                fn publish(req: $crate::PublishRequest) -> Result<$crate::Plan, $crate::BackendError> {
+                    <$plugin as $crate::Plugin>::publish(req)
+                }
+                fn unstage(req: $crate::UnstageRequest) -> Result<$crate::Plan, $crate::BackendError> {
+                    <$plugin as $crate::Plugin>::unstage(req)
+                }
+                fn dynamic_mount(
+                    req: $crate::DynamicMountRequest,
+                ) -> Result<$crate::Plan, $crate::BackendError> {
+                    <$plugin as $crate::Plugin>::dynamic_mount(req)
+                }
+            }
+            $crate::bindings::__export_planner!(__MounthostPlanner with_types_in $crate::bindings);
+        };
+    };
+}

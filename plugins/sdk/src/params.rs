@@ -1,0 +1,185 @@
+//! Typed access to the `list<kv>` maps the host sends (parameters, context, secrets).
+//!
+//! Every error is `invalid-argument` and names the key and what would be accepted, because
+//! the person reading it is writing a StorageClass.
+
+use crate::{BackendError, Kv, ParamDoc, ParamSource};
+
+/// Build an `invalid-argument` error.
+pub fn invalid(message: impl Into<String>) -> BackendError {
+    BackendError::InvalidArgument(message.into())
+}
+
+/// A read-only view of one key/value list.
+#[derive(Debug, Clone)]
+pub struct Params<'a> {
+    /// What the list is, for messages: "parameter", "secret", ...
+    what: &'static str,
+    kvs: &'a [Kv],
+}
+
+impl<'a> Params<'a> {
+    /// Wrap a list; a key given twice is an error.
+    pub fn new(what: &'static str, kvs: &'a [Kv]) -> Result<Self, BackendError> {
+        for (i, kv) in kvs.iter().enumerate() {
+            if kvs[..i].iter().any(|earlier| earlier.key == kv.key) {
+                return Err(invalid(format!("{what} {:?} is given twice", kv.key)));
+            }
+        }
+        Ok(Params { what, kvs })
+    }
+
+    /// The raw value, if the key is present.
+    pub fn get(&self, key: &str) -> Option<&'a str> {
+        self.kvs.iter().find(|kv| kv.key == key).map(|kv| kv.value.as_str())
+    }
+
+    /// True if the key is present.
+    pub fn has(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// A non-empty text value.
+    pub fn text(&self, key: &str) -> Result<Option<&'a str>, BackendError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some("") => Err(invalid(format!(
+                "{} {key:?} is empty; remove it to use the default or give a value",
+                self.what
+            ))),
+            Some(v) if v.chars().any(char::is_control) => Err(invalid(format!(
+                "{} {key:?} contains a control character",
+                self.what
+            ))),
+            Some(v) => Ok(Some(v)),
+        }
+    }
+
+    /// A required non-empty text value.
+    pub fn required(&self, key: &str) -> Result<&'a str, BackendError> {
+        self.text(key)?
+            .ok_or_else(|| invalid(format!("{} {key:?} is required", self.what)))
+    }
+
+    /// `true` or `false` (exactly, lowercase, as Kubernetes writes them).
+    pub fn boolean(&self, key: &str) -> Result<Option<bool>, BackendError> {
+        match self.text(key)? {
+            None => Ok(None),
+            Some("true") => Ok(Some(true)),
+            Some("false") => Ok(Some(false)),
+            Some(v) => Err(invalid(format!(
+                "{} {key:?} must be \"true\" or \"false\", not {v:?}",
+                self.what
+            ))),
+        }
+    }
+
+    /// A whole decimal number within `min..=max`.
+    pub fn integer(&self, key: &str, min: u64, max: u64) -> Result<Option<u64>, BackendError> {
+        let Some(v) = self.text(key)? else { return Ok(None) };
+        let n = if v.bytes().all(|b| b.is_ascii_digit()) { v.parse::<u64>().ok() } else { None };
+        match n {
+            Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(invalid(format!(
+                "{} {key:?} must be a whole number from {min} to {max}, not {v:?}",
+                self.what
+            ))),
+        }
+    }
+
+    /// One of `allowed`.
+    pub fn choice(&self, key: &str, allowed: &[&str]) -> Result<Option<&'a str>, BackendError> {
+        match self.text(key)? {
+            None => Ok(None),
+            Some(v) if allowed.contains(&v) => Ok(Some(v)),
+            Some(v) => Err(invalid(format!(
+                "{} {key:?} must be one of {}, not {v:?}",
+                self.what,
+                allowed.join(", ")
+            ))),
+        }
+    }
+
+    /// Reject keys that are not documented for `source`. Keys with a `/` belong to the
+    /// container orchestrator (`csi.storage.k8s.io/pvc/name`, ...) and are ignored.
+    pub fn check_known(&self, docs: &[ParamDoc], source: ParamSource) -> Result<(), BackendError> {
+        for kv in self.kvs {
+            if kv.key.contains('/') {
+                continue;
+            }
+            let known = docs.iter().any(|d| d.name == kv.key && accepts(d.source, source));
+            if !known {
+                let mut names: Vec<&str> = docs
+                    .iter()
+                    .filter(|d| accepts(d.source, source))
+                    .map(|d| d.name.as_str())
+                    .collect();
+                names.sort_unstable();
+                return Err(invalid(format!(
+                    "unknown {} {:?}; accepted: {}",
+                    self.what,
+                    kv.key,
+                    names.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parameters documented as StorageClass parameters may also arrive through the volume context
+/// (provisioning copies them there), so a context list accepts both.
+fn accepts(doc: ParamSource, list: ParamSource) -> bool {
+    doc == list || (list == ParamSource::Context && doc == ParamSource::Parameter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ParamKind, kv};
+
+    fn doc(name: &str, source: ParamSource) -> ParamDoc {
+        ParamDoc {
+            name: name.into(),
+            doc: String::new(),
+            kind: ParamKind::Text,
+            source,
+            required: false,
+            default_value: None,
+        }
+    }
+
+    #[test]
+    fn duplicate_keys_are_rejected() {
+        let kvs = [kv("a", "1"), kv("a", "2")];
+        let err = Params::new("parameter", &kvs).unwrap_err();
+        assert_eq!(err, invalid("parameter \"a\" is given twice"));
+    }
+
+    #[test]
+    fn typed_values() {
+        let kvs = [kv("b", "true"), kv("n", "12"), kv("bad", "1x"), kv("c", "x"), kv("e", "")];
+        let p = Params::new("parameter", &kvs).unwrap();
+        assert_eq!(p.boolean("b").unwrap(), Some(true));
+        assert_eq!(p.boolean("missing").unwrap(), None);
+        assert!(p.boolean("n").is_err());
+        assert_eq!(p.integer("n", 1, 12).unwrap(), Some(12));
+        assert!(p.integer("n", 1, 11).is_err());
+        assert!(p.integer("bad", 0, 100).is_err());
+        assert_eq!(p.choice("c", &["x", "y"]).unwrap(), Some("x"));
+        assert!(p.choice("c", &["y"]).is_err());
+        assert!(p.text("e").is_err());
+        assert!(p.required("missing").is_err());
+    }
+
+    #[test]
+    fn unknown_keys_name_the_accepted_ones() {
+        let docs = [doc("filer", ParamSource::Parameter), doc("key", ParamSource::Secret)];
+        let kvs = [kv("filer", "x"), kv("csi.storage.k8s.io/pvc/name", "p"), kv("filr", "y")];
+        let p = Params::new("parameter", &kvs).unwrap();
+        let err = p.check_known(&docs, ParamSource::Parameter).unwrap_err();
+        assert_eq!(err, invalid("unknown parameter \"filr\"; accepted: filer"));
+        let ctx = [kv("filer", "x")];
+        assert!(Params::new("context", &ctx).unwrap().check_known(&docs, ParamSource::Context).is_ok());
+    }
+}
