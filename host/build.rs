@@ -1,1 +1,65 @@
-fn main(){}
+//! Builds the plugin crates for `wasm32-wasip2` so the stock plugins can be embedded in the
+//! `mounthost` binary and the test fixtures are at hand for the tests.
+//!
+//! A nested `cargo build` runs with its own target directory (`<target>/wasm-plugins`), so it
+//! never waits on the outer build's lock. Set `MOUNTHOST_PLUGIN_WASM_DIR` to a folder of
+//! prebuilt `mounthost_plugin_*.wasm` files to skip it (packaging, Docker).
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Plugin crates built here: the stock plugins, then the test fixtures.
+const PLUGINS: &[&str] = &["seaweedfs", "misbehave", "fs-reader"];
+
+fn main() {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let root = manifest_dir.parent().unwrap().to_path_buf();
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    println!("cargo:rerun-if-env-changed=MOUNTHOST_PLUGIN_WASM_DIR");
+    for watched in ["plugins", "wit", "Cargo.lock", "Cargo.toml"] {
+        println!("cargo:rerun-if-changed={}", root.join(watched).display());
+    }
+
+    let built = match env::var_os("MOUNTHOST_PLUGIN_WASM_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => build_plugins(&root),
+    };
+    for name in PLUGINS {
+        let file = format!("mounthost_plugin_{}.wasm", name.replace('-', "_"));
+        let from = built.join(&file);
+        fs::copy(&from, out.join(&file)).unwrap_or_else(|e| {
+            panic!("plugin component {} is missing ({e}); see host/build.rs", from.display())
+        });
+    }
+    println!("cargo:rustc-env=MOUNTHOST_PLUGIN_WASM={}", out.display());
+}
+
+fn build_plugins(root: &Path) -> PathBuf {
+    let target_dir = env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("wasm-plugins");
+    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(root)
+        .args(["build", "--locked", "--target", "wasm32-wasip2", "--profile", "plugin"])
+        .arg("--target-dir")
+        .arg(&target_dir);
+    for name in PLUGINS {
+        cmd.args(["-p", &format!("mounthost-plugin-{name}")]);
+    }
+    // Flags meant for the host build (and clippy's wrapper) must not leak into the guests.
+    for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER", "CARGO_BUILD_TARGET"] {
+        cmd.env_remove(var);
+    }
+    let status = cmd.status().expect("running cargo to build the plugins");
+    if !status.success() {
+        panic!(
+            "building the plugins for wasm32-wasip2 failed (is the target installed? \
+             `rustup target add wasm32-wasip2`)"
+        );
+    }
+    target_dir.join("wasm32-wasip2").join("plugin")
+}

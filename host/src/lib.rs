@@ -1,0 +1,18 @@
+//! mounthost: a Kubernetes CSI driver whose privileged host daemon stays stable while backend
+//! logic lives in sandboxed WebAssembly plugins.
+//!
+//! Everything lives in this library so tests can drive it in-process; `main.rs` only parses
+//! flags. `unsafe` is denied everywhere except [`exec`], the one room for privileged code.
+#![deny(unsafe_code)]
+
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod exec;
+pub mod fsutil;
+pub mod plan;
+pub mod plugin;
+pub mod secrets;
+pub mod stock;
+pub mod telemetry;
+pub mod volume;

@@ -82,7 +82,7 @@ impl Plugin for Misbehave {
             "trap" => panic!("misbehave asked to trap"),
             "escape" => plan(vec![Step::Bind(Bind {
                 source: staging(""),
-                target: target("../../etc"),
+                target: staging("../../etc"),
                 readonly: false,
                 options: vec![],
             })]),

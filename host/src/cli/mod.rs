@@ -1,0 +1,180 @@
+//! The `mounthost` command line: flags with `MOUNTHOST_*` environment fallbacks, turned into
+//! a [`Config`](crate::config::Config), then one subcommand.
+
+pub mod plugin;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{Config, DEFAULT_STATE_DIR};
+use crate::plugin::Limits;
+use crate::telemetry::LogFormat;
+
+/// mounthost: a CSI driver with a stable host daemon and backends as WebAssembly plugins.
+#[derive(Debug, Parser)]
+#[command(name = "mounthost", version, about)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every subcommand shares.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// State directory (volume state, caches, sockets).
+    #[arg(long, env = "MOUNTHOST_STATE_DIR", default_value = DEFAULT_STATE_DIR, global = true)]
+    pub state_dir: PathBuf,
+    /// Folder of extra `.wasm` plugins [default: <state-dir>/plugins].
+    #[arg(long, env = "MOUNTHOST_PLUGIN_DIR", global = true)]
+    pub plugin_dir: Option<PathBuf>,
+    /// Map a program name used by plugins to a binary, NAME=/absolute/path (repeatable).
+    #[arg(long = "program", env = "MOUNTHOST_PROGRAMS", value_delimiter = ',', value_parser = parse_program, global = true)]
+    pub programs: Vec<(String, PathBuf)>,
+    /// Grant a plugin something, PLUGIN:program=NAME, PLUGIN:fstype=TYPE or PLUGIN:host=HOST[:PORT] (repeatable).
+    #[arg(long = "grant", env = "MOUNTHOST_GRANTS", value_delimiter = ',', value_parser = parse_grant, global = true)]
+    pub grants: Vec<GrantArg>,
+    /// Deadline of one plugin call in milliseconds.
+    #[arg(long, env = "MOUNTHOST_PLUGIN_DEADLINE_MS", default_value_t = 1000, global = true)]
+    pub plugin_deadline_ms: u64,
+    /// Memory cap of one plugin instance in MiB.
+    #[arg(long, env = "MOUNTHOST_PLUGIN_MEMORY_MIB", default_value_t = 64, global = true)]
+    pub plugin_memory_mib: u64,
+    /// Per-plugin limits, NAME=DEADLINE_MS/MEMORY_MIB (repeatable).
+    #[arg(long = "plugin-limit", env = "MOUNTHOST_PLUGIN_LIMITS", value_delimiter = ',', value_parser = parse_limit, global = true)]
+    pub plugin_limits: Vec<(String, Limits)>,
+    /// Plugin calls in flight at once.
+    #[arg(long, env = "MOUNTHOST_PLUGIN_CONCURRENCY", default_value_t = 64, global = true)]
+    pub plugin_concurrency: u32,
+    /// Log format.
+    #[arg(long, env = "MOUNTHOST_LOG_FORMAT", value_enum, default_value = "text", global = true)]
+    pub log_format: LogFormat,
+    /// Log filter, e.g. `info` or `info,mounthost=debug`.
+    #[arg(long, env = "MOUNTHOST_LOG", default_value = "info", global = true)]
+    pub log: String,
+}
+
+/// One grant from the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantArg {
+    plugin: String,
+    what: GrantKind,
+    value: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GrantKind {
+    Program,
+    Fstype,
+    Host,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Inspect plugins and run their planners without mounting anything.
+    #[command(subcommand)]
+    Plugin(plugin::PluginCommand),
+}
+
+impl GlobalArgs {
+    /// The configuration these flags describe.
+    pub fn config(&self) -> Config {
+        let mut cfg = Config::new(self.state_dir.clone());
+        if let Some(dir) = &self.plugin_dir {
+            cfg.plugin_dir = dir.clone();
+        }
+        cfg.programs.extend(self.programs.iter().cloned());
+        for g in &self.grants {
+            let grant = cfg.grants.entry(g.plugin.clone()).or_default();
+            let set = match g.what {
+                GrantKind::Program => &mut grant.programs,
+                GrantKind::Fstype => &mut grant.fstypes,
+                GrantKind::Host => &mut grant.hosts,
+            };
+            set.insert(g.value.clone());
+        }
+        cfg.plugin_limits = Limits {
+            deadline: Duration::from_millis(self.plugin_deadline_ms),
+            memory_bytes: self.plugin_memory_mib << 20,
+        };
+        cfg.plugin_limits_by_name = self.plugin_limits.iter().cloned().collect::<BTreeMap<_, _>>();
+        cfg.plugin_concurrency = self.plugin_concurrency;
+        cfg
+    }
+}
+
+fn parse_program(s: &str) -> Result<(String, PathBuf), String> {
+    let (name, path) = s.split_once('=').ok_or("expected NAME=/absolute/path")?;
+    let path = PathBuf::from(path);
+    if name.is_empty() || name.contains('/') {
+        return Err(format!("program name {name:?} must be non-empty and contain no '/'"));
+    }
+    if !path.is_absolute() {
+        return Err(format!("program path {} must be absolute", path.display()));
+    }
+    Ok((name.to_string(), path))
+}
+
+fn parse_grant(s: &str) -> Result<GrantArg, String> {
+    let err = || format!("{s:?}: expected PLUGIN:program=NAME, PLUGIN:fstype=TYPE or PLUGIN:host=HOST[:PORT]");
+    let (plugin, rest) = s.split_once(':').ok_or_else(err)?;
+    let (what, value) = rest.split_once('=').ok_or_else(err)?;
+    let what = match what {
+        "program" => GrantKind::Program,
+        "fstype" => GrantKind::Fstype,
+        "host" => GrantKind::Host,
+        _ => return Err(err()),
+    };
+    if plugin.is_empty() || value.is_empty() {
+        return Err(err());
+    }
+    Ok(GrantArg { plugin: plugin.into(), what, value: value.to_ascii_lowercase() })
+}
+
+fn parse_limit(s: &str) -> Result<(String, Limits), String> {
+    let err = || format!("{s:?}: expected NAME=DEADLINE_MS/MEMORY_MIB, e.g. model=2000/128");
+    let (name, rest) = s.split_once('=').ok_or_else(err)?;
+    let (ms, mib) = rest.split_once('/').ok_or_else(err)?;
+    let ms: u64 = ms.parse().map_err(|_| err())?;
+    let mib: u64 = mib.parse().map_err(|_| err())?;
+    if ms == 0 || mib == 0 {
+        return Err(err());
+    }
+    Ok((name.into(), Limits { deadline: Duration::from_millis(ms), memory_bytes: mib << 20 }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_build_the_config() {
+        let cli = Cli::try_parse_from([
+            "mounthost", "--state-dir", "/tmp/s", "--program", "fusetest=/bin/true",
+            "--grant", "x:fstype=tmpfs,x:host=Filer:8888", "--plugin-limit", "x=250/8",
+            "plugin", "info", "seaweedfs",
+        ])
+        .unwrap();
+        let cfg = cli.global.config();
+        assert_eq!(cfg.plugin_dir, PathBuf::from("/tmp/s/plugins"));
+        assert_eq!(cfg.programs["fusetest"], PathBuf::from("/bin/true"));
+        assert_eq!(cfg.programs["weed"], PathBuf::from(crate::config::DEFAULT_WEED));
+        let g = cfg.grant("x");
+        assert!(g.fstypes.contains("tmpfs") && g.hosts.contains("filer:8888"));
+        assert_eq!(cfg.plugin_limits_by_name["x"].memory_bytes, 8 << 20);
+        assert!(cfg.grant("seaweedfs").programs.contains("weed"));
+    }
+
+    #[test]
+    fn bad_flags_are_refused() {
+        for bad in [["--program", "weed=relative/weed"], ["--grant", "x:device=/dev/sda"], ["--plugin-limit", "x=0/8"]] {
+            let err = Cli::try_parse_from(["mounthost", bad[0], bad[1], "plugin", "list"]).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! Host configuration: plain data that tests build directly and the CLI fills from flags
+//! and `MOUNTHOST_*` environment variables.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use crate::plan::policy::Grant;
+use crate::plugin::{Limits, RuntimeConfig};
+
+/// Default state directory on a Kubernetes node.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/mounthost";
+/// Where the stock seaweedfs plugin's `weed` is looked for unless configured.
+pub const DEFAULT_WEED: &str = "/usr/local/bin/weed";
+
+/// Everything the host needs to know.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// State, caches and runtime files live below this directory.
+    pub state_dir: PathBuf,
+    /// Folder of extra `.wasm` plugins (default `<state>/plugins`).
+    pub plugin_dir: PathBuf,
+    /// Program name → absolute binary, for `spawn-fuse` steps.
+    pub programs: BTreeMap<String, PathBuf>,
+    /// What each plugin (by name) is granted.
+    pub grants: BTreeMap<String, Grant>,
+    /// Limits for plugins without their own entry.
+    pub plugin_limits: Limits,
+    /// Limits by plugin name.
+    pub plugin_limits_by_name: BTreeMap<String, Limits>,
+    /// Plugin calls in flight at once.
+    pub plugin_concurrency: u32,
+}
+
+impl Config {
+    /// The defaults for a node: the stock plugins' grants and programs.
+    pub fn new(state_dir: PathBuf) -> Self {
+        let mut grants = BTreeMap::new();
+        grants.insert(
+            "seaweedfs".to_string(),
+            Grant {
+                programs: ["weed".to_string()].into(),
+                fstypes: ["fuse.seaweedfs".to_string()].into(),
+                hosts: Default::default(),
+            },
+        );
+        Config {
+            plugin_dir: state_dir.join("plugins"),
+            state_dir,
+            programs: [("weed".to_string(), PathBuf::from(DEFAULT_WEED))].into(),
+            grants,
+            plugin_limits: Limits::default(),
+            plugin_limits_by_name: BTreeMap::new(),
+            plugin_concurrency: 64,
+        }
+    }
+
+    /// Compiled plugin artifacts are cached here.
+    pub fn plugin_cache_dir(&self) -> PathBuf {
+        self.state_dir.join("cache").join("plugins")
+    }
+
+    /// The plugin runtime's configuration.
+    pub fn runtime(&self) -> RuntimeConfig {
+        RuntimeConfig {
+            plugin_dir: Some(self.plugin_dir.clone()),
+            cache_dir: Some(self.plugin_cache_dir()),
+            concurrency: self.plugin_concurrency,
+            default_limits: self.plugin_limits,
+            limits: self.plugin_limits_by_name.clone(),
+            ..RuntimeConfig::default()
+        }
+    }
+
+    /// What `plugin` is granted (nothing when it has no entry).
+    pub fn grant(&self, plugin: &str) -> Grant {
+        self.grants.get(plugin).cloned().unwrap_or_default()
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::new(PathBuf::from(DEFAULT_STATE_DIR))
+    }
+}

@@ -1,0 +1,88 @@
+//! One typed entry point per planner export: the request type says which export to call and
+//! what it returns, so callers write `runtime.call(&plugin, volume, stage_request)`.
+
+use std::future::Future;
+
+use wasmtime::Store;
+
+use super::bindings::planner::Guest;
+use super::bindings::types as wit;
+use super::error::BackendError;
+use super::store::CallState;
+use crate::secrets::Secrets;
+
+/// A request for one planner export.
+pub trait PlannerCall: Send + Sync {
+    /// What the export returns on success.
+    type Output: Send;
+    /// The export's name, for messages.
+    const NAME: &'static str;
+    /// The request's secrets, scrubbed from anything the plugin says back.
+    fn secrets(&self) -> Secrets {
+        Secrets::default()
+    }
+    /// Call the export.
+    fn invoke<'a>(
+        &'a self,
+        planner: &'a Guest,
+        store: &'a mut Store<CallState>,
+    ) -> impl Future<Output = wasmtime::Result<Result<Self::Output, wit::BackendError>>> + Send + 'a;
+}
+
+/// The `info` export (it cannot fail in the plugin's own terms).
+#[derive(Debug, Clone, Copy)]
+pub struct InfoCall;
+
+impl PlannerCall for InfoCall {
+    type Output = wit::PluginInfo;
+    const NAME: &'static str = "info";
+    async fn invoke<'a>(
+        &'a self,
+        planner: &'a Guest,
+        store: &'a mut Store<CallState>,
+    ) -> wasmtime::Result<Result<wit::PluginInfo, wit::BackendError>> {
+        planner.call_info(store).await.map(Ok)
+    }
+}
+
+fn secrets_of(kvs: &[wit::Kv]) -> Secrets {
+    kvs.iter().map(|kv| (kv.key.clone(), kv.value.clone())).collect()
+}
+
+macro_rules! planner_call {
+    ($req:ty, $out:ty, $name:literal, $method:ident, $secrets:expr) => {
+        impl PlannerCall for $req {
+            type Output = $out;
+            const NAME: &'static str = $name;
+            fn secrets(&self) -> Secrets {
+                let get: fn(&$req) -> Secrets = $secrets;
+                get(self)
+            }
+            async fn invoke<'a>(
+                &'a self,
+                planner: &'a Guest,
+                store: &'a mut Store<CallState>,
+            ) -> wasmtime::Result<Result<$out, wit::BackendError>> {
+                planner.$method(store, self).await
+            }
+        }
+    };
+}
+
+planner_call!(wit::ValidateRequest, (), "validate", call_validate, |r| secrets_of(&r.secrets));
+planner_call!(wit::ProvisionRequest, wit::ProvisionPlan, "provision", call_provision, |r| secrets_of(&r.secrets));
+planner_call!(wit::DeleteRequest, wit::Plan, "delete", call_delete, |r| secrets_of(&r.secrets));
+planner_call!(wit::StageRequest, wit::Plan, "stage", call_stage, |r| secrets_of(&r.secrets));
+planner_call!(wit::PublishRequest, wit::Plan, "publish", call_publish, |r| secrets_of(&r.secrets));
+planner_call!(wit::UnstageRequest, wit::Plan, "unstage", call_unstage, |_| Secrets::default());
+planner_call!(wit::DynamicMountRequest, wit::Plan, "dynamic-mount", call_dynamic_mount, |_| Secrets::default());
+
+/// A plugin's error, with secret values scrubbed from its message.
+pub fn backend_error(e: wit::BackendError, secrets: &Secrets) -> BackendError {
+    match e {
+        wit::BackendError::InvalidArgument(m) => BackendError::InvalidArgument(secrets.scrub(&m)),
+        wit::BackendError::NotFound(m) => BackendError::NotFound(secrets.scrub(&m)),
+        wit::BackendError::Unavailable(m) => BackendError::Unavailable(secrets.scrub(&m)),
+        wit::BackendError::Internal(m) => BackendError::Internal(secrets.scrub(&m)),
+    }
+}

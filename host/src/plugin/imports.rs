@@ -1,0 +1,71 @@
+//! Load-time check of what a plugin component imports.
+//!
+//! Plugins get no filesystem, network or HTTP: a component that imports any interface outside
+//! this list is refused before it ever runs, with the offending imports named.
+
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// The WIT package version this host speaks.
+pub const PLUGIN_PACKAGE: &str = "mounthost:plugin";
+/// Its version.
+pub const PLUGIN_VERSION: &str = "0.1.0";
+
+/// Interfaces a plugin may import (any version for WASI; WASI grants nothing here anyway).
+const ALLOWED_WASI: &[&str] = &[
+    "wasi:cli/environment",
+    "wasi:cli/exit",
+    "wasi:cli/stdin",
+    "wasi:cli/stdout",
+    "wasi:cli/stderr",
+    "wasi:cli/terminal-input",
+    "wasi:cli/terminal-output",
+    "wasi:cli/terminal-stdin",
+    "wasi:cli/terminal-stdout",
+    "wasi:cli/terminal-stderr",
+    "wasi:io/error",
+    "wasi:io/poll",
+    "wasi:io/streams",
+    "wasi:clocks/monotonic-clock",
+    "wasi:clocks/wall-clock",
+    "wasi:random/random",
+    "wasi:random/insecure",
+    "wasi:random/insecure-seed",
+];
+
+/// Our own interfaces, at exactly [`PLUGIN_VERSION`].
+const ALLOWED_OWN: &[&str] = &["mounthost:plugin/host", "mounthost:plugin/types"];
+
+/// Imports of `component` that are not allowed (empty when it may load).
+pub fn refused(engine: &Engine, component: &Component) -> Vec<String> {
+    component
+        .component_type()
+        .imports(engine)
+        .map(|(name, _)| name)
+        .filter(|name| !allowed(name))
+        .map(str::to_string)
+        .collect()
+}
+
+fn allowed(import: &str) -> bool {
+    let (iface, version) = import.split_once('@').unwrap_or((import, ""));
+    if ALLOWED_OWN.contains(&iface) {
+        return version == PLUGIN_VERSION;
+    }
+    ALLOWED_WASI.contains(&iface)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::allowed;
+
+    #[test]
+    fn allow_list() {
+        assert!(allowed("wasi:cli/environment@0.2.6"));
+        assert!(allowed("mounthost:plugin/host@0.1.0"));
+        assert!(!allowed("mounthost:plugin/host@0.2.0"));
+        assert!(!allowed("wasi:filesystem/preopens@0.2.6"));
+        assert!(!allowed("wasi:sockets/tcp@0.2.6"));
+        assert!(!allowed("wasi:http/outgoing-handler@0.2.6"));
+    }
+}

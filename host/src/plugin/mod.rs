@@ -1,0 +1,221 @@
+//! The plugin runtime: loads WebAssembly planner components and calls them under limits.
+//!
+//! One [`wasmtime::Engine`] for the process. Each component is compiled once per sha256
+//! digest (and cached on disk, see [`cache`]), checked for forbidden imports, and kept as an
+//! `InstancePre`. Every call gets a fresh Store with a deadline and a memory cap; a trap,
+//! a timeout or a memory failure fails that call only, because the Store is dropped with it.
+//! Calls in flight are bounded by a semaphore sized to the instance pool.
+
+pub mod bindings;
+pub mod cache;
+pub mod calls;
+pub mod digest;
+pub mod engine;
+pub mod error;
+pub mod imports;
+pub mod info;
+pub mod limits;
+pub mod registry;
+pub mod store;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Mutex, Semaphore};
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Engine, Store, Trap, UpdateDeadline};
+
+use bindings::PluginPre;
+pub use calls::PlannerCall;
+pub use digest::Digest;
+pub use error::{BackendError, PluginError};
+pub use info::PluginInfo;
+pub use limits::Limits;
+use limits::{DeadlineExceeded, Limiter, MemoryCapExceeded};
+use store::CallState;
+
+/// A plugin compiled into the binary.
+#[derive(Debug, Clone, Copy)]
+pub struct StockPlugin {
+    /// The name its `info` must report.
+    pub name: &'static str,
+    /// The component.
+    pub wasm: &'static [u8],
+}
+
+/// How the runtime is set up.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Folder of `.wasm` plugins, rescanned on every lookup (new or changed files are picked
+    /// up without a restart; a file with the name of a stock plugin overrides it).
+    pub plugin_dir: Option<PathBuf>,
+    /// Folder for compiled artifacts (private, 0700), or none to always compile.
+    pub cache_dir: Option<PathBuf>,
+    /// Plugin calls in flight at once; further calls wait.
+    pub concurrency: u32,
+    /// Limits for plugins without their own entry.
+    pub default_limits: Limits,
+    /// Limits by plugin name.
+    pub limits: BTreeMap<String, Limits>,
+    /// Plugins compiled into the binary.
+    pub stock: Vec<StockPlugin>,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            plugin_dir: None,
+            cache_dir: None,
+            concurrency: 64,
+            default_limits: Limits::default(),
+            limits: BTreeMap::new(),
+            stock: crate::stock::plugins(),
+        }
+    }
+}
+
+/// A loaded plugin: one component at one digest.
+pub struct LoadedPlugin {
+    /// What the plugin said about itself.
+    pub info: PluginInfo,
+    /// Its content digest.
+    pub digest: Digest,
+    /// Where it came from (`stock:<name>` or a file path), for messages.
+    pub origin: String,
+    /// The limits its calls run under.
+    pub limits: Limits,
+    /// Whether the compiled form came from the cache.
+    pub obtained: cache::Obtained,
+    pre: PluginPre<CallState>,
+}
+
+impl std::fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("name", &self.info.name)
+            .field("digest", &self.digest)
+            .field("origin", &self.origin)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The runtime. Cheap to share behind an `Arc`.
+pub struct PluginRuntime {
+    engine: Engine,
+    linker: Linker<CallState>,
+    cache: cache::ArtifactCache,
+    permits: Semaphore,
+    config: RuntimeConfig,
+    index: Mutex<registry::Index>,
+}
+
+/// Extra wall-clock time allowed past a deadline before the call's future is dropped. The
+/// epoch check normally stops a guest within one tick; this only guards against a stuck host
+/// function.
+const BACKSTOP: Duration = Duration::from_millis(250);
+
+impl PluginRuntime {
+    /// Build the engine and linker. Loads nothing yet.
+    pub fn new(config: RuntimeConfig) -> Result<Self, PluginError> {
+        let max_memory = config
+            .limits
+            .values()
+            .map(|l| l.memory_bytes)
+            .chain([config.default_limits.memory_bytes])
+            .max()
+            .unwrap_or(limits::DEFAULT_MEMORY_BYTES);
+        let setup = |reason: wasmtime::Error| PluginError::Load {
+            origin: "runtime".into(),
+            reason: format!("{reason:#}"),
+        };
+        let engine = engine::build(engine::EngineOptions {
+            concurrency: config.concurrency,
+            max_memory_bytes: max_memory,
+        })
+        .map_err(setup)?;
+        engine::start_ticker(&engine);
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(setup)?;
+        bindings::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).map_err(setup)?;
+        Ok(PluginRuntime {
+            engine,
+            linker,
+            cache: cache::ArtifactCache::new(config.cache_dir.clone()),
+            permits: Semaphore::new(config.concurrency.max(1) as usize),
+            config,
+            index: Mutex::new(registry::Index::default()),
+        })
+    }
+
+    /// The engine (for benchmarks and tests).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Call one planner export of `plugin` under its limits. `volume` tags its log lines.
+    pub async fn call<C: PlannerCall>(
+        &self,
+        plugin: &LoadedPlugin,
+        volume: &str,
+        req: C,
+    ) -> Result<C::Output, PluginError> {
+        self.invoke(&plugin.pre, &plugin.info.name, plugin.limits, volume, req).await
+    }
+
+    async fn invoke<C: PlannerCall>(
+        &self,
+        pre: &PluginPre<CallState>,
+        plugin: &str,
+        limits: Limits,
+        volume: &str,
+        req: C,
+    ) -> Result<C::Output, PluginError> {
+        let _permit = self.permits.acquire().await.expect("the semaphore is never closed");
+        let state = CallState::new(plugin, volume, req.secrets(), Limiter::new(limits.memory_bytes));
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        let deadline = Instant::now() + limits.deadline;
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            if Instant::now() >= deadline {
+                Err(DeadlineExceeded(limits.deadline).into())
+            } else {
+                // Let other calls run while this one computes, then check again next tick.
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+        let run = async {
+            let instance = pre.instantiate_async(&mut store).await?;
+            req.invoke(instance.mounthost_plugin_planner(), &mut store).await
+        };
+        let outcome = match tokio::time::timeout(limits.deadline + BACKSTOP, run).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(DeadlineExceeded(limits.deadline).into()),
+        };
+        let secrets = &store.data().secrets;
+        match outcome {
+            Ok(Ok(out)) => Ok(out),
+            Ok(Err(e)) => Err(PluginError::Backend {
+                plugin: plugin.to_string(),
+                call: C::NAME,
+                error: calls::backend_error(e, secrets),
+            }),
+            Err(e) => Err(classify(e, plugin, C::NAME, limits)),
+        }
+    }
+}
+
+/// Turn a failed call into the error that says why.
+fn classify(err: wasmtime::Error, plugin: &str, call: &'static str, limits: Limits) -> PluginError {
+    let plugin = plugin.to_string();
+    if err.downcast_ref::<DeadlineExceeded>().is_some() {
+        PluginError::Deadline { plugin, call, deadline: limits.deadline }
+    } else if let Some(m) = err.downcast_ref::<MemoryCapExceeded>() {
+        PluginError::Memory { plugin, call, detail: m.to_string() }
+    } else if let Some(trap) = err.downcast_ref::<Trap>() {
+        PluginError::Trap { plugin, call, detail: trap.to_string() }
+    } else {
+        PluginError::Trap { plugin, call, detail: err.root_cause().to_string() }
+    }
+}

@@ -1,0 +1,93 @@
+//! The state of one plugin call's Store, and the host functions plugins may import.
+//!
+//! WASI is linked but grants nothing: no preopened directories, no environment, no arguments,
+//! no stdio, no sockets. The only mounthost import is `host.log`, bounded per call.
+
+use tracing::{Level as TLevel, event};
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::{Level, mounthost};
+use super::limits::Limiter;
+use crate::secrets::Secrets;
+
+/// Log lines one call may write; further lines are dropped (and that is said once).
+pub const MAX_LOG_LINES: u32 = 64;
+/// Characters kept of one log line.
+pub const MAX_LOG_LINE: usize = 1024;
+
+/// Everything a Store owns during one call.
+pub struct CallState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    /// Memory and table limits.
+    pub limiter: Limiter,
+    /// The plugin's name, for log lines.
+    pub plugin: String,
+    /// The volume the call is about, for log lines ("" when none).
+    pub volume: String,
+    /// Used to scrub secret values out of log lines.
+    pub secrets: Secrets,
+    logged: u32,
+}
+
+impl CallState {
+    /// Fresh state for one call.
+    pub fn new(plugin: &str, volume: &str, secrets: Secrets, limiter: Limiter) -> Self {
+        CallState {
+            wasi: WasiCtx::builder().build(),
+            table: ResourceTable::new(),
+            limiter,
+            plugin: plugin.to_string(),
+            volume: volume.to_string(),
+            secrets,
+            logged: 0,
+        }
+    }
+}
+
+impl WasiView for CallState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl mounthost::plugin::types::Host for CallState {}
+
+impl mounthost::plugin::host::Host for CallState {
+    async fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
+        self.logged += 1;
+        if self.logged > MAX_LOG_LINES {
+            if self.logged == MAX_LOG_LINES + 1 {
+                event!(target: "mounthost::plugin", TLevel::WARN, plugin = %self.plugin,
+                    volume.id = %self.volume, "plugin log limit of {MAX_LOG_LINES} lines reached; dropping the rest of this call's lines");
+            }
+            return Ok(());
+        }
+        let mut line = self.secrets.scrub(&message);
+        if line.len() > MAX_LOG_LINE {
+            let mut end = MAX_LOG_LINE;
+            while !line.is_char_boundary(end) {
+                end -= 1;
+            }
+            line.truncate(end);
+            line.push('…');
+        }
+        let (plugin, volume) = (&self.plugin, &self.volume);
+        match level {
+            Level::Trace => event!(target: "mounthost::plugin", TLevel::TRACE, plugin = %plugin, volume.id = %volume, "{line}"),
+            Level::Debug => event!(target: "mounthost::plugin", TLevel::DEBUG, plugin = %plugin, volume.id = %volume, "{line}"),
+            Level::Info => event!(target: "mounthost::plugin", TLevel::INFO, plugin = %plugin, volume.id = %volume, "{line}"),
+            Level::Warn => event!(target: "mounthost::plugin", TLevel::WARN, plugin = %plugin, volume.id = %volume, "{line}"),
+            Level::Error => event!(target: "mounthost::plugin", TLevel::ERROR, plugin = %plugin, volume.id = %volume, "{line}"),
+        }
+        Ok(())
+    }
+}
+
+impl CallState {
+    /// Lines this call tried to log (including dropped ones).
+    pub fn lines_logged(&self) -> u32 {
+        self.logged
+    }
+}

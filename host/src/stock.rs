@@ -1,0 +1,21 @@
+//! The stock plugins compiled into the binary (built by `host/build.rs`).
+
+use crate::plugin::StockPlugin;
+
+/// The seaweedfs plugin component.
+pub const SEAWEEDFS: &[u8] =
+    include_bytes!(concat!(env!("MOUNTHOST_PLUGIN_WASM"), "/mounthost_plugin_seaweedfs.wasm"));
+
+/// Every stock plugin.
+pub fn plugins() -> Vec<StockPlugin> {
+    vec![StockPlugin { name: "seaweedfs", wasm: SEAWEEDFS }]
+}
+
+/// Test fixtures built with the stock plugins (used by tests and benchmarks only).
+pub mod fixtures {
+    /// Path of a fixture component, e.g. `misbehave`.
+    pub fn path(name: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("MOUNTHOST_PLUGIN_WASM"))
+            .join(format!("mounthost_plugin_{}.wasm", name.replace('-', "_")))
+    }
+}

@@ -1,0 +1,24 @@
+//! Logging setup: text or JSON lines on stderr, filtered by `RUST_LOG`-style directives.
+//! Cranelift and wasmtime are quiet by default; they log per function compiled.
+
+use tracing_subscriber::EnvFilter;
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Install the global subscriber. `directives` like `info,mounthost=debug`.
+pub fn init(format: LogFormat, directives: &str) {
+    let filter = EnvFilter::try_new(format!("{directives},cranelift=warn,wasmtime=warn"))
+        .unwrap_or_else(|_| EnvFilter::new("info,cranelift=warn,wasmtime=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
