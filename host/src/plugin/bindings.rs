@@ -8,6 +8,7 @@ wasmtime::component::bindgen!({
     world: "plugin",
     imports: { default: async | trappable },
     exports: { default: async },
+    additional_derives: [PartialEq],
 });
 
 pub use exports::mounthost::plugin::planner;

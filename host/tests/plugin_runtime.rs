@@ -1,0 +1,343 @@
+//! The plugin runtime against real components: the misbehaving fixture, the filesystem
+//! importer and the stock plugins. Each failure must be contained to its own call, with a
+//! precise error, and a healthy call must succeed right after it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use mounthost::config::Config;
+use mounthost::error::ErrorKind;
+use mounthost::plan::policy::{self, Context, Grant, Operation};
+use mounthost::plugin::bindings::types as wit;
+use mounthost::plugin::cache::Obtained;
+use mounthost::plugin::{Limits, LoadedPlugin, PluginError, PluginRuntime, RuntimeConfig};
+use mounthost::secrets::Secrets;
+use mounthost::stock::fixtures;
+use mounthost::volume::VolumeDirs;
+
+struct Env {
+    _dir: tempfile::TempDir,
+    plugin_dir: PathBuf,
+    cache_dir: PathBuf,
+    runtime: PluginRuntime,
+}
+
+fn config(plugin_dir: &Path, cache_dir: &Path, misbehave: Limits) -> RuntimeConfig {
+    RuntimeConfig {
+        plugin_dir: Some(plugin_dir.to_path_buf()),
+        cache_dir: Some(cache_dir.to_path_buf()),
+        limits: [("misbehave".to_string(), misbehave)].into(),
+        ..RuntimeConfig::default()
+    }
+}
+
+/// A runtime whose plugin folder holds the misbehave fixture.
+fn env(misbehave: Limits) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin_dir = dir.path().join("plugins");
+    let cache_dir = dir.path().join("cache");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    std::fs::copy(fixtures::path("misbehave"), plugin_dir.join("misbehave.wasm")).unwrap();
+    let runtime = PluginRuntime::new(config(&plugin_dir, &cache_dir, misbehave)).unwrap();
+    Env { _dir: dir, plugin_dir, cache_dir, runtime }
+}
+
+fn fast() -> Limits {
+    Limits { deadline: Duration::from_millis(300), memory_bytes: 64 << 20 }
+}
+
+fn stage_request(mode: &str) -> wit::StageRequest {
+    wit::StageRequest {
+        volume_id: "vol-1".into(),
+        context: vec![wit::Kv { key: "mode".into(), value: mode.into() }],
+        secrets: vec![wit::Kv { key: "token".into(), value: "hunter22".into() }],
+        capability: wit::VolumeCapability {
+            access_mode: wit::AccessMode::SingleNodeWriter,
+            fs_type: String::new(),
+            mount_flags: vec![],
+        },
+        ephemeral: false,
+    }
+}
+
+async fn stage(rt: &PluginRuntime, p: &LoadedPlugin, mode: &str) -> Result<wit::Plan, PluginError> {
+    rt.call(p, "vol-1", stage_request(mode)).await
+}
+
+/// The healthy call that must work after every failure.
+async fn assert_healthy(rt: &PluginRuntime, p: &LoadedPlugin) {
+    let plan = stage(rt, p, "ok").await.expect("a healthy call right after a failure");
+    assert_eq!(plan.steps.len(), 1);
+    assert_eq!(plan.attributes, vec![wit::Kv { key: "mode".into(), value: "planned".into() }]);
+}
+
+#[tokio::test]
+async fn an_endless_loop_is_stopped_at_its_deadline() {
+    let e = env(fast());
+    let p = e.runtime.resolve("misbehave", None).await.unwrap();
+    let started = Instant::now();
+    let err = stage(&e.runtime, &p, "spin").await.unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, PluginError::Deadline { call: "stage", .. }), "{err}");
+    assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
+    assert!(err.to_string().contains("within its deadline of 300ms"), "{err}");
+    assert!(took >= Duration::from_millis(300), "stopped before its deadline: {took:?}");
+    assert_healthy(&e.runtime, &p).await;
+}
+
+#[tokio::test]
+async fn a_one_gib_allocation_is_refused() {
+    let e = env(fast());
+    let p = e.runtime.resolve("misbehave", None).await.unwrap();
+    let err = stage(&e.runtime, &p, "alloc").await.unwrap_err();
+    assert!(matches!(err, PluginError::Memory { .. }), "{err}");
+    assert!(err.to_string().contains("its limit is 67108864 bytes"), "{err}");
+    assert_healthy(&e.runtime, &p).await;
+}
+
+#[tokio::test]
+async fn a_trap_fails_only_its_call() {
+    let e = env(fast());
+    let p = e.runtime.resolve("misbehave", None).await.unwrap();
+    let err = stage(&e.runtime, &p, "trap").await.unwrap_err();
+    assert!(matches!(err, PluginError::Trap { .. }), "{err}");
+    assert_eq!(err.kind(), ErrorKind::Internal);
+    assert!(err.to_string().contains("unreachable"), "{err}");
+    assert_healthy(&e.runtime, &p).await;
+}
+
+#[tokio::test]
+async fn a_backend_error_keeps_its_class() {
+    let e = env(fast());
+    let p = e.runtime.resolve("misbehave", None).await.unwrap();
+    let err = stage(&e.runtime, &p, "error").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert_eq!(err.to_string(), "plugin misbehave refused stage: not found: the thing is not there");
+    let err = stage(&e.runtime, &p, "no-such-mode").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_healthy(&e.runtime, &p).await;
+}
+
+/// A `tracing` writer that keeps what is written, to count a plugin's log lines.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_log_flood_is_capped_and_the_call_succeeds() {
+    let e = env(fast());
+    let p = e.runtime.resolve("misbehave", None).await.unwrap();
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+    // The test runtime is single-threaded, so the call's events go to this thread's subscriber.
+    let plan = {
+        let _guard = tracing::subscriber::set_default(subscriber);
+        stage(&e.runtime, &p, "log-flood").await.unwrap()
+    };
+    assert_eq!(plan.steps.len(), 1);
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("mounthost::plugin")).collect();
+    assert_eq!(lines.len(), 64 + 1, "64 lines kept plus one warning");
+    assert!(lines[0].contains("line 0") && lines[0].contains("plugin=misbehave") && lines[0].contains("volume.id=vol-1"), "{}", lines[0]);
+    assert!(lines[64].contains("log limit of 64 lines reached"), "{}", lines[64]);
+}
+
+#[tokio::test]
+async fn a_component_importing_the_filesystem_is_refused_at_load() {
+    let e = env(fast());
+    let err = e.runtime.load_file(&fixtures::path("fs-reader")).await.unwrap_err();
+    let PluginError::ForbiddenImports { imports, .. } = &err else { panic!("{err}") };
+    assert!(imports.iter().any(|i| i.starts_with("wasi:filesystem/")), "{imports:?}");
+    assert_eq!(err.kind(), ErrorKind::FailedPrecondition);
+    // The same file dropped into the plugin folder is skipped, and the folder keeps working.
+    std::fs::copy(fixtures::path("fs-reader"), e.plugin_dir.join("fs-reader.wasm")).unwrap();
+    let err = e.runtime.resolve("fs-reader", None).await.unwrap_err();
+    assert!(matches!(err, PluginError::UnknownPlugin { .. }), "{err}");
+    let p = e.runtime.resolve("misbehave", None).await.unwrap();
+    assert_healthy(&e.runtime, &p).await;
+}
+
+/// The policy the host applies to the misbehave fixture in these tests.
+struct Policy {
+    grant: Grant,
+    programs: std::collections::BTreeMap<String, PathBuf>,
+    dirs: VolumeDirs,
+    secrets: Secrets,
+}
+
+impl Policy {
+    fn new() -> Self {
+        let mut cfg = Config::new("/var/lib/mounthost".into());
+        cfg.programs.insert("fusetest".into(), "/usr/bin/true".into());
+        let mut dirs = VolumeDirs::host_owned(&cfg.state_dir, "vol-1");
+        dirs.staging = Some("/var/lib/kubelet/plugins/kubernetes.io/csi/csi.mounthost.dev/h/globalmount".into());
+        Policy {
+            grant: Grant {
+                programs: ["fusetest".to_string()].into(),
+                fstypes: ["tmpfs".to_string(), "fuse.test".to_string()].into(),
+                hosts: Default::default(),
+            },
+            programs: cfg.programs,
+            dirs,
+            secrets: [("token".to_string(), "hunter22".to_string())].into_iter().collect(),
+        }
+    }
+
+    fn check(&self, p: &LoadedPlugin, plan: wit::Plan) -> Result<mounthost::plan::Plan, policy::PolicyError> {
+        let ctx = Context {
+            operation: Operation::Stage,
+            plugin: &p.info.name,
+            digest: p.digest.to_string(),
+            grant: &self.grant,
+            programs: &self.programs,
+            endpoint_hosts: Default::default(),
+            dirs: &self.dirs,
+            secrets: &self.secrets,
+        };
+        policy::check(&ctx, plan)
+    }
+}
+
+#[tokio::test]
+async fn plans_that_overstep_are_refused_by_policy() {
+    let e = env(fast());
+    let p = e.runtime.resolve("misbehave", None).await.unwrap();
+    let policy = Policy::new();
+    for (mode, reason) in [
+        ("escape", "would leave the volume's directory"),
+        ("program-path", "\"/bin/sh\" is a path"),
+        ("absolute", "is absolute"),
+        ("argv-secret", "contains the value of secret \"token\""),
+        ("bad-fstype", "fstype \"ext4\" is not allowed"),
+        ("bad-env", "must match [A-Za-z_][A-Za-z0-9_]*"),
+    ] {
+        let plan = stage(&e.runtime, &p, mode).await.unwrap();
+        let err = policy.check(&p, plan).unwrap_err();
+        assert_eq!(err.index, 1, "{mode}: {err}");
+        assert!(err.reason.contains(reason), "{mode}: {err}");
+        let ok = policy.check(&p, stage(&e.runtime, &p, "ok").await.unwrap()).unwrap();
+        assert_eq!(ok.steps[0].kind(), "mount");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spinning_call_does_not_hold_up_others() {
+    let e = Arc::new(env(Limits { deadline: Duration::from_secs(3), memory_bytes: 64 << 20 }));
+    let p = e.runtime.resolve("misbehave", None).await.unwrap();
+    let spin_done = Arc::new(AtomicBool::new(false));
+    let spinner = {
+        let (e, p, done) = (e.clone(), p.clone(), spin_done.clone());
+        tokio::spawn(async move {
+            let r = stage(&e.runtime, &p, "spin").await;
+            done.store(true, Ordering::SeqCst);
+            r
+        })
+    };
+    let healthy: Vec<_> = (0..200)
+        .map(|_| {
+            let (e, p, done) = (e.clone(), p.clone(), spin_done.clone());
+            tokio::spawn(async move {
+                stage(&e.runtime, &p, "ok").await.unwrap();
+                done.load(Ordering::SeqCst)
+            })
+        })
+        .collect();
+    for h in healthy {
+        assert!(!h.await.unwrap(), "a healthy call waited for the spinning one to be stopped");
+    }
+    assert!(matches!(spinner.await.unwrap(), Err(PluginError::Deadline { .. })));
+}
+
+/// The same component with an extra custom section: same behaviour, different digest.
+fn variant_of(wasm: &[u8], tag: &str) -> Vec<u8> {
+    let mut out = wasm.to_vec();
+    let name = b"mounthost-test";
+    let payload_len = 1 + name.len() + tag.len();
+    out.push(0); // custom section
+    out.push(u8::try_from(payload_len).unwrap());
+    out.push(u8::try_from(name.len()).unwrap());
+    out.extend_from_slice(name);
+    out.extend_from_slice(tag.as_bytes());
+    out
+}
+
+#[tokio::test]
+async fn the_folder_is_watched_and_digests_can_be_pinned() {
+    let e = env(fast());
+    let first = e.runtime.resolve("misbehave", None).await.unwrap();
+    // Replace the file in place: the next lookup uses the new version, the old stays pinnable.
+    let wasm = std::fs::read(fixtures::path("misbehave")).unwrap();
+    std::fs::write(e.plugin_dir.join("misbehave.wasm"), variant_of(&wasm, "v2")).unwrap();
+    let second = e.runtime.resolve("misbehave", None).await.unwrap();
+    assert_ne!(first.digest, second.digest);
+    let pinned = e.runtime.resolve("misbehave", Some(&first.digest.to_string())).await.unwrap();
+    assert_eq!(pinned.digest, first.digest);
+    assert_healthy(&e.runtime, &pinned).await;
+
+    let other = format!("sha256:{}", "0".repeat(64));
+    let err = e.runtime.resolve("misbehave", Some(&other)).await.unwrap_err();
+    assert!(matches!(err, PluginError::UnknownDigest { .. }), "{err}");
+    assert!(err.to_string().contains(&second.digest.to_string()), "lists the loaded digests: {err}");
+    let err = e.runtime.resolve("misbehave", Some("sha256:xyz")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+
+    // A new file is picked up without a restart; a removed one is forgotten.
+    std::fs::copy(fixtures::path("misbehave"), e.plugin_dir.join("zz-copy.wasm")).unwrap();
+    std::fs::remove_file(e.plugin_dir.join("misbehave.wasm")).unwrap();
+    let third = e.runtime.resolve("misbehave", None).await.unwrap();
+    assert_eq!(third.digest, first.digest);
+    std::fs::remove_file(e.plugin_dir.join("zz-copy.wasm")).unwrap();
+    let err = e.runtime.resolve("misbehave", None).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert!(err.to_string().contains("known plugins: seaweedfs"), "{err}");
+}
+
+#[tokio::test]
+async fn compiled_plugins_are_cached_on_disk_privately() {
+    use std::os::unix::fs::PermissionsExt;
+    let e = env(fast());
+    let p = e.runtime.resolve("misbehave", None).await.unwrap();
+    assert_eq!(p.obtained, Obtained::Compiled);
+    let files: Vec<_> = std::fs::read_dir(&e.cache_dir).unwrap().map(|f| f.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].file_name().unwrap().to_string_lossy().starts_with(&p.digest.hex()));
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode(&e.cache_dir), mode(&files[0])), (0o700, 0o600));
+
+    // A restarted runtime loads the compiled form instead of compiling.
+    let again = PluginRuntime::new(config(&e.plugin_dir, &e.cache_dir, fast())).unwrap();
+    let p2 = again.resolve("misbehave", None).await.unwrap();
+    assert_eq!((p2.obtained, &p2.digest), (Obtained::Cached, &p.digest));
+    assert_healthy(&again, &p2).await;
+
+    // An artifact someone else could have written is never trusted: it is recompiled.
+    std::fs::set_permissions(&files[0], std::fs::Permissions::from_mode(0o666)).unwrap();
+    let third = PluginRuntime::new(config(&e.plugin_dir, &e.cache_dir, fast())).unwrap();
+    let p3 = third.resolve("misbehave", None).await.unwrap();
+    assert_eq!(p3.obtained, Obtained::Compiled);
+    assert_eq!(mode(&files[0]), 0o600, "the untrusted artifact was replaced");
+}
+
+#[tokio::test]
+async fn stock_plugins_resolve_by_name() {
+    let e = env(fast());
+    let p = e.runtime.resolve("seaweedfs", None).await.unwrap();
+    assert_eq!(p.origin, "stock:seaweedfs");
+    assert!(p.info.programs.contains(&"weed".to_string()));
+    let names: Vec<_> = e.runtime.list().await.iter().map(|p| p.info.name.clone()).collect();
+    assert_eq!(names, ["misbehave", "seaweedfs"]);
+    let err = e.runtime.resolve("nfs", None).await.unwrap_err();
+    assert_eq!(err.to_string(), "unknown plugin \"nfs\"; known plugins: misbehave, seaweedfs");
+}
