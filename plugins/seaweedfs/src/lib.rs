@@ -1,0 +1,72 @@
+//! The `seaweedfs` plugin: mounts SeaweedFS filer directories with `weed mount`.
+//!
+//! A pure planner. Given StorageClass parameters, a volume context and secrets it returns plans
+//! the mounthost host checks against its policy and executes:
+//!
+//! - `validate` checks parameters, secrets and capabilities;
+//! - `provision` plans one filer directory per volume (`<parentDir>/<name>`) and an id that
+//!   tells `delete` where it is ([`controller`]);
+//! - `stage` plans one `weed mount` FUSE process at the staging path ([`node`]);
+//! - `publish` is the SDK's bind mount of the staging path onto the target, read-only when asked;
+//! - `unstage` adds nothing: the host stops what stage started and removes the cache directory.
+//!
+//! The parameter table lives in [`params`] (value checks in [`values`]), the `weed mount` flag
+//! allowlist in [`mount_options`].
+//! User documentation: `docs/plugins/seaweedfs.md`.
+
+pub mod controller;
+pub mod mount_options;
+pub mod node;
+pub mod params;
+pub mod values;
+
+use mounthost_plugin_sdk::*;
+
+/// The plugin, as exported to the host.
+pub struct Seaweedfs;
+
+impl Plugin for Seaweedfs {
+    fn info() -> PluginInfo {
+        PluginInfo {
+            name: "seaweedfs".into(),
+            version: "0.1.0".into(),
+            description:
+                "Mounts SeaweedFS filer directories with `weed mount` (FUSE). Provisioning \
+                          creates one directory per volume under parentDir on the filer; static \
+                          volumes mount an existing path. Secrets reach weed only through its \
+                          environment."
+                    .into(),
+            parameters: params::param_docs(),
+            programs: vec![node::PROGRAM.into()],
+            fstypes: vec![node::FSTYPE.into()],
+        }
+    }
+
+    fn validate(req: ValidateRequest) -> Result<(), BackendError> {
+        let p = params::open(&req.parameters, ParamSource::Parameter)?;
+        let settings = params::Settings::parse(&p)?;
+        params::secret_env(&req.secrets)?;
+        for cap in &req.capabilities {
+            let flags = mount_options::check_capability(cap)?;
+            mount_options::merge(settings.mount_options.clone(), flags.options)?;
+        }
+        Ok(())
+    }
+
+    fn provision(req: ProvisionRequest) -> Result<ProvisionPlan, BackendError> {
+        controller::provision(&req)
+    }
+
+    fn delete(req: DeleteRequest) -> Result<Plan, BackendError> {
+        controller::delete(&req)
+    }
+
+    fn stage(req: StageRequest) -> Result<Plan, BackendError> {
+        node::stage(&req)
+    }
+}
+
+export_plugin!(Seaweedfs);
+
+#[cfg(test)]
+mod tests;

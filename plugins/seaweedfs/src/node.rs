@@ -1,0 +1,123 @@
+//! The node side: the `weed mount` invocation NodeStageVolume runs.
+//!
+//! CSI NodeStageVolume mounts the volume once per node at the staging path; publish then
+//! bind-mounts it into each pod (the SDK's default `publish`). The stage plan is one
+//! `spawn-fuse` step. Plans are diffed against what the node already has, so the same request
+//! must give a byte-identical plan: every flag has one fixed place in the argument list.
+//! Node paths are never spelled out here, only path references the host resolves; secrets
+//! reach `weed` through its environment as references, never through argv.
+
+use mounthost_plugin_sdk::params::invalid;
+use mounthost_plugin_sdk::{
+    Arg, BackendError, ParamSource, Plan, SpawnFuse, StageRequest, Step, arg, cache, is_read_only,
+    kv, path_arg, runtime, staging,
+};
+
+use crate::mount_options;
+use crate::params::{self, Settings};
+
+/// The program name the host maps to its `weed` binary.
+pub const PROGRAM: &str = "weed";
+/// The fstype `weed mount` shows in mountinfo.
+pub const FSTYPE: &str = "fuse.seaweedfs";
+
+/// Plan NodeStageVolume.
+pub fn stage(req: &StageRequest) -> Result<Plan, BackendError> {
+    let ctx = params::open(&req.context, ParamSource::Context)?;
+    let settings = Settings::parse(&ctx)?;
+    let env = params::secret_env(&req.secrets)?;
+    let caps = mount_options::check_capability(&req.capability)?;
+    let read_only =
+        settings.read_only || caps.read_only || is_read_only(req.capability.access_mode);
+    let options = mount_options::merge(settings.mount_options.clone(), caps.options)?;
+
+    let path = settings.path.ok_or_else(|| {
+        invalid(
+            "parameter \"path\" is missing from the volume context: a provisioned volume gets it \
+             from CreateVolume, a static PersistentVolume must set volumeAttributes.path to the \
+             remote directory to mount (such as /buckets/data)",
+        )
+    })?;
+    let collection = settings.collection_for(path)?;
+
+    let mut args: Vec<Arg> = vec![
+        // A global flag, so it comes before the subcommand: without it weed writes glog files
+        // into the node's /tmp that nothing ever removes. The host keeps its stderr per volume.
+        arg("-logtostderr"),
+        arg("mount"),
+        arg(format!("-filer={}", settings.filer_list())),
+        arg(format!("-filer.path={path}")),
+        path_arg("-dir=", staging("")),
+        path_arg("-cacheDir=", cache("")),
+        path_arg("-localSocket=", runtime("weed.sock")),
+    ];
+    let mut flag = |name: &str, value: Option<String>| {
+        if let Some(v) = value {
+            args.push(arg(format!("-{name}={v}")));
+        }
+    };
+    flag("collection", collection.clone());
+    flag("replication", settings.replication.map(str::to_string));
+    flag("disk", settings.disk_type.map(str::to_string));
+    flag("dataCenter", settings.data_center.map(str::to_string));
+    flag("ttl", settings.ttl_secs.map(|n| n.to_string()));
+    flag(
+        "chunkSizeLimitMB",
+        settings.chunk_size_limit_mb.map(|n| n.to_string()),
+    );
+    flag(
+        "cacheCapacityMB",
+        settings
+            .effective_cache_capacity_mb()
+            .map(|n| n.to_string()),
+    );
+    flag(
+        "cacheMetaTtlSec",
+        settings.cache_meta_ttl_sec.map(|n| n.to_string()),
+    );
+    flag(
+        "concurrentWriters",
+        settings.concurrent_writers.map(|n| n.to_string()),
+    );
+    flag(
+        "concurrentReaders",
+        settings.concurrent_readers.map(|n| n.to_string()),
+    );
+    flag(
+        "volumeServerAccess",
+        settings.volume_server_access.map(str::to_string),
+    );
+    flag("map.uid", settings.uid_map.clone());
+    flag("map.gid", settings.gid_map.clone());
+    flag("umask", settings.umask.map(str::to_string));
+    // Go's soft limit sits below the cgroup's hard limit, so the GC works harder before the
+    // kernel's OOM killer would step in.
+    flag(
+        "memoryLimitMB",
+        settings.memory_limit_mb.map(|mb| (mb * 9 / 10).to_string()),
+    );
+    if read_only {
+        args.push(arg("-readOnly"));
+    }
+    args.extend(options.iter().map(|o| arg(o.to_arg())));
+
+    let spawn = SpawnFuse {
+        program: PROGRAM.into(),
+        args,
+        env,
+        mountpoint: staging(""),
+        fstype: FSTYPE.into(),
+        // At most 300 s * 1000, well inside u32.
+        ready_timeout_ms: u32::try_from(settings.ready_timeout_sec * 1000).unwrap_or(u32::MAX),
+        memory_limit_bytes: settings.memory_limit_mb.map(|mb| mb * 1024 * 1024),
+    };
+    Ok(Plan {
+        steps: vec![Step::SpawnFuse(spawn)],
+        attributes: vec![
+            kv("filer", settings.filer_list()),
+            kv("path", path),
+            kv("collection", collection.unwrap_or_default()),
+            kv("readOnly", read_only.to_string()),
+        ],
+    })
+}

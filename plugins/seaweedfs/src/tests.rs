@@ -1,0 +1,928 @@
+//! Table tests of the planners, run natively: every parameter to its flag, every bad value to
+//! its error, secrets only as environment references, read-only sources, the mount-option
+//! allowlist, determinism, and the provision/delete round trip.
+
+use mounthost_plugin_sdk::*;
+use rstest::rstest;
+
+use crate::Seaweedfs;
+use crate::params::SPECS;
+
+const SECRETS: &[(&str, &str, &str)] = &[
+    (
+        "jwtSigningKey",
+        "WEED_JWT_SIGNING_KEY",
+        "s3cr3t-write-volume",
+    ),
+    (
+        "jwtSigningReadKey",
+        "WEED_JWT_SIGNING_READ_KEY",
+        "s3cr3t-read-volume",
+    ),
+    (
+        "jwtFilerSigningKey",
+        "WEED_JWT_FILER_SIGNING_KEY",
+        "s3cr3t-write-filer",
+    ),
+    (
+        "jwtFilerSigningReadKey",
+        "WEED_JWT_FILER_SIGNING_READ_KEY",
+        "s3cr3t-read-filer",
+    ),
+];
+
+fn kvs(pairs: &[(&str, &str)]) -> Vec<Kv> {
+    pairs.iter().map(|(k, v)| kv(*k, *v)).collect()
+}
+
+/// The base context plus `extra`, an extra key replacing a base one.
+fn context(extra: &[(&str, &str)]) -> Vec<Kv> {
+    let mut pairs: Vec<(&str, &str)> =
+        vec![("filer", "127.0.0.1:8888"), ("path", "/buckets/pvc-1")];
+    for (k, v) in extra {
+        pairs.retain(|(bk, _)| bk != k);
+        pairs.push((k, v));
+    }
+    kvs(&pairs)
+}
+
+fn capability(mode: AccessMode, fs_type: &str, flags: &[&str]) -> VolumeCapability {
+    VolumeCapability {
+        access_mode: mode,
+        fs_type: fs_type.into(),
+        mount_flags: flags.iter().map(|f| f.to_string()).collect(),
+    }
+}
+
+fn rw() -> VolumeCapability {
+    capability(AccessMode::MultiNodeMultiWriter, "", &[])
+}
+
+fn stage_req(ctx: Vec<Kv>, secrets: Vec<Kv>, cap: VolumeCapability) -> StageRequest {
+    StageRequest {
+        volume_id: "seaweedfs:vol".into(),
+        context: ctx,
+        secrets,
+        capability: cap,
+        ephemeral: false,
+    }
+}
+
+fn stage(extra: &[(&str, &str)]) -> Result<Plan, BackendError> {
+    Seaweedfs::stage(stage_req(context(extra), vec![], rw()))
+}
+
+fn spawn_of(plan: &Plan) -> &SpawnFuse {
+    match plan.steps.as_slice() {
+        [Step::SpawnFuse(s)] => s,
+        other => panic!("expected one spawn-fuse step, got {other:?}"),
+    }
+}
+
+fn literals(s: &SpawnFuse) -> Vec<String> {
+    s.args
+        .iter()
+        .filter_map(|a| match a {
+            Arg::Literal(t) => Some(t.clone()),
+            Arg::Path(_) => None,
+        })
+        .collect()
+}
+
+/// The literal flags after the fixed head (mount, -filer, -filer.path).
+fn tuning(plan: &Plan) -> Vec<String> {
+    // Skip `-logtostderr mount -filer=.. -filer.path=..` (the path arguments are not literals).
+    literals(spawn_of(plan)).into_iter().skip(4).collect()
+}
+
+fn message(err: BackendError) -> String {
+    match err {
+        BackendError::InvalidArgument(m) => m,
+        other => panic!("expected invalid-argument, got {other:?}"),
+    }
+}
+
+#[test]
+fn info_documents_every_key_and_the_program() {
+    let info = Seaweedfs::info();
+    assert_eq!(info.name, "seaweedfs");
+    assert_eq!(info.version, "0.1.0");
+    assert!(!info.description.is_empty());
+    assert_eq!(info.programs, vec!["weed".to_string()]);
+    assert_eq!(info.fstypes, vec!["fuse.seaweedfs".to_string()]);
+    assert_eq!(info.parameters.len(), SPECS.len());
+    for doc in &info.parameters {
+        assert!(!doc.doc.is_empty(), "{} undocumented", doc.name);
+        assert!(SPECS.iter().any(|s| s.name == doc.name));
+    }
+    let required: Vec<&str> = info
+        .parameters
+        .iter()
+        .filter(|d| d.required)
+        .map(|d| d.name.as_str())
+        .collect();
+    assert_eq!(required, vec!["filer"]);
+    let secrets: Vec<&str> = info
+        .parameters
+        .iter()
+        .filter(|d| d.source == ParamSource::Secret)
+        .map(|d| d.name.as_str())
+        .collect();
+    assert_eq!(secrets, SECRETS.iter().map(|s| s.0).collect::<Vec<_>>());
+}
+
+#[test]
+fn minimal_stage_plan() {
+    let plan = stage(&[]).unwrap();
+    let s = spawn_of(&plan);
+    assert_eq!(
+        s.args,
+        vec![
+            arg("-logtostderr"),
+            arg("mount"),
+            arg("-filer=127.0.0.1:8888"),
+            arg("-filer.path=/buckets/pvc-1"),
+            path_arg("-dir=", staging("")),
+            path_arg("-cacheDir=", cache("")),
+            path_arg("-localSocket=", runtime("weed.sock")),
+            arg("-collection=pvc-1"),
+        ]
+    );
+    assert_eq!(s.program, "weed");
+    assert_eq!(s.mountpoint, staging(""));
+    assert_eq!(s.fstype, "fuse.seaweedfs");
+    assert_eq!(s.ready_timeout_ms, 30_000);
+    assert_eq!(s.memory_limit_bytes, None);
+    assert!(s.env.is_empty());
+    assert_eq!(
+        plan.attributes,
+        vec![
+            kv("filer", "127.0.0.1:8888"),
+            kv("path", "/buckets/pvc-1"),
+            kv("collection", "pvc-1"),
+            kv("readOnly", "false"),
+        ]
+    );
+}
+
+#[rstest]
+#[case("filer", "a.example:8888,10.0.0.1:8889,[::1]:8890", &["-filer=a.example:8888,10.0.0.1:8889,[::1]:8890"])]
+#[case("path", "/data/team-a", &["-filer.path=/data/team-a", "-collection=team-a"])]
+#[case("collection", "my.col_1-x", &["-collection=my.col_1-x"])]
+#[case("replication", "001", &["-replication=001"])]
+#[case("diskType", "ssd", &["-disk=ssd"])]
+#[case("diskType", "nvme_tier-1", &["-disk=nvme_tier-1"])]
+#[case("dataCenter", "dc1", &["-dataCenter=dc1"])]
+#[case("ttl", "3600", &["-ttl=3600"])]
+#[case("ttl", "90s", &["-ttl=90"])]
+#[case("ttl", "15m", &["-ttl=900"])]
+#[case("ttl", "2h", &["-ttl=7200"])]
+#[case("ttl", "7d", &["-ttl=604800"])]
+#[case("ttl", "2w", &["-ttl=1209600"])]
+#[case("chunkSizeLimitMB", "8", &["-chunkSizeLimitMB=8"])]
+#[case("cacheCapacityMB", "512", &["-cacheCapacityMB=512"])]
+#[case("cacheMetaTtlSec", "120", &["-cacheMetaTtlSec=120"])]
+#[case("concurrentWriters", "32", &["-concurrentWriters=32"])]
+#[case("concurrentReaders", "64", &["-concurrentReaders=64"])]
+#[case("volumeServerAccess", "filerProxy", &["-volumeServerAccess=filerProxy"])]
+#[case("uidMap", "1000:0,1001:1", &["-map.uid=1000:0,1001:1"])]
+#[case("uidMap", "007:0", &["-map.uid=7:0"])]
+#[case("gidMap", "2000:100", &["-map.gid=2000:100"])]
+#[case("umask", "0002", &["-umask=0002"])]
+#[case("readOnly", "true", &["-readOnly"])]
+#[case("cacheDir", "disabled", &["-cacheCapacityMB=0"])]
+#[case("memoryLimitMB", "1024", &["-memoryLimitMB=921"])]
+#[case("mountOptions", "allowOthers=false,writebackCache", &["-allowOthers=false", "-writebackCache"])]
+fn every_parameter_becomes_its_flag(
+    #[case] key: &str,
+    #[case] value: &str,
+    #[case] flags: &[&str],
+) {
+    let plan = stage(&[(key, value)]).unwrap();
+    let args = literals(spawn_of(&plan));
+    for flag in flags {
+        assert!(
+            args.contains(&flag.to_string()),
+            "{key}={value}: {flag} missing from {args:?}"
+        );
+    }
+}
+
+#[rstest]
+#[case("readOnly", "false")]
+#[case("cacheDir", "volume")]
+#[case("parentDir", "/volumes")]
+#[case("readyTimeoutSec", "5")]
+fn parameters_without_a_flag_add_none(#[case] key: &str, #[case] value: &str) {
+    let plan = stage(&[(key, value)]).unwrap();
+    assert_eq!(tuning(&plan), vec!["-collection=pvc-1".to_string()]);
+}
+
+#[test]
+fn resource_parameters_reach_the_spawn_step() {
+    let plan = stage(&[("readyTimeoutSec", "5"), ("memoryLimitMB", "16")]).unwrap();
+    let s = spawn_of(&plan);
+    assert_eq!(s.ready_timeout_ms, 5_000);
+    assert_eq!(s.memory_limit_bytes, Some(16 * 1024 * 1024));
+    assert!(literals(s).contains(&"-memoryLimitMB=14".to_string()));
+}
+
+#[test]
+fn cache_disabled_keeps_metadata_in_the_volume_cache_dir() {
+    let plan = stage(&[("cacheDir", "disabled"), ("cacheCapacityMB", "0")]).unwrap();
+    let s = spawn_of(&plan);
+    assert!(s.args.contains(&path_arg("-cacheDir=", cache(""))));
+    assert_eq!(
+        literals(s)
+            .iter()
+            .filter(|a| a.starts_with("-cacheCapacityMB"))
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn root_path_has_no_default_collection() {
+    let plan = stage(&[("path", "/")]).unwrap();
+    assert_eq!(tuning(&plan), Vec::<String>::new());
+    assert!(plan.attributes.contains(&kv("collection", "")));
+}
+
+#[test]
+fn every_flag_has_one_fixed_place() {
+    let all: &[(&str, &str)] = &[
+        (
+            "mountOptions",
+            "writebackCache,allowOthers=false,readRetryTime=10s",
+        ),
+        ("memoryLimitMB", "1000"),
+        ("readOnly", "true"),
+        ("umask", "077"),
+        ("gidMap", "2:3"),
+        ("uidMap", "1:2"),
+        ("volumeServerAccess", "publicUrl"),
+        ("concurrentReaders", "5"),
+        ("concurrentWriters", "4"),
+        ("cacheMetaTtlSec", "3"),
+        ("cacheCapacityMB", "2"),
+        ("chunkSizeLimitMB", "1"),
+        ("ttl", "1m"),
+        ("dataCenter", "dc"),
+        ("diskType", "hdd"),
+        ("replication", "010"),
+        ("collection", "c"),
+    ];
+    let plan = stage(all).unwrap();
+    assert_eq!(
+        tuning(&plan),
+        [
+            "-collection=c",
+            "-replication=010",
+            "-disk=hdd",
+            "-dataCenter=dc",
+            "-ttl=60",
+            "-chunkSizeLimitMB=1",
+            "-cacheCapacityMB=2",
+            "-cacheMetaTtlSec=3",
+            "-concurrentWriters=4",
+            "-concurrentReaders=5",
+            "-volumeServerAccess=publicUrl",
+            "-map.uid=1:2",
+            "-map.gid=2:3",
+            "-umask=077",
+            "-memoryLimitMB=900",
+            "-readOnly",
+            "-allowOthers=false",
+            "-writebackCache",
+            "-readRetryTime=10s",
+        ]
+    );
+    // Same input, same plan; reversed input order, same plan.
+    assert_eq!(plan, stage(all).unwrap());
+    let reversed: Vec<(&str, &str)> = all.iter().rev().copied().collect();
+    assert_eq!(plan, stage(&reversed).unwrap());
+}
+
+#[test]
+fn mount_option_order_does_not_change_the_plan() {
+    let a = stage(&[("mountOptions", "dlm,allowOthers=false,volumeName=v1")]).unwrap();
+    let b = stage(&[("mountOptions", "volumeName=v1,dlm,allowOthers=false")]).unwrap();
+    assert_eq!(a, b);
+}
+
+#[rstest]
+#[case("filer", "")]
+#[case("filer", "localhost")]
+#[case("filer", "host:0")]
+#[case("filer", "host:65536")]
+#[case("filer", "host:http")]
+#[case("filer", "a:1, b:2")]
+#[case("filer", "a:1,,b:2")]
+#[case("filer", "a:1,")]
+#[case("filer", "[::1]")]
+#[case("filer", "[zz::1]:8888")]
+#[case("filer", "::1:8888")]
+#[case("filer", "-bad-:1")]
+#[case("filer", "a_b:1")]
+#[case("filer", "256.1.1.1:1")]
+#[case("filer", "http://a:1")]
+#[case("filer", "a:1,a:1")]
+#[case("path", "relative/dir")]
+#[case("path", "/a//b")]
+#[case("path", "/a/./b")]
+#[case("path", "/a/../b")]
+#[case("path", "/a/")]
+#[case("path", "/a\u{1}b")]
+#[case("parentDir", "buckets")]
+#[case("parentDir", "/x/../y")]
+#[case("collection", "a b")]
+#[case("collection", "a/b")]
+#[case("collection", "ü")]
+#[case("replication", "1")]
+#[case("replication", "0001")]
+#[case("replication", "abc")]
+#[case("diskType", "s s")]
+#[case("diskType", "a.b")]
+#[case("dataCenter", "dc 1")]
+#[case("ttl", "1y")]
+#[case("ttl", "-1")]
+#[case("ttl", "1.5h")]
+#[case("ttl", "h")]
+#[case("ttl", "2147483648")]
+#[case("ttl", "99999999999w")]
+#[case("chunkSizeLimitMB", "0")]
+#[case("chunkSizeLimitMB", "1025")]
+#[case("chunkSizeLimitMB", "-1")]
+#[case("cacheCapacityMB", "1048577")]
+#[case("cacheCapacityMB", "1e3")]
+#[case("cacheMetaTtlSec", "86401")]
+#[case("concurrentWriters", "0")]
+#[case("concurrentWriters", "1025")]
+#[case("concurrentReaders", "0")]
+#[case("volumeServerAccess", "proxy")]
+#[case("uidMap", "1000")]
+#[case("uidMap", "1000:")]
+#[case("uidMap", "a:b")]
+#[case("uidMap", "1000:0,1000:1")]
+#[case("uidMap", "4294967296:0")]
+#[case("uidMap", "1000:0;1:1")]
+#[case("gidMap", "x")]
+#[case("umask", "22")]
+#[case("umask", "0888")]
+#[case("umask", "00222")]
+#[case("readOnly", "yes")]
+#[case("readOnly", "True")]
+#[case("cacheDir", "/var/cache/weed")]
+#[case("cacheDir", "none")]
+#[case("memoryLimitMB", "15")]
+#[case("memoryLimitMB", "1048577")]
+#[case("readyTimeoutSec", "0")]
+#[case("readyTimeoutSec", "301")]
+#[case("mountOptions", "dir=/mnt")]
+#[case("mountOptions", "allowOthers=yes")]
+#[case("mountOptions", "")]
+fn every_bad_value_names_its_parameter(#[case] key: &str, #[case] value: &str) {
+    let err = message(stage(&[(key, value)]).unwrap_err());
+    assert!(
+        err.contains(&format!("{key:?}")),
+        "{key}={value:?}: message {err:?} does not name it"
+    );
+    assert!(
+        Seaweedfs::validate(ValidateRequest {
+            parameters: context(&[(key, value)])
+                .into_iter()
+                .filter(|kv| kv.key != "path" || key == "path")
+                .collect(),
+            secrets: vec![],
+            capabilities: vec![],
+        })
+        .is_err(),
+        "validate accepted {key}={value:?}"
+    );
+}
+
+#[test]
+fn cache_disabled_conflicts_with_a_cache_size() {
+    let err = message(stage(&[("cacheDir", "disabled"), ("cacheCapacityMB", "64")]).unwrap_err());
+    assert!(
+        err.contains("\"cacheDir\"") && err.contains("\"cacheCapacityMB\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_default_collection_that_is_not_a_valid_name_asks_for_one() {
+    let err = message(stage(&[("path", "/data/My Files")]).unwrap_err());
+    assert!(err.contains("\"collection\""), "{err}");
+    assert!(stage(&[("path", "/data/My Files"), ("collection", "files")]).is_ok());
+}
+
+#[test]
+fn stage_without_path_explains() {
+    let req = stage_req(kvs(&[("filer", "127.0.0.1:8888")]), vec![], rw());
+    let err = message(Seaweedfs::stage(req).unwrap_err());
+    assert!(
+        err.contains("\"path\"") && err.contains("volumeAttributes"),
+        "{err}"
+    );
+}
+
+#[rstest]
+#[case::context(context(&[("filr", "x")]), vec![], "unknown parameter \"filr\"")]
+#[case::secret(context(&[]), kvs(&[("token", "x")]), "unknown secret \"token\"")]
+#[case::secret_in_context(context(&[("jwtSigningKey", "x")]), vec![], "unknown parameter \"jwtSigningKey\"")]
+#[case::empty_secret(context(&[]), kvs(&[("jwtSigningKey", "")]), "secret \"jwtSigningKey\" is empty")]
+fn unknown_keys_are_refused(
+    #[case] ctx: Vec<Kv>,
+    #[case] secrets: Vec<Kv>,
+    #[case] expected: &str,
+) {
+    let err = message(Seaweedfs::stage(stage_req(ctx, secrets, rw())).unwrap_err());
+    assert!(err.contains(expected), "{err}");
+}
+
+#[test]
+fn orchestrator_keys_are_ignored() {
+    let ctx = context(&[
+        ("csi.storage.k8s.io/pvc/name", "data"),
+        ("storage.kubernetes.io/csiProvisionerIdentity", "x"),
+    ]);
+    assert!(Seaweedfs::stage(stage_req(ctx, vec![], rw())).is_ok());
+}
+
+#[test]
+fn secrets_are_env_references_and_never_args() {
+    let secrets: Vec<Kv> = SECRETS.iter().rev().map(|(k, _, v)| kv(*k, *v)).collect();
+    let plan = Seaweedfs::stage(stage_req(context(&[]), secrets, rw())).unwrap();
+    let s = spawn_of(&plan);
+    let expected: Vec<EnvVar> = SECRETS
+        .iter()
+        .map(|(k, env, _)| EnvVar {
+            name: env.to_string(),
+            value: Value::Secret(k.to_string()),
+        })
+        .collect();
+    assert_eq!(s.env, expected);
+    let dump = format!("{plan:?}");
+    for (key, _, value) in SECRETS {
+        assert!(!dump.contains(value), "secret {key} leaked into the plan");
+    }
+    for a in &s.args {
+        let text = match a {
+            Arg::Literal(t) => t.clone(),
+            Arg::Path(p) => p.prefix.clone(),
+        };
+        assert!(!text.to_lowercase().contains("jwt"), "{text}");
+    }
+}
+
+#[rstest]
+#[case(AccessMode::SingleNodeWriter, false)]
+#[case(AccessMode::SingleNodeReaderOnly, true)]
+#[case(AccessMode::MultiNodeReaderOnly, true)]
+#[case(AccessMode::MultiNodeSingleWriter, false)]
+#[case(AccessMode::MultiNodeMultiWriter, false)]
+#[case(AccessMode::SingleNodeSingleWriter, false)]
+#[case(AccessMode::SingleNodeMultiWriter, false)]
+fn read_only_follows_the_access_mode(#[case] mode: AccessMode, #[case] read_only: bool) {
+    let req = stage_req(
+        context(&[("readOnly", "false")]),
+        vec![],
+        capability(mode, "", &[]),
+    );
+    let plan = Seaweedfs::stage(req).unwrap();
+    assert_eq!(
+        literals(spawn_of(&plan)).contains(&"-readOnly".to_string()),
+        read_only
+    );
+    assert!(
+        plan.attributes
+            .contains(&kv("readOnly", read_only.to_string()))
+    );
+}
+
+#[test]
+fn publish_is_read_only_for_read_only_modes() {
+    let req = |mode, readonly| PublishRequest {
+        volume_id: "v".into(),
+        context: context(&[]),
+        secrets: vec![],
+        capability: capability(mode, "", &[]),
+        readonly,
+        recorded: vec![],
+    };
+    let bind = |plan: Plan| match plan.steps.as_slice() {
+        [Step::Bind(b)] => b.clone(),
+        other => panic!("{other:?}"),
+    };
+    let b = bind(Seaweedfs::publish(req(AccessMode::MultiNodeReaderOnly, false)).unwrap());
+    assert!(b.readonly);
+    assert_eq!((b.source, b.target), (staging(""), target("")));
+    assert!(
+        bind(Seaweedfs::publish(req(AccessMode::MultiNodeMultiWriter, true)).unwrap()).readonly
+    );
+    assert!(
+        !bind(Seaweedfs::publish(req(AccessMode::MultiNodeMultiWriter, false)).unwrap()).readonly
+    );
+}
+
+#[rstest]
+#[case("allowOthers", "-allowOthers")]
+#[case("allowOthers=true", "-allowOthers")]
+#[case("allowOthers=false", "-allowOthers=false")]
+#[case("asyncDio", "-asyncDio")]
+#[case("cacheSymlink", "-cacheSymlink")]
+#[case("cacheDirMaxEntries=0", "-cacheDirMaxEntries=0")]
+#[case("dirIdleEvictSec=300", "-dirIdleEvictSec=300")]
+#[case("disableXAttr", "-disableXAttr")]
+#[case("writebackCache", "-writebackCache")]
+#[case("collectionQuotaMB=10240", "-collectionQuotaMB=10240")]
+#[case("readRetryTime=1m30s", "-readRetryTime=1m30s")]
+#[case("readerCacheSizeMB=512", "-readerCacheSizeMB=512")]
+#[case("writeBufferSizeMB=0", "-writeBufferSizeMB=0")]
+#[case("metadataFlushSeconds=60", "-metadataFlushSeconds=60")]
+#[case("fuse.maxBackground=2048", "-fuse.maxBackground=2048")]
+#[case("fuse.congestionThreshold=1536", "-fuse.congestionThreshold=1536")]
+#[case("defaultPermissions=false", "-defaultPermissions=false")]
+#[case("posix.dirNLink", "-posix.dirNLink")]
+#[case("df.logical", "-df.logical")]
+#[case("includeSystemEntries", "-includeSystemEntries")]
+#[case("volumeName=team-a.data", "-volumeName=team-a.data")]
+#[case("nonempty", "-nonempty")]
+#[case("dlm", "-dlm")]
+fn allowed_mount_options_pass_through(#[case] item: &str, #[case] flag: &str) {
+    let from_param = stage(&[("mountOptions", item)]).unwrap();
+    assert_eq!(tuning(&from_param).last().map(String::as_str), Some(flag));
+    let cap = capability(AccessMode::MultiNodeMultiWriter, "", &[item]);
+    let from_cap = Seaweedfs::stage(stage_req(context(&[]), vec![], cap)).unwrap();
+    assert_eq!(from_param, from_cap);
+}
+
+#[rstest]
+#[case("dir=/mnt", "node path")]
+#[case("cacheDir=/var/cache", "node path")]
+#[case("cacheDirWrite=/tmp", "node path")]
+#[case("localSocket=/tmp/s.sock", "node path")]
+#[case("options=/etc/weed.opts", "node path")]
+#[case("cpuprofile=/tmp/cpu", "node path")]
+#[case("memprofile=/tmp/mem", "node path")]
+#[case("debug", "opens a port")]
+#[case("debug.port=6061", "opens a port")]
+#[case("peer.enable", "opens a port")]
+#[case("peer.listen=:18080", "opens a port")]
+#[case("filer=x:1", "filer parameter")]
+#[case("filer.path=/", "path parameter")]
+#[case("collection=x", "collection parameter")]
+#[case("disk=ssd", "diskType parameter")]
+#[case("map.uid=1:1", "uidMap parameter")]
+#[case("readOnly", "readOnly parameter")]
+#[case("memoryLimitMB=100", "memoryLimitMB parameter")]
+#[case("debug.fuse", "logs raw FUSE")]
+#[case("dirAutoCreate", "host creates the mount point")]
+#[case("windows.uid=1", "Windows")]
+#[case("noatime", "not a weed mount option")]
+#[case("-allowOthers", "leading dash")]
+#[case("allowOthers=1", "=true or =false")]
+#[case("cacheDirMaxEntries=-1", "whole number")]
+#[case("cacheDirMaxEntries", "whole number")]
+#[case("fuse.maxBackground=65536", "0 to 65535")]
+#[case("readRetryTime=6", "duration")]
+#[case("volumeName=a b", "[A-Za-z0-9._-]")]
+#[case("volumeName=", "[A-Za-z0-9._-]")]
+#[case("allowOthers,allowOthers=false", "given twice")]
+fn refused_mount_options_say_why(#[case] item: &str, #[case] why: &str) {
+    let err = message(stage(&[("mountOptions", item)]).unwrap_err());
+    assert!(err.contains("mountOptions"), "{err}");
+    assert!(err.contains(why), "{item}: {err}");
+}
+
+#[rstest]
+#[case(&["ro"], true)]
+#[case(&["rw"], false)]
+#[case(&["ro", "allowOthers=false"], true)]
+fn capability_mount_flags(#[case] flags: &[&str], #[case] read_only: bool) {
+    let cap = capability(AccessMode::MultiNodeMultiWriter, "", flags);
+    let plan = Seaweedfs::stage(stage_req(context(&[]), vec![], cap)).unwrap();
+    assert_eq!(
+        literals(spawn_of(&plan)).contains(&"-readOnly".to_string()),
+        read_only
+    );
+}
+
+#[rstest]
+#[case(&["noatime"], "", "StorageClass mountOptions")]
+#[case(&["writebackCache"], "", "given twice")]
+#[case(&[], "ext4", "fsType \"ext4\"")]
+#[case(&[""], "", "empty item")]
+fn bad_capabilities_are_refused(#[case] flags: &[&str], #[case] fs_type: &str, #[case] why: &str) {
+    let cap = capability(AccessMode::MultiNodeMultiWriter, fs_type, flags);
+    let ctx = context(&[("mountOptions", "writebackCache")]);
+    let err = message(Seaweedfs::stage(stage_req(ctx, vec![], cap.clone())).unwrap_err());
+    assert!(err.contains(why), "{err}");
+    let validate = ValidateRequest {
+        parameters: kvs(&[
+            ("filer", "127.0.0.1:8888"),
+            ("mountOptions", "writebackCache"),
+        ]),
+        secrets: vec![],
+        capabilities: vec![cap],
+    };
+    assert!(Seaweedfs::validate(validate).is_err());
+}
+
+#[rstest]
+#[case("")]
+#[case("seaweedfs")]
+#[case("fuse.seaweedfs")]
+fn accepted_fs_types(#[case] fs_type: &str) {
+    let cap = capability(AccessMode::SingleNodeWriter, fs_type, &[]);
+    assert!(Seaweedfs::stage(stage_req(context(&[]), vec![], cap)).is_ok());
+}
+
+#[test]
+fn validate_accepts_a_full_storage_class() {
+    let req = ValidateRequest {
+        parameters: kvs(&[
+            ("filer", "filer-0.seaweedfs:8888,filer-1.seaweedfs:8888"),
+            ("parentDir", "/buckets"),
+            ("replication", "001"),
+            ("cacheDir", "disabled"),
+            ("mountOptions", "allowOthers=false"),
+            ("csi.storage.k8s.io/provisioner-secret-name", "weed"),
+        ]),
+        secrets: kvs(&[("jwtSigningKey", "k")]),
+        capabilities: vec![capability(AccessMode::MultiNodeMultiWriter, "", &["ro"])],
+    };
+    Seaweedfs::validate(req).unwrap();
+}
+
+#[test]
+fn path_is_not_a_storage_class_parameter() {
+    let req = ValidateRequest {
+        parameters: kvs(&[("filer", "127.0.0.1:8888"), ("path", "/x")]),
+        secrets: vec![],
+        capabilities: vec![],
+    };
+    let err = message(Seaweedfs::validate(req).unwrap_err());
+    assert!(
+        err.contains("\"path\"") && err.contains("static PersistentVolume"),
+        "{err}"
+    );
+}
+
+fn provision_req(name: &str, params: &[(&str, &str)]) -> ProvisionRequest {
+    ProvisionRequest {
+        name: name.into(),
+        parameters: kvs(params),
+        secrets: vec![],
+        capabilities: vec![rw()],
+        required_bytes: 5 << 30,
+        limit_bytes: 0,
+    }
+}
+
+#[test]
+fn provision_plans_one_directory() {
+    let plan = Seaweedfs::provision(provision_req(
+        "pvc-1",
+        &[
+            ("replication", "001"),
+            ("filer", "127.0.0.1:8888"),
+            ("csi.storage.k8s.io/pvc/name", "data"),
+        ],
+    ))
+    .unwrap();
+    assert_eq!(plan.volume_id, "127.0.0.1:8888/buckets/pvc-1");
+    assert_eq!(plan.capacity_bytes, 5 << 30);
+    assert_eq!(
+        plan.context,
+        vec![
+            kv("filer", "127.0.0.1:8888"),
+            kv("replication", "001"),
+            kv("path", "/buckets/pvc-1"),
+            kv("collection", "pvc-1"),
+        ]
+    );
+    assert_eq!(
+        plan.steps,
+        vec![Step::Http(HttpCall {
+            method: "POST".into(),
+            urls: vec!["http://127.0.0.1:8888/buckets/pvc-1/?mode=0777".into()],
+            headers: vec![],
+            body: vec![],
+            ok_status: vec![201, 409],
+        })]
+    );
+}
+
+#[test]
+fn provision_with_several_filers_and_an_explicit_collection() {
+    let plan = Seaweedfs::provision(provision_req(
+        "pvc-2",
+        &[
+            ("filer", "a:1,[::1]:2"),
+            ("parentDir", "/k8s"),
+            ("collection", "shared"),
+        ],
+    ))
+    .unwrap();
+    assert_eq!(plan.volume_id, "a:1,[::1]:2/k8s/pvc-2");
+    assert!(plan.context.contains(&kv("collection", "shared")));
+    assert!(plan.context.contains(&kv("parentDir", "/k8s")));
+    let Step::Http(call) = &plan.steps[0] else {
+        panic!("{:?}", plan.steps)
+    };
+    assert_eq!(
+        call.urls,
+        vec![
+            "http://a:1/k8s/pvc-2/?mode=0777",
+            "http://[::1]:2/k8s/pvc-2/?mode=0777"
+        ]
+    );
+}
+
+#[test]
+fn provisioned_context_stages_and_is_deterministic() {
+    let req = provision_req(
+        "pvc-3",
+        &[
+            ("filer", "127.0.0.1:8888"),
+            ("parentDir", "/"),
+            ("ttl", "1d"),
+        ],
+    );
+    let plan = Seaweedfs::provision(req.clone()).unwrap();
+    assert_eq!(plan, Seaweedfs::provision(req).unwrap());
+    assert_eq!(plan.volume_id, "127.0.0.1:8888/pvc-3");
+    let staged = Seaweedfs::stage(stage_req(plan.context.clone(), vec![], rw())).unwrap();
+    let args = literals(spawn_of(&staged));
+    assert_eq!(args[3], "-filer.path=/pvc-3");
+    assert!(args.contains(&"-collection=pvc-3".to_string()));
+    assert!(args.contains(&"-ttl=86400".to_string()));
+}
+
+#[rstest]
+#[case("")]
+#[case(".")]
+#[case("..")]
+#[case("a/b")]
+#[case("a b")]
+#[case("pvc:1")]
+fn bad_volume_names_are_refused(#[case] name: &str) {
+    let err = message(Seaweedfs::provision(provision_req(name, &[("filer", "a:1")])).unwrap_err());
+    assert!(err.contains("volume name"), "{err}");
+}
+
+#[test]
+fn overlong_names_are_refused() {
+    let err = message(stage(&[("collection", &"c".repeat(65))]).unwrap_err());
+    assert!(err.contains("\"collection\""), "{err}");
+    assert!(stage(&[("collection", &"c".repeat(64))]).is_ok());
+    let err = message(
+        Seaweedfs::provision(provision_req(
+            &"n".repeat(129),
+            &[("filer", "a:1"), ("parentDir", "/")],
+        ))
+        .unwrap_err(),
+    );
+    assert!(err.contains("volume name"), "{err}");
+    let err = message(
+        Seaweedfs::provision(provision_req(
+            &"n".repeat(65),
+            &[("filer", "a:1"), ("parentDir", "/")],
+        ))
+        .unwrap_err(),
+    );
+    assert!(
+        err.contains("\"collection\""),
+        "a 65-byte name cannot be the default collection: {err}"
+    );
+}
+
+#[test]
+fn too_long_volume_ids_are_refused() {
+    let parent = format!("/{}", "p".repeat(60));
+    let err = message(
+        Seaweedfs::provision(provision_req(
+            "pvc-2b2c9c6e-8a0a-4f4e-9a57-6f0f2b1c7d3e",
+            &[("filer", "127.0.0.1:8888"), ("parentDir", &parent)],
+        ))
+        .unwrap_err(),
+    );
+    assert!(
+        err.contains("more than 100") && err.contains("\"parentDir\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn parent_dirs_that_cannot_be_in_an_id_are_refused() {
+    let err = message(
+        Seaweedfs::provision(provision_req(
+            "pvc-1",
+            &[("filer", "a:1"), ("parentDir", "/my dir")],
+        ))
+        .unwrap_err(),
+    );
+    assert!(
+        err.contains("\"parentDir\"") && err.contains("printable ASCII"),
+        "{err}"
+    );
+}
+
+#[test]
+fn provision_refuses_unknown_secrets_and_bad_capabilities() {
+    let mut req = provision_req("pvc-1", &[("filer", "a:1")]);
+    req.secrets = kvs(&[("password", "x")]);
+    assert!(message(Seaweedfs::provision(req).unwrap_err()).contains("unknown secret"));
+    let mut req = provision_req("pvc-1", &[("filer", "a:1")]);
+    req.capabilities = vec![capability(AccessMode::SingleNodeWriter, "xfs", &[])];
+    assert!(message(Seaweedfs::provision(req).unwrap_err()).contains("fsType"));
+}
+
+fn delete(id: &str) -> Result<Plan, BackendError> {
+    Seaweedfs::delete(DeleteRequest {
+        volume_id: id.into(),
+        secrets: vec![],
+    })
+}
+
+#[rstest]
+#[case("127.0.0.1:8888/buckets/pvc-1", &["http://127.0.0.1:8888/buckets/pvc-1?recursive=true"])]
+#[case("a:1,[::1]:2/k8s/pvc-2", &["http://a:1/k8s/pvc-2?recursive=true", "http://[::1]:2/k8s/pvc-2?recursive=true"])]
+#[case("a:1/pvc-3", &["http://a:1/pvc-3?recursive=true"])]
+#[case("a:1/odd?dir%/pvc-4", &["http://a:1/odd%3Fdir%25/pvc-4?recursive=true"])]
+fn delete_removes_the_directory(#[case] id: &str, #[case] urls: &[&str]) {
+    let plan = delete(id).unwrap();
+    assert_eq!(
+        plan.steps,
+        vec![Step::Http(HttpCall {
+            method: "DELETE".into(),
+            urls: urls.iter().map(|u| u.to_string()).collect(),
+            headers: vec![],
+            body: vec![],
+            ok_status: vec![200, 202, 204, 404],
+        })]
+    );
+}
+
+#[rstest]
+#[case("")]
+#[case("noslash")]
+#[case("127.0.0.1:8888")]
+#[case("127.0.0.1:8888/")]
+#[case("127.0.0.1:8888/buckets/")]
+#[case("127.0.0.1:8888//pvc-1")]
+#[case("127.0.0.1:8888/buckets/../pvc-1")]
+#[case("127.0.0.1:8888/buckets/..")]
+#[case("host/buckets/pvc-1")]
+#[case("a:1/buckets/a b")]
+#[case("a:1/buckets/pvc:1")]
+#[case("/buckets/pvc-1")]
+fn malformed_volume_ids_are_refused(#[case] id: &str) {
+    let err = message(delete(id).unwrap_err());
+    assert!(err.contains("volume id"), "{err}");
+}
+
+#[test]
+fn a_volume_id_longer_than_100_bytes_is_refused_on_delete() {
+    let id = format!("a:1/{}", "x".repeat(97));
+    assert_eq!(id.len(), 101);
+    assert!(delete(&id).is_err());
+    assert!(delete(&id[..100]).is_ok());
+}
+
+#[test]
+fn provision_and_delete_agree_on_the_directory() {
+    let plan = Seaweedfs::provision(provision_req(
+        "pvc-9",
+        &[("filer", "f1:8888,f2:8888"), ("parentDir", "/a/b")],
+    ))
+    .unwrap();
+    let Step::Http(create) = &plan.steps[0] else {
+        panic!()
+    };
+    let Step::Http(remove) = &delete(&plan.volume_id).unwrap().steps[0] else {
+        panic!()
+    };
+    let strip = |u: &str| {
+        u.split('?')
+            .next()
+            .unwrap_or_default()
+            .trim_end_matches('/')
+            .to_string()
+    };
+    let created: Vec<String> = create.urls.iter().map(|u| strip(u)).collect();
+    let removed: Vec<String> = remove.urls.iter().map(|u| strip(u)).collect();
+    assert_eq!(created, removed);
+    assert_eq!(created[0], "http://f1:8888/a/b/pvc-9");
+}
+
+#[test]
+fn delete_refuses_unknown_secrets() {
+    let req = DeleteRequest {
+        volume_id: "a:1/b/pvc-1".into(),
+        secrets: kvs(&[("x", "y")]),
+    };
+    assert!(message(Seaweedfs::delete(req).unwrap_err()).contains("unknown secret"));
+}
