@@ -18,7 +18,7 @@ fn main() {
     let root = manifest_dir.parent().unwrap().to_path_buf();
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     println!("cargo:rerun-if-env-changed=MOUNTHOST_PLUGIN_WASM_DIR");
-    for watched in ["plugins", "wit", "Cargo.lock", "Cargo.toml"] {
+    for watched in ["plugins", "wit", "Cargo.lock", "Cargo.toml", ".cargo/config.toml"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
 

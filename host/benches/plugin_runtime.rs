@@ -13,7 +13,10 @@ use mounthost::plugin::bindings::types as wit;
 use mounthost::plugin::{PluginRuntime, RuntimeConfig};
 use mounthost_plugin_sdk::Plugin as _;
 
-const CALLS: usize = 1000;
+/// Calls per measurement; `MOUNTHOST_BENCH_CALLS` raises it (e.g. to profile the call path).
+fn calls() -> usize {
+    std::env::var("MOUNTHOST_BENCH_CALLS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000)
+}
 
 fn runtime(cache: &std::path::Path) -> PluginRuntime {
     PluginRuntime::new(RuntimeConfig { cache_dir: Some(cache.to_path_buf()), ..RuntimeConfig::default() })
@@ -80,6 +83,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let calls = calls();
     rt.block_on(async {
         // 1. cold compile vs cached load (resolve = load + info call).
         let (mut cold, mut cached) = (Vec::new(), Vec::new());
@@ -103,36 +107,45 @@ fn main() {
         for _ in 0..50 {
             runtime.call(&plugin, "bench", wit_request()).await.unwrap();
         }
-        let mut wasm = Vec::with_capacity(CALLS);
-        for _ in 0..CALLS {
+        let mut wasm = Vec::with_capacity(calls);
+        for _ in 0..calls {
             let t = Instant::now();
             let plan = runtime.call(&plugin, "bench", wit_request()).await.unwrap();
             wasm.push(t.elapsed());
             assert_eq!(plan.steps.len(), 1);
         }
-        let mut native = Vec::with_capacity(CALLS);
-        for _ in 0..CALLS {
+        let mut native = Vec::with_capacity(calls);
+        for _ in 0..calls {
             let t = Instant::now();
             let plan = mounthost_plugin_seaweedfs::Seaweedfs::stage(sdk_request()).unwrap();
             native.push(t.elapsed());
             assert_eq!(plan.steps.len(), 1);
         }
+        let mut fixed = Vec::with_capacity(calls);
+        for _ in 0..calls {
+            let t = Instant::now();
+            runtime.call(&plugin, "bench", mounthost::plugin::calls::InfoCall).await.unwrap();
+            fixed.push(t.elapsed());
+        }
         wasm.sort();
         native.sort();
-        println!("stage call (fresh Store + plan), {CALLS} calls: p50 {:.1} us, p99 {:.1} us (target p50 <= 50 us)",
+        fixed.sort();
+        println!("stage call (fresh Store + plan), {calls} calls: p50 {:.1} us, p99 {:.1} us (target p50 <= 50 us)",
             us(percentile(&wasm, 0.5)), us(percentile(&wasm, 0.99)));
         println!("  baseline native planner:           p50 {:.1} us, p99 {:.1} us -> sandboxed/native p50 = {:.1}x",
             us(percentile(&native, 0.5)), us(percentile(&native, 0.99)),
             percentile(&wasm, 0.5).as_secs_f64() / percentile(&native, 0.5).as_secs_f64());
+        println!("  breakdown: fresh Store + instantiate + info call: p50 {:.1} us (the fixed cost of a call)",
+            us(percentile(&fixed, 0.5)));
 
         // 3. 1,000 concurrent calls vs serial.
         let t = Instant::now();
-        for _ in 0..CALLS {
+        for _ in 0..calls {
             runtime.call(&plugin, "bench", wit_request()).await.unwrap();
         }
         let serial = t.elapsed();
         let t = Instant::now();
-        let tasks: Vec<_> = (0..CALLS)
+        let tasks: Vec<_> = (0..calls)
             .map(|_| {
                 let (runtime, plugin) = (runtime.clone(), plugin.clone());
                 tokio::spawn(async move { runtime.call(&plugin, "bench", wit_request()).await.map(|p| p.steps.len()) })
@@ -142,7 +155,7 @@ fn main() {
             assert_eq!(task.await.unwrap().unwrap(), 1);
         }
         let concurrent = t.elapsed();
-        println!("{CALLS} concurrent calls on 2 workers: {:.1} ms (target <= 150 ms); serial {:.1} ms -> speed-up {:.2}x",
+        println!("{calls} concurrent calls on 2 workers: {:.1} ms (target <= 150 ms); serial {:.1} ms -> speed-up {:.2}x",
             ms(concurrent), ms(serial), serial.as_secs_f64() / concurrent.as_secs_f64());
     });
 }

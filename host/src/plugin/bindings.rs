@@ -11,6 +11,6 @@ wasmtime::component::bindgen!({
     additional_derives: [PartialEq],
 });
 
-pub use exports::mounthost::plugin::planner;
-pub use mounthost::plugin::host::Level;
-pub use mounthost::plugin::types;
+pub use self::exports::mounthost::plugin::planner;
+pub use self::mounthost::plugin::host::Level;
+pub use self::mounthost::plugin::types;

@@ -3,7 +3,7 @@
 //! Every error is `invalid-argument` and names the key and what would be accepted, because
 //! the person reading it is writing a StorageClass.
 
-use crate::{BackendError, Kv, ParamDoc, ParamSource};
+use crate::{BackendError, Kv, ParamSource};
 
 /// Build an `invalid-argument` error.
 pub fn invalid(message: impl Into<String>) -> BackendError {
@@ -100,20 +100,23 @@ impl<'a> Params<'a> {
         }
     }
 
-    /// Reject keys that are not documented for `source`. Keys with a `/` belong to the
-    /// container orchestrator (`csi.storage.k8s.io/pvc/name`, ...) and are ignored.
-    pub fn check_known(&self, docs: &[ParamDoc], source: ParamSource) -> Result<(), BackendError> {
+    /// Reject keys that are not documented for `source`. `known` lists each documented key
+    /// with where it may come from (a static table, so this allocates nothing on success).
+    /// Keys with a `/` belong to the container orchestrator (`csi.storage.k8s.io/pvc/name`,
+    /// ...) and are ignored.
+    pub fn check_known<'n, I>(&self, known: I, source: ParamSource) -> Result<(), BackendError>
+    where
+        I: IntoIterator<Item = (&'n str, ParamSource)>,
+        I::IntoIter: Clone,
+    {
+        let known = known.into_iter();
         for kv in self.kvs {
             if kv.key.contains('/') {
                 continue;
             }
-            let known = docs.iter().any(|d| d.name == kv.key && accepts(d.source, source));
-            if !known {
-                let mut names: Vec<&str> = docs
-                    .iter()
-                    .filter(|d| accepts(d.source, source))
-                    .map(|d| d.name.as_str())
-                    .collect();
+            if !known.clone().any(|(name, from)| name == kv.key && accepts(from, source)) {
+                let mut names: Vec<&str> =
+                    known.clone().filter(|(_, from)| accepts(*from, source)).map(|(n, _)| n).collect();
                 names.sort_unstable();
                 return Err(invalid(format!(
                     "unknown {} {:?}; accepted: {}",
@@ -136,18 +139,7 @@ fn accepts(doc: ParamSource, list: ParamSource) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ParamKind, kv};
-
-    fn doc(name: &str, source: ParamSource) -> ParamDoc {
-        ParamDoc {
-            name: name.into(),
-            doc: String::new(),
-            kind: ParamKind::Text,
-            source,
-            required: false,
-            default_value: None,
-        }
-    }
+    use crate::kv;
 
     #[test]
     fn duplicate_keys_are_rejected() {
@@ -174,12 +166,12 @@ mod tests {
 
     #[test]
     fn unknown_keys_name_the_accepted_ones() {
-        let docs = [doc("filer", ParamSource::Parameter), doc("key", ParamSource::Secret)];
+        let docs = [("filer", ParamSource::Parameter), ("key", ParamSource::Secret)];
         let kvs = [kv("filer", "x"), kv("csi.storage.k8s.io/pvc/name", "p"), kv("filr", "y")];
         let p = Params::new("parameter", &kvs).unwrap();
-        let err = p.check_known(&docs, ParamSource::Parameter).unwrap_err();
+        let err = p.check_known(docs, ParamSource::Parameter).unwrap_err();
         assert_eq!(err, invalid("unknown parameter \"filr\"; accepted: filer"));
         let ctx = [kv("filer", "x")];
-        assert!(Params::new("context", &ctx).unwrap().check_known(&docs, ParamSource::Context).is_ok());
+        assert!(Params::new("context", &ctx).unwrap().check_known(docs, ParamSource::Context).is_ok());
     }
 }

@@ -251,6 +251,11 @@ pub fn param_docs() -> Vec<ParamDoc> {
         .collect()
 }
 
+/// Every documented key with its source, for the unknown-key checks.
+fn known() -> impl Iterator<Item = (&'static str, ParamSource)> + Clone {
+    SPECS.iter().map(|s| (s.name, s.source))
+}
+
 /// Open a StorageClass parameter list (or a volume context, `source` = `Context`) and refuse
 /// keys the table does not document for that source.
 pub fn open<'a>(kvs: &'a [Kv], source: ParamSource) -> Result<Params<'a>, BackendError> {
@@ -262,7 +267,7 @@ pub fn open<'a>(kvs: &'a [Kv], source: ParamSource) -> Result<Params<'a>, Backen
              PersistentVolume with volumeAttributes.path",
         ));
     }
-    params.check_known(&param_docs(), source)?;
+    params.check_known(known(), source)?;
     Ok(params)
 }
 
@@ -271,7 +276,7 @@ pub fn open<'a>(kvs: &'a [Kv], source: ParamSource) -> Result<Params<'a>, Backen
 /// never holds a secret value. Table order, so plans are deterministic.
 pub fn secret_env(secrets: &[Kv]) -> Result<Vec<EnvVar>, BackendError> {
     let secrets = Params::new("secret", secrets)?;
-    secrets.check_known(&param_docs(), ParamSource::Secret)?;
+    secrets.check_known(known(), ParamSource::Secret)?;
     let mut env = Vec::new();
     for spec in SPECS.iter().filter(|s| s.source == ParamSource::Secret) {
         if secrets.text(spec.name)?.is_some()
