@@ -9,7 +9,6 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod exec;
-pub mod fsutil;
 pub mod plan;
 pub mod plugin;
 pub mod secrets;

@@ -12,8 +12,7 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use super::digest::Digest;
-use crate::exec::artifact;
-use crate::fsutil;
+use crate::exec::{artifact, fs};
 
 /// How a component was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +72,7 @@ impl ArtifactCache {
 
 fn store(path: &Path, component: &Component) -> wasmtime::Result<()> {
     let dir = path.parent().expect("cache files live in the cache directory");
-    fsutil::private_dir(dir)?;
-    fsutil::write_atomic(path, &component.serialize()?, 0o600)?;
+    fs::private_dir(dir)?;
+    fs::write_atomic(path, &component.serialize()?, 0o600)?;
     Ok(())
 }

@@ -1,5 +1,5 @@
-//! Small file helpers shared by every module that persists something: atomic writes and
-//! private directories.
+//! File writes with modes: atomic replacement and private directories. Every module that
+//! persists something (compiled plugins now, volume state next) writes through here.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
