@@ -5,3 +5,6 @@
 //! reading one folder.
 
 pub mod artifact;
+pub mod fs;
+pub mod mount;
+pub mod mountinfo;
