@@ -4,6 +4,7 @@
 //! Everything lives in this library so tests can drive it in-process; `main.rs` only parses
 //! flags. `unsafe` is denied everywhere except [`exec`], the one room for privileged code.
 #![deny(unsafe_code)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod cli;
 pub mod config;
