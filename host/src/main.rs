@@ -10,7 +10,13 @@ use mounthost::telemetry;
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.global.log_format, &cli.global.log);
-    let cfg = cli.global.config();
+    let cfg = match cli.global.config() {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("error: resolving the configured directories: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let result = match cli.command {
         Command::Plugin(cmd) => plugin::run(&cfg, cmd).await,
     };

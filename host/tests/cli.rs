@@ -50,6 +50,22 @@ fn plan_seaweedfs_prints_the_weed_mount_step() {
 }
 
 #[test]
+fn the_readme_command_works_with_a_relative_state_dir() {
+    let cwd = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mounthost"))
+        .current_dir(cwd.path())
+        .args(["--state-dir", ".local", "plugin", "plan", "seaweedfs"])
+        .args(["--param", "filer=127.0.0.1:8888", "--param", "path=/buckets/v1"])
+        .output()
+        .unwrap();
+    let plan = json(&out);
+    let args = plan["steps"][0]["args"].as_array().unwrap();
+    let cache = args.iter().filter_map(|a| a.as_str()?.strip_prefix("-cacheDir=")).next().unwrap();
+    let local = cwd.path().canonicalize().unwrap().join(".local");
+    assert!(std::path::Path::new(cache).starts_with(&local), "{cache} is under {}", local.display());
+}
+
+#[test]
 fn secrets_never_reach_the_printed_plan_or_argv() {
     let state = tempfile::tempdir().unwrap();
     let key_file = state.path().join("jwt");

@@ -82,11 +82,12 @@ pub enum Command {
 }
 
 impl GlobalArgs {
-    /// The configuration these flags describe.
-    pub fn config(&self) -> Config {
-        let mut cfg = Config::new(self.state_dir.clone());
+    /// The configuration these flags describe. Relative directories are taken from the
+    /// current directory (`--state-dir .local` is the local, unprivileged setup).
+    pub fn config(&self) -> std::io::Result<Config> {
+        let mut cfg = Config::new(std::path::absolute(&self.state_dir)?);
         if let Some(dir) = &self.plugin_dir {
-            cfg.plugin_dir = dir.clone();
+            cfg.plugin_dir = std::path::absolute(dir)?;
         }
         cfg.programs.extend(self.programs.iter().cloned());
         for g in &self.grants {
@@ -104,7 +105,7 @@ impl GlobalArgs {
         };
         cfg.plugin_limits_by_name = self.plugin_limits.iter().cloned().collect::<BTreeMap<_, _>>();
         cfg.plugin_concurrency = self.plugin_concurrency;
-        cfg
+        Ok(cfg)
     }
 }
 
@@ -160,7 +161,7 @@ mod tests {
             "plugin", "info", "seaweedfs",
         ])
         .unwrap();
-        let cfg = cli.global.config();
+        let cfg = cli.global.config().unwrap();
         assert_eq!(cfg.plugin_dir, PathBuf::from("/tmp/s/plugins"));
         assert_eq!(cfg.programs["fusetest"], PathBuf::from("/bin/true"));
         assert_eq!(cfg.programs["weed"], PathBuf::from(crate::config::DEFAULT_WEED));
@@ -168,6 +169,14 @@ mod tests {
         assert!(g.fstypes.contains("tmpfs") && g.hosts.contains("filer:8888"));
         assert_eq!(cfg.plugin_limits_by_name["x"].memory_bytes, 8 << 20);
         assert!(cfg.grant("seaweedfs").programs.contains("weed"));
+    }
+
+    #[test]
+    fn relative_directories_become_absolute() {
+        let cli = Cli::try_parse_from(["mounthost", "--state-dir", ".local", "plugin", "list"]).unwrap();
+        let cfg = cli.global.config().unwrap();
+        assert_eq!(cfg.state_dir, std::env::current_dir().unwrap().join(".local"));
+        assert!(cfg.plugin_dir.is_absolute() && cfg.plugin_cache_dir().is_absolute());
     }
 
     #[test]

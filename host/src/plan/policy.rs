@@ -306,7 +306,9 @@ fn path(ctx: &Context<'_>, p: &wit::PathRef) -> R<PathBuf> {
     let root = ctx.dirs.root(p.root).ok_or_else(|| {
         format!("the {} directory is not available in a {:?} plan", root_name(p.root), ctx.operation)
     })?;
-    debug_assert!(root.is_absolute());
+    if !root.is_absolute() {
+        return Err(format!("the host's {} directory {} is not absolute", root_name(p.root), root.display()));
+    }
     let rel = &p.rel;
     let shown = || format!("path {rel:?} (in {})", root_name(p.root));
     if rel.len() > MAX_REL_PATH || rel.chars().any(char::is_control) {

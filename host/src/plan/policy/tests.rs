@@ -228,3 +228,11 @@ fn endpoint_hosts_come_from_endpoint_parameters_only() {
     let hosts = endpoint_hosts(&info, [("filer", "A:1, b:2"), ("path", "evil:80")]);
     assert_eq!(hosts, BTreeSet::from(["a:1".to_string(), "b:2".to_string()]));
 }
+
+#[test]
+fn a_relative_host_directory_is_an_error_not_a_panic() {
+    let mut f = Fixture::new();
+    f.dirs.cache = Some("relative/cache".into());
+    let err = f.check(Operation::Stage, vec![w::Step::Mkdir(p(DirRoot::Cache, "x"))]).unwrap_err();
+    assert!(err.reason.contains("cache directory relative/cache is not absolute"), "{err}");
+}
