@@ -1,0 +1,181 @@
+//! Long-lived programs (FUSE servers) that must outlive the daemon: spawn, identify, stop.
+//!
+//! - Spawned in a session of their own (`setsid`), so a restart or crash of the daemon (or of
+//!   its process group) never takes them down.
+//! - Nothing is inherited: the environment is exactly the plan's, stdin is `/dev/null`, stdout
+//!   and stderr append to a per-volume log file (mode 0600: it may echo secrets' effects), and
+//!   the working directory is `/`.
+//! - A process is identified by pid *and* start time (`/proc/<pid>/stat` field 22), so a
+//!   recycled pid is never mistaken for ours and never signalled.
+//! - Stopping signals the whole process group (the program's helpers too): SIGTERM, a bounded
+//!   wait, then SIGKILL, reaping our own children so no zombie is left.
+#![allow(unsafe_code)]
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, killpg};
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+/// A running process as the daemon records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessId {
+    /// Its pid (also its session and process group id).
+    pub pid: i32,
+    /// Its start time in clock ticks since boot; tells it apart from a later process that
+    /// got the same pid.
+    pub start_time: u64,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Spec<'a> {
+    /// Absolute path of the binary (already resolved and granted by policy).
+    pub executable: &'a Path,
+    /// Arguments, without the program name.
+    pub args: &'a [String],
+    /// The whole environment.
+    pub env: &'a [(String, String)],
+    /// Log file for stdout and stderr (appended, created 0600).
+    pub log: &'a Path,
+}
+
+/// How a stop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// It was not running (or the pid now belongs to another process, left alone).
+    AlreadyGone,
+    /// It exited after SIGTERM.
+    Terminated,
+    /// It needed SIGKILL.
+    Killed,
+}
+
+/// A process operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// The log file could not be opened.
+    #[error("opening log {path}: {source}")]
+    Log { path: PathBuf, source: std::io::Error },
+    /// The program could not be started.
+    #[error("starting {path}: {source}")]
+    Spawn { path: PathBuf, source: std::io::Error },
+    /// Its start time could not be read right after spawning.
+    #[error("reading /proc/{pid}/stat: {source}")]
+    Stat { pid: i32, source: std::io::Error },
+    /// A signal could not be sent.
+    #[error("signalling process group {pid}: {errno}")]
+    Signal { pid: i32, errno: Errno },
+    /// It survived SIGKILL for longer than the bound (stuck in the kernel, e.g. on a dead FUSE
+    /// mount).
+    #[error("process {pid} still exists {waited:?} after SIGKILL")]
+    Unkillable { pid: i32, waited: Duration },
+}
+
+/// Start `spec` in its own session.
+pub fn spawn(spec: &Spec<'_>) -> Result<ProcessId, ProcessError> {
+    let log = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(spec.log)
+        .map_err(|source| ProcessError::Log { path: spec.log.to_path_buf(), source })?;
+    let err_log = log.try_clone().map_err(|source| ProcessError::Log { path: spec.log.to_path_buf(), source })?;
+    let mut cmd = Command::new(spec.executable);
+    cmd.args(spec.args)
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err_log);
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed; setsid(2) is one, and it allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
+    }
+    let child = cmd.spawn().map_err(|source| ProcessError::Spawn { path: spec.executable.to_path_buf(), source })?;
+    let pid = i32::try_from(child.id()).expect("pids fit in i32");
+    // `child` is dropped without waiting: the process lives on; `stop` or the supervisor reaps it.
+    let start_time = start_time(pid).map_err(|source| ProcessError::Stat { pid, source })?;
+    Ok(ProcessId { pid, start_time })
+}
+
+/// The start time of `pid` and whether it is a zombie, from `/proc/<pid>/stat`.
+fn stat(pid: i32) -> std::io::Result<(u64, bool)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) is in parentheses and may contain spaces or ')'.
+    let after = text.rsplit_once(')').map(|(_, rest)| rest).ok_or_else(|| std::io::Error::other("no ')' in stat"))?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // `after` starts at field 3 (state); field 22 (starttime) is index 19.
+    let state = fields.first().copied().unwrap_or_default();
+    let start = fields.get(19).and_then(|f| f.parse().ok()).ok_or_else(|| std::io::Error::other("no start time in stat"))?;
+    Ok((start, state == "Z"))
+}
+
+/// The start time of `pid`.
+pub fn start_time(pid: i32) -> std::io::Result<u64> {
+    stat(pid).map(|(start, _)| start)
+}
+
+/// True if `id` names a live (not zombie) process that is still the same one.
+pub fn is_alive(id: &ProcessId) -> bool {
+    matches!(stat(id.pid), Ok((start, false)) if start == id.start_time)
+}
+
+/// Reap `pid` if it is our exited child; harmless otherwise.
+fn reap(pid: i32) {
+    let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+}
+
+fn wait_gone(id: &ProcessId, bound: Duration) -> bool {
+    let until = Instant::now() + bound;
+    loop {
+        reap(id.pid);
+        if !is_alive(id) {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// How long a process may linger after SIGKILL before it counts as stuck.
+const KILL_BOUND: Duration = Duration::from_secs(5);
+
+/// Stop `id` and its process group: SIGTERM, up to `grace`, then SIGKILL. Blocking.
+pub fn stop(id: &ProcessId, grace: Duration) -> Result<Stopped, ProcessError> {
+    reap(id.pid);
+    if !is_alive(id) {
+        return Ok(Stopped::AlreadyGone);
+    }
+    let group = Pid::from_raw(id.pid);
+    match killpg(group, Signal::SIGTERM) {
+        Ok(()) => {}
+        Err(Errno::ESRCH) => return Ok(Stopped::AlreadyGone),
+        Err(errno) => return Err(ProcessError::Signal { pid: id.pid, errno }),
+    }
+    if wait_gone(id, grace) {
+        // Helpers that ignored SIGTERM must not outlive their leader.
+        let _ = killpg(group, Signal::SIGKILL);
+        return Ok(Stopped::Terminated);
+    }
+    match killpg(group, Signal::SIGKILL) {
+        Ok(()) | Err(Errno::ESRCH) => {}
+        Err(errno) => return Err(ProcessError::Signal { pid: id.pid, errno }),
+    }
+    if wait_gone(id, KILL_BOUND) {
+        Ok(Stopped::Killed)
+    } else {
+        Err(ProcessError::Unkillable { pid: id.pid, waited: KILL_BOUND })
+    }
+}

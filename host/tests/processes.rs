@@ -1,0 +1,86 @@
+//! Spawning and stopping real processes through the executor room.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use mounthost::exec::process::{self, ProcessError, ProcessId, Spec, Stopped};
+
+fn sh(script: &str, env: &[(String, String)], log: &Path) -> ProcessId {
+    let args = vec!["-c".to_string(), script.to_string()];
+    process::spawn(&Spec { executable: Path::new("/bin/sh"), args: &args, env, log }).unwrap()
+}
+
+fn wait_for(log: &Path, needle: &str) -> String {
+    for _ in 0..500 {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(needle) {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("{needle:?} never appeared in {}", log.display());
+}
+
+#[test]
+fn a_spawned_program_has_its_own_session_only_its_env_and_a_private_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("volume.log");
+    let env = [("WEED_JWT_SIGNING_KEY".to_string(), "k".to_string())];
+    let id = sh("/usr/bin/env; pwd; echo to-stderr >&2; echo ready; exec sleep 30", &env, &log);
+    let text = wait_for(&log, "ready");
+    assert!(text.contains("WEED_JWT_SIGNING_KEY=k"), "{text}");
+    assert!(!text.contains("HOME=") && !text.contains("CARGO"), "nothing inherited: {text}");
+    assert!(text.contains("\n/\n") && text.contains("to-stderr"), "{text}");
+    assert_eq!(std::fs::metadata(&log).unwrap().permissions().mode() & 0o777, 0o600);
+    let sid = nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(id.pid))).unwrap();
+    assert_eq!(sid.as_raw(), id.pid, "session leader");
+    assert!(process::is_alive(&id));
+
+    assert_eq!(process::stop(&id, Duration::from_secs(5)).unwrap(), Stopped::Terminated);
+    assert!(!process::is_alive(&id));
+    assert!(!Path::new(&format!("/proc/{}", id.pid)).exists(), "reaped, no zombie");
+    assert_eq!(process::stop(&id, Duration::from_secs(1)).unwrap(), Stopped::AlreadyGone);
+}
+
+#[test]
+fn a_program_ignoring_sigterm_is_killed_with_its_helpers() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("stubborn.log");
+    // The shell ignores SIGTERM; its `sleep` helper is in the same process group.
+    let id = sh("trap '' TERM; sleep 60 & echo helper=$!; wait; wait", &[], &log);
+    let text = wait_for(&log, "helper=");
+    let helper: i32 = text.trim().trim_start_matches("helper=").parse().unwrap();
+    let helper_id = ProcessId { pid: helper, start_time: process::start_time(helper).unwrap() };
+    assert_eq!(process::stop(&id, Duration::from_millis(300)).unwrap(), Stopped::Killed);
+    assert!(!process::is_alive(&id));
+    for _ in 0..200 {
+        if !process::is_alive(&helper_id) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!process::is_alive(&helper_id), "the helper died with its group");
+}
+
+#[test]
+fn a_recycled_pid_is_never_signalled() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = sh("exec sleep 30", &[], &dir.path().join("l"));
+    let stale = ProcessId { pid: id.pid, start_time: id.start_time - 1 };
+    assert!(!process::is_alive(&stale));
+    assert_eq!(process::stop(&stale, Duration::from_secs(1)).unwrap(), Stopped::AlreadyGone);
+    assert!(process::is_alive(&id), "the real process was left alone");
+    assert_eq!(process::stop(&id, Duration::from_secs(5)).unwrap(), Stopped::Terminated);
+}
+
+#[test]
+fn spawn_errors_name_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = Spec { executable: Path::new("/nonexistent/weed"), args: &[], env: &[], log: &dir.path().join("l") };
+    let err = process::spawn(&spec).unwrap_err();
+    assert!(matches!(err, ProcessError::Spawn { .. }), "{err}");
+    assert!(err.to_string().contains("/nonexistent/weed"), "{err}");
+    let spec = Spec { executable: Path::new("/bin/true"), args: &[], env: &[], log: &dir.path().join("no/such/dir/l") };
+    assert!(matches!(process::spawn(&spec).unwrap_err(), ProcessError::Log { .. }));
+}
