@@ -1,5 +1,8 @@
-//! Volumes as the host sees them. For now: the directories a volume's plans may touch.
+//! Volumes as the host sees them: their directories, the per-volume lock, and their state.
 
 pub mod dirs;
+pub mod lock;
+pub mod state;
 
 pub use dirs::VolumeDirs;
+pub use lock::{Busy, VolumeGuard, VolumeLocks};
