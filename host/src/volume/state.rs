@@ -101,6 +101,9 @@ pub enum StateError {
     Misplaced { path: PathBuf, found: String, belongs: PathBuf },
 }
 
+/// One state file found by [`StateStore::list`]: its path, and its state or why it is unusable.
+pub type Listed = (PathBuf, Result<VolumeState, StateError>);
+
 /// The folder of state files.
 #[derive(Debug, Clone)]
 pub struct StateStore {
@@ -154,7 +157,7 @@ impl StateStore {
 
     /// Every state file, each parsed or with its error (for reconciliation at start). Stray
     /// temporary files from an interrupted write are skipped.
-    pub fn list(&self) -> Result<Vec<(PathBuf, Result<VolumeState, StateError>)>, StateError> {
+    pub fn list(&self) -> Result<Vec<Listed>, StateError> {
         let entries = std::fs::read_dir(&self.dir).map_err(|source| StateError::Io { path: self.dir.clone(), source })?;
         let mut out = Vec::new();
         for entry in entries.flatten() {
