@@ -148,11 +148,7 @@ impl StateStore {
     /// Forget `volume_id` (no error if it had no state).
     pub fn remove(&self, volume_id: &str) -> Result<(), StateError> {
         let path = self.path(volume_id);
-        match std::fs::remove_file(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(StateError::Io { path, source }),
-        }
+        fs::remove_file(&path).map_err(|source| StateError::Io { path, source })
     }
 
     /// Every state file, each parsed or with its error (for reconciliation at start). Stray
