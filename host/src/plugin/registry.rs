@@ -1,7 +1,7 @@
 //! Finding plugins by name (optionally pinned by digest): the folder, then the stock plugins.
 //!
 //! The folder is rescanned on every lookup, which costs a directory read and one `stat` per
-//! file: a file whose size, mtime or inode changed is read, hashed and loaded again, so a new
+//! file (done inline: cheaper than a hop to the blocking pool): a file whose size, mtime or inode changed is read, hashed and loaded again, so a new
 //! or replaced `.wasm` is used for the next volume without a restart. Every digest ever
 //! loaded stays resolvable by digest for the life of the process, so volumes staged with an
 //! older version keep planning with it.
@@ -181,7 +181,9 @@ impl PluginRuntime {
             if index.files.get(&path).is_some_and(|f| f.stamp == stamp) {
                 continue;
             }
-            let loaded = match std::fs::read(&path) {
+            // A changed file is read in full (hundreds of KiB): off the async workers. The
+            // readdir and stats above stay inline; they cost less than a blocking-pool hop.
+            let loaded = match tokio::fs::read(&path).await {
                 Ok(bytes) => self.load(index, bytes, path.display().to_string()).await,
                 Err(e) => Err(PluginError::Load {
                     origin: path.display().to_string(),
