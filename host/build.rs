@@ -1,5 +1,6 @@
-//! Builds the plugin crates for `wasm32-wasip2` so the stock plugins can be embedded in the
-//! `mounthost` binary and the test fixtures are at hand for the tests.
+//! Generates the gRPC code of `proto/` (with protox, a pure-Rust protobuf compiler: no system
+//! `protoc` needed), and builds the plugin crates for `wasm32-wasip2` so the stock plugins can
+//! be embedded in the `mounthost` binary and the test fixtures are at hand for the tests.
 //!
 //! A nested `cargo build` runs with its own target directory (`<target>/wasm-plugins`), so it
 //! never waits on the outer build's lock. Set `MOUNTHOST_PLUGIN_WASM_DIR` to a folder of
@@ -21,6 +22,8 @@ fn main() {
     for watched in ["plugins", "wit", "Cargo.lock", "Cargo.toml", ".cargo/config.toml"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
+
+    compile_protos(&root);
 
     let built = match env::var_os("MOUNTHOST_PLUGIN_WASM_DIR") {
         Some(dir) => PathBuf::from(dir),
@@ -62,4 +65,16 @@ fn build_plugins(root: &Path) -> PathBuf {
         );
     }
     target_dir.join("wasm32-wasip2").join("plugin")
+}
+
+fn compile_protos(root: &Path) {
+    let proto = root.join("proto");
+    println!("cargo:rerun-if-changed={}", proto.display());
+    let files = [proto.join("csi.proto"), proto.join("host.proto")];
+    let fds = protox::compile(&files, [&proto]).unwrap_or_else(|e| panic!("compiling proto/: {e}"));
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)
+        .unwrap_or_else(|e| panic!("generating gRPC code: {e}"));
 }

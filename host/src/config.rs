@@ -9,6 +9,10 @@ use crate::plugin::{Limits, RuntimeConfig};
 
 /// Default state directory on a Kubernetes node.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/mounthost";
+/// kubelet's root directory on a Kubernetes node.
+pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
+/// The CSI driver name.
+pub const DRIVER_NAME: &str = "csi.mounthost.dev";
 /// Where the stock seaweedfs plugin's `weed` is looked for unless configured.
 pub const DEFAULT_WEED: &str = "/usr/local/bin/weed";
 
@@ -29,6 +33,14 @@ pub struct Config {
     pub plugin_limits_by_name: BTreeMap<String, Limits>,
     /// Plugin calls in flight at once.
     pub plugin_concurrency: u32,
+    /// kubelet's root: staging and target paths must lie inside it (or inside `state_dir`).
+    pub kubelet_dir: PathBuf,
+    /// The node id reported by NodeGetInfo.
+    pub node_id: String,
+    /// How long a FUSE process gets between SIGTERM and SIGKILL at unstage.
+    pub fuse_stop_grace: std::time::Duration,
+    /// The host daemon's socket (front ↔ host).
+    pub host_socket: PathBuf,
 }
 
 impl Config {
@@ -44,6 +56,7 @@ impl Config {
             },
         );
         Config {
+            host_socket: state_dir.join("host.sock"),
             plugin_dir: state_dir.join("plugins"),
             state_dir,
             programs: [("weed".to_string(), PathBuf::from(DEFAULT_WEED))].into(),
@@ -51,8 +64,12 @@ impl Config {
             plugin_limits: Limits::default(),
             plugin_limits_by_name: BTreeMap::new(),
             plugin_concurrency: 64,
+            kubelet_dir: PathBuf::from(DEFAULT_KUBELET_DIR),
+            node_id: default_node_id(),
+            fuse_stop_grace: std::time::Duration::from_secs(10),
         }
     }
+
 
     /// Compiled plugin artifacts are cached here.
     pub fn plugin_cache_dir(&self) -> PathBuf {
@@ -81,4 +98,13 @@ impl Default for Config {
     fn default() -> Self {
         Config::new(PathBuf::from(DEFAULT_STATE_DIR))
     }
+}
+
+/// The node's hostname (what Kubernetes uses as node name unless told otherwise).
+pub fn default_node_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }

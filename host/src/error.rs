@@ -21,4 +21,93 @@ pub enum ErrorKind {
     DeadlineExceeded,
     /// A bug or an unexpected failure.
     Internal,
+    /// Not supported by this driver.
+    Unimplemented,
+}
+
+/// An operation's failure: its class and a message a person can act on. Every module's error
+/// converts into this at the pipeline's edge; the daemon turns it into a gRPC status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Error {
+    /// The gRPC class.
+    pub kind: ErrorKind,
+    /// What went wrong, with secrets already scrubbed.
+    pub message: String,
+}
+
+impl Error {
+    /// An error of class `kind`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error { kind, message: message.into() }
+    }
+    /// InvalidArgument.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidArgument, message)
+    }
+    /// NotFound.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, message)
+    }
+    /// FailedPrecondition.
+    pub fn precondition(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::FailedPrecondition, message)
+    }
+    /// AlreadyExists.
+    pub fn exists(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::AlreadyExists, message)
+    }
+    /// Internal.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Internal, message)
+    }
+    /// Unavailable.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unavailable, message)
+    }
+    /// Unimplemented.
+    pub fn unimplemented(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unimplemented, message)
+    }
+}
+
+impl From<crate::plugin::PluginError> for Error {
+    fn from(e: crate::plugin::PluginError) -> Self {
+        let kind = match &e {
+            // A request naming a plugin that does not exist is a bad request.
+            crate::plugin::PluginError::UnknownPlugin { .. } => ErrorKind::InvalidArgument,
+            other => other.kind(),
+        };
+        Error::new(kind, e.to_string())
+    }
+}
+
+impl From<crate::plan::policy::PolicyError> for Error {
+    fn from(e: crate::plan::policy::PolicyError) -> Self {
+        Error::new(e.kind(), e.to_string())
+    }
+}
+
+impl From<crate::volume::Busy> for Error {
+    fn from(e: crate::volume::Busy) -> Self {
+        Error::new(e.kind(), e.to_string())
+    }
+}
+
+impl From<crate::volume::state::StateError> for Error {
+    fn from(e: crate::volume::state::StateError) -> Self {
+        Error::internal(format!("volume state: {e}"))
+    }
+}
+
+impl From<crate::exec::mount::MountError> for Error {
+    fn from(e: crate::exec::mount::MountError) -> Self {
+        Error::internal(e.to_string())
+    }
+}
+
+impl From<crate::exec::process::ProcessError> for Error {
+    fn from(e: crate::exec::process::ProcessError) -> Self {
+        Error::internal(e.to_string())
+    }
 }

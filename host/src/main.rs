@@ -3,31 +3,67 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use mounthost::cli::{Cli, Command, plugin};
+use mounthost::cli::{Cli, Command, client, plugin, serve};
 use mounthost::telemetry;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.global.log_format, &cli.global.log);
-    let cfg = match cli.global.config() {
+    let mut cfg = match cli.global.config() {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("error: resolving the configured directories: {e}");
             return ExitCode::from(2);
         }
     };
-    let result = match cli.command {
-        Command::Plugin(cmd) => plugin::run(&cfg, cmd).await,
-    };
-    match result {
-        Ok(out) => {
-            println!("{out}");
-            ExitCode::SUCCESS
+    let served = match cli.command {
+        Command::Plugin(cmd) => {
+            return match plugin::run(&cfg, cmd).await {
+                Ok(out) => {
+                    println!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error ({:?}): {e}", e.kind());
+                    ExitCode::from(2)
+                }
+            };
         }
+        Command::Client(args) => {
+            let socket = match args.endpoint.as_deref().map(mounthost::grpc::socket_path) {
+                Some(Ok(p)) => p,
+                Some(Err(e)) => {
+                    eprintln!("error (InvalidArgument): {e}");
+                    return ExitCode::from(2);
+                }
+                None => cfg.state_dir.join("csi.sock"),
+            };
+            return match client::run(socket, cfg.host_socket.clone(), args.command).await {
+                Ok(out) => {
+                    println!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error ({:?}): {}", e.code, e.message);
+                    ExitCode::from(2)
+                }
+            };
+        }
+        Command::Host => serve::host(cfg).await,
+        Command::Csi(args) => serve::csi(cfg, args).await,
+        Command::Local(args) => {
+            if cli.global.kubelet_dir.is_none() {
+                cfg.kubelet_dir = cfg.state_dir.join("kubelet");
+            }
+            serve::local(cfg, args).await
+        }
+    };
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error ({:?}): {e}", e.kind());
-            ExitCode::from(2)
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

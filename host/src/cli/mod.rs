@@ -1,7 +1,9 @@
 //! The `mounthost` command line: flags with `MOUNTHOST_*` environment fallbacks, turned into
 //! a [`Config`](crate::config::Config), then one subcommand.
 
+pub mod client;
 pub mod plugin;
+pub mod serve;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -53,6 +55,19 @@ pub struct GlobalArgs {
     /// Log format.
     #[arg(long, env = "MOUNTHOST_LOG_FORMAT", value_enum, default_value = "text", global = true)]
     pub log_format: LogFormat,
+    /// kubelet's root directory; staging and target paths must be inside it
+    /// [default: /var/lib/kubelet; for `local`: <state-dir>/kubelet].
+    #[arg(long, env = "MOUNTHOST_KUBELET_DIR", global = true)]
+    pub kubelet_dir: Option<PathBuf>,
+    /// The host daemon's socket [default: <state-dir>/host.sock].
+    #[arg(long, env = "MOUNTHOST_HOST_SOCKET", global = true)]
+    pub host_socket: Option<PathBuf>,
+    /// The node id NodeGetInfo reports [default: the hostname].
+    #[arg(long, env = "MOUNTHOST_NODE_ID", global = true)]
+    pub node_id: Option<String>,
+    /// Seconds a FUSE process gets between SIGTERM and SIGKILL at unstage.
+    #[arg(long, env = "MOUNTHOST_FUSE_STOP_GRACE_SECS", default_value_t = 10, global = true)]
+    pub fuse_stop_grace_secs: u64,
     /// Log filter, e.g. `info` or `info,mounthost=debug`.
     #[arg(long, env = "MOUNTHOST_LOG", default_value = "info", global = true)]
     pub log: String,
@@ -79,6 +94,14 @@ pub enum Command {
     /// Inspect plugins and run their planners without mounting anything.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// Run the host daemon: the only process that mounts and supervises FUSE programs.
+    Host,
+    /// Run the CSI front on kubelet's socket.
+    Csi(serve::CsiArgs),
+    /// Run host daemon and CSI front together on local defaults (everything under --state-dir).
+    Local(serve::LocalArgs),
+    /// Drive a CSI socket by hand, the way kubelet does.
+    Client(client::ClientArgs),
 }
 
 impl GlobalArgs {
@@ -105,6 +128,16 @@ impl GlobalArgs {
         };
         cfg.plugin_limits_by_name = self.plugin_limits.iter().cloned().collect::<BTreeMap<_, _>>();
         cfg.plugin_concurrency = self.plugin_concurrency;
+        if let Some(k) = &self.kubelet_dir {
+            cfg.kubelet_dir = std::path::absolute(k)?;
+        }
+        if let Some(s) = &self.host_socket {
+            cfg.host_socket = std::path::absolute(s)?;
+        }
+        if let Some(n) = &self.node_id {
+            cfg.node_id = n.clone();
+        }
+        cfg.fuse_stop_grace = Duration::from_secs(self.fuse_stop_grace_secs);
         Ok(cfg)
     }
 }

@@ -109,7 +109,8 @@ impl CliError {
     }
 }
 
-fn parse_kv(s: &str) -> Result<(String, String), String> {
+/// `KEY=VALUE`.
+pub fn parse_kv(s: &str) -> Result<(String, String), String> {
     let (k, v) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected KEY=VALUE"))?;
     if k.is_empty() {
         return Err(format!("{s:?}: the key is empty"));
@@ -164,7 +165,8 @@ fn kvs(pairs: &[(String, String)]) -> Vec<wit::Kv> {
     pairs.iter().map(|(k, v)| wit::Kv { key: k.clone(), value: v.clone() }).collect()
 }
 
-fn read_secrets(pairs: &[(String, String)]) -> Result<Vec<(String, String)>, CliError> {
+/// Secrets from flags, `KEY=@FILE` read from the file.
+pub fn read_secrets(pairs: &[(String, String)]) -> Result<Vec<(String, String)>, CliError> {
     pairs
         .iter()
         .map(|(k, v)| match v.strip_prefix('@') {
@@ -278,6 +280,22 @@ async fn plan(cfg: &Config, runtime: &PluginRuntime, args: PlanArgs) -> Result<S
     };
     let checked = policy::check(&ctx(operation), wit_plan)?;
     Ok(pretty(&checked))
+}
+
+impl AccessModeArg {
+    /// The CSI enum value.
+    pub fn csi(self) -> crate::proto::csi::volume_capability::access_mode::Mode {
+        use crate::proto::csi::volume_capability::access_mode::Mode as M;
+        match self {
+            AccessModeArg::SingleNodeWriter => M::SingleNodeWriter,
+            AccessModeArg::SingleNodeReaderOnly => M::SingleNodeReaderOnly,
+            AccessModeArg::MultiNodeReaderOnly => M::MultiNodeReaderOnly,
+            AccessModeArg::MultiNodeSingleWriter => M::MultiNodeSingleWriter,
+            AccessModeArg::MultiNodeMultiWriter => M::MultiNodeMultiWriter,
+            AccessModeArg::SingleNodeSingleWriter => M::SingleNodeSingleWriter,
+            AccessModeArg::SingleNodeMultiWriter => M::SingleNodeMultiWriter,
+        }
+    }
 }
 
 fn access_mode(m: AccessModeArg) -> wit::AccessMode {

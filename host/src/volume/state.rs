@@ -67,6 +67,10 @@ pub struct VolumeState {
     pub process: Option<ProcessId>,
     /// Published targets.
     pub published: BTreeMap<PathBuf, Publication>,
+    /// A CSI ephemeral inline volume: staged by the host itself (under its state directory)
+    /// at the first publish, unstaged with the last unpublish.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ephemeral: bool,
 }
 
 impl VolumeState {
@@ -233,6 +237,7 @@ mod tests {
             },
             process: Some(ProcessId { pid: 42, start_time: 7 }),
             published: BTreeMap::new(),
+            ephemeral: false,
         }
     }
 

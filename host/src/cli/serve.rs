@@ -1,0 +1,104 @@
+//! `mounthost host`, `mounthost csi` and `mounthost local`: the long-running processes.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+
+use crate::config::Config;
+use crate::controller::Controller;
+use crate::exec::Linux;
+use crate::front::{self, Mode};
+use crate::node::Node;
+use crate::plugin::PluginRuntime;
+
+/// Arguments of `mounthost csi`.
+#[derive(Debug, Args)]
+pub struct CsiArgs {
+    /// Which CSI services to serve.
+    #[arg(long, env = "MOUNTHOST_CSI_MODE", value_enum, default_value = "node")]
+    pub mode: Mode,
+    /// kubelet's socket for this driver, unix:///path or a path.
+    #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///csi/csi.sock")]
+    pub endpoint: String,
+}
+
+/// Arguments of `mounthost local`.
+#[derive(Debug, Args)]
+pub struct LocalArgs {
+    /// The CSI socket [default: <state-dir>/csi.sock].
+    #[arg(long, env = "CSI_ENDPOINT")]
+    pub endpoint: Option<String>,
+}
+
+/// Resolves when the process is asked to stop (SIGINT or SIGTERM). Mounts and FUSE processes
+/// are left running: they outlive the daemon by design.
+pub async fn stop_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("stopping; mounts and FUSE processes stay up");
+}
+
+/// `mounthost host`.
+pub async fn host(cfg: Config) -> anyhow::Result<()> {
+    let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
+    let socket = cfg.host_socket.clone();
+    let node = Node::new(cfg, runtime, Arc::new(Linux))?;
+    crate::daemon::serve(node, &socket, stop_signal()).await
+}
+
+/// `mounthost csi`.
+pub async fn csi(cfg: Config, args: CsiArgs) -> anyhow::Result<()> {
+    let socket = crate::grpc::socket_path(&args.endpoint).map_err(anyhow::Error::msg)?;
+    let host = matches!(args.mode, Mode::Node | Mode::All).then(|| front::Host::new(crate::grpc::channel(&cfg.host_socket)));
+    let controller = if matches!(args.mode, Mode::Controller | Mode::All) {
+        Some(Controller::new(cfg.clone(), Arc::new(PluginRuntime::new(cfg.runtime())?)))
+    } else {
+        None
+    };
+    front::serve(args.mode, &socket, host, controller, stop_signal()).await
+}
+
+/// `mounthost local`: host daemon and CSI front (all services) in one process, everything
+/// under the state directory; `weed` is looked up on PATH if not configured.
+pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
+    for (name, path) in cfg.programs.iter_mut() {
+        if !path.exists() {
+            if let Some(found) = on_path(name) {
+                *path = found;
+            }
+        }
+    }
+    std::fs::create_dir_all(&cfg.kubelet_dir)?;
+    let csi_socket = match &args.endpoint {
+        Some(e) => crate::grpc::socket_path(e).map_err(anyhow::Error::msg)?,
+        None => cfg.state_dir.join("csi.sock"),
+    };
+    let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
+    let node = Node::new(cfg.clone(), runtime.clone(), Arc::new(Linux))?;
+    let host_socket = cfg.host_socket.clone();
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let mut rx2 = rx.clone();
+    let host_task = tokio::spawn(async move {
+        let mut rx = rx;
+        crate::daemon::serve(node, &host_socket, async move { let _ = rx.changed().await; }).await
+    });
+    let host = front::Host::new(crate::grpc::channel(&cfg.host_socket));
+    let controller = Controller::new(cfg.clone(), runtime);
+    println!("mounthost local: CSI socket {} (host daemon {}, kubelet dir {})", csi_socket.display(), cfg.host_socket.display(), cfg.kubelet_dir.display());
+    let front_task = tokio::spawn(async move {
+        front::serve(Mode::All, &csi_socket, Some(host), Some(controller), async move { let _ = rx2.changed().await; }).await
+    });
+    stop_signal().await;
+    let _ = tx.send(true);
+    host_task.await??;
+    front_task.await??;
+    Ok(())
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| PathBuf::from(d).join(name)).find(|p| p.is_file())
+}

@@ -1,0 +1,240 @@
+//! The controller pipeline (CreateVolume, DeleteVolume, ValidateVolumeCapabilities). It needs
+//! no privilege: plugins plan HTTP calls to their backend, the policy checks them, and the
+//! controller executes them itself.
+//!
+//! Volume ids are `<plugin>~<plugin's id>`, so DeleteVolume, which gets only the id, knows
+//! which plugin to ask. The hosts a delete plan may reach are those granted by config plus
+//! those named in the id: mounthost minted that id at CreateVolume, from an endpoint the
+//! StorageClass granted.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use tracing::info;
+
+use crate::config::Config;
+use crate::error::{Error, ErrorKind};
+use crate::exec::http::{Call, HttpClient, HttpError};
+use crate::node::apply::secret_refs;
+use crate::node::request;
+use crate::plan::policy::{self, Context, Operation};
+use crate::plan::{Plan, Step, Value};
+use crate::plugin::bindings::types as wit;
+use crate::plugin::{LoadedPlugin, PluginRuntime};
+use crate::proto::csi;
+use crate::secrets::Secrets;
+use crate::volume::VolumeDirs;
+
+/// The controller service's logic.
+#[derive(Clone)]
+pub struct Controller {
+    config: Config,
+    runtime: Arc<PluginRuntime>,
+    http: HttpClient,
+}
+
+impl Controller {
+    /// A controller over `runtime`.
+    pub fn new(config: Config, runtime: Arc<PluginRuntime>) -> Self {
+        Controller { config, runtime, http: HttpClient::default() }
+    }
+
+    /// CreateVolume.
+    pub async fn create(&self, req: csi::CreateVolumeRequest) -> Result<csi::CreateVolumeResponse, Error> {
+        let name = request::identifier("name", &req.name)?;
+        if req.volume_capabilities.is_empty() {
+            return Err(Error::invalid("volume_capabilities is required"));
+        }
+        let capabilities = req.volume_capabilities.iter().map(|c| request::capability(Some(c))).collect::<Result<Vec<_>, _>>()?;
+        request::map("parameters", &req.parameters)?;
+        let secrets = request::secrets(&req.secrets)?;
+        if req.volume_content_source.is_some() {
+            return Err(Error::invalid("volume_content_source (cloning, snapshots) is not supported"));
+        }
+        let (required, limit) = req.capacity_range.as_ref().map(|r| (r.required_bytes, r.limit_bytes)).unwrap_or((0, 0));
+        if required < 0 || limit < 0 || (limit > 0 && required > limit) {
+            return Err(Error::invalid(format!("capacity_range is invalid: required {required}, limit {limit}")));
+        }
+        let plugin = self.plugin(&req.parameters).await?;
+        let params = request::plugin_attrs(&req.parameters);
+        let wreq = wit::ProvisionRequest {
+            name: name.clone(),
+            parameters: request::kvs(&params),
+            secrets: request::secret_kvs(&secrets),
+            capabilities,
+            required_bytes: required as u64,
+            limit_bytes: limit as u64,
+        };
+        let out = self.runtime.call(&plugin, &name, wreq).await?;
+        let hosts = policy::endpoint_hosts(&plugin.info, params.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let plan = self.check(&plugin, Operation::Provision, hosts, &secrets, wit::Plan { steps: out.steps, attributes: Vec::new() })?;
+        let volume_id = format!("{}~{}", plugin.info.name, out.volume_id);
+        request::volume_id(&volume_id).map_err(|e| Error::internal(format!("plugin {} made an unusable volume id: {}", plugin.info.name, e.message)))?;
+        self.execute(&plan, &secrets).await?;
+        let mut context: HashMap<String, String> = params.into_iter().collect();
+        context.extend(out.context.into_iter().map(|kv| (kv.key, kv.value)));
+        context.insert(request::PLUGIN_KEY.into(), plugin.info.name.clone());
+        info!(volume.id = %volume_id, name = %name, "volume created");
+        Ok(csi::CreateVolumeResponse {
+            volume: Some(csi::Volume {
+                capacity_bytes: i64::try_from(out.capacity_bytes).unwrap_or(i64::MAX),
+                volume_id,
+                volume_context: context,
+                content_source: None,
+                accessible_topology: Vec::new(),
+            }),
+        })
+    }
+
+    /// DeleteVolume.
+    pub async fn delete(&self, req: csi::DeleteVolumeRequest) -> Result<(), Error> {
+        let id = request::volume_id(&req.volume_id)?;
+        let secrets = request::secrets(&req.secrets)?;
+        let (plugin_name, inner) = split_id(&id)?;
+        let plugin = self.runtime.resolve(plugin_name, None).await.map_err(|e| {
+            Error::precondition(format!("volume {id} belongs to plugin {plugin_name}, which cannot be loaded: {e}"))
+        })?;
+        let wreq = wit::DeleteRequest { volume_id: inner.to_string(), secrets: request::secret_kvs(&secrets) };
+        let wplan = self.runtime.call(&plugin, &id, wreq).await?;
+        let plan = self.check(&plugin, Operation::Delete, hosts_in_id(inner), &secrets, wplan)?;
+        self.execute(&plan, &secrets).await?;
+        info!(volume.id = %id, "volume deleted");
+        Ok(())
+    }
+
+    /// ValidateVolumeCapabilities: the plugin's `validate` over the volume's attributes.
+    pub async fn validate(&self, req: csi::ValidateVolumeCapabilitiesRequest) -> Result<csi::ValidateVolumeCapabilitiesResponse, Error> {
+        let id = request::volume_id(&req.volume_id)?;
+        if req.volume_capabilities.is_empty() {
+            return Err(Error::invalid("volume_capabilities is required"));
+        }
+        request::map("volume_context", &req.volume_context)?;
+        request::map("parameters", &req.parameters)?;
+        let secrets = request::secrets(&req.secrets)?;
+        let (plugin_name, _) = split_id(&id).map_err(|e| Error::not_found(e.message))?;
+        let mut capabilities = Vec::new();
+        for c in &req.volume_capabilities {
+            match request::capability(Some(c)) {
+                Ok(c) => capabilities.push(c),
+                Err(e) => return Ok(unconfirmed(e.message)),
+            }
+        }
+        let plugin = self.runtime.resolve(plugin_name, None).await?;
+        let mut attrs = request::plugin_attrs(&req.volume_context);
+        attrs.extend(request::plugin_attrs(&req.parameters));
+        let wreq = wit::ValidateRequest { parameters: request::kvs(&attrs), secrets: request::secret_kvs(&secrets), capabilities };
+        match self.runtime.call(&plugin, &id, wreq).await {
+            Ok(()) => Ok(csi::ValidateVolumeCapabilitiesResponse {
+                confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                    volume_context: req.volume_context,
+                    volume_capabilities: req.volume_capabilities,
+                    parameters: req.parameters,
+                    mutable_parameters: HashMap::new(),
+                }),
+                message: String::new(),
+            }),
+            Err(e) => {
+                let e = Error::from(e);
+                if e.kind == ErrorKind::InvalidArgument { Ok(unconfirmed(e.message)) } else { Err(e) }
+            }
+        }
+    }
+
+    async fn plugin(&self, params: &HashMap<String, String>) -> Result<Arc<LoadedPlugin>, Error> {
+        let Some(name) = params.get(request::PLUGIN_KEY) else {
+            let known: Vec<String> = self.runtime.list().await.iter().map(|p| p.info.name.clone()).collect();
+            return Err(Error::invalid(format!(
+                "the StorageClass parameter `{}` is required; known plugins: {}",
+                request::PLUGIN_KEY,
+                known.join(", ")
+            )));
+        };
+        let name = request::identifier("parameter plugin", name)?;
+        Ok(self.runtime.resolve(&name, params.get(request::DIGEST_KEY).map(String::as_str)).await?)
+    }
+
+    fn check(&self, plugin: &LoadedPlugin, operation: Operation, hosts: BTreeSet<String>, secrets: &Secrets, wplan: wit::Plan) -> Result<Plan, Error> {
+        let grant = self.config.grant(&plugin.info.name);
+        let dirs = VolumeDirs::default();
+        let ctx = Context {
+            operation,
+            plugin: &plugin.info.name,
+            digest: plugin.digest.to_string(),
+            grant: &grant,
+            programs: &self.config.programs,
+            endpoint_hosts: hosts,
+            dirs: &dirs,
+            secrets,
+        };
+        let plan = policy::check(&ctx, wplan)?;
+        if let Some(key) = secret_refs(&plan).into_iter().find(|k| secrets.get(k).is_none()) {
+            return Err(Error::invalid(format!("plugin {} needs the secret {key:?}, which the request does not carry", plugin.info.name)));
+        }
+        Ok(plan)
+    }
+
+    async fn execute(&self, plan: &Plan, secrets: &Secrets) -> Result<(), Error> {
+        for step in &plan.steps {
+            let Step::Http { method, urls, headers, body, ok_status } = step else {
+                return Err(Error::internal(format!("a {} step reached the controller", step.kind())));
+            };
+            let fill = |v: &Value| match v {
+                Value::Literal(s) => s.clone(),
+                Value::Secret(k) => secrets.get(k).unwrap_or_default().to_string(),
+            };
+            let call = Call {
+                method: method.clone(),
+                urls: urls.clone(),
+                headers: headers.iter().map(|h| (h.name.clone(), fill(&h.value))).collect(),
+                body: body.clone(),
+                ok_status: ok_status.clone(),
+            };
+            self.http.call(&call).await.map_err(|e| {
+                let message = secrets.scrub(&format!("plugin {}: {e}", plan.plugin));
+                match e {
+                    HttpError::Unreachable { .. } => Error::unavailable(message),
+                    HttpError::Status { status, .. } if status >= 500 => Error::unavailable(message),
+                    HttpError::Status { .. } => Error::precondition(message),
+                    HttpError::Invalid(_) => Error::internal(message),
+                }
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn unconfirmed(message: String) -> csi::ValidateVolumeCapabilitiesResponse {
+    csi::ValidateVolumeCapabilitiesResponse { confirmed: None, message }
+}
+
+/// `<plugin>~<id>` → its parts.
+pub fn split_id(id: &str) -> Result<(&str, &str), Error> {
+    match id.split_once('~') {
+        Some((p, rest)) if !p.is_empty() && !rest.is_empty() => Ok((p, rest)),
+        _ => Err(Error::invalid(format!("volume id {id:?} was not made by mounthost (expected <plugin>~<id>)"))),
+    }
+}
+
+/// Hosts named in a volume id: every `/`, `,`-separated token that reads as `host:port`.
+pub fn hosts_in_id(id: &str) -> BTreeSet<String> {
+    id.split(['/', ','])
+        .filter(|t| t.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())))
+        .map(str::to_ascii_lowercase)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_name_their_plugin_and_hosts() {
+        assert_eq!(split_id("seaweedfs~127.0.0.1:8888/buckets/pvc-1").unwrap(), ("seaweedfs", "127.0.0.1:8888/buckets/pvc-1"));
+        for bad in ["plain", "~x", "p~"] {
+            assert_eq!(split_id(bad).unwrap_err().kind, ErrorKind::InvalidArgument, "{bad}");
+        }
+        let hosts = hosts_in_id("a:1,Filer.example:8888/k8s/pvc-2");
+        assert_eq!(hosts.into_iter().collect::<Vec<_>>(), vec!["a:1".to_string(), "filer.example:8888".to_string()]);
+        assert!(hosts_in_id("/buckets/pvc:x").is_empty());
+    }
+}

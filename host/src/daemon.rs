@@ -1,0 +1,120 @@
+//! `mounthost host`: the host daemon's gRPC service (`proto/host.proto`) on its unix socket.
+//! Each RPC gets a tracing span with the volume id; errors become gRPC statuses by class.
+
+use std::future::Future;
+use std::path::Path;
+
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use crate::node::Node;
+use crate::proto::csi;
+use crate::proto::host::host_server::{Host, HostServer};
+use crate::proto::host::{HealthRequest, HealthResponse, ListVolumesRequest, ListVolumesResponse, VolumeStatus};
+
+/// The host service.
+#[derive(Clone)]
+pub struct HostService {
+    node: Node,
+}
+
+impl HostService {
+    /// Serve `node`.
+    pub fn new(node: Node) -> Self {
+        HostService { node }
+    }
+}
+
+fn span(method: &'static str, volume: &str) -> tracing::Span {
+    tracing::info_span!("rpc", method, volume.id = %volume)
+}
+
+async fn traced<T>(method: &'static str, volume: &str, f: impl Future<Output = Result<T, crate::error::Error>>) -> Result<Response<T>, Status> {
+    let span = span(method, volume);
+    async move {
+        let started = std::time::Instant::now();
+        let result = f.await;
+        match &result {
+            Ok(_) => tracing::debug!(elapsed_us = started.elapsed().as_micros() as u64, "ok"),
+            Err(e) => tracing::warn!(code = ?e.kind, error = %e.message, "failed"),
+        }
+        result.map(Response::new).map_err(Status::from)
+    }
+    .instrument(span)
+    .await
+}
+
+#[tonic::async_trait]
+impl Host for HostService {
+    async fn health(&self, _: Request<HealthRequest>) -> Result<Response<HealthResponse>, Status> {
+        let volumes = self.node.store().list().map(|l| l.len()).unwrap_or(0);
+        Ok(Response::new(HealthResponse {
+            version: env!("CARGO_PKG_VERSION").into(),
+            node_id: self.node.config().node_id.clone(),
+            volumes: u32::try_from(volumes).unwrap_or(u32::MAX),
+        }))
+    }
+
+    async fn node_stage_volume(&self, req: Request<csi::NodeStageVolumeRequest>) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+        let req = req.into_inner();
+        let id = req.volume_id.clone();
+        traced("NodeStageVolume", &id, async { self.node.stage(req).await.map(|()| csi::NodeStageVolumeResponse {}) }).await
+    }
+
+    async fn node_unstage_volume(&self, req: Request<csi::NodeUnstageVolumeRequest>) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+        let req = req.into_inner();
+        let id = req.volume_id.clone();
+        traced("NodeUnstageVolume", &id, async { self.node.unstage(req).await.map(|()| csi::NodeUnstageVolumeResponse {}) }).await
+    }
+
+    async fn node_publish_volume(&self, req: Request<csi::NodePublishVolumeRequest>) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        let req = req.into_inner();
+        let id = req.volume_id.clone();
+        traced("NodePublishVolume", &id, async { self.node.publish(req).await.map(|()| csi::NodePublishVolumeResponse {}) }).await
+    }
+
+    async fn node_unpublish_volume(&self, req: Request<csi::NodeUnpublishVolumeRequest>) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        let req = req.into_inner();
+        let id = req.volume_id.clone();
+        traced("NodeUnpublishVolume", &id, async { self.node.unpublish(req).await.map(|()| csi::NodeUnpublishVolumeResponse {}) }).await
+    }
+
+    async fn node_get_volume_stats(&self, req: Request<csi::NodeGetVolumeStatsRequest>) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        let req = req.into_inner();
+        let id = req.volume_id.clone();
+        traced("NodeGetVolumeStats", &id, self.node.stats(req)).await
+    }
+
+    async fn list_volumes(&self, _: Request<ListVolumesRequest>) -> Result<Response<ListVolumesResponse>, Status> {
+        let list = self.node.list().await.map_err(Status::from)?;
+        let volumes = list
+            .into_iter()
+            .map(|(st, h)| VolumeStatus {
+                volume_id: st.volume_id,
+                plugin: st.plugin,
+                digest: st.digest,
+                phase: format!("{:?}", st.phase).to_lowercase(),
+                staging_path: st.staging_path.display().to_string(),
+                targets: st.published.keys().map(|p| p.display().to_string()).collect(),
+                pid: st.process.map(|p| p.pid).unwrap_or(0),
+                healthy: h.healthy,
+                condition: h.condition,
+            })
+            .collect();
+        Ok(Response::new(ListVolumesResponse { volumes }))
+    }
+}
+
+/// Reconcile, then serve `node` on `socket` until `shutdown` resolves.
+pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
+    let n = node.clone();
+    let report = tokio::task::spawn_blocking(move || n.reconcile()).await??;
+    let listener = crate::exec::socket::listen(socket)?;
+    tracing::info!(socket = %socket.display(), adopted = report.adopted, cleaned = report.cleaned, unhealthy = report.unhealthy, "host daemon ready");
+    tonic::transport::Server::builder()
+        .add_service(HostServer::new(HostService::new(node)))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,96 @@
+//! HTTP calls of controller plans (`http` steps): the controller executes them itself, with
+//! no privilege. Each URL is tried in order (a plan lists every filer of a volume); a
+//! connection failure moves on to the next, an answer ends the step.
+
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+/// Longest time one attempt may take.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How much of an error response body is kept for the message.
+const BODY_EXCERPT: usize = 512;
+
+/// One HTTP call, secrets already filled in.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub method: String,
+    pub urls: Vec<String>,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+    pub ok_status: Vec<u16>,
+}
+
+/// How a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// No URL could be reached.
+    #[error("{method} failed on every URL: {}", attempts.join("; "))]
+    Unreachable { method: String, attempts: Vec<String> },
+    /// The server answered with a status the plan does not accept.
+    #[error("{method} {url} answered {status} (accepted: {ok:?}): {body}")]
+    Status { method: String, url: String, status: u16, ok: Vec<u16>, body: String },
+    /// The call itself is malformed.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The HTTP client (plain HTTP; TLS is not offered yet).
+#[derive(Clone)]
+pub struct HttpClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Default for HttpClient {
+    fn default() -> Self {
+        HttpClient { client: Client::builder(TokioExecutor::new()).build_http() }
+    }
+}
+
+impl HttpClient {
+    /// Run one call; returns the status that ended it.
+    pub async fn call(&self, call: &Call) -> Result<u16, HttpError> {
+        let method = hyper::Method::from_bytes(call.method.as_bytes())
+            .map_err(|_| HttpError::Invalid(format!("invalid HTTP method {:?}", call.method)))?;
+        let mut attempts = Vec::new();
+        for url in &call.urls {
+            let uri: hyper::Uri = url.parse().map_err(|e| HttpError::Invalid(format!("invalid URL {url:?}: {e}")))?;
+            if uri.scheme_str() != Some("http") {
+                attempts.push(format!("{url}: only http:// URLs are supported by this controller version"));
+                continue;
+            }
+            let mut req = hyper::Request::builder().method(method.clone()).uri(uri);
+            for (k, v) in &call.headers {
+                req = req.header(k, v);
+            }
+            let req = req
+                .body(Full::new(Bytes::from(call.body.clone())))
+                .map_err(|e| HttpError::Invalid(format!("building the request to {url}: {e}")))?;
+            let resp = match tokio::time::timeout(ATTEMPT_TIMEOUT, self.client.request(req)).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    attempts.push(format!("{url}: {e}"));
+                    continue;
+                }
+                Err(_) => {
+                    attempts.push(format!("{url}: no answer within {ATTEMPT_TIMEOUT:?}"));
+                    continue;
+                }
+            };
+            let status = resp.status().as_u16();
+            if call.ok_status.contains(&status) {
+                return Ok(status);
+            }
+            let body = match tokio::time::timeout(ATTEMPT_TIMEOUT, resp.into_body().collect()).await {
+                Ok(Ok(b)) => String::from_utf8_lossy(&b.to_bytes()).chars().take(BODY_EXCERPT).collect(),
+                _ => String::new(),
+            };
+            return Err(HttpError::Status { method: call.method.clone(), url: url.clone(), status, ok: call.ok_status.clone(), body: body.trim().to_string() });
+        }
+        Err(HttpError::Unreachable { method: call.method.clone(), attempts })
+    }
+}

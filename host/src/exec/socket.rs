@@ -1,0 +1,66 @@
+//! Unix socket listeners: private (0600) and safe against a stale socket file.
+//!
+//! A socket file left by a crashed server is replaced; one that still answers belongs to a
+//! running server and is never stolen; anything that is not a socket is never removed.
+
+use std::io;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::Path;
+
+use tokio::net::UnixListener;
+
+/// Bind a listener at `path` with mode 0600 (its directory is created 0700 if missing).
+pub fn listen(path: &Path) -> io::Result<UnixListener> {
+    if path.as_os_str().len() >= 108 {
+        return Err(io::Error::other(format!("socket path {} is longer than the 107 bytes unix sockets allow", path.display())));
+    }
+    if let Some(dir) = path.parent() {
+        if !dir.exists() {
+            super::fs::private_dir(dir)?;
+        }
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is served by a running process; stop it first", path.display()),
+                ));
+            }
+            super::fs::remove_file(path)?;
+        }
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket; refusing to replace it", path.display()),
+            ));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn stale_sockets_are_replaced_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.sock");
+        let live = listen(&p).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(listen(&p).unwrap_err().kind(), io::ErrorKind::AddrInUse);
+        drop(live);
+        // The file stays after the listener is gone: a stale socket.
+        assert!(p.exists());
+        let _again = listen(&p).expect("a stale socket is replaced");
+        let f = dir.path().join("file");
+        std::fs::write(&f, b"x").unwrap();
+        assert_eq!(listen(&f).unwrap_err().kind(), io::ErrorKind::AlreadyExists);
+        assert!(f.exists());
+    }
+}

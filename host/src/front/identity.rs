@@ -1,0 +1,43 @@
+//! CSI Identity.
+
+use tonic::{Request, Response, Status};
+
+use super::{Host, Mode};
+use crate::config::DRIVER_NAME;
+use crate::proto::csi;
+use crate::proto::host::HealthRequest;
+
+/// The Identity service.
+pub struct IdentityService {
+    pub(super) mode: Mode,
+    pub(super) host: Option<Host>,
+}
+
+#[tonic::async_trait]
+impl csi::identity_server::Identity for IdentityService {
+    async fn get_plugin_info(&self, _: Request<csi::GetPluginInfoRequest>) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+        Ok(Response::new(csi::GetPluginInfoResponse {
+            name: DRIVER_NAME.into(),
+            vendor_version: env!("CARGO_PKG_VERSION").into(),
+            manifest: Default::default(),
+        }))
+    }
+
+    async fn get_plugin_capabilities(&self, _: Request<csi::GetPluginCapabilitiesRequest>) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
+        use csi::plugin_capability::{Service, Type};
+        let mut capabilities = Vec::new();
+        if self.mode.controller() {
+            capabilities.push(csi::PluginCapability { r#type: Some(Type::Service(Service { r#type: csi::plugin_capability::service::Type::ControllerService as i32 })) });
+        }
+        Ok(Response::new(csi::GetPluginCapabilitiesResponse { capabilities }))
+    }
+
+    /// Ready when the host daemon answers (node mode); a controller is ready once it runs.
+    async fn probe(&self, _: Request<csi::ProbeRequest>) -> Result<Response<csi::ProbeResponse>, Status> {
+        let ready = match (&self.host, self.mode.node()) {
+            (Some(host), true) => host.clone().health(HealthRequest {}).await.is_ok(),
+            _ => true,
+        };
+        Ok(Response::new(csi::ProbeResponse { ready: Some(ready) }))
+    }
+}

@@ -1,0 +1,97 @@
+//! Reconciliation at start: every state file is compared with what the kernel has
+//! (`/proc/self/mountinfo`, `/proc/<pid>`), and repaired or removed with a log line saying why.
+//! Nothing is guessed: a file that cannot be read is reported and left for a person.
+
+use tracing::{error, info, warn};
+
+use super::Node;
+use crate::error::Error;
+use crate::volume::state::{Phase, VolumeState};
+
+/// What reconciliation found, for logs and tests.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// Staged volumes whose process and mount are in place.
+    pub adopted: usize,
+    /// Staged volumes found broken (dead process or missing mount); the next NodeStage rebuilds them.
+    pub unhealthy: usize,
+    /// Interrupted stages and unstages, and volumes of an earlier boot, cleaned away.
+    pub cleaned: usize,
+    /// State files that could not be read (left in place).
+    pub unreadable: usize,
+}
+
+impl Node {
+    /// Reconcile every state file. Blocking.
+    pub fn reconcile(&self) -> Result<Report, Error> {
+        let mut report = Report::default();
+        for (path, parsed) in self.inner.store.list()? {
+            let st = match parsed {
+                Ok(st) => st,
+                Err(e) => {
+                    error!(path = %path.display(), error = %e, "state file unreadable; left for inspection");
+                    report.unreadable += 1;
+                    continue;
+                }
+            };
+            match self.reconcile_one(st) {
+                Ok(Outcome::Adopted) => report.adopted += 1,
+                Ok(Outcome::Unhealthy) => report.unhealthy += 1,
+                Ok(Outcome::Cleaned) => report.cleaned += 1,
+                Err(e) => {
+                    error!(path = %path.display(), error = %e.message, "reconciling a volume failed");
+                    report.unhealthy += 1;
+                }
+            }
+        }
+        info!(?report, "reconciled volume state");
+        Ok(report)
+    }
+
+    fn reconcile_one(&self, mut st: VolumeState) -> Result<Outcome, Error> {
+        let id = st.volume_id.clone();
+        let dirs = self.dirs(&id, Some(&st.staging_path), None);
+        if st.boot_id != self.inner.boot_id {
+            // After a reboot nothing recorded runs or is mounted; kubelet's next NodeStage and
+            // NodePublish rebuild the volume. Stale mount points are cleared first.
+            warn!(volume.id = %id, "state is from an earlier boot; cleaning it, kubelet restages");
+            st.process = None;
+            for target in st.published.keys() {
+                self.clear_mounts(target)?;
+            }
+            self.teardown(&st, &dirs)?;
+            self.inner.store.remove(&id)?;
+            return Ok(Outcome::Cleaned);
+        }
+        match st.phase {
+            Phase::Unstaging => {
+                warn!(volume.id = %id, "finishing an interrupted unstage");
+                self.teardown(&st, &dirs)?;
+                self.inner.store.remove(&id)?;
+                Ok(Outcome::Cleaned)
+            }
+            Phase::Staging if st.published.is_empty() => {
+                warn!(volume.id = %id, "rolling back an interrupted stage; kubelet retries it");
+                self.teardown(&st, &dirs)?;
+                self.inner.store.remove(&id)?;
+                Ok(Outcome::Cleaned)
+            }
+            _ => {
+                let health = self.health(&st);
+                if health.healthy {
+                    info!(volume.id = %id, pid = ?st.process.map(|p| p.pid), "adopted");
+                    Ok(Outcome::Adopted)
+                } else {
+                    warn!(volume.id = %id, condition = %health.condition, "volume is not healthy; the next NodeStageVolume rebuilds it");
+                    Ok(Outcome::Unhealthy)
+                }
+            }
+        }
+    }
+}
+
+enum Outcome {
+    Adopted,
+    Unhealthy,
+    Cleaned,
+}

@@ -1,0 +1,190 @@
+//! Validation of the fields CSI requests carry, shared by every RPC: ids, maps, capabilities,
+//! and the reserved volume attributes that select a plugin.
+//!
+//! Limits follow the CSI spec's size limits where it has them (ids 128 bytes); maps are
+//! bounded generously (secrets may hold certificates).
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::error::Error;
+use crate::node::paths::shown;
+use crate::plugin::bindings::types as wit;
+use crate::proto::csi;
+use crate::secrets::Secrets;
+
+/// Longest volume id (CSI size limit for identifiers).
+pub const MAX_ID: usize = 128;
+/// Largest map (context, parameters, secrets), keys plus values.
+pub const MAX_MAP: usize = 64 << 10;
+
+/// The attribute naming the plugin.
+pub const PLUGIN_KEY: &str = "plugin";
+/// The attribute pinning the plugin's digest.
+pub const DIGEST_KEY: &str = "pluginDigest";
+/// Attributes kubelet and the external sidecars add (pod info, ephemeral); never for plugins.
+pub const K8S_PREFIX: &str = "csi.storage.k8s.io/";
+/// Set by kubelet on a CSI ephemeral inline volume.
+pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
+
+/// Check a volume id.
+pub fn volume_id(raw: &str) -> Result<String, Error> {
+    identifier("volume_id", raw)
+}
+
+/// Check an identifier-like field (non-empty, ≤ 128 bytes, printable).
+pub fn identifier(field: &str, raw: &str) -> Result<String, Error> {
+    if raw.is_empty() {
+        return Err(Error::invalid(format!("{field} is required")));
+    }
+    if raw.len() > MAX_ID {
+        return Err(Error::invalid(format!("{field} {} is too long: at most {MAX_ID} bytes", shown(raw))));
+    }
+    if raw.chars().any(char::is_control) {
+        return Err(Error::invalid(format!("{field} {} contains control characters", shown(raw))));
+    }
+    Ok(raw.to_string())
+}
+
+/// Check a string map's size and keys.
+pub fn map(field: &str, m: &HashMap<String, String>) -> Result<(), Error> {
+    let size: usize = m.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if size > MAX_MAP {
+        return Err(Error::invalid(format!("{field} holds {size} bytes; at most {MAX_MAP} are allowed")));
+    }
+    if let Some(k) = m.keys().find(|k| k.is_empty() || k.contains('\0')) {
+        return Err(Error::invalid(format!("{field} has an invalid key {}", shown(k))));
+    }
+    if let Some(k) = m.iter().find(|(_, v)| v.contains('\0')).map(|(k, _)| k) {
+        return Err(Error::invalid(format!("{field}[{k}] contains a NUL byte")));
+    }
+    Ok(())
+}
+
+/// Secrets of a request, checked.
+pub fn secrets(m: &HashMap<String, String>) -> Result<Secrets, Error> {
+    map("secrets", m)?;
+    Ok(m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+}
+
+/// The volume capability: required, mount access (block is not supported), a known mode.
+pub fn capability(cap: Option<&csi::VolumeCapability>) -> Result<wit::VolumeCapability, Error> {
+    use csi::volume_capability::access_mode::Mode;
+    use csi::volume_capability::AccessType;
+    let cap = cap.ok_or_else(|| Error::invalid("volume_capability is required"))?;
+    let mount = match &cap.access_type {
+        Some(AccessType::Mount(m)) => m,
+        Some(AccessType::Block(_)) => {
+            return Err(Error::invalid("block access is not supported: mounthost serves filesystem (mount) volumes"));
+        }
+        None => return Err(Error::invalid("volume_capability.access_type is required (mount)")),
+    };
+    if !mount.volume_mount_group.is_empty() {
+        return Err(Error::invalid("volume_capability.mount.volume_mount_group is not supported (no VOLUME_MOUNT_GROUP capability)"));
+    }
+    let mode = cap.access_mode.as_ref().map(|m| m.mode).unwrap_or_default();
+    let access_mode = match Mode::try_from(mode) {
+        Ok(Mode::SingleNodeWriter) => wit::AccessMode::SingleNodeWriter,
+        Ok(Mode::SingleNodeReaderOnly) => wit::AccessMode::SingleNodeReaderOnly,
+        Ok(Mode::MultiNodeReaderOnly) => wit::AccessMode::MultiNodeReaderOnly,
+        Ok(Mode::MultiNodeSingleWriter) => wit::AccessMode::MultiNodeSingleWriter,
+        Ok(Mode::MultiNodeMultiWriter) => wit::AccessMode::MultiNodeMultiWriter,
+        Ok(Mode::SingleNodeSingleWriter) => wit::AccessMode::SingleNodeSingleWriter,
+        Ok(Mode::SingleNodeMultiWriter) => wit::AccessMode::SingleNodeMultiWriter,
+        Ok(Mode::Unknown) | Err(_) => {
+            return Err(Error::invalid(format!("volume_capability.access_mode {mode} is not a known access mode")));
+        }
+    };
+    for flag in &mount.mount_flags {
+        if flag.is_empty() || flag.len() > MAX_ID * 8 || flag.contains('\0') {
+            return Err(Error::invalid(format!("mount flag {} is invalid", shown(flag))));
+        }
+    }
+    Ok(wit::VolumeCapability { access_mode, fs_type: mount.fs_type.clone(), mount_flags: mount.mount_flags.clone() })
+}
+
+/// Which plugin a volume uses: its `plugin` attribute, else the `<plugin>~` prefix of ids that
+/// mounthost's CreateVolume made.
+pub fn plugin_name(volume_id: &str, attrs: &HashMap<String, String>) -> Result<String, Error> {
+    if let Some(p) = attrs.get(PLUGIN_KEY) {
+        return identifier("volume attribute plugin", p);
+    }
+    match volume_id.split_once('~') {
+        Some((p, _)) if !p.is_empty() => Ok(p.to_string()),
+        _ => Err(Error::invalid(format!(
+            "volume {volume_id:?} names no plugin: set the volume attribute (or StorageClass parameter) `{PLUGIN_KEY}`"
+        ))),
+    }
+}
+
+/// The attributes a plugin sees: everything but the reserved keys.
+pub fn plugin_attrs(attrs: &HashMap<String, String>) -> BTreeMap<String, String> {
+    attrs
+        .iter()
+        .filter(|(k, _)| !is_reserved(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Keys the host consumes itself.
+pub fn is_reserved(key: &str) -> bool {
+    key == PLUGIN_KEY || key == DIGEST_KEY || key.starts_with(K8S_PREFIX)
+}
+
+/// WIT key-value pairs.
+pub fn kvs<'a>(pairs: impl IntoIterator<Item = (&'a String, &'a String)>) -> Vec<wit::Kv> {
+    pairs.into_iter().map(|(k, v)| wit::Kv { key: k.clone(), value: v.clone() }).collect()
+}
+
+/// Secrets as WIT key-value pairs, for a planner.
+pub fn secret_kvs(secrets: &Secrets) -> Vec<wit::Kv> {
+    secrets.iter().map(|(k, v)| wit::Kv { key: k.into(), value: v.into() }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    fn mount_cap(mode: i32) -> csi::VolumeCapability {
+        csi::VolumeCapability {
+            access_mode: Some(csi::volume_capability::AccessMode { mode }),
+            access_type: Some(csi::volume_capability::AccessType::Mount(csi::volume_capability::MountVolume::default())),
+        }
+    }
+
+    #[test]
+    fn ids() {
+        assert_eq!(volume_id("").unwrap_err().message, "volume_id is required");
+        let e = volume_id(&"x".repeat(100_000)).unwrap_err();
+        assert!(e.message.contains("too long") && e.message.len() < 400, "{}", e.message);
+        assert!(volume_id("a\0b").unwrap_err().message.contains("control"));
+        assert_eq!(volume_id("seaweedfs~127.0.0.1:8888/buckets/pvc-1").unwrap(), "seaweedfs~127.0.0.1:8888/buckets/pvc-1");
+    }
+
+    #[test]
+    fn capabilities() {
+        assert_eq!(capability(None).unwrap_err().kind, ErrorKind::InvalidArgument);
+        assert!(capability(Some(&mount_cap(0))).unwrap_err().message.contains("not a known access mode"));
+        assert!(capability(Some(&mount_cap(99))).is_err());
+        let block = csi::VolumeCapability {
+            access_mode: Some(csi::volume_capability::AccessMode { mode: 1 }),
+            access_type: Some(csi::volume_capability::AccessType::Block(Default::default())),
+        };
+        assert!(capability(Some(&block)).unwrap_err().message.contains("block access"));
+        assert_eq!(capability(Some(&mount_cap(5))).unwrap().access_mode, wit::AccessMode::MultiNodeMultiWriter);
+    }
+
+    #[test]
+    fn plugin_selection_and_reserved_keys() {
+        let attrs: HashMap<String, String> = [
+            ("plugin".to_string(), "seaweedfs".to_string()),
+            ("filer".into(), "f:1".into()),
+            ("csi.storage.k8s.io/pod.name".into(), "p".into()),
+        ]
+        .into();
+        assert_eq!(plugin_name("x", &attrs).unwrap(), "seaweedfs");
+        assert_eq!(plugin_name("model~r/x", &HashMap::new()).unwrap(), "model");
+        assert!(plugin_name("plain", &HashMap::new()).unwrap_err().message.contains("`plugin`"));
+        assert_eq!(plugin_attrs(&attrs).into_iter().collect::<Vec<_>>(), vec![("filer".to_string(), "f:1".to_string())]);
+    }
+}
