@@ -67,7 +67,8 @@ pub async fn csi(cfg: Config, args: CsiArgs) -> anyhow::Result<()> {
 pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
     for (name, path) in cfg.programs.iter_mut() {
         if !path.exists() {
-            if let Some(found) = on_path(name) {
+            let venv = cfg.state_dir.join("venv/bin").join(name.as_str());
+            if let Some(found) = on_path(name).or_else(|| venv.is_file().then_some(venv)) {
                 *path = found;
             }
         }

@@ -57,7 +57,14 @@ pub fn bind(source: &Path, target: &Path, readonly: bool, flags: MsFlags) -> Res
     nix::mount::mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
         .map_err(|e| io_err("bind", target, e))?;
     if readonly || !flags.is_empty() {
-        let remount = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | flags | if readonly { MsFlags::MS_RDONLY } else { MsFlags::empty() };
+        // A bind remount sets the per-mount flags to exactly those given: keep nosuid and nodev
+        // (pods never get set-uid binaries or device nodes through a volume).
+        let remount = MsFlags::MS_REMOUNT
+            | MsFlags::MS_BIND
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | flags
+            | if readonly { MsFlags::MS_RDONLY } else { MsFlags::empty() };
         if let Err(e) = nix::mount::mount(None::<&str>, target, None::<&str>, remount, None::<&str>) {
             // Never leave a writable bind behind when a read-only one was asked for.
             let _ = nix::mount::umount2(target, MntFlags::MNT_DETACH);

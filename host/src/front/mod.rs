@@ -67,7 +67,8 @@ pub async fn serve(
 
 /// The host is unreachable: kubelet should retry.
 pub fn host_down(e: tonic::Status) -> tonic::Status {
-    if e.code() == tonic::Code::Unknown || e.code() == tonic::Code::Unavailable && e.message().contains("transport") {
+    let transport = e.code() == tonic::Code::Unknown || (e.code() == tonic::Code::Unavailable && e.message().contains("connect"));
+    if transport {
         tonic::Status::unavailable(format!("the mounthost host daemon is not reachable: {}", e.message()))
     } else {
         e

