@@ -7,44 +7,14 @@
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Command;
 
+mod common;
+
+use common::in_private_namespace;
 use mounthost::exec::mount::{self, bind_flag};
 use mounthost::exec::mountinfo;
 use nix::errno::Errno;
 use nix::mount::MsFlags;
-
-/// Set in the re-executed test to the mount namespace it was launched from.
-const OUTER_NAMESPACE: &str = "MOUNTHOST_TEST_OUTER_MNT_NS";
-
-fn mount_namespace(pid: &str) -> Option<std::path::PathBuf> {
-    std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok()
-}
-
-/// True inside the private namespace (run the test body); outside, re-run `test` there, assert
-/// it passed, and return false.
-fn in_private_namespace(test: &str) -> bool {
-    let mine = mount_namespace("self").expect("reading /proc/self/ns/mnt");
-    if let Some(outer) = std::env::var_os(OUTER_NAMESPACE) {
-        assert_ne!(mine.as_os_str(), outer, "refusing to mount in the namespace the tests run in");
-        // pid 1's namespace is the machine's; it is not readable in every sandbox.
-        if let Some(machine) = mount_namespace("1") {
-            assert_ne!(mine, machine, "refusing to mount in the machine's mount namespace");
-        }
-        return true;
-    }
-    let out = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "--"])
-        .arg(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--test-threads=1"])
-        .env(OUTER_NAMESPACE, &mine)
-        .output()
-        .expect("running unshare (util-linux)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{test} in its namespace:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("1 passed"), "{test} did not run in its namespace:\n{stdout}");
-    false
-}
 
 fn mounted(path: &Path) -> Option<mountinfo::MountEntry> {
     mountinfo::at(&mountinfo::read().unwrap(), path).cloned()
