@@ -48,7 +48,9 @@ fn main() {
 
 fn capability() -> csi::VolumeCapability {
     csi::VolumeCapability {
-        access_mode: Some(csi::volume_capability::AccessMode { mode: csi::volume_capability::access_mode::Mode::SingleNodeMultiWriter as i32 }),
+        access_mode: Some(csi::volume_capability::AccessMode {
+            mode: csi::volume_capability::access_mode::Mode::SingleNodeMultiWriter as i32,
+        }),
         access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
     }
 }
@@ -98,11 +100,21 @@ async fn run() {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (mut r1, mut r2) = (stop_rx.clone(), stop_rx);
     let hs = host_sock.clone();
-    let host_task = tokio::spawn(async move { mounthost::daemon::serve(node, &hs, async move { let _ = r1.changed().await; }).await });
+    let host_task = tokio::spawn(async move {
+        mounthost::daemon::serve(node, &hs, async move {
+            let _ = r1.changed().await;
+        })
+        .await
+    });
     wait(&host_sock).await;
     let host = front::Host::new(mounthost::grpc::channel(&host_sock));
     let cs = csi_sock.clone();
-    let front_task = tokio::spawn(async move { front::serve(Mode::Node, &cs, Some(host), None, async move { let _ = r2.changed().await; }).await });
+    let front_task = tokio::spawn(async move {
+        front::serve(Mode::Node, &cs, Some(host), None, async move {
+            let _ = r2.changed().await;
+        })
+        .await
+    });
     wait(&csi_sock).await;
     let client = NodeClient::new(mounthost::grpc::channel(&csi_sock));
 
@@ -127,7 +139,14 @@ async fn run() {
     for i in 0..20 {
         let t = target(i);
         client.clone().node_publish_volume(publish("bench-0", &staging, &t)).await.unwrap();
-        client.clone().node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: "bench-0".into(), target_path: t.display().to_string() }).await.unwrap();
+        client
+            .clone()
+            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                volume_id: "bench-0".into(),
+                target_path: t.display().to_string(),
+            })
+            .await
+            .unwrap();
     }
 
     println!("NodePublishVolume after stage, {n} publishes (front → host → plugin → bind → fsync'd state)");
@@ -137,7 +156,14 @@ async fn run() {
         let started = Instant::now();
         client.clone().node_publish_volume(publish("bench-0", &staging, &t)).await.unwrap();
         ours.push(started.elapsed());
-        client.clone().node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: "bench-0".into(), target_path: t.display().to_string() }).await.unwrap();
+        client
+            .clone()
+            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                volume_id: "bench-0".into(),
+                target_path: t.display().to_string(),
+            })
+            .await
+            .unwrap();
     }
     let mut raw = Vec::with_capacity(n);
     let mut child = Vec::with_capacity(n);
@@ -179,7 +205,14 @@ async fn run() {
         let client = client.clone();
         async move {
             for (id, _, t) in &vols {
-                client.clone().node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: id.clone(), target_path: t.display().to_string() }).await.unwrap();
+                client
+                    .clone()
+                    .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                        volume_id: id.clone(),
+                        target_path: t.display().to_string(),
+                    })
+                    .await
+                    .unwrap();
             }
         }
     };
@@ -208,7 +241,11 @@ async fn run() {
         }
     }
     let concurrent = started.elapsed();
-    let published = mounthost::exec::mountinfo::read().unwrap().iter().filter(|m| m.mount_point.starts_with(kubelet.join("pods"))).count();
+    let published = mounthost::exec::mountinfo::read()
+        .unwrap()
+        .iter()
+        .filter(|m| m.mount_point.starts_with(kubelet.join("pods")))
+        .count();
     println!(
         "{volumes} distinct volumes: concurrent {:.1} ms ({errors} errors, {published} targets mounted), serial {:.1} ms ({serial_errors} errors); throughput concurrent/serial = {:.2}x",
         concurrent.as_secs_f64() * 1e3,

@@ -45,13 +45,15 @@ impl Controller {
         if req.volume_capabilities.is_empty() {
             return Err(Error::invalid("volume_capabilities is required"));
         }
-        let capabilities = req.volume_capabilities.iter().map(|c| request::capability(Some(c))).collect::<Result<Vec<_>, _>>()?;
+        let capabilities =
+            req.volume_capabilities.iter().map(|c| request::capability(Some(c))).collect::<Result<Vec<_>, _>>()?;
         request::map("parameters", &req.parameters)?;
         let secrets = request::secrets(&req.secrets)?;
         if req.volume_content_source.is_some() {
             return Err(Error::invalid("volume_content_source (cloning, snapshots) is not supported"));
         }
-        let (required, limit) = req.capacity_range.as_ref().map(|r| (r.required_bytes, r.limit_bytes)).unwrap_or((0, 0));
+        let (required, limit) =
+            req.capacity_range.as_ref().map(|r| (r.required_bytes, r.limit_bytes)).unwrap_or((0, 0));
         if required < 0 || limit < 0 || (limit > 0 && required > limit) {
             return Err(Error::invalid(format!("capacity_range is invalid: required {required}, limit {limit}")));
         }
@@ -67,9 +69,17 @@ impl Controller {
         };
         let out = self.runtime.call(&plugin, &name, wreq).await?;
         let hosts = policy::endpoint_hosts(&plugin.info, params.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        let plan = self.check(&plugin, Operation::Provision, hosts, &secrets, wit::Plan { steps: out.steps, attributes: Vec::new() })?;
+        let plan = self.check(
+            &plugin,
+            Operation::Provision,
+            hosts,
+            &secrets,
+            wit::Plan { steps: out.steps, attributes: Vec::new() },
+        )?;
         let volume_id = format!("{}~{}", plugin.info.name, out.volume_id);
-        request::volume_id(&volume_id).map_err(|e| Error::internal(format!("plugin {} made an unusable volume id: {}", plugin.info.name, e.message)))?;
+        request::volume_id(&volume_id).map_err(|e| {
+            Error::internal(format!("plugin {} made an unusable volume id: {}", plugin.info.name, e.message))
+        })?;
         self.execute(&plan, &secrets).await?;
         let mut context: HashMap<String, String> = params.into_iter().collect();
         context.extend(out.context.into_iter().map(|kv| (kv.key, kv.value)));
@@ -103,7 +113,10 @@ impl Controller {
     }
 
     /// ValidateVolumeCapabilities: the plugin's `validate` over the volume's attributes.
-    pub async fn validate(&self, req: csi::ValidateVolumeCapabilitiesRequest) -> Result<csi::ValidateVolumeCapabilitiesResponse, Error> {
+    pub async fn validate(
+        &self,
+        req: csi::ValidateVolumeCapabilitiesRequest,
+    ) -> Result<csi::ValidateVolumeCapabilitiesResponse, Error> {
         let id = request::volume_id(&req.volume_id)?;
         if req.volume_capabilities.is_empty() {
             return Err(Error::invalid("volume_capabilities is required"));
@@ -122,7 +135,11 @@ impl Controller {
         let plugin = self.runtime.resolve(plugin_name, None).await?;
         let mut attrs = request::plugin_attrs(&req.volume_context);
         attrs.extend(request::plugin_attrs(&req.parameters));
-        let wreq = wit::ValidateRequest { parameters: request::kvs(&attrs), secrets: request::secret_kvs(&secrets), capabilities };
+        let wreq = wit::ValidateRequest {
+            parameters: request::kvs(&attrs),
+            secrets: request::secret_kvs(&secrets),
+            capabilities,
+        };
         match self.runtime.call(&plugin, &id, wreq).await {
             Ok(()) => Ok(csi::ValidateVolumeCapabilitiesResponse {
                 confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
@@ -153,7 +170,14 @@ impl Controller {
         Ok(self.runtime.resolve(&name, params.get(request::DIGEST_KEY).map(String::as_str)).await?)
     }
 
-    fn check(&self, plugin: &LoadedPlugin, operation: Operation, hosts: BTreeSet<String>, secrets: &Secrets, wplan: wit::Plan) -> Result<Plan, Error> {
+    fn check(
+        &self,
+        plugin: &LoadedPlugin,
+        operation: Operation,
+        hosts: BTreeSet<String>,
+        secrets: &Secrets,
+        wplan: wit::Plan,
+    ) -> Result<Plan, Error> {
         let grant = self.config.grant(&plugin.info.name);
         let dirs = VolumeDirs::default();
         let ctx = Context {
@@ -168,7 +192,10 @@ impl Controller {
         };
         let plan = policy::check(&ctx, wplan)?;
         if let Some(key) = secret_refs(&plan).into_iter().find(|k| secrets.get(k).is_none()) {
-            return Err(Error::invalid(format!("plugin {} needs the secret {key:?}, which the request does not carry", plugin.info.name)));
+            return Err(Error::invalid(format!(
+                "plugin {} needs the secret {key:?}, which the request does not carry",
+                plugin.info.name
+            )));
         }
         Ok(plan)
     }
@@ -218,7 +245,10 @@ pub fn split_id(id: &str) -> Result<(&str, &str), Error> {
 /// Hosts named in a volume id: every `/`, `,`-separated token that reads as `host:port`.
 pub fn hosts_in_id(id: &str) -> BTreeSet<String> {
     id.split(['/', ','])
-        .filter(|t| t.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())))
+        .filter(|t| {
+            t.rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        })
         .map(str::to_ascii_lowercase)
         .collect()
 }
@@ -229,7 +259,10 @@ mod tests {
 
     #[test]
     fn ids_name_their_plugin_and_hosts() {
-        assert_eq!(split_id("seaweedfs~127.0.0.1:8888/buckets/pvc-1").unwrap(), ("seaweedfs", "127.0.0.1:8888/buckets/pvc-1"));
+        assert_eq!(
+            split_id("seaweedfs~127.0.0.1:8888/buckets/pvc-1").unwrap(),
+            ("seaweedfs", "127.0.0.1:8888/buckets/pvc-1")
+        );
         for bad in ["plain", "~x", "p~"] {
             assert_eq!(split_id(bad).unwrap_err().kind, ErrorKind::InvalidArgument, "{bad}");
         }

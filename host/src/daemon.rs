@@ -30,7 +30,11 @@ fn span(method: &'static str, volume: &str) -> tracing::Span {
     tracing::info_span!("rpc", method, volume.id = %volume)
 }
 
-async fn traced<T>(method: &'static str, volume: &str, f: impl Future<Output = Result<T, crate::error::Error>>) -> Result<Response<T>, Status> {
+async fn traced<T>(
+    method: &'static str,
+    volume: &str,
+    f: impl Future<Output = Result<T, crate::error::Error>>,
+) -> Result<Response<T>, Status> {
     let span = span(method, volume);
     async move {
         let started = std::time::Instant::now();
@@ -56,31 +60,56 @@ impl Host for HostService {
         }))
     }
 
-    async fn node_stage_volume(&self, req: Request<csi::NodeStageVolumeRequest>) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+    async fn node_stage_volume(
+        &self,
+        req: Request<csi::NodeStageVolumeRequest>,
+    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
         let req = req.into_inner();
         let id = req.volume_id.clone();
-        traced("NodeStageVolume", &id, async { self.node.stage(req).await.map(|()| csi::NodeStageVolumeResponse {}) }).await
+        traced("NodeStageVolume", &id, async { self.node.stage(req).await.map(|()| csi::NodeStageVolumeResponse {}) })
+            .await
     }
 
-    async fn node_unstage_volume(&self, req: Request<csi::NodeUnstageVolumeRequest>) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+    async fn node_unstage_volume(
+        &self,
+        req: Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
         let req = req.into_inner();
         let id = req.volume_id.clone();
-        traced("NodeUnstageVolume", &id, async { self.node.unstage(req).await.map(|()| csi::NodeUnstageVolumeResponse {}) }).await
+        traced("NodeUnstageVolume", &id, async {
+            self.node.unstage(req).await.map(|()| csi::NodeUnstageVolumeResponse {})
+        })
+        .await
     }
 
-    async fn node_publish_volume(&self, req: Request<csi::NodePublishVolumeRequest>) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+    async fn node_publish_volume(
+        &self,
+        req: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
         let req = req.into_inner();
         let id = req.volume_id.clone();
-        traced("NodePublishVolume", &id, async { self.node.publish(req).await.map(|()| csi::NodePublishVolumeResponse {}) }).await
+        traced("NodePublishVolume", &id, async {
+            self.node.publish(req).await.map(|()| csi::NodePublishVolumeResponse {})
+        })
+        .await
     }
 
-    async fn node_unpublish_volume(&self, req: Request<csi::NodeUnpublishVolumeRequest>) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+    async fn node_unpublish_volume(
+        &self,
+        req: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
         let req = req.into_inner();
         let id = req.volume_id.clone();
-        traced("NodeUnpublishVolume", &id, async { self.node.unpublish(req).await.map(|()| csi::NodeUnpublishVolumeResponse {}) }).await
+        traced("NodeUnpublishVolume", &id, async {
+            self.node.unpublish(req).await.map(|()| csi::NodeUnpublishVolumeResponse {})
+        })
+        .await
     }
 
-    async fn node_get_volume_stats(&self, req: Request<csi::NodeGetVolumeStatsRequest>) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+    async fn node_get_volume_stats(
+        &self,
+        req: Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
         let req = req.into_inner();
         let id = req.volume_id.clone();
         traced("NodeGetVolumeStats", &id, self.node.stats(req)).await
@@ -111,10 +140,23 @@ pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()>
     let n = node.clone();
     let report = tokio::task::spawn_blocking(move || n.reconcile()).await??;
     let listener = crate::exec::socket::listen(socket)?;
+    // FUSE programs are the daemon's children until it restarts: reap any that exit on their
+    // own, so none is ever left a zombie.
+    let reaper = tokio::spawn(async {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let n = crate::exec::process::reap_exited_children();
+            if n > 0 {
+                tracing::warn!(reaped = n, "FUSE processes exited on their own");
+            }
+        }
+    });
     tracing::info!(socket = %socket.display(), adopted = report.adopted, cleaned = report.cleaned, unhealthy = report.unhealthy, "host daemon ready");
     tonic::transport::Server::builder()
         .add_service(HostServer::new(HostService::new(node)))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await?;
+    reaper.abort();
     Ok(())
 }

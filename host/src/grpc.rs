@@ -10,11 +10,10 @@ use tonic::transport::{Channel, Endpoint};
 /// after the server restarts, so a client outlives its server's restarts.
 pub fn channel(path: &Path) -> Channel {
     let path = path.to_path_buf();
-    Endpoint::from_static("http://localhost")
-        .connect_with_connector_lazy(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
+    Endpoint::from_static("http://localhost").connect_with_connector_lazy(tower::service_fn(move |_| {
+        let path = path.clone();
+        async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+    }))
 }
 
 /// `unix:///csi/csi.sock` or a plain absolute path → the path.

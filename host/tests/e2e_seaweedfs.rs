@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{NodeDirs, Seaweed, in_private_namespace, mounts_below, pids_with, weed_binary};
+use common::{NodeDirs, Seaweed, guarded, in_private_namespace, mounts_below, pids_with, weed_binary};
 use mounthost::grpc::channel;
 use mounthost::proto::csi;
 use mounthost::proto::csi::controller_client::ControllerClient;
@@ -37,7 +37,13 @@ fn stage_req(id: &str, staging: &Path, ctx: &HashMap<String, String>) -> csi::No
     }
 }
 
-fn publish_req(id: &str, staging: &Path, target: &Path, readonly: bool, ctx: &HashMap<String, String>) -> csi::NodePublishVolumeRequest {
+fn publish_req(
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    readonly: bool,
+    ctx: &HashMap<String, String>,
+) -> csi::NodePublishVolumeRequest {
     csi::NodePublishVolumeRequest {
         volume_id: id.into(),
         staging_target_path: staging.display().to_string(),
@@ -54,15 +60,17 @@ fn unpublish_req(id: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {
 }
 
 fn entries(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir).map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default()
+    std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
 }
 
 async fn wait_ready(id: &mut IdentityClient<tonic::transport::Channel>) {
     for _ in 0..200 {
-        if let Ok(r) = id.probe(csi::ProbeRequest {}).await {
-            if r.into_inner().ready == Some(true) {
-                return;
-            }
+        if let Ok(r) = id.probe(csi::ProbeRequest {}).await
+            && r.into_inner().ready == Some(true)
+        {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
@@ -78,17 +86,9 @@ fn kubelet_lifecycle_on_real_seaweedfs() {
     let dirs = NodeDirs::new();
     let program = format!("--program=weed={}", weed_binary().display());
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let _host = dirs.start_host(&[program.clone()]);
-    let mut front = dirs.start_front(&[program.clone()]);
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(lifecycle(&weed, &dirs, &mut front, &program))));
-    if let Err(e) = result {
-        // Leave nothing running in the namespace, then fail with the daemons' logs.
-        for pid in pids_with(&dirs.root.path().display().to_string()) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-        }
-        eprintln!("{}", dirs.logs());
-        std::panic::resume_unwind(e);
-    }
+    let _host = dirs.start_host(std::slice::from_ref(&program));
+    let mut front = dirs.start_front(std::slice::from_ref(&program));
+    guarded(&dirs, || rt.block_on(lifecycle(&weed, &dirs, &mut front, &program)));
 }
 
 async fn lifecycle(weed: &Seaweed, dirs: &NodeDirs, front: &mut common::Proc, program: &str) {
@@ -147,7 +147,11 @@ async fn lifecycle(weed: &Seaweed, dirs: &NodeDirs, front: &mut common::Proc, pr
     // Stats: bytes and inodes, healthy; repeated.
     for _ in 0..2 {
         let stats = node
-            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest { volume_id: id.clone(), volume_path: a.display().to_string(), staging_target_path: String::new() })
+            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+                volume_id: id.clone(),
+                volume_path: a.display().to_string(),
+                staging_target_path: String::new(),
+            })
             .await
             .unwrap()
             .into_inner();
@@ -161,13 +165,16 @@ async fn lifecycle(weed: &Seaweed, dirs: &NodeDirs, front: &mut common::Proc, pr
     std::fs::write(b.join("while-front-down.txt"), b"ok").unwrap();
     *front = dirs.start_front(&[program.to_string()]);
     wait_ready(&mut identity).await;
-    node.node_publish_volume(publish_req(&id, &staging, &b, false, &ctx)).await.expect("the restarted front answers from the host's state");
+    node.node_publish_volume(publish_req(&id, &staging, &b, false, &ctx))
+        .await
+        .expect("the restarted front answers from the host's state");
     node.node_stage_volume(stage_req(&id, &staging, &ctx)).await.unwrap();
     assert_eq!(pids_with(&staging.display().to_string()), weeds, "no new weed process after the front restarted");
     assert_eq!(std::fs::read_to_string(a.join("while-front-down.txt")).unwrap(), "ok");
 
     // Unstage while published: refused.
-    let unstage = csi::NodeUnstageVolumeRequest { volume_id: id.clone(), staging_target_path: staging.display().to_string() };
+    let unstage =
+        csi::NodeUnstageVolumeRequest { volume_id: id.clone(), staging_target_path: staging.display().to_string() };
     assert_eq!(node.node_unstage_volume(unstage.clone()).await.unwrap_err().code(), Code::FailedPrecondition);
 
     // Tear down, each call twice.
@@ -222,7 +229,7 @@ fn bad_input_gets_the_right_code_and_changes_nothing() {
     let dirs = NodeDirs::new();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let program = format!("--program=weed={}", weed_binary().display());
-    let _host = dirs.start_host(&[program.clone()]);
+    let _host = dirs.start_host(std::slice::from_ref(&program));
     let _front = dirs.start_front(&[program]);
     rt.block_on(async {
         let ch = channel(&dirs.csi_sock);
@@ -232,7 +239,12 @@ fn bad_input_gets_the_right_code_and_changes_nothing() {
         let pv = "pvc-bad";
         let staging = dirs.staging(pv);
         let target = dirs.target("pod-x", pv);
-        let ctx: HashMap<String, String> = [("plugin".to_string(), "seaweedfs".to_string()), ("filer".into(), "127.0.0.1:1".into()), ("path".into(), "/buckets/x".into())].into();
+        let ctx: HashMap<String, String> = [
+            ("plugin".to_string(), "seaweedfs".to_string()),
+            ("filer".into(), "127.0.0.1:1".into()),
+            ("path".into(), "/buckets/x".into()),
+        ]
+        .into();
         let ok_id = "seaweedfs~127.0.0.1:1/buckets/x";
         let outside = dirs.root.path().join("elsewhere/mount");
         let with = |f: &dyn Fn(&mut csi::NodePublishVolumeRequest)| {
@@ -244,10 +256,30 @@ fn bad_input_gets_the_right_code_and_changes_nothing() {
             ("empty id", with(&|r| r.volume_id.clear()), Code::InvalidArgument, "volume_id is required"),
             ("100 KB id", with(&|r| r.volume_id = "v".repeat(100_000)), Code::InvalidArgument, "too long"),
             ("relative target", with(&|r| r.target_path = "pods/x/mount".into()), Code::InvalidArgument, "absolute"),
-            ("dot-dot target", with(&|r| r.target_path = format!("{}/../../../etc", target.display())), Code::InvalidArgument, ".."),
-            ("target outside kubelet", with(&|r| r.target_path = outside.display().to_string()), Code::InvalidArgument, "outside the directories"),
-            ("NUL in target", with(&|r| r.target_path = format!("{}\0x", target.display())), Code::InvalidArgument, "NUL"),
-            ("no capability", with(&|r| r.volume_capability = None), Code::InvalidArgument, "volume_capability is required"),
+            (
+                "dot-dot target",
+                with(&|r| r.target_path = format!("{}/../../../etc", target.display())),
+                Code::InvalidArgument,
+                "..",
+            ),
+            (
+                "target outside kubelet",
+                with(&|r| r.target_path = outside.display().to_string()),
+                Code::InvalidArgument,
+                "outside the directories",
+            ),
+            (
+                "NUL in target",
+                with(&|r| r.target_path = format!("{}\0x", target.display())),
+                Code::InvalidArgument,
+                "NUL",
+            ),
+            (
+                "no capability",
+                with(&|r| r.volume_capability = None),
+                Code::InvalidArgument,
+                "volume_capability is required",
+            ),
             ("empty target", with(&|r| r.target_path.clear()), Code::InvalidArgument, "target_path is required"),
             ("not staged", with(&|_| {}), Code::FailedPrecondition, "not staged"),
         ];
@@ -263,7 +295,11 @@ fn bad_input_gets_the_right_code_and_changes_nothing() {
         stage.volume_context.insert("plugin".into(), "nosuchplugin".into());
         let e = node.node_stage_volume(stage).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-        assert!(e.message().contains("nosuchplugin") && e.message().contains("seaweedfs"), "names the known plugins: {}", e.message());
+        assert!(
+            e.message().contains("nosuchplugin") && e.message().contains("seaweedfs"),
+            "names the known plugins: {}",
+            e.message()
+        );
         let mut stage = stage_req(ok_id, &staging, &ctx);
         stage.volume_context.insert("cacheCapacityMB".into(), "lots".into());
         let e = node.node_stage_volume(stage).await.unwrap_err();
@@ -273,7 +309,11 @@ fn bad_input_gets_the_right_code_and_changes_nothing() {
         stage.staging_target_path = "/etc".into();
         assert_eq!(node.node_stage_volume(stage).await.unwrap_err().code(), Code::InvalidArgument);
         let e = controller
-            .create_volume(csi::CreateVolumeRequest { name: "pvc-x".into(), volume_capabilities: vec![multi_writer()], ..Default::default() })
+            .create_volume(csi::CreateVolumeRequest {
+                name: "pvc-x".into(),
+                volume_capabilities: vec![multi_writer()],
+                ..Default::default()
+            })
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
@@ -281,19 +321,111 @@ fn bad_input_gets_the_right_code_and_changes_nothing() {
         let e = controller.delete_volume(csi::DeleteVolumeRequest::default()).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
         let e = node
-            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest { volume_id: ok_id.into(), volume_path: target.display().to_string(), staging_target_path: String::new() })
+            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+                volume_id: ok_id.into(),
+                volume_path: target.display().to_string(),
+                staging_target_path: String::new(),
+            })
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::NotFound);
         node.node_unpublish_volume(unpublish_req(ok_id, &target)).await.expect("unpublish of nothing: OK");
-        node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: ok_id.into(), staging_target_path: staging.display().to_string() })
-            .await
-            .expect("unstage of nothing: OK");
+        node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+            volume_id: ok_id.into(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .expect("unstage of nothing: OK");
         checked += 8;
         let mounts = mounts_below(dirs.root.path());
         assert!(mounts.is_empty(), "nothing mounted: {mounts:?}");
         assert!(entries(&dirs.state.join("volumes")).is_empty(), "no state written");
         assert!(!outside.exists(), "nothing created outside kubelet's dir");
         println!("checked: {checked} bad requests, 0 mounts, 0 state files");
+    });
+}
+
+/// kill -9 of the host daemon with three volumes staged and published: every pod target keeps
+/// working while it is down, and the restarted daemon re-adopts the three `weed mount`
+/// processes (none is started anew); unstage then leaves nothing.
+#[test]
+fn host_kill9_keeps_mounts_and_readopts_them() {
+    if !in_private_namespace("host_kill9_keeps_mounts_and_readopts_them") {
+        return;
+    }
+    let weed = Seaweed::start();
+    let dirs = NodeDirs::new();
+    let program = format!("--program=weed={}", weed_binary().display());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut host = dirs.start_host(std::slice::from_ref(&program));
+    let _front = dirs.start_front(std::slice::from_ref(&program));
+    guarded(&dirs, || {
+        rt.block_on(async {
+            let ch = channel(&dirs.csi_sock);
+            let mut node = NodeClient::new(ch.clone());
+            let mut controller = ControllerClient::new(ch.clone());
+            wait_ready(&mut IdentityClient::new(ch.clone())).await;
+            let mut vols = Vec::new();
+            for i in 0..3 {
+                let pv = format!("pvc-restart-{i}");
+                let create = csi::CreateVolumeRequest {
+                    name: pv.clone(),
+                    parameters: [("plugin".to_string(), "seaweedfs".to_string()), ("filer".into(), weed.filer.clone())]
+                        .into(),
+                    volume_capabilities: vec![multi_writer()],
+                    ..Default::default()
+                };
+                let vol = controller.create_volume(create).await.unwrap().into_inner().volume.unwrap();
+                let staging = dirs.staging(&pv);
+                let target = dirs.target(&format!("pod-{i}"), &pv);
+                node.node_stage_volume(stage_req(&vol.volume_id, &staging, &vol.volume_context)).await.unwrap();
+                node.node_publish_volume(publish_req(&vol.volume_id, &staging, &target, false, &vol.volume_context))
+                    .await
+                    .unwrap();
+                vols.push((vol, staging, target));
+            }
+            let weeds: Vec<Vec<i32>> = vols.iter().map(|(_, s, _)| pids_with(&s.display().to_string())).collect();
+            assert!(weeds.iter().all(|w| w.len() == 1), "one weed per volume: {weeds:?}");
+
+            host.kill9();
+            for (i, (_, _, target)) in vols.iter().enumerate() {
+                std::fs::write(target.join("during-outage.txt"), format!("volume {i}")).unwrap();
+                assert_eq!(std::fs::read_to_string(target.join("during-outage.txt")).unwrap(), format!("volume {i}"));
+            }
+            let e = node.node_stage_volume(stage_req(&vols[0].0.volume_id, &vols[0].1, &vols[0].0.volume_context)).await;
+            assert_eq!(e.unwrap_err().code(), Code::Unavailable, "the front reports the host as unavailable");
+
+            host = dirs.start_host(std::slice::from_ref(&program));
+            let listed = mounthost::proto::host::host_client::HostClient::new(channel(&dirs.host_sock))
+                .list_volumes(mounthost::proto::host::ListVolumesRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .volumes;
+            assert_eq!(listed.len(), 3);
+            assert!(listed.iter().all(|v| v.healthy && v.phase == "staged"), "re-adopted: {listed:?}");
+            for ((vol, staging, target), before) in vols.iter().zip(&weeds) {
+                assert_eq!(&pids_with(&staging.display().to_string()), before, "no new weed process");
+                node.node_stage_volume(stage_req(&vol.volume_id, staging, &vol.volume_context)).await.unwrap();
+                node.node_publish_volume(publish_req(&vol.volume_id, staging, target, false, &vol.volume_context))
+                    .await
+                    .unwrap();
+                assert_eq!(&pids_with(&staging.display().to_string()), before, "stage after restart reuses the process");
+            }
+            for (vol, staging, target) in &vols {
+                node.node_unpublish_volume(unpublish_req(&vol.volume_id, target)).await.unwrap();
+                node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                    volume_id: vol.volume_id.clone(),
+                    staging_target_path: staging.display().to_string(),
+                })
+                .await
+                .unwrap();
+                assert!(pids_with(&staging.display().to_string()).is_empty(), "the adopted weed was stopped");
+            }
+            let mounts = mounts_below(dirs.root.path());
+            assert!(mounts.is_empty(), "mounts left: {mounts:?}");
+            assert!(entries(&dirs.state.join("volumes")).is_empty());
+            println!("checked: 3 volumes re-adopted with their 3 weed processes, I/O during the outage, 0 mounts left");
+        })
     });
 }

@@ -138,8 +138,12 @@ fn capability(v: &VolumeArgs) -> csi::VolumeCapability {
     }
 }
 
-fn maps(v: &VolumeArgs) -> Result<(HashMap<String, String>, HashMap<String, String>), ClientError> {
-    let secrets = read_secrets(&v.secrets).map_err(|e| ClientError { code: tonic::Code::InvalidArgument, message: e.to_string() })?;
+/// Volume attributes and secrets of a call.
+type Maps = (HashMap<String, String>, HashMap<String, String>);
+
+fn maps(v: &VolumeArgs) -> Result<Maps, ClientError> {
+    let secrets = read_secrets(&v.secrets)
+        .map_err(|e| ClientError { code: tonic::Code::InvalidArgument, message: e.to_string() })?;
     Ok((v.params.iter().cloned().collect(), secrets.into_iter().collect()))
 }
 
@@ -168,12 +172,19 @@ pub async fn run(socket: PathBuf, host_socket: PathBuf, cmd: ClientCommand) -> R
         }
         ClientCommand::Create { name, volume } => {
             let (parameters, secrets) = maps(&volume)?;
-            let req = csi::CreateVolumeRequest { name, parameters, secrets, volume_capabilities: vec![capability(&volume)], ..Default::default() };
+            let req = csi::CreateVolumeRequest {
+                name,
+                parameters,
+                secrets,
+                volume_capabilities: vec![capability(&volume)],
+                ..Default::default()
+            };
             let v = ControllerClient::new(channel).create_volume(req).await?.into_inner().volume.unwrap_or_default();
             json!({"volumeId": v.volume_id, "capacityBytes": v.capacity_bytes, "volumeContext": v.volume_context})
         }
         ClientCommand::Delete { volume_id, secrets } => {
-            let secrets = read_secrets(&secrets).map_err(|e| ClientError { code: tonic::Code::InvalidArgument, message: e.to_string() })?;
+            let secrets = read_secrets(&secrets)
+                .map_err(|e| ClientError { code: tonic::Code::InvalidArgument, message: e.to_string() })?;
             let req = csi::DeleteVolumeRequest { volume_id: volume_id.clone(), secrets: secrets.into_iter().collect() };
             ControllerClient::new(channel).delete_volume(req).await?;
             json!({"deleted": volume_id})
@@ -210,15 +221,24 @@ pub async fn run(socket: PathBuf, host_socket: PathBuf, cmd: ClientCommand) -> R
             json!({"published": volume_id, "target": path(&target), "readonly": readonly})
         }
         ClientCommand::Unpublish { volume_id, target } => {
-            node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: volume_id.clone(), target_path: path(&target) }).await?;
+            node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                volume_id: volume_id.clone(),
+                target_path: path(&target),
+            })
+            .await?;
             json!({"unpublished": volume_id, "target": path(&target)})
         }
         ClientCommand::Unstage { volume_id, staging } => {
-            node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: volume_id.clone(), staging_target_path: path(&staging) }).await?;
+            node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                volume_id: volume_id.clone(),
+                staging_target_path: path(&staging),
+            })
+            .await?;
             json!({"unstaged": volume_id})
         }
         ClientCommand::Stats { volume_id, path: p } => {
-            let req = csi::NodeGetVolumeStatsRequest { volume_id, volume_path: path(&p), staging_target_path: String::new() };
+            let req =
+                csi::NodeGetVolumeStatsRequest { volume_id, volume_path: path(&p), staging_target_path: String::new() };
             let r = node.node_get_volume_stats(req).await?.into_inner();
             let usage: Vec<Value> = r
                 .usage
@@ -229,7 +249,10 @@ pub async fn run(socket: PathBuf, host_socket: PathBuf, cmd: ClientCommand) -> R
             json!({"usage": usage, "abnormal": cond.abnormal, "message": cond.message})
         }
         ClientCommand::List => {
-            let r = HostClient::new(crate::grpc::channel(&host_socket)).list_volumes(crate::proto::host::ListVolumesRequest {}).await?.into_inner();
+            let r = HostClient::new(crate::grpc::channel(&host_socket))
+                .list_volumes(crate::proto::host::ListVolumesRequest {})
+                .await?
+                .into_inner();
             Value::Array(
                 r.volumes
                     .into_iter()

@@ -34,7 +34,8 @@ pub struct LocalArgs {
 /// Resolves when the process is asked to stop (SIGINT or SIGTERM). Mounts and FUSE processes
 /// are left running: they outlive the daemon by design.
 pub async fn stop_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("installing a SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing a SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
@@ -53,7 +54,8 @@ pub async fn host(cfg: Config) -> anyhow::Result<()> {
 /// `mounthost csi`.
 pub async fn csi(cfg: Config, args: CsiArgs) -> anyhow::Result<()> {
     let socket = crate::grpc::socket_path(&args.endpoint).map_err(anyhow::Error::msg)?;
-    let host = matches!(args.mode, Mode::Node | Mode::All).then(|| front::Host::new(crate::grpc::channel(&cfg.host_socket)));
+    let host =
+        matches!(args.mode, Mode::Node | Mode::All).then(|| front::Host::new(crate::grpc::channel(&cfg.host_socket)));
     let controller = if matches!(args.mode, Mode::Controller | Mode::All) {
         Some(Controller::new(cfg.clone(), Arc::new(PluginRuntime::new(cfg.runtime())?)))
     } else {
@@ -85,13 +87,24 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
     let mut rx2 = rx.clone();
     let host_task = tokio::spawn(async move {
         let mut rx = rx;
-        crate::daemon::serve(node, &host_socket, async move { let _ = rx.changed().await; }).await
+        crate::daemon::serve(node, &host_socket, async move {
+            let _ = rx.changed().await;
+        })
+        .await
     });
     let host = front::Host::new(crate::grpc::channel(&cfg.host_socket));
     let controller = Controller::new(cfg.clone(), runtime);
-    println!("mounthost local: CSI socket {} (host daemon {}, kubelet dir {})", csi_socket.display(), cfg.host_socket.display(), cfg.kubelet_dir.display());
+    println!(
+        "mounthost local: CSI socket {} (host daemon {}, kubelet dir {})",
+        csi_socket.display(),
+        cfg.host_socket.display(),
+        cfg.kubelet_dir.display()
+    );
     let front_task = tokio::spawn(async move {
-        front::serve(Mode::All, &csi_socket, Some(host), Some(controller), async move { let _ = rx2.changed().await; }).await
+        front::serve(Mode::All, &csi_socket, Some(host), Some(controller), async move {
+            let _ = rx2.changed().await;
+        })
+        .await
     });
     stop_signal().await;
     let _ = tx.send(true);

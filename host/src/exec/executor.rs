@@ -66,7 +66,14 @@ pub trait Executor: Send + Sync + 'static {
     /// Remove an empty directory or a file; a missing one is fine.
     fn remove_entry(&self, path: &Path) -> io::Result<()>;
     /// mount(2).
-    fn mount(&self, fstype: &str, source: &str, target: &Path, options: &[String], readonly: bool) -> Result<(), MountError>;
+    fn mount(
+        &self,
+        fstype: &str,
+        source: &str,
+        target: &Path,
+        options: &[String],
+        readonly: bool,
+    ) -> Result<(), MountError>;
     /// A bind mount, read-only when asked, with per-mount flags (`nosuid`, ...).
     fn bind(&self, source: &Path, target: &Path, readonly: bool, flags: &[String]) -> Result<(), MountError>;
     /// umount2(2), lazily (`MNT_DETACH`) when asked.
@@ -116,7 +123,14 @@ impl Executor for Linux {
         }
     }
 
-    fn mount(&self, fstype: &str, source: &str, target: &Path, options: &[String], readonly: bool) -> Result<(), MountError> {
+    fn mount(
+        &self,
+        fstype: &str,
+        source: &str,
+        target: &Path,
+        options: &[String],
+        readonly: bool,
+    ) -> Result<(), MountError> {
         mount::mount(fstype, source, target, options, readonly)
     }
 
@@ -147,7 +161,12 @@ impl Executor for Linux {
             }
             if started.elapsed() >= fuse.ready_timeout {
                 let _ = process::stop(&id, Duration::from_secs(2));
-                return Err(FuseError::Timeout { program, mountpoint, timeout: fuse.ready_timeout, log_tail: log_tail(fuse.spec.log) });
+                return Err(FuseError::Timeout {
+                    program,
+                    mountpoint,
+                    timeout: fuse.ready_timeout,
+                    log_tail: log_tail(fuse.spec.log),
+                });
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -189,5 +208,9 @@ pub fn log_tail(path: &Path) -> String {
     let _ = f.read_to_end(&mut buf);
     let text = String::from_utf8_lossy(&buf);
     let text = text.trim();
-    if text.is_empty() { "(empty log)".into() } else { text.lines().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ") }
+    if text.is_empty() {
+        "(empty log)".into()
+    } else {
+        text.lines().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
 }

@@ -89,7 +89,13 @@ impl HttpClient {
                 Ok(Ok(b)) => String::from_utf8_lossy(&b.to_bytes()).chars().take(BODY_EXCERPT).collect(),
                 _ => String::new(),
             };
-            return Err(HttpError::Status { method: call.method.clone(), url: url.clone(), status, ok: call.ok_status.clone(), body: body.trim().to_string() });
+            return Err(HttpError::Status {
+                method: call.method.clone(),
+                url: url.clone(),
+                status,
+                ok: call.ok_status.clone(),
+                body: body.trim().to_string(),
+            });
         }
         Err(HttpError::Unreachable { method: call.method.clone(), attempts })
     }

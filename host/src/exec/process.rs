@@ -130,6 +130,19 @@ pub fn is_alive(id: &ProcessId) -> bool {
     matches!(stat(id.pid), Ok((start, false)) if start == id.start_time)
 }
 
+/// Reap every exited child of the daemon (a FUSE program that died on its own stays a zombie
+/// until its parent waits for it). Returns how many were reaped.
+pub fn reap_exited_children() -> usize {
+    let mut reaped = 0;
+    while let Ok(status) = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+        if status == nix::sys::wait::WaitStatus::StillAlive {
+            break;
+        }
+        reaped += 1;
+    }
+    reaped
+}
+
 /// Reap `pid` if it is our exited child; harmless otherwise.
 fn reap(pid: i32) {
     let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));

@@ -114,9 +114,21 @@ impl Executor for Recording {
         Ok(())
     }
 
-    fn mount(&self, fstype: &str, source: &str, target: &Path, options: &[String], readonly: bool) -> Result<(), MountError> {
+    fn mount(
+        &self,
+        fstype: &str,
+        source: &str,
+        target: &Path,
+        options: &[String],
+        readonly: bool,
+    ) -> Result<(), MountError> {
         let mut s = self.sim();
-        s.calls.push(format!("mount {fstype} {source} {} [{}]{}", target.display(), options.join(","), if readonly { " ro" } else { "" }));
+        s.calls.push(format!(
+            "mount {fstype} {source} {} [{}]{}",
+            target.display(),
+            options.join(","),
+            if readonly { " ro" } else { "" }
+        ));
         if let Some(errno) = failing(&mut s, "mount") {
             return Err(MountError { op: "mount", path: target.into(), errno });
         }
@@ -169,7 +181,10 @@ impl Executor for Recording {
             fuse.mountpoint.display()
         ));
         if let Some(errno) = failing(&mut s, "spawn-fuse") {
-            return Err(FuseError::Process(ProcessError::Spawn { path: fuse.spec.executable.into(), source: errno.into() }));
+            return Err(FuseError::Process(ProcessError::Spawn {
+                path: fuse.spec.executable.into(),
+                source: errno.into(),
+            }));
         }
         s.next += 1;
         let pid = 10_000 + s.next as i32;
@@ -192,7 +207,14 @@ impl Executor for Recording {
     fn usage(&self, path: &Path) -> io::Result<Usage> {
         let s = self.sim();
         if s.mounts.iter().any(|m| m.mount_point == path) {
-            Ok(Usage { total_bytes: 1 << 30, available_bytes: 1 << 29, used_bytes: 1 << 29, total_inodes: 1000, free_inodes: 900, used_inodes: 100 })
+            Ok(Usage {
+                total_bytes: 1 << 30,
+                available_bytes: 1 << 29,
+                used_bytes: 1 << 29,
+                total_inodes: 1000,
+                free_inodes: 900,
+                used_inodes: 100,
+            })
         } else {
             Err(io::Error::from(io::ErrorKind::NotFound))
         }

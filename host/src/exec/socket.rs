@@ -12,12 +12,15 @@ use tokio::net::UnixListener;
 /// Bind a listener at `path` with mode 0600 (its directory is created 0700 if missing).
 pub fn listen(path: &Path) -> io::Result<UnixListener> {
     if path.as_os_str().len() >= 108 {
-        return Err(io::Error::other(format!("socket path {} is longer than the 107 bytes unix sockets allow", path.display())));
+        return Err(io::Error::other(format!(
+            "socket path {} is longer than the 107 bytes unix sockets allow",
+            path.display()
+        )));
     }
-    if let Some(dir) = path.parent() {
-        if !dir.exists() {
-            super::fs::private_dir(dir)?;
-        }
+    if let Some(dir) = path.parent()
+        && !dir.exists()
+    {
+        super::fs::private_dir(dir)?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {

@@ -19,71 +19,118 @@ fn unimplemented<T>(what: &str) -> Result<Response<T>, Status> {
 
 #[tonic::async_trait]
 impl csi::controller_server::Controller for ControllerService {
-    async fn create_volume(&self, req: Request<csi::CreateVolumeRequest>) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+    async fn create_volume(
+        &self,
+        req: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
         Ok(Response::new(self.inner.create(req.into_inner()).await?))
     }
 
-    async fn delete_volume(&self, req: Request<csi::DeleteVolumeRequest>) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+    async fn delete_volume(
+        &self,
+        req: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
         self.inner.delete(req.into_inner()).await?;
         Ok(Response::new(csi::DeleteVolumeResponse {}))
     }
 
-    async fn controller_publish_volume(&self, _: Request<csi::ControllerPublishVolumeRequest>) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+    async fn controller_publish_volume(
+        &self,
+        _: Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
         unimplemented("ControllerPublishVolume")
     }
 
-    async fn controller_unpublish_volume(&self, _: Request<csi::ControllerUnpublishVolumeRequest>) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+    async fn controller_unpublish_volume(
+        &self,
+        _: Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
         unimplemented("ControllerUnpublishVolume")
     }
 
-    async fn validate_volume_capabilities(&self, req: Request<csi::ValidateVolumeCapabilitiesRequest>) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+    async fn validate_volume_capabilities(
+        &self,
+        req: Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
         Ok(Response::new(self.inner.validate(req.into_inner()).await?))
     }
 
-    async fn list_volumes(&self, _: Request<csi::ListVolumesRequest>) -> Result<Response<csi::ListVolumesResponse>, Status> {
+    async fn list_volumes(
+        &self,
+        _: Request<csi::ListVolumesRequest>,
+    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
         unimplemented("ListVolumes")
     }
 
-    async fn get_capacity(&self, _: Request<csi::GetCapacityRequest>) -> Result<Response<csi::GetCapacityResponse>, Status> {
+    async fn get_capacity(
+        &self,
+        _: Request<csi::GetCapacityRequest>,
+    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
         unimplemented("GetCapacity")
     }
 
-    async fn controller_get_capabilities(&self, _: Request<csi::ControllerGetCapabilitiesRequest>) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+    async fn controller_get_capabilities(
+        &self,
+        _: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
         use csi::controller_service_capability::rpc::Type;
         let capabilities = [Type::CreateDeleteVolume, Type::SingleNodeMultiWriter]
             .into_iter()
             .map(|t| csi::ControllerServiceCapability {
-                r#type: Some(csi::controller_service_capability::Type::Rpc(csi::controller_service_capability::Rpc { r#type: t as i32 })),
+                r#type: Some(csi::controller_service_capability::Type::Rpc(csi::controller_service_capability::Rpc {
+                    r#type: t as i32,
+                })),
             })
             .collect();
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse { capabilities }))
     }
 
-    async fn create_snapshot(&self, _: Request<csi::CreateSnapshotRequest>) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+    async fn create_snapshot(
+        &self,
+        _: Request<csi::CreateSnapshotRequest>,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
         unimplemented("CreateSnapshot")
     }
 
-    async fn delete_snapshot(&self, _: Request<csi::DeleteSnapshotRequest>) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+    async fn delete_snapshot(
+        &self,
+        _: Request<csi::DeleteSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
         unimplemented("DeleteSnapshot")
     }
 
-    async fn list_snapshots(&self, _: Request<csi::ListSnapshotsRequest>) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+    async fn list_snapshots(
+        &self,
+        _: Request<csi::ListSnapshotsRequest>,
+    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
         unimplemented("ListSnapshots")
     }
 
-    async fn get_snapshot(&self, _: Request<csi::GetSnapshotRequest>) -> Result<Response<csi::GetSnapshotResponse>, Status> {
+    async fn get_snapshot(
+        &self,
+        _: Request<csi::GetSnapshotRequest>,
+    ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
         unimplemented("GetSnapshot")
     }
 
-    async fn controller_expand_volume(&self, _: Request<csi::ControllerExpandVolumeRequest>) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+    async fn controller_expand_volume(
+        &self,
+        _: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
         unimplemented("ControllerExpandVolume")
     }
 
-    async fn controller_get_volume(&self, _: Request<csi::ControllerGetVolumeRequest>) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
+    async fn controller_get_volume(
+        &self,
+        _: Request<csi::ControllerGetVolumeRequest>,
+    ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
         unimplemented("ControllerGetVolume")
     }
 
-    async fn controller_modify_volume(&self, _: Request<csi::ControllerModifyVolumeRequest>) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
+    async fn controller_modify_volume(
+        &self,
+        _: Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
         unimplemented("ControllerModifyVolume")
     }
 }

@@ -15,7 +15,10 @@ pub struct IdentityService {
 
 #[tonic::async_trait]
 impl csi::identity_server::Identity for IdentityService {
-    async fn get_plugin_info(&self, _: Request<csi::GetPluginInfoRequest>) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+    async fn get_plugin_info(
+        &self,
+        _: Request<csi::GetPluginInfoRequest>,
+    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
         Ok(Response::new(csi::GetPluginInfoResponse {
             name: DRIVER_NAME.into(),
             vendor_version: env!("CARGO_PKG_VERSION").into(),
@@ -23,11 +26,18 @@ impl csi::identity_server::Identity for IdentityService {
         }))
     }
 
-    async fn get_plugin_capabilities(&self, _: Request<csi::GetPluginCapabilitiesRequest>) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<csi::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
         use csi::plugin_capability::{Service, Type};
         let mut capabilities = Vec::new();
         if self.mode.controller() {
-            capabilities.push(csi::PluginCapability { r#type: Some(Type::Service(Service { r#type: csi::plugin_capability::service::Type::ControllerService as i32 })) });
+            capabilities.push(csi::PluginCapability {
+                r#type: Some(Type::Service(Service {
+                    r#type: csi::plugin_capability::service::Type::ControllerService as i32,
+                })),
+            });
         }
         Ok(Response::new(csi::GetPluginCapabilitiesResponse { capabilities }))
     }

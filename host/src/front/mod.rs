@@ -51,14 +51,17 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let listener = crate::exec::socket::listen(socket)?;
     let identity = identity::IdentityService { mode, host: host.clone() };
-    let mut router = tonic::transport::Server::builder().add_service(csi::identity_server::IdentityServer::new(identity));
+    let mut router =
+        tonic::transport::Server::builder().add_service(csi::identity_server::IdentityServer::new(identity));
     if mode.node() {
         let host = host.clone().ok_or_else(|| anyhow::anyhow!("node mode needs the host daemon's socket"))?;
         router = router.add_service(csi::node_server::NodeServer::new(node::NodeService { host }));
     }
     if mode.controller() {
         let c = controller.ok_or_else(|| anyhow::anyhow!("controller mode needs a plugin runtime"))?;
-        router = router.add_service(csi::controller_server::ControllerServer::new(controller::ControllerService { inner: Arc::new(c) }));
+        router = router.add_service(csi::controller_server::ControllerServer::new(controller::ControllerService {
+            inner: Arc::new(c),
+        }));
     }
     tracing::info!(socket = %socket.display(), ?mode, "CSI front ready");
     router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown).await?;
@@ -67,7 +70,8 @@ pub async fn serve(
 
 /// The host is unreachable: kubelet should retry.
 pub fn host_down(e: tonic::Status) -> tonic::Status {
-    let transport = e.code() == tonic::Code::Unknown || (e.code() == tonic::Code::Unavailable && e.message().contains("connect"));
+    let transport =
+        e.code() == tonic::Code::Unknown || (e.code() == tonic::Code::Unavailable && e.message().contains("connect"));
     if transport {
         tonic::Status::unavailable(format!("the mounthost host daemon is not reachable: {}", e.message()))
     } else {

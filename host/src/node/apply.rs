@@ -20,6 +20,14 @@ use crate::volume::state::{Phase, Publication, VolumeState};
 /// How many stacked mounts one path may hold before clearing it gives up.
 const MAX_STACKED: usize = 16;
 
+/// Whether the plan's mount or bind at `target` is read-only (`None` if it makes none there).
+pub fn planned_readonly(plan: &Plan, target: &Path) -> Option<bool> {
+    plan.steps.iter().rev().find_map(|step| match step {
+        Step::Bind { target: t, readonly, .. } | Step::Mount { target: t, readonly, .. } if t == target => Some(*readonly),
+        _ => None,
+    })
+}
+
 /// Keys of every secret a plan references.
 pub fn secret_refs(plan: &Plan) -> Vec<String> {
     let mut keys = Vec::new();
@@ -56,23 +64,32 @@ impl Node {
 
     /// Is the volume's FUSE process alive and its staging mount in place?
     pub fn health(&self, st: &VolumeState) -> Health {
+        match self.mounts() {
+            Ok(m) => self.health_in(st, &m),
+            Err(e) => Health { healthy: false, condition: e.message },
+        }
+    }
+
+    /// [`Node::health`] against a mount table read once for many volumes.
+    pub fn health_in(&self, st: &VolumeState, mounts: &[MountEntry]) -> Health {
         let mut problems = Vec::new();
         if st.phase != Phase::Staged {
             problems.push(format!("phase is {:?}", st.phase));
         }
-        if let Some(p) = &st.process {
-            if !self.inner.exec.is_alive(p) {
-                problems.push(format!("the FUSE process {} is not running", p.pid));
-            }
+        if let Some(p) = &st.process
+            && !self.inner.exec.is_alive(p)
+        {
+            problems.push(format!("the FUSE process {} is not running", p.pid));
         }
-        match self.mounts() {
-            Ok(m) if mountinfo::at(&m, &st.staging_path).is_none() => {
-                problems.push(format!("nothing is mounted at the staging path {}", st.staging_path.display()));
-            }
-            Ok(_) => {}
-            Err(e) => problems.push(e.message),
+        if mountinfo::at(mounts, &st.staging_path).is_none() {
+            problems.push(format!("nothing is mounted at the staging path {}", st.staging_path.display()));
         }
         Health { healthy: problems.is_empty(), condition: problems.join("; ") }
+    }
+
+    /// The mount table, for callers checking many volumes at once.
+    pub(super) fn mount_table(&self) -> Result<Vec<MountEntry>, Error> {
+        self.mounts()
     }
 
     /// Unmount everything stacked on `path` (lazily when busy). Not mounted is fine.
@@ -109,7 +126,12 @@ impl Node {
 
     /// Stage: record the plan (phase `staging`) before any step, apply the steps, record the
     /// process, then `staged`. On failure, roll back to nothing.
-    pub(super) fn apply_stage(&self, mut state: VolumeState, dirs: &VolumeDirs, secrets: &Secrets) -> Result<(), Error> {
+    pub(super) fn apply_stage(
+        &self,
+        mut state: VolumeState,
+        dirs: &VolumeDirs,
+        secrets: &Secrets,
+    ) -> Result<(), Error> {
         // Leftovers of an earlier attempt or a crashed process go first.
         if let Some(old) = state.process.take() {
             self.inner.exec.stop(&old, self.inner.config.fuse_stop_grace)?;
@@ -147,7 +169,8 @@ impl Node {
                 Step::SpawnFuse { program, executable, args, env, mountpoint, fstype, ready_timeout_ms, .. } => {
                     self.clear_mounts(mountpoint)?;
                     self.mkdir(mountpoint)?;
-                    let env: Vec<(String, String)> = env.iter().map(|e| (e.name.clone(), resolve(&e.value, secrets))).collect();
+                    let env: Vec<(String, String)> =
+                        env.iter().map(|e| (e.name.clone(), resolve(&e.value, secrets))).collect();
                     let runtime = dirs.runtime.as_ref().expect("stage has a runtime dir");
                     let log = runtime.join(format!("{program}.log"));
                     let fuse = Fuse {
@@ -177,14 +200,22 @@ impl Node {
             Step::Mkdir { path } => self.mkdir(path),
             Step::Remove { path } => {
                 self.clear_mounts_below(path)?;
-                self.inner.exec.remove_tree(path).map_err(|e| Error::internal(format!("removing {}: {e}", path.display())))
+                self.inner
+                    .exec
+                    .remove_tree(path)
+                    .map_err(|e| Error::internal(format!("removing {}: {e}", path.display())))
             }
             Step::Mount { fstype, source, target, options, readonly } => {
                 if let Some(m) = mountinfo::at(&self.mounts()?, target) {
                     if &m.fstype == fstype && &m.source == source && m.is_readonly() == *readonly {
                         return Ok(());
                     }
-                    return Err(Error::exists(format!("{} already holds a {} mount of {}", target.display(), m.fstype, m.source)));
+                    return Err(Error::exists(format!(
+                        "{} already holds a {} mount of {}",
+                        target.display(),
+                        m.fstype,
+                        m.source
+                    )));
                 }
                 self.mkdir(target)?;
                 Ok(self.inner.exec.mount(fstype, source, target, options, *readonly)?)
@@ -194,8 +225,12 @@ impl Node {
             Step::Fetch { .. } | Step::Unpack { .. } => {
                 Err(Error::unimplemented(format!("{} steps are not supported by this host version yet", step.kind())))
             }
-            Step::Socket { .. } => Err(Error::unimplemented("dynamic-mount sockets are not supported by this host version yet")),
-            Step::Http { .. } => Err(Error::internal("an http step reached the node (policy allows it only in controller plans)")),
+            Step::Socket { .. } => {
+                Err(Error::unimplemented("dynamic-mount sockets are not supported by this host version yet"))
+            }
+            Step::Http { .. } => {
+                Err(Error::internal("an http step reached the node (policy allows it only in controller plans)"))
+            }
         }
     }
 
@@ -226,34 +261,54 @@ impl Node {
             let mounts = self.mounts()?;
             let fresh = mountinfo::at(&mounts, &state.staging_path);
             let current = mountinfo::at(&mounts, target);
-            if let (Some(f), Some(c)) = (fresh, current) {
-                if f.device == c.device {
-                    continue;
-                }
+            if let (Some(f), Some(c)) = (fresh, current)
+                && f.device == c.device
+            {
+                continue;
             }
             self.clear_mounts(target)?;
-            self.bind(&state.staging_path, target, p.readonly, &[])?;
+            if p.steps.is_empty() {
+                self.bind(&state.staging_path, target, p.readonly, &[])?;
+            }
+            for step in &p.steps {
+                self.apply_step(step)?;
+            }
             info!(volume.id = %state.volume_id, target = %target.display(), "re-bound after restage");
         }
         Ok(())
     }
 
     /// Publish: apply the plan's steps (mkdir, bind), then record the target.
-    pub(super) fn apply_publish(&self, mut state: VolumeState, plan: &Plan, target: &Path, readonly: bool, _secrets: &Secrets) -> Result<(), Error> {
+    pub(super) fn apply_publish(
+        &self,
+        mut state: VolumeState,
+        plan: &Plan,
+        target: &Path,
+        readonly: bool,
+        _secrets: &Secrets,
+    ) -> Result<(), Error> {
         for step in &plan.steps {
             self.apply_step(step)?;
         }
-        if state.published.get(target) != Some(&Publication { readonly }) {
-            state.published.insert(target.to_path_buf(), Publication { readonly });
+        let publication = Publication { readonly, steps: plan.steps.clone() };
+        if state.published.get(target) != Some(&publication) {
+            state.published.insert(target.to_path_buf(), publication);
             self.save(&state)?;
         }
         Ok(())
     }
 
     /// Unpublish: unmount the target, remove it, forget it. Returns the remaining state.
-    pub(super) fn apply_unpublish(&self, state: Option<VolumeState>, target: &Path) -> Result<Option<VolumeState>, Error> {
+    pub(super) fn apply_unpublish(
+        &self,
+        state: Option<VolumeState>,
+        target: &Path,
+    ) -> Result<Option<VolumeState>, Error> {
         self.clear_mounts(target)?;
-        self.inner.exec.remove_entry(target).map_err(|e| Error::internal(format!("removing {}: {e}", target.display())))?;
+        self.inner
+            .exec
+            .remove_entry(target)
+            .map_err(|e| Error::internal(format!("removing {}: {e}", target.display())))?;
         let Some(mut st) = state else { return Ok(None) };
         if st.published.remove(target).is_some() {
             self.save(&st)?;
@@ -273,7 +328,12 @@ impl Node {
     }
 
     /// Unstage: record `unstaging`, run the plugin's clean-up steps, tear down, forget.
-    pub(super) fn apply_unstage(&self, mut st: VolumeState, extra: Option<Plan>, dirs: &VolumeDirs) -> Result<(), Error> {
+    pub(super) fn apply_unstage(
+        &self,
+        mut st: VolumeState,
+        extra: Option<Plan>,
+        dirs: &VolumeDirs,
+    ) -> Result<(), Error> {
         st.phase = Phase::Unstaging;
         self.save(&st)?;
         if let Some(plan) = extra {
@@ -297,7 +357,10 @@ impl Node {
         }
         if st.ephemeral {
             let dir = st.staging_path.parent().unwrap_or(&st.staging_path).to_path_buf();
-            self.inner.exec.remove_tree(&dir).map_err(|e| Error::internal(format!("removing {}: {e}", dir.display())))?;
+            self.inner
+                .exec
+                .remove_tree(&dir)
+                .map_err(|e| Error::internal(format!("removing {}: {e}", dir.display())))?;
         }
         Ok(())
     }

@@ -65,7 +65,8 @@ impl Node {
     pub fn new(config: Config, runtime: Arc<PluginRuntime>, exec: Arc<dyn Executor>) -> Result<Self, Error> {
         let store = StateStore::open(&config.state_dir)?;
         let roots = paths::Roots::new([config.kubelet_dir.clone(), config.state_dir.join("ephemeral")]);
-        let boot_id = crate::volume::state::boot_id().map_err(|e| Error::internal(format!("reading the boot id: {e}")))?;
+        let boot_id =
+            crate::volume::state::boot_id().map_err(|e| Error::internal(format!("reading the boot id: {e}")))?;
         let locks = VolumeLocks::new();
         Ok(Node { inner: Arc::new(Inner { config, runtime, store, locks, exec, roots, boot_id }) })
     }
@@ -81,7 +82,10 @@ impl Node {
     }
 
     /// Run blocking work (syscalls, state files) off the async workers.
-    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Node) -> Result<T, Error> + Send + 'static) -> Result<T, Error> {
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Node) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, Error> {
         let this = self.clone();
         tokio::task::spawn_blocking(move || f(&this))
             .await
@@ -200,10 +204,17 @@ impl Node {
                 let req = wit::UnstageRequest {
                     volume_id: id.to_string(),
                     context: request::kvs(&st.context),
-                    recorded: st.plan.attributes.iter().map(|(k, v)| wit::Kv { key: k.clone(), value: v.clone() }).collect(),
+                    recorded: st
+                        .plan
+                        .attributes
+                        .iter()
+                        .map(|(k, v)| wit::Kv { key: k.clone(), value: v.clone() })
+                        .collect(),
                 };
                 match self.inner.runtime.call(&plugin, id, req).await {
-                    Ok(wplan) => Some(self.check(&plugin, Operation::Unstage, &dirs, &st.context, &Secrets::default(), wplan)?),
+                    Ok(wplan) => {
+                        Some(self.check(&plugin, Operation::Unstage, &dirs, &st.context, &Secrets::default(), wplan)?)
+                    }
                     Err(e) => {
                         warn!(volume.id = %id, error = %e, "the plugin's unstage planner failed; the host tears down alone");
                         None
@@ -246,13 +257,22 @@ impl Node {
         let id2 = id.clone();
         let mut state = self.blocking(move |n| Ok(n.inner.store.load(&id2)?)).await?;
         if ephemeral && state.as_ref().is_none_or(|s| s.phase != Phase::Staged) {
-            let ask = StageAsk { id: id.clone(), staging: staging.clone(), capability: capability.clone(), context: req.volume_context.clone(), secrets: secrets.clone(), ephemeral: true };
+            let ask = StageAsk {
+                id: id.clone(),
+                staging: staging.clone(),
+                capability: capability.clone(),
+                context: req.volume_context.clone(),
+                secrets: secrets.clone(),
+                ephemeral: true,
+            };
             self.stage_locked(ask).await?;
             let id2 = id.clone();
             state = self.blocking(move |n| Ok(n.inner.store.load(&id2)?)).await?;
         }
         let Some(state) = state else {
-            return Err(Error::precondition(format!("volume {id} is not staged on this node; NodeStageVolume must succeed first")));
+            return Err(Error::precondition(format!(
+                "volume {id} is not staged on this node; NodeStageVolume must succeed first"
+            )));
         };
         if state.staging_path != staging {
             return Err(Error::precondition(format!(
@@ -262,16 +282,10 @@ impl Node {
             )));
         }
         if !state.can_publish() {
-            return Err(Error::precondition(format!("volume {id} is not staged yet (phase {:?}); retry NodeStageVolume", state.phase)));
-        }
-        if let Some(p) = state.published.get(&target) {
-            if p.readonly != req.readonly {
-                return Err(Error::exists(format!(
-                    "volume {id} is already published at {} {}; unpublish it first",
-                    target.display(),
-                    if p.readonly { "read-only" } else { "read-write" }
-                )));
-            }
+            return Err(Error::precondition(format!(
+                "volume {id} is not staged yet (phase {:?}); retry NodeStageVolume",
+                state.phase
+            )));
         }
         let plugin = self.inner.runtime.resolve(&state.plugin, Some(&state.digest)).await?;
         let wit_req = wit::PublishRequest {
@@ -285,7 +299,17 @@ impl Node {
         let wplan = self.inner.runtime.call(&plugin, &id, wit_req).await?;
         let dirs = self.dirs(&id, Some(&staging), Some(&target));
         let plan = self.check(&plugin, Operation::Publish, &dirs, &state.context, &secrets, wplan)?;
-        let readonly = req.readonly;
+        // Compatible with what is recorded? Compare what the plan makes, not the CO's flag.
+        let readonly = apply::planned_readonly(&plan, &target).unwrap_or(req.readonly);
+        if let Some(p) = state.published.get(&target)
+            && p.readonly != readonly
+        {
+            return Err(Error::exists(format!(
+                "volume {id} is already published at {} {}; unpublish it first",
+                target.display(),
+                if p.readonly { "read-only" } else { "read-write" }
+            )));
+        }
         self.blocking(move |n| n.apply_publish(state, &plan, &target, readonly, &secrets)).await
     }
 
@@ -322,9 +346,21 @@ impl Node {
         let (usage, condition) = match usage {
             Ok(Ok(Ok(u))) if health.healthy => (u, health),
             Ok(Ok(Ok(u))) => (u, health),
-            Ok(Ok(Err(e))) => (Default::default(), Health { healthy: false, condition: join(&health, &format!("statfs {}: {e}", path.display())) }),
+            Ok(Ok(Err(e))) => (
+                Default::default(),
+                Health { healthy: false, condition: join(&health, &format!("statfs {}: {e}", path.display())) },
+            ),
             Ok(Err(e)) => return Err(Error::internal(format!("statfs task: {e}"))),
-            Err(_) => (Default::default(), Health { healthy: false, condition: join(&health, &format!("statfs {} did not answer within {STATS_TIMEOUT:?}", path.display())) }),
+            Err(_) => (
+                Default::default(),
+                Health {
+                    healthy: false,
+                    condition: join(
+                        &health,
+                        &format!("statfs {} did not answer within {STATS_TIMEOUT:?}", path.display()),
+                    ),
+                },
+            ),
         };
         use csi::volume_usage::Unit;
         let to_i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
@@ -332,8 +368,18 @@ impl Node {
             Vec::new()
         } else {
             vec![
-                csi::VolumeUsage { available: to_i(usage.available_bytes), total: to_i(usage.total_bytes), used: to_i(usage.used_bytes), unit: Unit::Bytes as i32 },
-                csi::VolumeUsage { available: to_i(usage.free_inodes), total: to_i(usage.total_inodes), used: to_i(usage.used_inodes), unit: Unit::Inodes as i32 },
+                csi::VolumeUsage {
+                    available: to_i(usage.available_bytes),
+                    total: to_i(usage.total_bytes),
+                    used: to_i(usage.used_bytes),
+                    unit: Unit::Bytes as i32,
+                },
+                csi::VolumeUsage {
+                    available: to_i(usage.free_inodes),
+                    total: to_i(usage.total_inodes),
+                    used: to_i(usage.used_inodes),
+                    unit: Unit::Inodes as i32,
+                },
             ]
         };
         Ok(csi::NodeGetVolumeStatsResponse {
@@ -349,10 +395,11 @@ impl Node {
     pub async fn list(&self) -> Result<Vec<(VolumeState, Health)>, Error> {
         self.blocking(|n| {
             let mut out = Vec::new();
+            let mounts = n.mount_table()?;
             for (path, parsed) in n.inner.store.list()? {
                 match parsed {
                     Ok(st) => {
-                        let h = n.health(&st);
+                        let h = n.health_in(&st, &mounts);
                         out.push((st, h));
                     }
                     Err(e) => warn!(path = %path.display(), error = %e, "unusable state file"),
@@ -438,3 +485,6 @@ impl From<Error> for tonic::Status {
         tonic::Status::new(code(e.kind), e.message)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -6,6 +6,7 @@ use tracing::{error, info, warn};
 
 use super::Node;
 use crate::error::Error;
+use crate::exec::mountinfo::MountEntry;
 use crate::volume::state::{Phase, VolumeState};
 
 /// What reconciliation found, for logs and tests.
@@ -25,6 +26,7 @@ impl Node {
     /// Reconcile every state file. Blocking.
     pub fn reconcile(&self) -> Result<Report, Error> {
         let mut report = Report::default();
+        let mounts = self.mount_table()?;
         for (path, parsed) in self.inner.store.list()? {
             let st = match parsed {
                 Ok(st) => st,
@@ -34,7 +36,7 @@ impl Node {
                     continue;
                 }
             };
-            match self.reconcile_one(st) {
+            match self.reconcile_one(st, &mounts) {
                 Ok(Outcome::Adopted) => report.adopted += 1,
                 Ok(Outcome::Unhealthy) => report.unhealthy += 1,
                 Ok(Outcome::Cleaned) => report.cleaned += 1,
@@ -48,7 +50,7 @@ impl Node {
         Ok(report)
     }
 
-    fn reconcile_one(&self, mut st: VolumeState) -> Result<Outcome, Error> {
+    fn reconcile_one(&self, mut st: VolumeState, mounts: &[MountEntry]) -> Result<Outcome, Error> {
         let id = st.volume_id.clone();
         let dirs = self.dirs(&id, Some(&st.staging_path), None);
         if st.boot_id != self.inner.boot_id {
@@ -77,7 +79,7 @@ impl Node {
                 Ok(Outcome::Cleaned)
             }
             _ => {
-                let health = self.health(&st);
+                let health = self.health_in(&st, mounts);
                 if health.healthy {
                     info!(volume.id = %id, pid = ?st.process.map(|p| p.pid), "adopted");
                     Ok(Outcome::Adopted)

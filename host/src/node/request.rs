@@ -68,8 +68,8 @@ pub fn secrets(m: &HashMap<String, String>) -> Result<Secrets, Error> {
 
 /// The volume capability: required, mount access (block is not supported), a known mode.
 pub fn capability(cap: Option<&csi::VolumeCapability>) -> Result<wit::VolumeCapability, Error> {
-    use csi::volume_capability::access_mode::Mode;
     use csi::volume_capability::AccessType;
+    use csi::volume_capability::access_mode::Mode;
     let cap = cap.ok_or_else(|| Error::invalid("volume_capability is required"))?;
     let mount = match &cap.access_type {
         Some(AccessType::Mount(m)) => m,
@@ -79,7 +79,9 @@ pub fn capability(cap: Option<&csi::VolumeCapability>) -> Result<wit::VolumeCapa
         None => return Err(Error::invalid("volume_capability.access_type is required (mount)")),
     };
     if !mount.volume_mount_group.is_empty() {
-        return Err(Error::invalid("volume_capability.mount.volume_mount_group is not supported (no VOLUME_MOUNT_GROUP capability)"));
+        return Err(Error::invalid(
+            "volume_capability.mount.volume_mount_group is not supported (no VOLUME_MOUNT_GROUP capability)",
+        ));
     }
     let mode = cap.access_mode.as_ref().map(|m| m.mode).unwrap_or_default();
     let access_mode = match Mode::try_from(mode) {
@@ -118,11 +120,7 @@ pub fn plugin_name(volume_id: &str, attrs: &HashMap<String, String>) -> Result<S
 
 /// The attributes a plugin sees: everything but the reserved keys.
 pub fn plugin_attrs(attrs: &HashMap<String, String>) -> BTreeMap<String, String> {
-    attrs
-        .iter()
-        .filter(|(k, _)| !is_reserved(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+    attrs.iter().filter(|(k, _)| !is_reserved(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
 /// Keys the host consumes itself.
@@ -148,7 +146,9 @@ mod tests {
     fn mount_cap(mode: i32) -> csi::VolumeCapability {
         csi::VolumeCapability {
             access_mode: Some(csi::volume_capability::AccessMode { mode }),
-            access_type: Some(csi::volume_capability::AccessType::Mount(csi::volume_capability::MountVolume::default())),
+            access_type: Some(
+                csi::volume_capability::AccessType::Mount(csi::volume_capability::MountVolume::default()),
+            ),
         }
     }
 
@@ -158,7 +158,10 @@ mod tests {
         let e = volume_id(&"x".repeat(100_000)).unwrap_err();
         assert!(e.message.contains("too long") && e.message.len() < 400, "{}", e.message);
         assert!(volume_id("a\0b").unwrap_err().message.contains("control"));
-        assert_eq!(volume_id("seaweedfs~127.0.0.1:8888/buckets/pvc-1").unwrap(), "seaweedfs~127.0.0.1:8888/buckets/pvc-1");
+        assert_eq!(
+            volume_id("seaweedfs~127.0.0.1:8888/buckets/pvc-1").unwrap(),
+            "seaweedfs~127.0.0.1:8888/buckets/pvc-1"
+        );
     }
 
     #[test]
@@ -185,6 +188,9 @@ mod tests {
         assert_eq!(plugin_name("x", &attrs).unwrap(), "seaweedfs");
         assert_eq!(plugin_name("model~r/x", &HashMap::new()).unwrap(), "model");
         assert!(plugin_name("plain", &HashMap::new()).unwrap_err().message.contains("`plugin`"));
-        assert_eq!(plugin_attrs(&attrs).into_iter().collect::<Vec<_>>(), vec![("filer".to_string(), "f:1".to_string())]);
+        assert_eq!(
+            plugin_attrs(&attrs).into_iter().collect::<Vec<_>>(),
+            vec![("filer".to_string(), "f:1".to_string())]
+        );
     }
 }

@@ -36,8 +36,12 @@ pub enum Phase {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Publication {
-    /// Read-only bind.
+    /// Read-only, as the publish plan made it (a read-only access mode makes a read-only bind
+    /// even when the CO's `readonly` flag is false).
     pub readonly: bool,
+    /// The checked publish plan's steps, replayed to re-bind the target after a restage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<crate::plan::Step>,
 }
 
 /// The persisted state of one volume.
@@ -250,7 +254,7 @@ mod tests {
         let mut s = state(&id);
         store.save(&s).unwrap();
         s.phase = Phase::Staged;
-        s.published.insert("/pods/u/mount".into(), Publication { readonly: true });
+        s.published.insert("/pods/u/mount".into(), Publication { readonly: true, steps: Vec::new() });
         store.save(&s).unwrap();
         assert_eq!(store.load(&id).unwrap(), Some(s.clone()));
         let path = store.path(&id);
@@ -269,7 +273,7 @@ mod tests {
         assert!(!s.can_publish(), "not before stage completed");
         s.phase = Phase::Staged;
         assert!(s.can_publish() && s.can_unstage());
-        s.published.insert("/t".into(), Publication { readonly: false });
+        s.published.insert("/t".into(), Publication { readonly: false, steps: Vec::new() });
         assert!(!s.can_unstage(), "not while published");
     }
 

@@ -65,10 +65,17 @@ pub fn weed_binary() -> PathBuf {
 }
 
 /// A minimal HTTP/1.1 request (Connection: close); returns status and body.
-pub fn http(method: &str, addr: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<(u16, String)> {
+pub fn http(
+    method: &str,
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    let mut req =
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -110,7 +117,11 @@ impl Seaweed {
         std::fs::create_dir_all(&conf).unwrap();
         std::fs::create_dir_all(&data).unwrap();
         // One volume slot per collection instead of 7.
-        std::fs::write(conf.join("master.toml"), "[master.volume_growth]\ncopy_1 = 1\ncopy_2 = 2\ncopy_3 = 3\ncopy_other = 1\n").unwrap();
+        std::fs::write(
+            conf.join("master.toml"),
+            "[master.volume_growth]\ncopy_1 = 1\ncopy_2 = 2\ncopy_3 = 3\ncopy_other = 1\n",
+        )
+        .unwrap();
         // `weed mount` finds the filer's gRPC port as its HTTP port + 10000.
         let filer = loop {
             let p = free_port();
@@ -127,7 +138,12 @@ impl Seaweed {
             .arg(format!("-dir={}", data.display()))
             .arg(format!("-master.port={}", ports[0]))
             .arg(format!("-master.port.grpc={}", ports[1]))
-            .args(["-master.telemetry=false", "-master.resumeState=false", "-master.volumeSizeLimitMB=1024", "-master.defaultReplication=000"])
+            .args([
+                "-master.telemetry=false",
+                "-master.resumeState=false",
+                "-master.volumeSizeLimitMB=1024",
+                "-master.defaultReplication=000",
+            ])
             .arg(format!("-volume.port={}", ports[2]))
             .arg(format!("-volume.port.grpc={}", ports[3]))
             .args(["-volume.max=0", "-volume.preStopSeconds=0", "-filer"])
@@ -162,7 +178,8 @@ impl Seaweed {
 
     /// Does a directory exist in the filer?
     pub fn dir_exists(&self, path: &str) -> bool {
-        let (status, _) = http("GET", &self.filer, &format!("{path}/"), &[("Accept", "application/json")], b"").unwrap();
+        let (status, _) =
+            http("GET", &self.filer, &format!("{path}/"), &[("Accept", "application/json")], b"").unwrap();
         status == 200
     }
 }
@@ -191,10 +208,10 @@ pub fn pids_with(needle: &str) -> Vec<i32> {
         if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
             if cmd.contains(needle) {
-                if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-                    if stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')) {
-                        continue;
-                    }
+                if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    && stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+                {
+                    continue;
                 }
                 out.push(pid);
             }
@@ -205,7 +222,12 @@ pub fn pids_with(needle: &str) -> Vec<i32> {
 
 /// Mount points (from this namespace's mountinfo) below `dir`.
 pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
-    mounthost::exec::mountinfo::read().unwrap().into_iter().map(|m| m.mount_point).filter(|p| p.starts_with(dir)).collect()
+    mounthost::exec::mountinfo::read()
+        .unwrap()
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect()
 }
 
 /// One `mounthost` subprocess, killed (-9) on drop.
@@ -267,9 +289,12 @@ impl NodeDirs {
     }
 
     fn common_args(&self, cmd: &mut Command) {
-        cmd.arg("--state-dir").arg(&self.state)
-            .arg("--kubelet-dir").arg(&self.kubelet)
-            .arg("--host-socket").arg(&self.host_sock)
+        cmd.arg("--state-dir")
+            .arg(&self.state)
+            .arg("--kubelet-dir")
+            .arg(&self.kubelet)
+            .arg("--host-socket")
+            .arg(&self.host_sock)
             .args(["--node-id", "node-1", "--log", "info,mounthost=debug"]);
     }
 
@@ -277,7 +302,11 @@ impl NodeDirs {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mounthost"));
         self.common_args(&mut cmd);
         cmd.args(extra).args(args);
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.root.path().join(format!("{name}.log"))).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.path().join(format!("{name}.log")))
+            .unwrap();
         cmd.stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log);
         Proc { child: cmd.spawn().expect("starting mounthost"), name }
     }
@@ -301,7 +330,12 @@ impl NodeDirs {
     pub fn logs(&self) -> String {
         ["host", "front"]
             .iter()
-            .map(|n| format!("--- {n}.log\n{}", std::fs::read_to_string(self.root.path().join(format!("{n}.log"))).unwrap_or_default()))
+            .map(|n| {
+                format!(
+                    "--- {n}.log\n{}",
+                    std::fs::read_to_string(self.root.path().join(format!("{n}.log"))).unwrap_or_default()
+                )
+            })
             .collect()
     }
 }
@@ -312,5 +346,17 @@ pub fn wait_socket(path: &Path) {
     while std::os::unix::net::UnixStream::connect(path).is_err() {
         assert!(Instant::now() < until, "{} did not come up", path.display());
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Run a test body; if it panics, kill every process of the test's node (daemons, `weed mount`)
+/// so nothing outlives the namespace, print the daemons' logs, and fail.
+pub fn guarded(dirs: &NodeDirs, body: impl FnOnce()) {
+    if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        for pid in pids_with(&dirs.root.path().display().to_string()) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        eprintln!("{}", dirs.logs());
+        std::panic::resume_unwind(e);
     }
 }

@@ -1,0 +1,605 @@
+//! The node pipeline end to end against the [`Recording`] executor: real plugin calls (the
+//! `tmpfs` test fixture, loaded from the plugin folder), real policy checks and real state
+//! files, with the kernel simulated. Each test asserts what was executed, what the simulated
+//! mount table holds and what the state file says.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::errno::Errno;
+
+use super::Node;
+use crate::config::Config;
+use crate::error::{Error, ErrorKind};
+use crate::exec::Executor;
+use crate::exec::recording::{Recording, mount_points};
+use crate::plan::policy::Grant;
+use crate::plugin::PluginRuntime;
+use crate::proto::csi;
+use crate::volume::dirs::volume_key;
+use crate::volume::state::Phase;
+
+const VOL: &str = "tmpfs~pvc-1";
+
+/// A node over a recording executor, with its state and kubelet directories in a temp dir.
+struct Env {
+    _dir: tempfile::TempDir,
+    config: Config,
+    runtime: Arc<PluginRuntime>,
+    rec: Arc<Recording>,
+    node: Node,
+    kubelet: PathBuf,
+}
+
+impl Env {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        // Canonical, so the paths built here are the ones the root check compares against.
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        let kubelet = root.join("kubelet");
+        std::fs::create_dir(&kubelet).unwrap();
+        let mut config = Config::new(root.join("state"));
+        config.kubelet_dir = kubelet.clone();
+        config.plugin_concurrency = 4;
+        config.grants.insert("tmpfs".into(), Grant { fstypes: ["tmpfs".to_string()].into(), ..Grant::default() });
+        std::fs::create_dir_all(&config.plugin_dir).unwrap();
+        std::fs::copy(crate::stock::fixtures::path("tmpfs"), config.plugin_dir.join("tmpfs.wasm")).unwrap();
+        let runtime = Arc::new(PluginRuntime::new(config.runtime()).unwrap());
+        let rec = Arc::new(Recording::new());
+        let node = Node::new(config.clone(), runtime.clone(), rec.clone()).unwrap();
+        Env { _dir: dir, config, runtime, rec, node, kubelet }
+    }
+
+    /// A second daemon on the same state directory and machine (a restart).
+    fn restarted(&self) -> Node {
+        Node::new(self.config.clone(), self.runtime.clone(), self.rec.clone()).unwrap()
+    }
+
+    fn staging(&self) -> PathBuf {
+        self.kubelet.join("plugins/kubernetes.io/csi/csi.mounthost.dev/0a1b/globalmount")
+    }
+
+    fn target(&self, pod: &str) -> PathBuf {
+        self.kubelet.join(format!("pods/{pod}/volumes/kubernetes.io~csi/pvc-1/mount"))
+    }
+
+    fn stage_req(&self) -> csi::NodeStageVolumeRequest {
+        csi::NodeStageVolumeRequest {
+            volume_id: VOL.into(),
+            staging_target_path: s(&self.staging()),
+            volume_capability: Some(mount_cap()),
+            volume_context: ctx(&[("plugin", "tmpfs")]),
+            ..Default::default()
+        }
+    }
+
+    fn publish_req(&self, target: &Path, readonly: bool) -> csi::NodePublishVolumeRequest {
+        csi::NodePublishVolumeRequest {
+            volume_id: VOL.into(),
+            staging_target_path: s(&self.staging()),
+            target_path: s(target),
+            volume_capability: Some(mount_cap()),
+            readonly,
+            volume_context: ctx(&[("plugin", "tmpfs")]),
+            ..Default::default()
+        }
+    }
+
+    fn unpublish_req(&self, target: &Path) -> csi::NodeUnpublishVolumeRequest {
+        csi::NodeUnpublishVolumeRequest { volume_id: VOL.into(), target_path: s(target) }
+    }
+
+    fn unstage_req(&self) -> csi::NodeUnstageVolumeRequest {
+        csi::NodeUnstageVolumeRequest { volume_id: VOL.into(), staging_target_path: s(&self.staging()) }
+    }
+
+    /// Recorded calls of one kind (`mount`, `bind`, `unmount`, ...).
+    fn calls(&self, op: &str) -> Vec<String> {
+        let prefix = format!("{op} ");
+        self.rec.calls().into_iter().filter(|c| c.starts_with(&prefix)).collect()
+    }
+}
+
+fn s(p: &Path) -> String {
+    p.to_str().unwrap().to_string()
+}
+
+fn ctx(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn mount_cap() -> csi::VolumeCapability {
+    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+    csi::VolumeCapability {
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+    }
+}
+
+fn tmpfs_mount(at: &Path, size_mib: u32) -> String {
+    format!("mount tmpfs tmpfs {} [size={size_mib}m,mode=0755]", at.display())
+}
+
+/// The error of `r`, which must be of class `kind`.
+#[track_caller]
+fn err_of<T: std::fmt::Debug>(r: Result<T, Error>, kind: ErrorKind) -> Error {
+    match r {
+        Ok(v) => panic!("expected {kind:?}, got Ok({v:?})"),
+        Err(e) => {
+            assert_eq!(e.kind, kind, "{}", e.message);
+            e
+        }
+    }
+}
+
+#[tokio::test]
+async fn stage_mounts_a_tmpfs_once_and_restage_is_a_no_op() {
+    let e = Env::new();
+    e.node.stage(e.stage_req()).await.unwrap();
+    assert_eq!(e.calls("mount"), vec![tmpfs_mount(&e.staging(), 16)]);
+    assert_eq!(mount_points(&e.rec), vec![e.staging()]);
+    let st = e.node.store().load(VOL).unwrap().expect("state after stage");
+    assert_eq!(st.phase, Phase::Staged);
+    assert_eq!((st.plugin.as_str(), st.staging_path.as_path(), st.ephemeral), ("tmpfs", e.staging().as_path(), false));
+    assert!(st.process.is_none() && st.published.is_empty());
+    assert!(!st.context.contains_key("plugin"), "reserved keys are not recorded as plugin context");
+
+    e.rec.clear_calls();
+    e.node.stage(e.stage_req()).await.unwrap();
+    assert_eq!(e.rec.calls(), Vec::<String>::new(), "a healthy staged volume is left alone");
+    assert_eq!(mount_points(&e.rec), vec![e.staging()]);
+
+    // The same volume at another staging path is refused, and nothing runs.
+    let mut other = e.stage_req();
+    other.staging_target_path = s(&e.kubelet.join("plugins/elsewhere/globalmount"));
+    err_of(e.node.stage(other).await, ErrorKind::FailedPrecondition);
+    assert_eq!(e.rec.calls(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn the_size_parameter_reaches_the_mount_and_unknown_ones_are_refused() {
+    let e = Env::new();
+    let mut req = e.stage_req();
+    // The host strips its reserved keys and kubelet's before the plugin sees the context.
+    req.volume_context = ctx(&[("plugin", "tmpfs"), ("sizeMiB", "64"), ("csi.storage.k8s.io/pod.name", "p")]);
+    e.node.stage(req).await.unwrap();
+    assert_eq!(e.calls("mount"), vec![tmpfs_mount(&e.staging(), 64)]);
+
+    let e = Env::new();
+    let mut req = e.stage_req();
+    req.volume_context = ctx(&[("plugin", "tmpfs"), ("size", "64")]);
+    let err = err_of(e.node.stage(req).await, ErrorKind::InvalidArgument);
+    assert!(err.message.contains("\"size\"") && err.message.contains("sizeMiB"), "{}", err.message);
+    // The plugin reads no secret, so a StorageClass that sends one is wrong.
+    let mut req = e.stage_req();
+    req.secrets = ctx(&[("token", "hunter22")]);
+    let err = err_of(e.node.stage(req).await, ErrorKind::InvalidArgument);
+    assert!(!err.message.contains("hunter22"), "{}", err.message);
+    assert_eq!(e.rec.calls(), Vec::<String>::new());
+    assert!(e.node.store().load(VOL).unwrap().is_none());
+}
+
+#[tokio::test]
+async fn publish_binds_each_target_once_with_its_own_flags() {
+    let e = Env::new();
+    let (a, b) = (e.target("pod-a"), e.target("pod-b"));
+    e.node.stage(e.stage_req()).await.unwrap();
+    e.rec.clear_calls();
+
+    e.node.publish(e.publish_req(&a, false)).await.unwrap();
+    e.node.publish(e.publish_req(&b, true)).await.unwrap();
+    let staging = e.staging().display().to_string();
+    assert_eq!(
+        e.calls("bind"),
+        vec![format!("bind {staging} {}", a.display()), format!("bind {staging} {} ro", b.display())]
+    );
+    let st = e.node.store().load(VOL).unwrap().unwrap();
+    let published: Vec<(PathBuf, bool)> = st.published.iter().map(|(t, p)| (t.clone(), p.readonly)).collect();
+    assert_eq!(published, vec![(a.clone(), false), (b.clone(), true)]);
+    let table = e.rec.mounts().unwrap();
+    let at = |p: &Path| table.iter().find(|m| m.mount_point == p).unwrap().clone();
+    assert_eq!(at(&a).device, at(&e.staging()).device, "the target shows the staged filesystem");
+    assert!(!at(&a).is_readonly() && at(&b).is_readonly());
+
+    e.rec.clear_calls();
+    e.node.publish(e.publish_req(&a, false)).await.unwrap();
+    e.node.publish(e.publish_req(&b, true)).await.unwrap();
+    assert_eq!(e.calls("bind"), Vec::<String>::new(), "republishing the same way binds nothing");
+
+    let err = err_of(e.node.publish(e.publish_req(&a, true)).await, ErrorKind::AlreadyExists);
+    assert!(err.message.contains("read-write"), "{}", err.message);
+    assert_eq!(e.calls("bind"), Vec::<String>::new());
+    assert!(!e.node.store().load(VOL).unwrap().unwrap().published[&a].readonly);
+}
+
+#[tokio::test]
+async fn publish_needs_a_staged_volume_and_a_free_target() {
+    let e = Env::new();
+    let a = e.target("pod-a");
+    err_of(e.node.publish(e.publish_req(&a, false)).await, ErrorKind::FailedPrecondition);
+    assert_eq!(e.rec.calls(), Vec::<String>::new());
+
+    e.node.stage(e.stage_req()).await.unwrap();
+    e.rec.add_mount("tmpfs", "other", &a);
+    e.rec.clear_calls();
+    let err = err_of(e.node.publish(e.publish_req(&a, false)).await, ErrorKind::AlreadyExists);
+    assert!(err.message.contains("another mount"), "{}", err.message);
+    assert_eq!(e.calls("bind"), Vec::<String>::new());
+    assert!(e.node.store().load(VOL).unwrap().unwrap().published.is_empty());
+
+    // Publishing onto the staging path itself is a bad request.
+    err_of(e.node.publish(e.publish_req(&e.staging(), false)).await, ErrorKind::InvalidArgument);
+}
+
+#[tokio::test]
+async fn unstage_waits_for_unpublish_then_tears_everything_down() {
+    let e = Env::new();
+    let (a, b) = (e.target("pod-a"), e.target("pod-b"));
+    e.node.stage(e.stage_req()).await.unwrap();
+    e.node.publish(e.publish_req(&a, false)).await.unwrap();
+    e.node.publish(e.publish_req(&b, true)).await.unwrap();
+
+    e.rec.clear_calls();
+    let err = err_of(e.node.unstage(e.unstage_req()).await, ErrorKind::FailedPrecondition);
+    assert!(err.message.contains(&s(&a)) && err.message.contains(&s(&b)), "{}", err.message);
+    assert_eq!(e.calls("unmount"), Vec::<String>::new());
+    assert_eq!(e.node.store().load(VOL).unwrap().unwrap().phase, Phase::Staged);
+
+    for target in [&a, &a, &b, &b] {
+        e.node.unpublish(e.unpublish_req(target)).await.unwrap();
+    }
+    assert_eq!(e.calls("unmount"), vec![format!("unmount {}", a.display()), format!("unmount {}", b.display())]);
+    assert_eq!(mount_points(&e.rec), vec![e.staging()]);
+    assert!(e.node.store().load(VOL).unwrap().unwrap().published.is_empty());
+
+    e.rec.clear_calls();
+    e.node.unstage(e.unstage_req()).await.unwrap();
+    assert_eq!(e.calls("unmount"), vec![format!("unmount {}", e.staging().display())]);
+    assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new());
+    assert!(e.node.store().load(VOL).unwrap().is_none());
+    assert!(!e.node.store().path(VOL).exists());
+
+    e.rec.clear_calls();
+    e.node.unstage(e.unstage_req()).await.unwrap();
+    assert_eq!(e.calls("unmount"), Vec::<String>::new(), "a second unstage has nothing to do");
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_before_anything_runs() {
+    let e = Env::new();
+    let kubelet = e.kubelet.display().to_string();
+    type Stage = fn(&mut csi::NodeStageVolumeRequest, &str);
+    let stage_cases: &[(&str, Stage)] = &[
+        ("empty volume id", |r, _| r.volume_id.clear()),
+        ("100 KB volume id", |r, _| r.volume_id = "x".repeat(100_000)),
+        ("control character in the id", |r, _| r.volume_id = "a\nb".into()),
+        ("relative staging path", |r, _| r.staging_target_path = "kubelet/plugins/x/globalmount".into()),
+        ("`..` in the staging path", |r, k| r.staging_target_path = format!("{k}/plugins/../../../etc")),
+        ("staging path outside kubelet's dir", |r, _| r.staging_target_path = "/etc/mounthost-test".into()),
+        ("the kubelet dir itself", |r, k| r.staging_target_path = k.to_string()),
+        ("NUL in the staging path", |r, k| r.staging_target_path = format!("{k}/plugins/a\0b")),
+        ("missing capability", |r, _| r.volume_capability = None),
+        ("block capability", |r, _| {
+            r.volume_capability.as_mut().unwrap().access_type =
+                Some(csi::volume_capability::AccessType::Block(Default::default()))
+        }),
+        ("unknown access mode", |r, _| r.volume_capability.as_mut().unwrap().access_mode = None),
+        ("no plugin named", |r, _| {
+            r.volume_id = "pvc-1".into();
+            r.volume_context.clear()
+        }),
+        ("NUL in a context value", |r, _| {
+            r.volume_context.insert("sizeMiB".into(), "1\0".into());
+        }),
+    ];
+    for (what, edit) in stage_cases {
+        let mut req = e.stage_req();
+        edit(&mut req, &kubelet);
+        let err = err_of(e.node.stage(req).await, ErrorKind::InvalidArgument);
+        assert!(err.message.len() < 1000, "{what}: the message is bounded: {} bytes", err.message.len());
+        assert_eq!(e.rec.calls(), Vec::<String>::new(), "{what}");
+    }
+
+    let mut req = e.stage_req();
+    req.volume_context = ctx(&[("plugin", "nope")]);
+    let err = err_of(e.node.stage(req).await, ErrorKind::InvalidArgument);
+    assert!(err.message.contains("\"nope\"") && err.message.contains("seaweedfs, tmpfs"), "{}", err.message);
+    assert_eq!(e.rec.calls(), Vec::<String>::new());
+
+    type Publish = fn(&mut csi::NodePublishVolumeRequest, &str);
+    let publish_cases: &[(&str, Publish)] = &[
+        ("empty volume id", |r, _| r.volume_id.clear()),
+        ("100 KB volume id", |r, _| r.volume_id = "x".repeat(100_000)),
+        ("relative target", |r, _| r.target_path = "pods/a/mount".into()),
+        ("`..` in the target", |r, k| r.target_path = format!("{k}/pods/../../../etc")),
+        ("target outside kubelet's dir", |r, _| r.target_path = "/etc/mounthost-test".into()),
+        ("NUL in the target", |r, k| r.target_path = format!("{k}/pods/a\0b")),
+        ("empty staging path", |r, _| r.staging_target_path.clear()),
+        ("missing capability", |r, _| r.volume_capability = None),
+        ("block capability", |r, _| {
+            r.volume_capability.as_mut().unwrap().access_type =
+                Some(csi::volume_capability::AccessType::Block(Default::default()))
+        }),
+        ("ephemeral with a staging path", |r, _| {
+            r.volume_context.insert("csi.storage.k8s.io/ephemeral".into(), "true".into());
+        }),
+    ];
+    for (what, edit) in publish_cases {
+        let mut req = e.publish_req(&e.target("pod-a"), false);
+        edit(&mut req, &kubelet);
+        err_of(e.node.publish(req).await, ErrorKind::InvalidArgument);
+        assert_eq!(e.rec.calls(), Vec::<String>::new(), "{what}");
+    }
+
+    let bad_targets = ["", "pods/a", "/etc/x", "/a/../b"];
+    for t in bad_targets {
+        let req = csi::NodeUnpublishVolumeRequest { volume_id: VOL.into(), target_path: t.into() };
+        err_of(e.node.unpublish(req).await, ErrorKind::InvalidArgument);
+        let req = csi::NodeUnstageVolumeRequest { volume_id: VOL.into(), staging_target_path: t.into() };
+        err_of(e.node.unstage(req).await, ErrorKind::InvalidArgument);
+    }
+    assert_eq!(e.rec.calls(), Vec::<String>::new());
+    assert!(e.node.store().list().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_mount_leaves_nothing_behind_and_a_retry_works() {
+    let e = Env::new();
+    e.rec.fail_next("mount", Errno::EIO);
+    let err = err_of(e.node.stage(e.stage_req()).await, ErrorKind::Internal);
+    assert!(err.message.contains("EIO") || err.message.contains("Input/output"), "{}", err.message);
+    assert_eq!(e.calls("mount"), vec![tmpfs_mount(&e.staging(), 16)]);
+    assert!(e.node.store().load(VOL).unwrap().is_none(), "no state after a failed stage");
+    assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new());
+
+    e.rec.clear_calls();
+    e.node.stage(e.stage_req()).await.unwrap();
+    assert_eq!(e.calls("mount"), vec![tmpfs_mount(&e.staging(), 16)]);
+    assert_eq!(e.node.store().load(VOL).unwrap().unwrap().phase, Phase::Staged);
+}
+
+#[tokio::test]
+async fn a_second_call_on_a_busy_volume_is_aborted() {
+    let e = Env::new();
+    let guard = e.node.inner.locks.try_lock(VOL).unwrap();
+    err_of(e.node.stage(e.stage_req()).await, ErrorKind::Aborted);
+    err_of(e.node.publish(e.publish_req(&e.target("pod-a"), false)).await, ErrorKind::Aborted);
+    err_of(e.node.unpublish(e.unpublish_req(&e.target("pod-a"))).await, ErrorKind::Aborted);
+    err_of(e.node.unstage(e.unstage_req()).await, ErrorKind::Aborted);
+    assert_eq!(e.rec.calls(), Vec::<String>::new());
+    drop(guard);
+    e.node.stage(e.stage_req()).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_ephemeral_volume_lives_from_publish_to_unpublish() {
+    let e = Env::new();
+    let target = e.target("pod-e");
+    let id = "csi-4f2a9c";
+    let req = csi::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: s(&target),
+        volume_capability: Some(mount_cap()),
+        volume_context: ctx(&[
+            ("plugin", "tmpfs"),
+            ("sizeMiB", "4"),
+            ("csi.storage.k8s.io/ephemeral", "true"),
+            ("csi.storage.k8s.io/pod.name", "pod-e"),
+        ]),
+        ..Default::default()
+    };
+    e.node.publish(req.clone()).await.unwrap();
+    let dir = e.config.state_dir.join("ephemeral").join(volume_key(id));
+    let staging = dir.join("mount");
+    assert_eq!(e.calls("mount"), vec![tmpfs_mount(&staging, 4)]);
+    assert_eq!(e.calls("bind"), vec![format!("bind {} {}", staging.display(), target.display())]);
+    assert_eq!(mount_points(&e.rec), vec![staging.clone(), target.clone()]);
+    let st = e.node.store().load(id).unwrap().unwrap();
+    assert!(st.ephemeral && st.phase == Phase::Staged && st.staging_path == staging);
+    assert_eq!(st.published.keys().collect::<Vec<_>>(), vec![&target]);
+
+    e.rec.clear_calls();
+    e.node.publish(req).await.unwrap();
+    assert_eq!(e.calls("mount").len() + e.calls("bind").len(), 0, "kubelet's retry changes nothing");
+
+    let unpublish = csi::NodeUnpublishVolumeRequest { volume_id: id.into(), target_path: s(&target) };
+    e.node.unpublish(unpublish.clone()).await.unwrap();
+    assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new());
+    assert!(e.node.store().load(id).unwrap().is_none());
+    assert!(e.rec.calls().contains(&format!("remove-tree {}", dir.display())), "{:?}", e.rec.calls());
+
+    e.rec.clear_calls();
+    e.node.unpublish(unpublish).await.unwrap();
+    assert_eq!(e.calls("unmount"), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_restarted_daemon_adopts_healthy_volumes_and_flags_lost_ones() {
+    let e = Env::new();
+    let a = e.target("pod-a");
+    e.node.stage(e.stage_req()).await.unwrap();
+    e.node.publish(e.publish_req(&a, false)).await.unwrap();
+
+    let node = e.restarted();
+    let report = node.reconcile().unwrap();
+    assert_eq!((report.adopted, report.unhealthy, report.cleaned, report.unreadable), (1, 0, 0, 0));
+    assert_eq!(node.store().load(VOL).unwrap().unwrap().phase, Phase::Staged);
+
+    // The staging mount disappears behind the daemon's back.
+    Executor::unmount(&*e.rec, &e.staging(), false).unwrap();
+    let node = e.restarted();
+    let report = node.reconcile().unwrap();
+    assert_eq!((report.adopted, report.unhealthy, report.cleaned), (0, 1, 0));
+    assert!(node.store().load(VOL).unwrap().is_some(), "an unhealthy volume is kept for NodeStage to rebuild");
+
+    // kubelet's next NodeStage rebuilds it and moves the published target onto the new mount.
+    e.rec.clear_calls();
+    node.stage(e.stage_req()).await.unwrap();
+    assert_eq!(e.calls("mount"), vec![tmpfs_mount(&e.staging(), 16)]);
+    assert_eq!(e.calls("bind"), vec![format!("bind {} {}", e.staging().display(), a.display())]);
+    let table = e.rec.mounts().unwrap();
+    let at = |p: &Path| table.iter().rev().find(|m| m.mount_point == p).unwrap().device.clone();
+    assert_eq!(at(&a), at(&e.staging()));
+    assert_eq!(e.restarted().reconcile().unwrap().adopted, 1);
+}
+
+#[tokio::test]
+async fn reconcile_rolls_back_an_interrupted_stage() {
+    let e = Env::new();
+    e.node.stage(e.stage_req()).await.unwrap();
+    let mut st = e.node.store().load(VOL).unwrap().unwrap();
+    st.phase = Phase::Staging;
+    e.node.store().save(&st).unwrap();
+
+    let report = e.restarted().reconcile().unwrap();
+    assert_eq!((report.adopted, report.cleaned), (0, 1));
+    assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new());
+    assert!(e.node.store().load(VOL).unwrap().is_none());
+}
+
+#[tokio::test]
+async fn stats_report_usage_and_condition() {
+    let e = Env::new();
+    e.node.stage(e.stage_req()).await.unwrap();
+    let req = |path: &Path| csi::NodeGetVolumeStatsRequest {
+        volume_id: VOL.into(),
+        volume_path: s(path),
+        staging_target_path: String::new(),
+    };
+    let out = e.node.stats(req(&e.staging())).await.unwrap();
+    assert_eq!(out.usage.len(), 2);
+    assert!(!out.volume_condition.unwrap().abnormal);
+    err_of(e.node.stats(req(&e.target("pod-x"))).await, ErrorKind::NotFound);
+
+    Executor::unmount(&*e.rec, &e.staging(), false).unwrap();
+    let out = e.node.stats(req(&e.staging())).await.unwrap();
+    let condition = out.volume_condition.unwrap();
+    assert!(condition.abnormal && condition.message.contains("nothing is mounted"), "{}", condition.message);
+}
+
+/// A read-only access mode makes the SDK's publish plan a read-only bind even when the CO's
+/// `readonly` flag is false (kubelet leaves it false unless the pod or PV says readOnly).
+fn reader_only(mut req: csi::NodePublishVolumeRequest) -> csi::NodePublishVolumeRequest {
+    use csi::volume_capability::access_mode::Mode;
+    req.volume_capability.as_mut().unwrap().access_mode =
+        Some(csi::volume_capability::AccessMode { mode: Mode::MultiNodeReaderOnly as i32 });
+    req
+}
+
+#[tokio::test]
+async fn a_read_only_access_mode_stays_read_only_across_a_restage() {
+    let e = Env::new();
+    let a = e.target("pod-a");
+    e.node.stage(e.stage_req()).await.unwrap();
+    e.node.publish(reader_only(e.publish_req(&a, false))).await.unwrap();
+    assert_eq!(e.calls("bind"), vec![format!("bind {} {} ro", e.staging().display(), a.display())]);
+
+    Executor::unmount(&*e.rec, &e.staging(), false).unwrap();
+    e.rec.clear_calls();
+    e.node.stage(e.stage_req()).await.unwrap();
+    assert_eq!(
+        e.calls("bind"),
+        vec![format!("bind {} {} ro", e.staging().display(), a.display())],
+        "the target was published read-only and must come back read-only"
+    );
+}
+
+#[tokio::test]
+async fn a_read_only_bind_is_compatible_with_a_read_only_republish() {
+    let e = Env::new();
+    let a = e.target("pod-a");
+    e.node.stage(e.stage_req()).await.unwrap();
+    e.node.publish(reader_only(e.publish_req(&a, false))).await.unwrap();
+    e.rec.clear_calls();
+    // The target holds a read-only bind of this volume; asking for exactly that is OK (CSI:
+    // "published at the specified target_path, and is compatible ... MUST reply 0 OK").
+    e.node.publish(reader_only(e.publish_req(&a, true))).await.unwrap();
+    assert_eq!(e.calls("bind"), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_failed_restage_keeps_the_publications_and_the_next_one_rebinds_them() {
+    let e = Env::new();
+    let a = e.target("pod-a");
+    e.node.stage(e.stage_req()).await.unwrap();
+    e.node.publish(e.publish_req(&a, false)).await.unwrap();
+    Executor::unmount(&*e.rec, &e.staging(), false).unwrap();
+
+    e.rec.fail_next("mount", Errno::EIO);
+    err_of(e.node.stage(e.stage_req()).await, ErrorKind::Internal);
+    let st = e.node.store().load(VOL).unwrap().expect("the publications are still recorded");
+    assert_eq!((st.phase, st.published.len()), (Phase::Staging, 1));
+    err_of(e.node.publish(e.publish_req(&e.target("pod-b"), false)).await, ErrorKind::FailedPrecondition);
+    assert_eq!(e.restarted().reconcile().unwrap().unhealthy, 1);
+
+    e.rec.clear_calls();
+    e.node.stage(e.stage_req()).await.unwrap();
+    assert_eq!(e.calls("mount"), vec![tmpfs_mount(&e.staging(), 16)]);
+    assert_eq!(e.calls("bind"), vec![format!("bind {} {}", e.staging().display(), a.display())]);
+    assert_eq!(e.node.store().load(VOL).unwrap().unwrap().phase, Phase::Staged);
+}
+
+#[tokio::test]
+async fn a_failed_bind_records_no_publication_and_a_retry_works() {
+    let e = Env::new();
+    let a = e.target("pod-a");
+    e.node.stage(e.stage_req()).await.unwrap();
+    e.rec.fail_next("bind", Errno::EPERM);
+    err_of(e.node.publish(e.publish_req(&a, false)).await, ErrorKind::Internal);
+    assert!(e.node.store().load(VOL).unwrap().unwrap().published.is_empty());
+    assert_eq!(mount_points(&e.rec), vec![e.staging()]);
+    e.node.publish(e.publish_req(&a, false)).await.unwrap();
+    assert_eq!(mount_points(&e.rec), vec![e.staging(), a.clone()]);
+}
+
+#[tokio::test]
+async fn a_busy_target_is_detached_lazily_and_a_target_kubelet_removed_is_forgotten() {
+    let e = Env::new();
+    let (a, b) = (e.target("pod-a"), e.target("pod-b"));
+    e.node.stage(e.stage_req()).await.unwrap();
+    e.node.publish(e.publish_req(&a, false)).await.unwrap();
+    e.node.publish(e.publish_req(&b, false)).await.unwrap();
+
+    e.rec.clear_calls();
+    e.rec.fail_next("unmount", Errno::EBUSY);
+    e.node.unpublish(e.unpublish_req(&a)).await.unwrap();
+    let a_shown = a.display();
+    assert_eq!(e.calls("unmount"), vec![format!("unmount {a_shown}"), format!("unmount {a_shown} lazy")]);
+    assert!(!mount_points(&e.rec).contains(&a));
+
+    // The bind at B went away without NodeUnpublishVolume (a reboot of the pod's mounts, a
+    // manual umount): unstage no longer waits for it.
+    Executor::unmount(&*e.rec, &b, false).unwrap();
+    e.node.unstage(e.unstage_req()).await.unwrap();
+    assert!(e.node.store().load(VOL).unwrap().is_none());
+    assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new());
+}
+
+#[tokio::test]
+async fn reconcile_cleans_state_from_an_earlier_boot() {
+    let e = Env::new();
+    let a = e.target("pod-a");
+    e.node.stage(e.stage_req()).await.unwrap();
+    e.node.publish(e.publish_req(&a, false)).await.unwrap();
+    let mut st = e.node.store().load(VOL).unwrap().unwrap();
+    st.boot_id = "an-earlier-boot".into();
+    e.node.store().save(&st).unwrap();
+
+    let report = e.restarted().reconcile().unwrap();
+    assert_eq!((report.adopted, report.unhealthy, report.cleaned), (0, 0, 1));
+    assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new(), "stale staging and target mounts are cleared");
+    assert!(e.node.store().load(VOL).unwrap().is_none());
+}
+
+#[tokio::test]
+async fn an_unreadable_state_file_is_reported_and_left_alone() {
+    let e = Env::new();
+    e.node.stage(e.stage_req()).await.unwrap();
+    let path = e.node.store().path(VOL);
+    std::fs::write(&path, b"{ not json").unwrap();
+    let report = e.restarted().reconcile().unwrap();
+    assert_eq!((report.adopted, report.unreadable), (0, 1));
+    assert!(path.exists());
+    assert_eq!(mount_points(&e.rec), vec![e.staging()]);
+}
