@@ -32,18 +32,15 @@ fn main() {
     for name in PLUGINS {
         let file = format!("mounthost_plugin_{}.wasm", name.replace('-', "_"));
         let from = built.join(&file);
-        fs::copy(&from, out.join(&file)).unwrap_or_else(|e| {
-            panic!("plugin component {} is missing ({e}); see host/build.rs", from.display())
-        });
+        fs::copy(&from, out.join(&file))
+            .unwrap_or_else(|e| panic!("plugin component {} is missing ({e}); see host/build.rs", from.display()));
     }
     println!("cargo:rustc-env=MOUNTHOST_PLUGIN_WASM={}", out.display());
 }
 
 fn build_plugins(root: &Path) -> PathBuf {
-    let target_dir = env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-        .join("wasm-plugins");
+    let target_dir =
+        env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target")).join("wasm-plugins");
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(root)

@@ -97,8 +97,12 @@ fn main() {
             cached.push(t.elapsed());
         }
         let (cold, cached) = (median(cold), median(cached));
-        println!("load seaweedfs: cold compile {:.1} ms, cached {:.2} ms -> cached/cold = {:.3} (target <= 0.10)",
-            ms(cold), ms(cached), cached.as_secs_f64() / cold.as_secs_f64());
+        println!(
+            "load seaweedfs: cold compile {:.1} ms, cached {:.2} ms -> cached/cold = {:.3} (target <= 0.10)",
+            ms(cold),
+            ms(cached),
+            cached.as_secs_f64() / cold.as_secs_f64()
+        );
 
         // 2. per-call latency vs native.
         let dir = tempfile::tempdir().unwrap();
@@ -130,13 +134,21 @@ fn main() {
         wasm.sort();
         native.sort();
         fixed.sort();
-        println!("stage call (fresh Store + plan), {calls} calls: p50 {:.1} us, p99 {:.1} us (target p50 <= 50 us)",
-            us(percentile(&wasm, 0.5)), us(percentile(&wasm, 0.99)));
-        println!("  baseline native planner:           p50 {:.1} us, p99 {:.1} us -> sandboxed/native p50 = {:.1}x",
-            us(percentile(&native, 0.5)), us(percentile(&native, 0.99)),
-            percentile(&wasm, 0.5).as_secs_f64() / percentile(&native, 0.5).as_secs_f64());
-        println!("  breakdown: fresh Store + instantiate + info call: p50 {:.1} us (the fixed cost of a call)",
-            us(percentile(&fixed, 0.5)));
+        println!(
+            "stage call (fresh Store + plan), {calls} calls: p50 {:.1} us, p99 {:.1} us (target p50 <= 50 us)",
+            us(percentile(&wasm, 0.5)),
+            us(percentile(&wasm, 0.99))
+        );
+        println!(
+            "  baseline native planner:           p50 {:.1} us, p99 {:.1} us -> sandboxed/native p50 = {:.1}x",
+            us(percentile(&native, 0.5)),
+            us(percentile(&native, 0.99)),
+            percentile(&wasm, 0.5).as_secs_f64() / percentile(&native, 0.5).as_secs_f64()
+        );
+        println!(
+            "  breakdown: fresh Store + instantiate + info call: p50 {:.1} us (the fixed cost of a call)",
+            us(percentile(&fixed, 0.5))
+        );
 
         // 3. 1,000 concurrent calls vs serial.
         let t = Instant::now();
@@ -155,7 +167,11 @@ fn main() {
             assert_eq!(task.await.unwrap().unwrap(), 1);
         }
         let concurrent = t.elapsed();
-        println!("{calls} concurrent calls on 2 workers: {:.1} ms (target <= 150 ms); serial {:.1} ms -> speed-up {:.2}x",
-            ms(concurrent), ms(serial), serial.as_secs_f64() / concurrent.as_secs_f64());
+        println!(
+            "{calls} concurrent calls on 2 workers: {:.1} ms (target <= 150 ms); serial {:.1} ms -> speed-up {:.2}x",
+            ms(concurrent),
+            ms(serial),
+            serial.as_secs_f64() / concurrent.as_secs_f64()
+        );
     });
 }

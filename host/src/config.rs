@@ -70,7 +70,6 @@ impl Config {
         }
     }
 
-
     /// Compiled plugin artifacts are cached here.
     pub fn plugin_cache_dir(&self) -> PathBuf {
         self.state_dir.join("cache").join("plugins")

@@ -33,10 +33,7 @@ impl Secrets {
 
     /// True if `text` contains the value of any secret (of at least [`MIN_SCRUBBED_LEN`]).
     pub fn leaks_into(&self, text: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(_, v)| v.len() >= MIN_SCRUBBED_LEN && text.contains(v.as_str()))
-            .map(|(k, _)| k.as_str())
+        self.0.iter().find(|(_, v)| v.len() >= MIN_SCRUBBED_LEN && text.contains(v.as_str())).map(|(k, _)| k.as_str())
     }
 
     /// `text` with every secret value replaced by `<redacted:KEY>`.
@@ -68,9 +65,7 @@ mod tests {
     use super::*;
 
     fn s() -> Secrets {
-        [("jwt".to_string(), "s3cr3t-value".to_string()), ("pin".to_string(), "12".to_string())]
-            .into_iter()
-            .collect()
+        [("jwt".to_string(), "s3cr3t-value".to_string()), ("pin".to_string(), "12".to_string())].into_iter().collect()
     }
 
     #[test]

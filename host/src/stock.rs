@@ -3,8 +3,7 @@
 use crate::plugin::StockPlugin;
 
 /// The seaweedfs plugin component.
-pub const SEAWEEDFS: &[u8] =
-    include_bytes!(concat!(env!("MOUNTHOST_PLUGIN_WASM"), "/mounthost_plugin_seaweedfs.wasm"));
+pub const SEAWEEDFS: &[u8] = include_bytes!(concat!(env!("MOUNTHOST_PLUGIN_WASM"), "/mounthost_plugin_seaweedfs.wasm"));
 
 /// Every stock plugin.
 pub fn plugins() -> Vec<StockPlugin> {

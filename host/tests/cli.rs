@@ -91,10 +91,32 @@ fn bad_input_gets_a_precise_error() {
     for (args, needle, kind) in [
         (vec!["plugin", "plan", "nfs"], "unknown plugin \"nfs\"; known plugins: seaweedfs", "NotFound"),
         (vec!["plugin", "plan", "seaweedfs", "--param", "path=/p"], "\"filer\"", "InvalidArgument"),
-        (vec!["plugin", "plan", "seaweedfs", "--param", "filer=f:8888", "--param", "path=/p", "--param", "replication=9"], "\"replication\"", "InvalidArgument"),
-        (vec!["plugin", "plan", "seaweedfs", "--param", "filer=f:8888", "--param", "path=/p", "--param", "filr=x"], "unknown parameter \"filr\"", "InvalidArgument"),
+        (
+            vec![
+                "plugin",
+                "plan",
+                "seaweedfs",
+                "--param",
+                "filer=f:8888",
+                "--param",
+                "path=/p",
+                "--param",
+                "replication=9",
+            ],
+            "\"replication\"",
+            "InvalidArgument",
+        ),
+        (
+            vec!["plugin", "plan", "seaweedfs", "--param", "filer=f:8888", "--param", "path=/p", "--param", "filr=x"],
+            "unknown parameter \"filr\"",
+            "InvalidArgument",
+        ),
         (vec!["plugin", "info", "/nonexistent/x.wasm"], "cannot load plugin /nonexistent/x.wasm", "FailedPrecondition"),
-        (vec!["plugin", "plan", "seaweedfs", "--target", "relative/dir"], "must be an absolute path", "InvalidArgument"),
+        (
+            vec!["plugin", "plan", "seaweedfs", "--target", "relative/dir"],
+            "must be an absolute path",
+            "InvalidArgument",
+        ),
     ] {
         let out = mounthost(state.path(), &args);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -126,7 +148,17 @@ fn provision_and_delete_plan_filer_calls() {
     let state = tempfile::tempdir().unwrap();
     let out = json(&mounthost(
         state.path(),
-        &["plugin", "plan", "seaweedfs", "--op", "provision", "--volume-id", "pvc-1", "--param", "filer=127.0.0.1:8888"],
+        &[
+            "plugin",
+            "plan",
+            "seaweedfs",
+            "--op",
+            "provision",
+            "--volume-id",
+            "pvc-1",
+            "--param",
+            "filer=127.0.0.1:8888",
+        ],
     ));
     let id = out["volumeId"].as_str().unwrap();
     assert!(id.starts_with("seaweedfs~"), "{id}");
@@ -143,7 +175,17 @@ fn provision_and_delete_plan_filer_calls() {
     assert!(!del.status.success() && stderr.contains("host 127.0.0.1:8888 is not granted"), "{stderr}");
     let del = json(&mounthost(
         state.path(),
-        &["--grant", "seaweedfs:host=127.0.0.1:8888", "plugin", "plan", "seaweedfs", "--op", "delete", "--volume-id", plugin_id],
+        &[
+            "--grant",
+            "seaweedfs:host=127.0.0.1:8888",
+            "plugin",
+            "plan",
+            "seaweedfs",
+            "--op",
+            "delete",
+            "--volume-id",
+            plugin_id,
+        ],
     ));
     assert_eq!(del["steps"][0]["method"], "DELETE");
 }

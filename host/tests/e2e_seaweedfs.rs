@@ -392,7 +392,8 @@ fn host_kill9_keeps_mounts_and_readopts_them() {
                 std::fs::write(target.join("during-outage.txt"), format!("volume {i}")).unwrap();
                 assert_eq!(std::fs::read_to_string(target.join("during-outage.txt")).unwrap(), format!("volume {i}"));
             }
-            let e = node.node_stage_volume(stage_req(&vols[0].0.volume_id, &vols[0].1, &vols[0].0.volume_context)).await;
+            let e =
+                node.node_stage_volume(stage_req(&vols[0].0.volume_id, &vols[0].1, &vols[0].0.volume_context)).await;
             assert_eq!(e.unwrap_err().code(), Code::Unavailable, "the front reports the host as unavailable");
 
             host = dirs.start_host(std::slice::from_ref(&program));
@@ -410,7 +411,11 @@ fn host_kill9_keeps_mounts_and_readopts_them() {
                 node.node_publish_volume(publish_req(&vol.volume_id, staging, target, false, &vol.volume_context))
                     .await
                     .unwrap();
-                assert_eq!(&pids_with(&staging.display().to_string()), before, "stage after restart reuses the process");
+                assert_eq!(
+                    &pids_with(&staging.display().to_string()),
+                    before,
+                    "stage after restart reuses the process"
+                );
             }
             for (vol, staging, target) in &vols {
                 node.node_unpublish_volume(unpublish_req(&vol.volume_id, target)).await.unwrap();

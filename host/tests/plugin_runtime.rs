@@ -150,7 +150,11 @@ async fn a_log_flood_is_capped_and_the_call_succeeds() {
     let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     let lines: Vec<&str> = text.lines().filter(|l| l.contains("mounthost::plugin")).collect();
     assert_eq!(lines.len(), 64 + 1, "64 lines kept plus one warning");
-    assert!(lines[0].contains("line 0") && lines[0].contains("plugin=misbehave") && lines[0].contains("volume.id=vol-1"), "{}", lines[0]);
+    assert!(
+        lines[0].contains("line 0") && lines[0].contains("plugin=misbehave") && lines[0].contains("volume.id=vol-1"),
+        "{}",
+        lines[0]
+    );
     assert!(lines[64].contains("log limit of 64 lines reached"), "{}", lines[64]);
 }
 

@@ -84,7 +84,9 @@ fn after_a_reboot_kubelet_calls_rebuild_every_volume() {
             ready(&ch).await;
             let mut node = NodeClient::new(ch.clone());
             let vols: Vec<(String, PathBuf, PathBuf)> = (0..3)
-                .map(|i| (format!("tmpfs~pv-{i}"), dirs.staging(&format!("pv-{i}")), dirs.target("pod", &format!("pv-{i}"))))
+                .map(|i| {
+                    (format!("tmpfs~pv-{i}"), dirs.staging(&format!("pv-{i}")), dirs.target("pod", &format!("pv-{i}")))
+                })
                 .collect();
             for (id, s, t) in &vols {
                 stage_and_publish(&mut node, id, s, t).await;

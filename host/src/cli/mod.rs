@@ -189,9 +189,18 @@ mod tests {
     #[test]
     fn flags_build_the_config() {
         let cli = Cli::try_parse_from([
-            "mounthost", "--state-dir", "/tmp/s", "--program", "fusetest=/bin/true",
-            "--grant", "x:fstype=tmpfs,x:host=Filer:8888", "--plugin-limit", "x=250/8",
-            "plugin", "info", "seaweedfs",
+            "mounthost",
+            "--state-dir",
+            "/tmp/s",
+            "--program",
+            "fusetest=/bin/true",
+            "--grant",
+            "x:fstype=tmpfs,x:host=Filer:8888",
+            "--plugin-limit",
+            "x=250/8",
+            "plugin",
+            "info",
+            "seaweedfs",
         ])
         .unwrap();
         let cfg = cli.global.config().unwrap();
@@ -214,7 +223,8 @@ mod tests {
 
     #[test]
     fn bad_flags_are_refused() {
-        for bad in [["--program", "weed=relative/weed"], ["--grant", "x:device=/dev/sda"], ["--plugin-limit", "x=0/8"]] {
+        for bad in [["--program", "weed=relative/weed"], ["--grant", "x:device=/dev/sda"], ["--plugin-limit", "x=0/8"]]
+        {
             let err = Cli::try_parse_from(["mounthost", bad[0], bad[1], "plugin", "list"]).unwrap_err();
             assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad:?}");
         }

@@ -182,8 +182,7 @@ pub fn read_secrets(pairs: &[(String, String)]) -> Result<Vec<(String, String)>,
 fn dirs_for(cfg: &Config, args: &PlanArgs) -> VolumeDirs {
     let kubelet = PathBuf::from("/var/lib/kubelet");
     let key = crate::volume::dirs::volume_key(&args.volume_id);
-    let default_staging =
-        kubelet.join(format!("plugins/kubernetes.io/csi/csi.mounthost.dev/{key}/globalmount"));
+    let default_staging = kubelet.join(format!("plugins/kubernetes.io/csi/csi.mounthost.dev/{key}/globalmount"));
     let default_target =
         kubelet.join(format!("pods/00000000-0000-0000-0000-000000000000/volumes/kubernetes.io~csi/{key}/mount"));
     let mut dirs = VolumeDirs::host_owned(&cfg.state_dir, &args.volume_id);
@@ -244,7 +243,8 @@ async fn plan(cfg: &Config, runtime: &PluginRuntime, args: PlanArgs) -> Result<S
             let out = runtime.call(&p, &id, req).await?;
             let plan = wit::Plan { steps: out.steps, attributes: Vec::new() };
             let checked = policy::check(&ctx(Operation::Provision), plan)?;
-            let context: std::collections::BTreeMap<_, _> = out.context.into_iter().map(|kv| (kv.key, kv.value)).collect();
+            let context: std::collections::BTreeMap<_, _> =
+                out.context.into_iter().map(|kv| (kv.key, kv.value)).collect();
             return Ok(pretty(&json!({
                 "volumeId": format!("{}~{}", p.info.name, out.volume_id),
                 "capacityBytes": out.capacity_bytes,
@@ -254,7 +254,13 @@ async fn plan(cfg: &Config, runtime: &PluginRuntime, args: PlanArgs) -> Result<S
         }
         Op::Delete => runtime.call(&p, &id, wit::DeleteRequest { volume_id: id.clone(), secrets: wsecrets }).await?,
         Op::Stage => {
-            let req = wit::StageRequest { volume_id: id.clone(), context: params, secrets: wsecrets, capability, ephemeral: false };
+            let req = wit::StageRequest {
+                volume_id: id.clone(),
+                context: params,
+                secrets: wsecrets,
+                capability,
+                ephemeral: false,
+            };
             runtime.call(&p, &id, req).await?
         }
         Op::Publish => {
@@ -269,7 +275,9 @@ async fn plan(cfg: &Config, runtime: &PluginRuntime, args: PlanArgs) -> Result<S
             runtime.call(&p, &id, req).await?
         }
         Op::Unstage => {
-            runtime.call(&p, &id, wit::UnstageRequest { volume_id: id.clone(), context: params, recorded: Vec::new() }).await?
+            runtime
+                .call(&p, &id, wit::UnstageRequest { volume_id: id.clone(), context: params, recorded: Vec::new() })
+                .await?
         }
     };
     let operation = match args.op {

@@ -28,8 +28,8 @@ pub enum ArtifactError {
 }
 
 fn check_private(path: &Path) -> Result<(), ArtifactError> {
-    let meta = fs::symlink_metadata(path)
-        .map_err(|source| ArtifactError::Io { path: path.display().to_string(), source })?;
+    let meta =
+        fs::symlink_metadata(path).map_err(|source| ArtifactError::Io { path: path.display().to_string(), source })?;
     let euid = nix::unistd::geteuid().as_raw();
     let untrusted = |reason| ArtifactError::Untrusted { path: path.display().to_string(), reason };
     if meta.file_type().is_symlink() {

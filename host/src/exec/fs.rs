@@ -24,8 +24,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     let name = path.file_name().ok_or_else(|| io::Error::other("path has no file name"))?;
     let tmp = dir.join(format!(".{}.tmp.{}", name.to_string_lossy(), std::process::id()));
     let result = (|| {
-        let mut f =
-            OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp)?;
+        let mut f = OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         fs::rename(&tmp, path)?;

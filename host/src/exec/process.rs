@@ -116,7 +116,8 @@ fn stat(pid: i32) -> std::io::Result<(u64, bool)> {
     let fields: Vec<&str> = after.split_whitespace().collect();
     // `after` starts at field 3 (state); field 22 (starttime) is index 19.
     let state = fields.first().copied().unwrap_or_default();
-    let start = fields.get(19).and_then(|f| f.parse().ok()).ok_or_else(|| std::io::Error::other("no start time in stat"))?;
+    let start =
+        fields.get(19).and_then(|f| f.parse().ok()).ok_or_else(|| std::io::Error::other("no start time in stat"))?;
     Ok((start, state == "Z"))
 }
 

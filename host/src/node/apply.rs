@@ -23,7 +23,9 @@ const MAX_STACKED: usize = 16;
 /// Whether the plan's mount or bind at `target` is read-only (`None` if it makes none there).
 pub fn planned_readonly(plan: &Plan, target: &Path) -> Option<bool> {
     plan.steps.iter().rev().find_map(|step| match step {
-        Step::Bind { target: t, readonly, .. } | Step::Mount { target: t, readonly, .. } if t == target => Some(*readonly),
+        Step::Bind { target: t, readonly, .. } | Step::Mount { target: t, readonly, .. } if t == target => {
+            Some(*readonly)
+        }
         _ => None,
     })
 }

@@ -97,13 +97,7 @@ pub enum Step {
         memory_limit_bytes: Option<u64>,
     },
     /// mount(2).
-    Mount {
-        fstype: String,
-        source: String,
-        target: PathBuf,
-        options: Vec<String>,
-        readonly: bool,
-    },
+    Mount { fstype: String, source: String, target: PathBuf, options: Vec<String>, readonly: bool },
     /// A bind mount.
     Bind { source: PathBuf, target: PathBuf, readonly: bool, options: Vec<String> },
     /// Download a blob into the content-addressed cache.

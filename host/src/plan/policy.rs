@@ -153,10 +153,7 @@ pub fn check(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> {
 
 /// Hosts granted by endpoint parameters: every `host:port` in the values of parameters the
 /// plugin documents as `endpoint`. Only pass parameters that come from a StorageClass.
-pub fn endpoint_hosts<'a>(
-    info: &PluginInfo,
-    params: impl IntoIterator<Item = (&'a str, &'a str)>,
-) -> BTreeSet<String> {
+pub fn endpoint_hosts<'a>(info: &PluginInfo, params: impl IntoIterator<Item = (&'a str, &'a str)>) -> BTreeSet<String> {
     params
         .into_iter()
         .filter(|(k, _)| info.parameters.iter().any(|p| p.name == *k && p.is_endpoint()))
@@ -201,10 +198,7 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, fetched: &BTreeSet<String>) ->
                 return Err(format!("{} environment variables; at most {MAX_ENV}", s.env.len()));
             }
             if !(1..=MAX_READY_TIMEOUT_MS).contains(&s.ready_timeout_ms) {
-                return Err(format!(
-                    "ready timeout {} ms is outside 1..={MAX_READY_TIMEOUT_MS}",
-                    s.ready_timeout_ms
-                ));
+                return Err(format!("ready timeout {} ms is outside 1..={MAX_READY_TIMEOUT_MS}", s.ready_timeout_ms));
             }
             if s.memory_limit_bytes.is_some_and(|m| m < MIN_MEMORY_LIMIT) {
                 return Err(format!("memory limit below the minimum of {MIN_MEMORY_LIMIT} bytes"));
@@ -217,7 +211,10 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, fetched: &BTreeSet<String>) ->
                 if !names.insert(e.name.clone()) {
                     return Err(format!("environment variable {} is set twice", e.name));
                 }
-                env.push(EnvVar { value: value(ctx, e.value, &format!("environment variable {}", e.name))?, name: e.name });
+                env.push(EnvVar {
+                    value: value(ctx, e.value, &format!("environment variable {}", e.name))?,
+                    name: e.name,
+                });
             }
             Step::SpawnFuse {
                 program: s.program,
@@ -295,7 +292,13 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, fetched: &BTreeSet<String>) ->
             }
             let body = String::from_utf8(h.body).map_err(|_| "the body must be UTF-8 text".to_string())?;
             text(ctx, &body, "the body")?;
-            Step::Http { method: h.method, urls: h.urls, headers: headers(ctx, h.headers)?, body, ok_status: h.ok_status }
+            Step::Http {
+                method: h.method,
+                urls: h.urls,
+                headers: headers(ctx, h.headers)?,
+                body,
+                ok_status: h.ok_status,
+            }
         }
         S::Socket(p) => Step::Socket { path: path(ctx, &p)? },
     })
@@ -303,9 +306,10 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, fetched: &BTreeSet<String>) ->
 
 /// Resolve `root + rel`, refusing anything that could leave the root.
 fn path(ctx: &Context<'_>, p: &wit::PathRef) -> R<PathBuf> {
-    let root = ctx.dirs.root(p.root).ok_or_else(|| {
-        format!("the {} directory is not available in a {:?} plan", root_name(p.root), ctx.operation)
-    })?;
+    let root = ctx
+        .dirs
+        .root(p.root)
+        .ok_or_else(|| format!("the {} directory is not available in a {:?} plan", root_name(p.root), ctx.operation))?;
     if !root.is_absolute() {
         return Err(format!("the host's {} directory {} is not absolute", root_name(p.root), root.display()));
     }
@@ -341,7 +345,11 @@ fn program(ctx: &Context<'_>, name: &str) -> R<PathBuf> {
         return Err(format!("program name {name:?} must be letters, digits, '.', '_' or '-'"));
     }
     if !ctx.grant.programs.contains(name) {
-        return Err(format!("program {name:?} is not granted to plugin {} (granted: {})", ctx.plugin, list(&ctx.grant.programs)));
+        return Err(format!(
+            "program {name:?} is not granted to plugin {} (granted: {})",
+            ctx.plugin,
+            list(&ctx.grant.programs)
+        ));
     }
     ctx.programs.get(name).cloned().ok_or_else(|| {
         format!("program {name:?} has no binary configured on this host (host option --program {name}=/absolute/path)")
@@ -352,7 +360,11 @@ fn fstype(ctx: &Context<'_>, fstype: &str) -> R<()> {
     if ctx.grant.fstypes.contains(fstype) {
         Ok(())
     } else {
-        Err(format!("fstype {fstype:?} is not allowed for plugin {} (allowed: {})", ctx.plugin, list(&ctx.grant.fstypes)))
+        Err(format!(
+            "fstype {fstype:?} is not allowed for plugin {} (allowed: {})",
+            ctx.plugin,
+            list(&ctx.grant.fstypes)
+        ))
     }
 }
 
@@ -393,7 +405,10 @@ fn value(ctx: &Context<'_>, v: wit::Value, what: &str) -> R<Value> {
         wit::Value::Secret(key) => {
             if ctx.secrets.get(&key).is_none() {
                 let given: BTreeSet<String> = ctx.secrets.iter().map(|(k, _)| k.to_string()).collect();
-                return Err(format!("{what} references secret {key:?}, which the request does not carry (given: {})", list(&given)));
+                return Err(format!(
+                    "{what} references secret {key:?}, which the request does not carry (given: {})",
+                    list(&given)
+                ));
             }
             Ok(Value::Secret(key))
         }
@@ -417,7 +432,8 @@ fn env_name(name: &str) -> R<()> {
 fn headers(ctx: &Context<'_>, hs: Vec<wit::Header>) -> R<Vec<Header>> {
     hs.into_iter()
         .map(|h| {
-            let valid = !h.name.is_empty() && h.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            let valid = !h.name.is_empty()
+                && h.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
             if !valid {
                 return Err(format!("header name {:?} is not an HTTP token", h.name));
             }

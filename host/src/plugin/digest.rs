@@ -50,10 +50,7 @@ mod tests {
     #[test]
     fn round_trip_and_rejects() {
         let d = Digest::of(b"abc");
-        assert_eq!(
-            d.to_string(),
-            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        assert_eq!(d.to_string(), "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
         assert_eq!(Digest::parse(&d.to_string()), Some(d.clone()));
         assert_eq!(Digest::parse(&d.hex()), None, "prefix required");
         assert_eq!(Digest::parse(&d.to_string().to_uppercase().replace("SHA256", "sha256")), None);

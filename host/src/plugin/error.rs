@@ -62,13 +62,9 @@ impl PluginError {
     /// The gRPC class of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            PluginError::UnknownPlugin { .. } | PluginError::UnknownDigest { .. } => {
-                ErrorKind::NotFound
-            }
+            PluginError::UnknownPlugin { .. } | PluginError::UnknownDigest { .. } => ErrorKind::NotFound,
             PluginError::BadDigest(_) => ErrorKind::InvalidArgument,
-            PluginError::Load { .. } | PluginError::ForbiddenImports { .. } => {
-                ErrorKind::FailedPrecondition
-            }
+            PluginError::Load { .. } | PluginError::ForbiddenImports { .. } => ErrorKind::FailedPrecondition,
             PluginError::Deadline { .. } => ErrorKind::DeadlineExceeded,
             PluginError::Memory { .. } | PluginError::Trap { .. } => ErrorKind::Internal,
             PluginError::Backend { error, .. } => match error {

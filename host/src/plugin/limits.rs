@@ -62,12 +62,7 @@ impl Limiter {
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 
 impl ResourceLimiter for Limiter {
-    fn memory_growing(
-        &mut self,
-        current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         let grow = (desired - current) as u64;
         let total = self.used.saturating_add(grow);
         if total > self.limit {
@@ -79,12 +74,7 @@ impl ResourceLimiter for Limiter {
         Ok(true)
     }
 
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         Ok(desired <= MAX_TABLE_ELEMENTS)
     }
 

@@ -125,15 +125,11 @@ impl PluginRuntime {
             .chain([config.default_limits.memory_bytes])
             .max()
             .unwrap_or(limits::DEFAULT_MEMORY_BYTES);
-        let setup = |reason: wasmtime::Error| PluginError::Load {
-            origin: "runtime".into(),
-            reason: format!("{reason:#}"),
-        };
-        let engine = engine::build(engine::EngineOptions {
-            concurrency: config.concurrency,
-            max_memory_bytes: max_memory,
-        })
-        .map_err(setup)?;
+        let setup =
+            |reason: wasmtime::Error| PluginError::Load { origin: "runtime".into(), reason: format!("{reason:#}") };
+        let engine =
+            engine::build(engine::EngineOptions { concurrency: config.concurrency, max_memory_bytes: max_memory })
+                .map_err(setup)?;
         engine::start_ticker(&engine);
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(setup)?;

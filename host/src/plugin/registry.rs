@@ -51,11 +51,7 @@ impl Stamp {
 
 impl PluginRuntime {
     /// The current plugin called `name`, or the one at `digest` when pinned.
-    pub async fn resolve(
-        &self,
-        name: &str,
-        digest: Option<&str>,
-    ) -> Result<Arc<LoadedPlugin>, PluginError> {
+    pub async fn resolve(&self, name: &str, digest: Option<&str>) -> Result<Arc<LoadedPlugin>, PluginError> {
         let pinned = match digest {
             Some(d) => Some(Digest::parse(d).ok_or_else(|| PluginError::BadDigest(d.into()))?),
             None => None,
@@ -70,12 +66,8 @@ impl PluginRuntime {
             Some(p) if p.info.name == name => Ok(p.clone()),
             _ if current.is_none() => Err(self.unknown(&index, name)),
             _ => {
-                let known: BTreeSet<String> = index
-                    .by_digest
-                    .values()
-                    .filter(|p| p.info.name == name)
-                    .map(|p| p.digest.to_string())
-                    .collect();
+                let known: BTreeSet<String> =
+                    index.by_digest.values().filter(|p| p.info.name == name).map(|p| p.digest.to_string()).collect();
                 Err(PluginError::UnknownDigest {
                     name: name.into(),
                     digest: pinned.to_string(),
@@ -102,20 +94,16 @@ impl PluginRuntime {
 
     /// Load one `.wasm` file outside the folder (for `mounthost plugin info FILE`).
     pub async fn load_file(&self, path: &Path) -> Result<Arc<LoadedPlugin>, PluginError> {
-        let bytes = tokio::fs::read(path).await.map_err(|e| PluginError::Load {
-            origin: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        let bytes = tokio::fs::read(path)
+            .await
+            .map_err(|e| PluginError::Load { origin: path.display().to_string(), reason: e.to_string() })?;
         let mut index = self.index.lock().await;
         self.load(&mut index, bytes, path.display().to_string()).await
     }
 
     fn known_names(&self, index: &Index) -> BTreeSet<String> {
         let files = index.files.values().filter_map(|f| f.loaded.as_ref().ok());
-        files
-            .map(|p| p.info.name.clone())
-            .chain(self.config.stock.iter().map(|s| s.name.to_string()))
-            .collect()
+        files.map(|p| p.info.name.clone()).chain(self.config.stock.iter().map(|s| s.name.to_string())).collect()
     }
 
     fn unknown(&self, index: &Index, name: &str) -> PluginError {
@@ -124,11 +112,7 @@ impl PluginRuntime {
     }
 
     /// The folder's plugin called `name` (first file in name order), else the stock one.
-    async fn current(
-        &self,
-        index: &mut Index,
-        name: &str,
-    ) -> Result<Option<Arc<LoadedPlugin>>, PluginError> {
+    async fn current(&self, index: &mut Index, name: &str) -> Result<Option<Arc<LoadedPlugin>>, PluginError> {
         let from_folder = index.files.values().find_map(|f| match &f.loaded {
             Ok(p) if p.info.name == name => Some(p.clone()),
             _ => None,
@@ -185,10 +169,7 @@ impl PluginRuntime {
             // readdir and stats above stay inline; they cost less than a blocking-pool hop.
             let loaded = match tokio::fs::read(&path).await {
                 Ok(bytes) => self.load(index, bytes, path.display().to_string()).await,
-                Err(e) => Err(PluginError::Load {
-                    origin: path.display().to_string(),
-                    reason: e.to_string(),
-                }),
+                Err(e) => Err(PluginError::Load { origin: path.display().to_string(), reason: e.to_string() }),
             };
             let loaded = match loaded {
                 Ok(p) => {
@@ -207,37 +188,24 @@ impl PluginRuntime {
     }
 
     /// Compile (or fetch from cache), check, and describe one component.
-    async fn load(
-        &self,
-        index: &mut Index,
-        bytes: Vec<u8>,
-        origin: String,
-    ) -> Result<Arc<LoadedPlugin>, PluginError> {
+    async fn load(&self, index: &mut Index, bytes: Vec<u8>, origin: String) -> Result<Arc<LoadedPlugin>, PluginError> {
         let digest = Digest::of(&bytes);
         if let Some(p) = index.by_digest.get(&digest) {
             return Ok(p.clone());
         }
         let load_err = |reason: String| PluginError::Load { origin: origin.clone(), reason };
         let (engine, cache, d) = (self.engine.clone(), self.cache.clone(), digest.clone());
-        let (component, obtained) =
-            tokio::task::spawn_blocking(move || cache.load_or_compile(&engine, &d, &bytes))
-                .await
-                .map_err(|e| load_err(e.to_string()))?
-                .map_err(|e| load_err(format!("not a valid component: {e:#}")))?;
+        let (component, obtained) = tokio::task::spawn_blocking(move || cache.load_or_compile(&engine, &d, &bytes))
+            .await
+            .map_err(|e| load_err(e.to_string()))?
+            .map_err(|e| load_err(format!("not a valid component: {e:#}")))?;
         let refused = imports::refused(&self.engine, &component);
         if !refused.is_empty() {
             return Err(PluginError::ForbiddenImports { origin, imports: refused });
         }
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .and_then(bindings::PluginPre::new)
-            .map_err(|e| {
-                load_err(format!(
-                    "it does not implement world mounthost:plugin/plugin@{}: {e:#}",
-                    imports::PLUGIN_VERSION
-                ))
-            })?;
+        let pre = self.linker.instantiate_pre(&component).and_then(bindings::PluginPre::new).map_err(|e| {
+            load_err(format!("it does not implement world mounthost:plugin/plugin@{}: {e:#}", imports::PLUGIN_VERSION))
+        })?;
         let defaults = self.config.default_limits;
         let info: PluginInfo =
             self.invoke(&pre, &origin, defaults, "", InfoCall).await.map_err(|e| load_err(e.to_string()))?.into();

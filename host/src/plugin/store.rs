@@ -75,11 +75,21 @@ impl mounthost::plugin::host::Host for CallState {
         }
         let (plugin, volume) = (&self.plugin, &self.volume);
         match level {
-            Level::Trace => event!(target: "mounthost::plugin", TLevel::TRACE, plugin = %plugin, volume.id = %volume, "{line}"),
-            Level::Debug => event!(target: "mounthost::plugin", TLevel::DEBUG, plugin = %plugin, volume.id = %volume, "{line}"),
-            Level::Info => event!(target: "mounthost::plugin", TLevel::INFO, plugin = %plugin, volume.id = %volume, "{line}"),
-            Level::Warn => event!(target: "mounthost::plugin", TLevel::WARN, plugin = %plugin, volume.id = %volume, "{line}"),
-            Level::Error => event!(target: "mounthost::plugin", TLevel::ERROR, plugin = %plugin, volume.id = %volume, "{line}"),
+            Level::Trace => {
+                event!(target: "mounthost::plugin", TLevel::TRACE, plugin = %plugin, volume.id = %volume, "{line}")
+            }
+            Level::Debug => {
+                event!(target: "mounthost::plugin", TLevel::DEBUG, plugin = %plugin, volume.id = %volume, "{line}")
+            }
+            Level::Info => {
+                event!(target: "mounthost::plugin", TLevel::INFO, plugin = %plugin, volume.id = %volume, "{line}")
+            }
+            Level::Warn => {
+                event!(target: "mounthost::plugin", TLevel::WARN, plugin = %plugin, volume.id = %volume, "{line}")
+            }
+            Level::Error => {
+                event!(target: "mounthost::plugin", TLevel::ERROR, plugin = %plugin, volume.id = %volume, "{line}")
+            }
         }
         Ok(())
     }

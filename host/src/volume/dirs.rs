@@ -31,7 +31,7 @@ pub fn volume_key(volume_id: &str) -> String {
 
 impl VolumeDirs {
     /// The host-owned directories of `volume_id` under `state_dir`: `cache/volumes/<key>` and
-/// `run/<key>` (compiled plugins live beside them in `cache/plugins`).
+    /// `run/<key>` (compiled plugins live beside them in `cache/plugins`).
     pub fn host_owned(state_dir: &Path, volume_id: &str) -> Self {
         let key = volume_key(volume_id);
         VolumeDirs {

@@ -162,7 +162,8 @@ impl StateStore {
     /// Every state file, each parsed or with its error (for reconciliation at start). Stray
     /// temporary files from an interrupted write are skipped.
     pub fn list(&self) -> Result<Vec<Listed>, StateError> {
-        let entries = std::fs::read_dir(&self.dir).map_err(|source| StateError::Io { path: self.dir.clone(), source })?;
+        let entries =
+            std::fs::read_dir(&self.dir).map_err(|source| StateError::Io { path: self.dir.clone(), source })?;
         let mut out = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
@@ -194,8 +195,8 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<VolumeState, StateError> {
     struct Versioned {
         version: u32,
     }
-    let v: Versioned = serde_json::from_slice(bytes)
-        .map_err(|source| StateError::Corrupt { path: path.to_path_buf(), source })?;
+    let v: Versioned =
+        serde_json::from_slice(bytes).map_err(|source| StateError::Corrupt { path: path.to_path_buf(), source })?;
     if v.version != SCHEMA_VERSION {
         return Err(StateError::Version { path: path.to_path_buf(), found: v.version });
     }
@@ -231,7 +232,10 @@ mod tests {
                     program: "weed".into(),
                     executable: "/usr/local/bin/weed".into(),
                     args: vec!["mount".into()],
-                    env: vec![EnvVar { name: "WEED_JWT_SIGNING_KEY".into(), value: Value::Secret("jwtSigningKey".into()) }],
+                    env: vec![EnvVar {
+                        name: "WEED_JWT_SIGNING_KEY".into(),
+                        value: Value::Secret("jwtSigningKey".into()),
+                    }],
                     mountpoint: "/m".into(),
                     fstype: "fuse.seaweedfs".into(),
                     ready_timeout_ms: 30_000,
@@ -287,7 +291,10 @@ mod tests {
         future["version"] = 2.into();
         std::fs::write(store.path("future"), future.to_string()).unwrap();
         let err = store.load("future").unwrap_err();
-        assert_eq!(err.to_string(), format!("{} has schema version 2; this daemon reads version 1", store.path("future").display()));
+        assert_eq!(
+            err.to_string(),
+            format!("{} has schema version 2; this daemon reads version 1", store.path("future").display())
+        );
         std::fs::write(store.path("moved"), serde_json::to_vec(&state("other")).unwrap()).unwrap();
         assert!(matches!(store.load("moved").unwrap_err(), StateError::WrongVolume { .. }));
         let mut unknown = serde_json::to_value(state("x")).unwrap();

@@ -90,10 +90,7 @@ pub trait Plugin {
 
     /// Plan a dynamic mount asked for by a pod. Default: not supported.
     fn dynamic_mount(_req: DynamicMountRequest) -> Result<Plan, BackendError> {
-        Err(BackendError::InvalidArgument(format!(
-            "plugin {} does not support dynamic mounts",
-            Self::info().name
-        )))
+        Err(BackendError::InvalidArgument(format!("plugin {} does not support dynamic mounts", Self::info().name)))
     }
 }
 
@@ -138,9 +135,7 @@ macro_rules! export_plugin {
                 fn validate(req: $crate::ValidateRequest) -> Result<(), $crate::BackendError> {
                     <$plugin as $crate::Plugin>::validate(req)
                 }
-                fn provision(
-                    req: $crate::ProvisionRequest,
-                ) -> Result<$crate::ProvisionPlan, $crate::BackendError> {
+                fn provision(req: $crate::ProvisionRequest) -> Result<$crate::ProvisionPlan, $crate::BackendError> {
                     <$plugin as $crate::Plugin>::provision(req)
                 }
                 fn delete(req: $crate::DeleteRequest) -> Result<$crate::Plan, $crate::BackendError> {
@@ -155,9 +150,7 @@ macro_rules! export_plugin {
                 fn unstage(req: $crate::UnstageRequest) -> Result<$crate::Plan, $crate::BackendError> {
                     <$plugin as $crate::Plugin>::unstage(req)
                 }
-                fn dynamic_mount(
-                    req: $crate::DynamicMountRequest,
-                ) -> Result<$crate::Plan, $crate::BackendError> {
+                fn dynamic_mount(req: $crate::DynamicMountRequest) -> Result<$crate::Plan, $crate::BackendError> {
                     <$plugin as $crate::Plugin>::dynamic_mount(req)
                 }
             }

@@ -43,22 +43,19 @@ impl<'a> Params<'a> {
     pub fn text(&self, key: &str) -> Result<Option<&'a str>, BackendError> {
         match self.get(key) {
             None => Ok(None),
-            Some("") => Err(invalid(format!(
-                "{} {key:?} is empty; remove it to use the default or give a value",
-                self.what
-            ))),
-            Some(v) if v.chars().any(char::is_control) => Err(invalid(format!(
-                "{} {key:?} contains a control character",
-                self.what
-            ))),
+            Some("") => {
+                Err(invalid(format!("{} {key:?} is empty; remove it to use the default or give a value", self.what)))
+            }
+            Some(v) if v.chars().any(char::is_control) => {
+                Err(invalid(format!("{} {key:?} contains a control character", self.what)))
+            }
             Some(v) => Ok(Some(v)),
         }
     }
 
     /// A required non-empty text value.
     pub fn required(&self, key: &str) -> Result<&'a str, BackendError> {
-        self.text(key)?
-            .ok_or_else(|| invalid(format!("{} {key:?} is required", self.what)))
+        self.text(key)?.ok_or_else(|| invalid(format!("{} {key:?} is required", self.what)))
     }
 
     /// `true` or `false` (exactly, lowercase, as Kubernetes writes them).
@@ -67,10 +64,7 @@ impl<'a> Params<'a> {
             None => Ok(None),
             Some("true") => Ok(Some(true)),
             Some("false") => Ok(Some(false)),
-            Some(v) => Err(invalid(format!(
-                "{} {key:?} must be \"true\" or \"false\", not {v:?}",
-                self.what
-            ))),
+            Some(v) => Err(invalid(format!("{} {key:?} must be \"true\" or \"false\", not {v:?}", self.what))),
         }
     }
 
@@ -80,10 +74,7 @@ impl<'a> Params<'a> {
         let n = if v.bytes().all(|b| b.is_ascii_digit()) { v.parse::<u64>().ok() } else { None };
         match n {
             Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
-            _ => Err(invalid(format!(
-                "{} {key:?} must be a whole number from {min} to {max}, not {v:?}",
-                self.what
-            ))),
+            _ => Err(invalid(format!("{} {key:?} must be a whole number from {min} to {max}, not {v:?}", self.what))),
         }
     }
 
@@ -92,11 +83,7 @@ impl<'a> Params<'a> {
         match self.text(key)? {
             None => Ok(None),
             Some(v) if allowed.contains(&v) => Ok(Some(v)),
-            Some(v) => Err(invalid(format!(
-                "{} {key:?} must be one of {}, not {v:?}",
-                self.what,
-                allowed.join(", ")
-            ))),
+            Some(v) => Err(invalid(format!("{} {key:?} must be one of {}, not {v:?}", self.what, allowed.join(", ")))),
         }
     }
 
@@ -118,12 +105,7 @@ impl<'a> Params<'a> {
                 let mut names: Vec<&str> =
                     known.clone().filter(|(_, from)| accepts(*from, source)).map(|(n, _)| n).collect();
                 names.sort_unstable();
-                return Err(invalid(format!(
-                    "unknown {} {:?}; accepted: {}",
-                    self.what,
-                    kv.key,
-                    names.join(", ")
-                )));
+                return Err(invalid(format!("unknown {} {:?}; accepted: {}", self.what, kv.key, names.join(", "))));
             }
         }
         Ok(())

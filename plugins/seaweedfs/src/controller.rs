@@ -12,8 +12,7 @@
 
 use mounthost_plugin_sdk::params::invalid;
 use mounthost_plugin_sdk::{
-    BackendError, DeleteRequest, HttpCall, Kv, ParamSource, Plan, ProvisionPlan, ProvisionRequest,
-    Step, kv,
+    BackendError, DeleteRequest, HttpCall, Kv, ParamSource, Plan, ProvisionPlan, ProvisionRequest, Step, kv,
 };
 
 use crate::mount_options;
@@ -74,11 +73,7 @@ pub fn provision(req: &ProvisionRequest) -> Result<ProvisionPlan, BackendError> 
         context,
         steps: vec![Step::Http(HttpCall {
             method: "POST".into(),
-            urls: settings
-                .filers
-                .iter()
-                .map(|f| format!("http://{f}{encoded}/?mode={DIR_MODE}"))
-                .collect(),
+            urls: settings.filers.iter().map(|f| format!("http://{f}{encoded}/?mode={DIR_MODE}")).collect(),
             headers: Vec::new(),
             body: Vec::new(),
             ok_status: CREATE_OK.to_vec(),
@@ -94,10 +89,7 @@ pub fn delete(req: &DeleteRequest) -> Result<Plan, BackendError> {
     Ok(Plan {
         steps: vec![Step::Http(HttpCall {
             method: "DELETE".into(),
-            urls: filers
-                .iter()
-                .map(|f| format!("http://{f}{encoded}?recursive=true"))
-                .collect(),
+            urls: filers.iter().map(|f| format!("http://{f}{encoded}?recursive=true")).collect(),
             headers: Vec::new(),
             body: Vec::new(),
             ok_status: DELETE_OK.to_vec(),
@@ -123,9 +115,7 @@ fn is_component(name: &str) -> bool {
         && name.len() <= MAX_NAME
         && name != "."
         && name != ".."
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 fn check_volume_id(id: &str, parent_dir: &str) -> Result<(), BackendError> {

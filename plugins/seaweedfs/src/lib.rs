@@ -30,12 +30,11 @@ impl Plugin for Seaweedfs {
         PluginInfo {
             name: "seaweedfs".into(),
             version: "0.1.0".into(),
-            description:
-                "Mounts SeaweedFS filer directories with `weed mount` (FUSE). Provisioning \
+            description: "Mounts SeaweedFS filer directories with `weed mount` (FUSE). Provisioning \
                           creates one directory per volume under parentDir on the filer; static \
                           volumes mount an existing path. Secrets reach weed only through its \
                           environment."
-                    .into(),
+                .into(),
             parameters: params::param_docs(),
             programs: vec![node::PROGRAM.into()],
             fstypes: vec![node::FSTYPE.into()],

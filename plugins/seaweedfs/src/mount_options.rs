@@ -87,33 +87,18 @@ const OWNED: &[(&str, &str)] = &[
 
 /// Known flags refused for another reason: flag, reason.
 const REFUSED: &[(&str, &str)] = &[
-    (
-        "dir",
-        "it names a node path; the host mounts at the staging directory",
-    ),
-    (
-        "cacheDir",
-        "it names a node path; use the cacheDir parameter (volume or disabled)",
-    ),
+    ("dir", "it names a node path; the host mounts at the staging directory"),
+    ("cacheDir", "it names a node path; use the cacheDir parameter (volume or disabled)"),
     ("cacheDirWrite", "it names a node path"),
-    (
-        "localSocket",
-        "it names a node path; the host puts the socket in the volume's runtime directory",
-    ),
+    ("localSocket", "it names a node path; the host puts the socket in the volume's runtime directory"),
     ("options", "it names a node path (a file of more options)"),
     ("cpuprofile", "it names a node path"),
     ("memprofile", "it names a node path"),
     ("debug", "it opens a port (pprof over HTTP)"),
     ("debug.port", "it opens a port (pprof over HTTP)"),
-    (
-        "debug.fuse",
-        "it logs raw FUSE traffic, file names and data, into the node's logs",
-    ),
+    ("debug.fuse", "it logs raw FUSE traffic, file names and data, into the node's logs"),
     ("dirAutoCreate", "the host creates the mount point"),
-    (
-        "autofs",
-        "it changes how weed treats an existing mount on the mount point, which the host owns",
-    ),
+    ("autofs", "it changes how weed treats an existing mount on the mount point, which the host owns"),
     ("sys.novncache", "it only has an effect on macOS"),
     ("windows.uid", "it only has an effect on Windows"),
     ("windows.gid", "it only has an effect on Windows"),
@@ -134,10 +119,7 @@ fn refusal(name: &str) -> String {
         return format!("write weed mount options without the leading dash ({bare:?})");
     }
     let allowed: Vec<&str> = PASSTHROUGH.iter().map(|p| p.name).collect();
-    format!(
-        "it is not a weed mount option this plugin passes through; accepted: {}",
-        allowed.join(", ")
-    )
+    format!("it is not a weed mount option this plugin passes through; accepted: {}", allowed.join(", "))
 }
 
 /// A validated pass-through flag.
@@ -171,17 +153,10 @@ pub fn parse_item(what: &str, item: &str) -> Result<MountOption, BackendError> {
         return Err(invalid(format!("{what}: empty option in {item:?}")));
     }
     let Some((rank, spec)) = PASSTHROUGH.iter().enumerate().find(|(_, p)| p.name == name) else {
-        return Err(invalid(format!(
-            "{what}: option {name:?} is refused: {}",
-            refusal(name)
-        )));
+        return Err(invalid(format!("{what}: option {name:?} is refused: {}", refusal(name))));
     };
-    let bad = |accepted: &str| {
-        invalid(format!(
-            "{what}: option {name:?} takes {accepted}, not {:?}",
-            value.unwrap_or("")
-        ))
-    };
+    let bad =
+        |accepted: &str| invalid(format!("{what}: option {name:?} takes {accepted}, not {:?}", value.unwrap_or("")));
     let value = match (spec.ty, value) {
         (OptType::Bool, None | Some("true")) => None,
         (OptType::Bool, Some("false")) => Some("false".to_string()),
@@ -202,8 +177,7 @@ pub fn parse_item(what: &str, item: &str) -> Result<MountOption, BackendError> {
         (OptType::Name, Some(v))
             if !v.is_empty()
                 && v.len() <= 64
-                && v.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) =>
+                && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) =>
         {
             Some(v.to_string())
         }
@@ -212,11 +186,7 @@ pub fn parse_item(what: &str, item: &str) -> Result<MountOption, BackendError> {
             return Err(bad(&format!("=<a whole number from 0 to {max}>")));
         }
     };
-    Ok(MountOption {
-        rank,
-        name: spec.name,
-        value,
-    })
+    Ok(MountOption { rank, name: spec.name, value })
 }
 
 /// Parse a comma-separated list of items.
@@ -224,9 +194,7 @@ pub fn parse_list(what: &str, list: &str) -> Result<Vec<MountOption>, BackendErr
     let mut out = Vec::new();
     for item in list.split(',') {
         if item.is_empty() {
-            return Err(invalid(format!(
-                "{what}: empty item in {list:?}; separate options by single commas"
-            )));
+            return Err(invalid(format!("{what}: empty item in {list:?}; separate options by single commas")));
         }
         out.push(parse_item(what, item)?);
     }
@@ -263,9 +231,7 @@ pub fn check_capability(cap: &VolumeCapability) -> Result<CapabilityFlags, Backe
                 "" => {
                     return Err(invalid(format!("mount flag {flag:?} has an empty item")));
                 }
-                _ => out
-                    .options
-                    .push(parse_item("StorageClass mountOptions", item)?),
+                _ => out.options.push(parse_item("StorageClass mountOptions", item)?),
             }
         }
     }
@@ -274,10 +240,7 @@ pub fn check_capability(cap: &VolumeCapability) -> Result<CapabilityFlags, Backe
 
 /// Join the `mountOptions` parameter's flags and a capability's, refusing a flag given twice,
 /// and order them as [`PASSTHROUGH`] does so equal inputs always give equal plans.
-pub fn merge(
-    mut options: Vec<MountOption>,
-    more: Vec<MountOption>,
-) -> Result<Vec<MountOption>, BackendError> {
+pub fn merge(mut options: Vec<MountOption>, more: Vec<MountOption>) -> Result<Vec<MountOption>, BackendError> {
     options.extend(more);
     options.sort_by_key(|o| o.rank);
     if let Some(w) = options.windows(2).find(|w| w[0].rank == w[1].rank) {
@@ -312,9 +275,7 @@ fn is_go_duration(v: &str) -> bool {
             return false;
         }
         let rest = &v[i..];
-        let unit = ["ns", "us", "ms", "s", "m", "h"]
-            .into_iter()
-            .find(|u| rest.starts_with(u));
+        let unit = ["ns", "us", "ms", "s", "m", "h"].into_iter().find(|u| rest.starts_with(u));
         match unit {
             Some(u) => i += u.len(),
             None => return false,
@@ -405,20 +366,11 @@ mod tests {
         for flag in WEED_448_FLAGS {
             let allowed = PASSTHROUGH.iter().any(|p| p.name == *flag);
             let reason = refusal(flag);
-            assert!(
-                allowed || !reason.contains("not a weed mount option"),
-                "{flag} has no specific classification"
-            );
+            assert!(allowed || !reason.contains("not a weed mount option"), "{flag} has no specific classification");
         }
-        let listed = PASSTHROUGH
-            .iter()
-            .map(|p| p.name)
-            .chain(OWNED.iter().chain(REFUSED).map(|(f, _)| *f));
+        let listed = PASSTHROUGH.iter().map(|p| p.name).chain(OWNED.iter().chain(REFUSED).map(|(f, _)| *f));
         for flag in listed {
-            assert!(
-                WEED_448_FLAGS.contains(&flag),
-                "{flag} is not a weed 4.48 mount flag"
-            );
+            assert!(WEED_448_FLAGS.contains(&flag), "{flag} is not a weed 4.48 mount flag");
         }
     }
 
@@ -426,10 +378,7 @@ mod tests {
     fn every_refused_reason_is_specific() {
         for (flag, _) in OWNED.iter().chain(REFUSED) {
             assert!(!refusal(flag).contains("not a weed mount option"), "{flag}");
-            assert!(
-                PASSTHROUGH.iter().all(|p| p.name != *flag),
-                "{flag} both allowed and refused"
-            );
+            assert!(PASSTHROUGH.iter().all(|p| p.name != *flag), "{flag} both allowed and refused");
         }
     }
 }

@@ -9,8 +9,8 @@
 
 use mounthost_plugin_sdk::params::invalid;
 use mounthost_plugin_sdk::{
-    Arg, BackendError, ParamSource, Plan, SpawnFuse, StageRequest, Step, arg, cache, is_read_only,
-    kv, path_arg, runtime, staging,
+    Arg, BackendError, ParamSource, Plan, SpawnFuse, StageRequest, Step, arg, cache, is_read_only, kv, path_arg,
+    runtime, staging,
 };
 
 use crate::mount_options;
@@ -27,8 +27,7 @@ pub fn stage(req: &StageRequest) -> Result<Plan, BackendError> {
     let settings = Settings::parse(&ctx)?;
     let env = params::secret_env(&req.secrets)?;
     let caps = mount_options::check_capability(&req.capability)?;
-    let read_only =
-        settings.read_only || caps.read_only || is_read_only(req.capability.access_mode);
+    let read_only = settings.read_only || caps.read_only || is_read_only(req.capability.access_mode);
     let options = mount_options::merge(settings.mount_options.clone(), caps.options)?;
 
     let path = settings.path.ok_or_else(|| {
@@ -61,41 +60,18 @@ pub fn stage(req: &StageRequest) -> Result<Plan, BackendError> {
     flag("disk", settings.disk_type.map(str::to_string));
     flag("dataCenter", settings.data_center.map(str::to_string));
     flag("ttl", settings.ttl_secs.map(|n| n.to_string()));
-    flag(
-        "chunkSizeLimitMB",
-        settings.chunk_size_limit_mb.map(|n| n.to_string()),
-    );
-    flag(
-        "cacheCapacityMB",
-        settings
-            .effective_cache_capacity_mb()
-            .map(|n| n.to_string()),
-    );
-    flag(
-        "cacheMetaTtlSec",
-        settings.cache_meta_ttl_sec.map(|n| n.to_string()),
-    );
-    flag(
-        "concurrentWriters",
-        settings.concurrent_writers.map(|n| n.to_string()),
-    );
-    flag(
-        "concurrentReaders",
-        settings.concurrent_readers.map(|n| n.to_string()),
-    );
-    flag(
-        "volumeServerAccess",
-        settings.volume_server_access.map(str::to_string),
-    );
+    flag("chunkSizeLimitMB", settings.chunk_size_limit_mb.map(|n| n.to_string()));
+    flag("cacheCapacityMB", settings.effective_cache_capacity_mb().map(|n| n.to_string()));
+    flag("cacheMetaTtlSec", settings.cache_meta_ttl_sec.map(|n| n.to_string()));
+    flag("concurrentWriters", settings.concurrent_writers.map(|n| n.to_string()));
+    flag("concurrentReaders", settings.concurrent_readers.map(|n| n.to_string()));
+    flag("volumeServerAccess", settings.volume_server_access.map(str::to_string));
     flag("map.uid", settings.uid_map.clone());
     flag("map.gid", settings.gid_map.clone());
     flag("umask", settings.umask.map(str::to_string));
     // Go's soft limit sits below the cgroup's hard limit, so the GC works harder before the
     // kernel's OOM killer would step in.
-    flag(
-        "memoryLimitMB",
-        settings.memory_limit_mb.map(|mb| (mb * 9 / 10).to_string()),
-    );
+    flag("memoryLimitMB", settings.memory_limit_mb.map(|mb| (mb * 9 / 10).to_string()));
     if read_only {
         args.push(arg("-readOnly"));
     }

@@ -8,14 +8,12 @@
 //! what would be accepted, because the person reading it is writing a StorageClass.
 
 use mounthost_plugin_sdk::params::invalid;
-use mounthost_plugin_sdk::{
-    BackendError, EnvVar, Kv, ParamDoc, ParamKind, ParamSource, Params, Value,
-};
+use mounthost_plugin_sdk::{BackendError, EnvVar, Kv, ParamDoc, ParamKind, ParamSource, Params, Value};
 
 use crate::mount_options::{self, MountOption};
 use crate::values::{
-    check_collection, check_remote_path, check_replication, check_token, check_umask, label,
-    parse_filers, parse_id_map, parse_ttl,
+    check_collection, check_remote_path, check_replication, check_token, check_umask, label, parse_filers,
+    parse_id_map, parse_ttl,
 };
 
 /// One documented key: a row of the parameter table.
@@ -37,21 +35,8 @@ pub struct Spec {
     pub doc: &'static str,
 }
 
-const fn param(
-    name: &'static str,
-    kind: ParamKind,
-    default: Option<&'static str>,
-    doc: &'static str,
-) -> Spec {
-    Spec {
-        name,
-        kind,
-        source: ParamSource::Parameter,
-        required: false,
-        default,
-        env: None,
-        doc,
-    }
+const fn param(name: &'static str, kind: ParamKind, default: Option<&'static str>, doc: &'static str) -> Spec {
+    Spec { name, kind, source: ParamSource::Parameter, required: false, default, env: None, doc }
 }
 
 const fn secret(name: &'static str, env: &'static str, doc: &'static str) -> Spec {
@@ -174,12 +159,7 @@ pub const SPECS: &[Spec] = &[
         None,
         "Map local gids to filer gids, local:filer[,local:filer...] (-map.gid=).",
     ),
-    param(
-        "umask",
-        ParamKind::Text,
-        Some("022"),
-        "Octal umask for new files, 3 or 4 digits (-umask=).",
-    ),
+    param("umask", ParamKind::Text, Some("022"), "Octal umask for new files, 3 or 4 digits (-umask=)."),
     param(
         "readOnly",
         ParamKind::Boolean,
@@ -200,12 +180,7 @@ pub const SPECS: &[Spec] = &[
         "Memory limit of the weed process's cgroup in MiB, 16 to 1048576; weed gets \
          -memoryLimitMB= at 90% of it as its Go soft limit.",
     ),
-    param(
-        "readyTimeoutSec",
-        ParamKind::Integer,
-        Some("30"),
-        "Seconds to wait for the FUSE mount to appear, 1 to 300.",
-    ),
+    param("readyTimeoutSec", ParamKind::Integer, Some("30"), "Seconds to wait for the FUSE mount to appear, 1 to 300."),
     param(
         "mountOptions",
         ParamKind::CommaList,
@@ -282,10 +257,7 @@ pub fn secret_env(secrets: &[Kv]) -> Result<Vec<EnvVar>, BackendError> {
         if secrets.text(spec.name)?.is_some()
             && let Some(name) = spec.env
         {
-            env.push(EnvVar {
-                name: name.into(),
-                value: Value::Secret(spec.name.into()),
-            });
+            env.push(EnvVar { name: name.into(), value: Value::Secret(spec.name.into()) });
         }
     }
     Ok(env)
@@ -353,30 +325,16 @@ impl<'a> Settings<'a> {
     /// Parse and validate every parameter in `p` (unknown keys are checked by [`open`]).
     pub fn parse(p: &Params<'a>) -> Result<Self, BackendError> {
         let filers = parse_filers(&label("filer"), p.required("filer")?)?;
-        let path = p
-            .text("path")?
-            .map(|v| check_remote_path(&label("path"), v))
-            .transpose()?;
+        let path = p.text("path")?.map(|v| check_remote_path(&label("path"), v)).transpose()?;
         let parent_dir = match p.text("parentDir")? {
             Some(v) => check_remote_path(&label("parentDir"), v)?,
             None => "/buckets",
         };
-        let collection = p
-            .text("collection")?
-            .map(|v| check_collection("collection", v))
-            .transpose()?;
+        let collection = p.text("collection")?.map(|v| check_collection("collection", v)).transpose()?;
         let replication = p.text("replication")?.map(check_replication).transpose()?;
         let disk_type = p
             .text("diskType")?
-            .map(|v| {
-                check_token(
-                    "diskType",
-                    v,
-                    64,
-                    "hdd, ssd or a tag of [A-Za-z0-9_-]",
-                    false,
-                )
-            })
+            .map(|v| check_token("diskType", v, 64, "hdd, ssd or a tag of [A-Za-z0-9_-]", false))
             .transpose()?;
         let data_center = p
             .text("dataCenter")?
@@ -412,16 +370,9 @@ impl<'a> Settings<'a> {
             cache_meta_ttl_sec: p.integer("cacheMetaTtlSec", 0, 86_400)?,
             concurrent_writers: p.integer("concurrentWriters", 1, 1024)?,
             concurrent_readers: p.integer("concurrentReaders", 1, 1024)?,
-            volume_server_access: p
-                .choice("volumeServerAccess", &["direct", "publicUrl", "filerProxy"])?,
-            uid_map: p
-                .text("uidMap")?
-                .map(|v| parse_id_map("uidMap", v))
-                .transpose()?,
-            gid_map: p
-                .text("gidMap")?
-                .map(|v| parse_id_map("gidMap", v))
-                .transpose()?,
+            volume_server_access: p.choice("volumeServerAccess", &["direct", "publicUrl", "filerProxy"])?,
+            uid_map: p.text("uidMap")?.map(|v| parse_id_map("uidMap", v)).transpose()?,
+            gid_map: p.text("gidMap")?.map(|v| parse_id_map("gidMap", v)).transpose()?,
             umask: p.text("umask")?.map(check_umask).transpose()?,
             read_only: p.boolean("readOnly")?.unwrap_or(false),
             cache_dir,
@@ -452,15 +403,13 @@ impl<'a> Settings<'a> {
         }
         match path.rsplit('/').next() {
             None | Some("") => Ok(None),
-            Some(last) => check_collection("collection", last)
-                .map(|c| Some(c.to_string()))
-                .map_err(|_| {
-                    invalid(format!(
-                        "parameter \"collection\" is not set and its default, the last component \
+            Some(last) => check_collection("collection", last).map(|c| Some(c.to_string())).map_err(|_| {
+                invalid(format!(
+                    "parameter \"collection\" is not set and its default, the last component \
                          of the path ({last:?}), is not a valid collection name; set collection \
                          to [A-Za-z0-9_.-], at most 64 characters"
-                    ))
-                }),
+                ))
+            }),
         }
     }
 }

@@ -9,26 +9,10 @@ use crate::Seaweedfs;
 use crate::params::SPECS;
 
 const SECRETS: &[(&str, &str, &str)] = &[
-    (
-        "jwtSigningKey",
-        "WEED_JWT_SIGNING_KEY",
-        "s3cr3t-write-volume",
-    ),
-    (
-        "jwtSigningReadKey",
-        "WEED_JWT_SIGNING_READ_KEY",
-        "s3cr3t-read-volume",
-    ),
-    (
-        "jwtFilerSigningKey",
-        "WEED_JWT_FILER_SIGNING_KEY",
-        "s3cr3t-write-filer",
-    ),
-    (
-        "jwtFilerSigningReadKey",
-        "WEED_JWT_FILER_SIGNING_READ_KEY",
-        "s3cr3t-read-filer",
-    ),
+    ("jwtSigningKey", "WEED_JWT_SIGNING_KEY", "s3cr3t-write-volume"),
+    ("jwtSigningReadKey", "WEED_JWT_SIGNING_READ_KEY", "s3cr3t-read-volume"),
+    ("jwtFilerSigningKey", "WEED_JWT_FILER_SIGNING_KEY", "s3cr3t-write-filer"),
+    ("jwtFilerSigningReadKey", "WEED_JWT_FILER_SIGNING_READ_KEY", "s3cr3t-read-filer"),
 ];
 
 fn kvs(pairs: &[(&str, &str)]) -> Vec<Kv> {
@@ -37,8 +21,7 @@ fn kvs(pairs: &[(&str, &str)]) -> Vec<Kv> {
 
 /// The base context plus `extra`, an extra key replacing a base one.
 fn context(extra: &[(&str, &str)]) -> Vec<Kv> {
-    let mut pairs: Vec<(&str, &str)> =
-        vec![("filer", "127.0.0.1:8888"), ("path", "/buckets/pvc-1")];
+    let mut pairs: Vec<(&str, &str)> = vec![("filer", "127.0.0.1:8888"), ("path", "/buckets/pvc-1")];
     for (k, v) in extra {
         pairs.retain(|(bk, _)| bk != k);
         pairs.push((k, v));
@@ -59,13 +42,7 @@ fn rw() -> VolumeCapability {
 }
 
 fn stage_req(ctx: Vec<Kv>, secrets: Vec<Kv>, cap: VolumeCapability) -> StageRequest {
-    StageRequest {
-        volume_id: "seaweedfs:vol".into(),
-        context: ctx,
-        secrets,
-        capability: cap,
-        ephemeral: false,
-    }
+    StageRequest { volume_id: "seaweedfs:vol".into(), context: ctx, secrets, capability: cap, ephemeral: false }
 }
 
 fn stage(extra: &[(&str, &str)]) -> Result<Plan, BackendError> {
@@ -115,19 +92,10 @@ fn info_documents_every_key_and_the_program() {
         assert!(!doc.doc.is_empty(), "{} undocumented", doc.name);
         assert!(SPECS.iter().any(|s| s.name == doc.name));
     }
-    let required: Vec<&str> = info
-        .parameters
-        .iter()
-        .filter(|d| d.required)
-        .map(|d| d.name.as_str())
-        .collect();
+    let required: Vec<&str> = info.parameters.iter().filter(|d| d.required).map(|d| d.name.as_str()).collect();
     assert_eq!(required, vec!["filer"]);
-    let secrets: Vec<&str> = info
-        .parameters
-        .iter()
-        .filter(|d| d.source == ParamSource::Secret)
-        .map(|d| d.name.as_str())
-        .collect();
+    let secrets: Vec<&str> =
+        info.parameters.iter().filter(|d| d.source == ParamSource::Secret).map(|d| d.name.as_str()).collect();
     assert_eq!(secrets, SECRETS.iter().map(|s| s.0).collect::<Vec<_>>());
 }
 
@@ -193,18 +161,11 @@ fn minimal_stage_plan() {
 #[case("cacheDir", "disabled", &["-cacheCapacityMB=0"])]
 #[case("memoryLimitMB", "1024", &["-memoryLimitMB=921"])]
 #[case("mountOptions", "allowOthers=false,writebackCache", &["-allowOthers=false", "-writebackCache"])]
-fn every_parameter_becomes_its_flag(
-    #[case] key: &str,
-    #[case] value: &str,
-    #[case] flags: &[&str],
-) {
+fn every_parameter_becomes_its_flag(#[case] key: &str, #[case] value: &str, #[case] flags: &[&str]) {
     let plan = stage(&[(key, value)]).unwrap();
     let args = literals(spawn_of(&plan));
     for flag in flags {
-        assert!(
-            args.contains(&flag.to_string()),
-            "{key}={value}: {flag} missing from {args:?}"
-        );
+        assert!(args.contains(&flag.to_string()), "{key}={value}: {flag} missing from {args:?}");
     }
 }
 
@@ -232,13 +193,7 @@ fn cache_disabled_keeps_metadata_in_the_volume_cache_dir() {
     let plan = stage(&[("cacheDir", "disabled"), ("cacheCapacityMB", "0")]).unwrap();
     let s = spawn_of(&plan);
     assert!(s.args.contains(&path_arg("-cacheDir=", cache(""))));
-    assert_eq!(
-        literals(s)
-            .iter()
-            .filter(|a| a.starts_with("-cacheCapacityMB"))
-            .count(),
-        1
-    );
+    assert_eq!(literals(s).iter().filter(|a| a.starts_with("-cacheCapacityMB")).count(), 1);
 }
 
 #[test]
@@ -251,10 +206,7 @@ fn root_path_has_no_default_collection() {
 #[test]
 fn every_flag_has_one_fixed_place() {
     let all: &[(&str, &str)] = &[
-        (
-            "mountOptions",
-            "writebackCache,allowOthers=false,readRetryTime=10s",
-        ),
+        ("mountOptions", "writebackCache,allowOthers=false,readRetryTime=10s"),
         ("memoryLimitMB", "1000"),
         ("readOnly", "true"),
         ("umask", "077"),
@@ -383,16 +335,10 @@ fn mount_option_order_does_not_change_the_plan() {
 #[case("mountOptions", "")]
 fn every_bad_value_names_its_parameter(#[case] key: &str, #[case] value: &str) {
     let err = message(stage(&[(key, value)]).unwrap_err());
-    assert!(
-        err.contains(&format!("{key:?}")),
-        "{key}={value:?}: message {err:?} does not name it"
-    );
+    assert!(err.contains(&format!("{key:?}")), "{key}={value:?}: message {err:?} does not name it");
     assert!(
         Seaweedfs::validate(ValidateRequest {
-            parameters: context(&[(key, value)])
-                .into_iter()
-                .filter(|kv| kv.key != "path" || key == "path")
-                .collect(),
+            parameters: context(&[(key, value)]).into_iter().filter(|kv| kv.key != "path" || key == "path").collect(),
             secrets: vec![],
             capabilities: vec![],
         })
@@ -404,10 +350,7 @@ fn every_bad_value_names_its_parameter(#[case] key: &str, #[case] value: &str) {
 #[test]
 fn cache_disabled_conflicts_with_a_cache_size() {
     let err = message(stage(&[("cacheDir", "disabled"), ("cacheCapacityMB", "64")]).unwrap_err());
-    assert!(
-        err.contains("\"cacheDir\"") && err.contains("\"cacheCapacityMB\""),
-        "{err}"
-    );
+    assert!(err.contains("\"cacheDir\"") && err.contains("\"cacheCapacityMB\""), "{err}");
 }
 
 #[test]
@@ -421,10 +364,7 @@ fn a_default_collection_that_is_not_a_valid_name_asks_for_one() {
 fn stage_without_path_explains() {
     let req = stage_req(kvs(&[("filer", "127.0.0.1:8888")]), vec![], rw());
     let err = message(Seaweedfs::stage(req).unwrap_err());
-    assert!(
-        err.contains("\"path\"") && err.contains("volumeAttributes"),
-        "{err}"
-    );
+    assert!(err.contains("\"path\"") && err.contains("volumeAttributes"), "{err}");
 }
 
 #[rstest]
@@ -432,21 +372,15 @@ fn stage_without_path_explains() {
 #[case::secret(context(&[]), kvs(&[("token", "x")]), "unknown secret \"token\"")]
 #[case::secret_in_context(context(&[("jwtSigningKey", "x")]), vec![], "unknown parameter \"jwtSigningKey\"")]
 #[case::empty_secret(context(&[]), kvs(&[("jwtSigningKey", "")]), "secret \"jwtSigningKey\" is empty")]
-fn unknown_keys_are_refused(
-    #[case] ctx: Vec<Kv>,
-    #[case] secrets: Vec<Kv>,
-    #[case] expected: &str,
-) {
+fn unknown_keys_are_refused(#[case] ctx: Vec<Kv>, #[case] secrets: Vec<Kv>, #[case] expected: &str) {
     let err = message(Seaweedfs::stage(stage_req(ctx, secrets, rw())).unwrap_err());
     assert!(err.contains(expected), "{err}");
 }
 
 #[test]
 fn orchestrator_keys_are_ignored() {
-    let ctx = context(&[
-        ("csi.storage.k8s.io/pvc/name", "data"),
-        ("storage.kubernetes.io/csiProvisionerIdentity", "x"),
-    ]);
+    let ctx =
+        context(&[("csi.storage.k8s.io/pvc/name", "data"), ("storage.kubernetes.io/csiProvisionerIdentity", "x")]);
     assert!(Seaweedfs::stage(stage_req(ctx, vec![], rw())).is_ok());
 }
 
@@ -457,10 +391,7 @@ fn secrets_are_env_references_and_never_args() {
     let s = spawn_of(&plan);
     let expected: Vec<EnvVar> = SECRETS
         .iter()
-        .map(|(k, env, _)| EnvVar {
-            name: env.to_string(),
-            value: Value::Secret(k.to_string()),
-        })
+        .map(|(k, env, _)| EnvVar { name: env.to_string(), value: Value::Secret(k.to_string()) })
         .collect();
     assert_eq!(s.env, expected);
     let dump = format!("{plan:?}");
@@ -485,20 +416,10 @@ fn secrets_are_env_references_and_never_args() {
 #[case(AccessMode::SingleNodeSingleWriter, false)]
 #[case(AccessMode::SingleNodeMultiWriter, false)]
 fn read_only_follows_the_access_mode(#[case] mode: AccessMode, #[case] read_only: bool) {
-    let req = stage_req(
-        context(&[("readOnly", "false")]),
-        vec![],
-        capability(mode, "", &[]),
-    );
+    let req = stage_req(context(&[("readOnly", "false")]), vec![], capability(mode, "", &[]));
     let plan = Seaweedfs::stage(req).unwrap();
-    assert_eq!(
-        literals(spawn_of(&plan)).contains(&"-readOnly".to_string()),
-        read_only
-    );
-    assert!(
-        plan.attributes
-            .contains(&kv("readOnly", read_only.to_string()))
-    );
+    assert_eq!(literals(spawn_of(&plan)).contains(&"-readOnly".to_string()), read_only);
+    assert!(plan.attributes.contains(&kv("readOnly", read_only.to_string())));
 }
 
 #[test]
@@ -518,12 +439,8 @@ fn publish_is_read_only_for_read_only_modes() {
     let b = bind(Seaweedfs::publish(req(AccessMode::MultiNodeReaderOnly, false)).unwrap());
     assert!(b.readonly);
     assert_eq!((b.source, b.target), (staging(""), target("")));
-    assert!(
-        bind(Seaweedfs::publish(req(AccessMode::MultiNodeMultiWriter, true)).unwrap()).readonly
-    );
-    assert!(
-        !bind(Seaweedfs::publish(req(AccessMode::MultiNodeMultiWriter, false)).unwrap()).readonly
-    );
+    assert!(bind(Seaweedfs::publish(req(AccessMode::MultiNodeMultiWriter, true)).unwrap()).readonly);
+    assert!(!bind(Seaweedfs::publish(req(AccessMode::MultiNodeMultiWriter, false)).unwrap()).readonly);
 }
 
 #[rstest]
@@ -603,10 +520,7 @@ fn refused_mount_options_say_why(#[case] item: &str, #[case] why: &str) {
 fn capability_mount_flags(#[case] flags: &[&str], #[case] read_only: bool) {
     let cap = capability(AccessMode::MultiNodeMultiWriter, "", flags);
     let plan = Seaweedfs::stage(stage_req(context(&[]), vec![], cap)).unwrap();
-    assert_eq!(
-        literals(spawn_of(&plan)).contains(&"-readOnly".to_string()),
-        read_only
-    );
+    assert_eq!(literals(spawn_of(&plan)).contains(&"-readOnly".to_string()), read_only);
 }
 
 #[rstest]
@@ -620,10 +534,7 @@ fn bad_capabilities_are_refused(#[case] flags: &[&str], #[case] fs_type: &str, #
     let err = message(Seaweedfs::stage(stage_req(ctx, vec![], cap.clone())).unwrap_err());
     assert!(err.contains(why), "{err}");
     let validate = ValidateRequest {
-        parameters: kvs(&[
-            ("filer", "127.0.0.1:8888"),
-            ("mountOptions", "writebackCache"),
-        ]),
+        parameters: kvs(&[("filer", "127.0.0.1:8888"), ("mountOptions", "writebackCache")]),
         secrets: vec![],
         capabilities: vec![cap],
     };
@@ -664,10 +575,7 @@ fn path_is_not_a_storage_class_parameter() {
         capabilities: vec![],
     };
     let err = message(Seaweedfs::validate(req).unwrap_err());
-    assert!(
-        err.contains("\"path\"") && err.contains("static PersistentVolume"),
-        "{err}"
-    );
+    assert!(err.contains("\"path\"") && err.contains("static PersistentVolume"), "{err}");
 }
 
 fn provision_req(name: &str, params: &[(&str, &str)]) -> ProvisionRequest {
@@ -685,11 +593,7 @@ fn provision_req(name: &str, params: &[(&str, &str)]) -> ProvisionRequest {
 fn provision_plans_one_directory() {
     let plan = Seaweedfs::provision(provision_req(
         "pvc-1",
-        &[
-            ("replication", "001"),
-            ("filer", "127.0.0.1:8888"),
-            ("csi.storage.k8s.io/pvc/name", "data"),
-        ],
+        &[("replication", "001"), ("filer", "127.0.0.1:8888"), ("csi.storage.k8s.io/pvc/name", "data")],
     ))
     .unwrap();
     assert_eq!(plan.volume_id, "127.0.0.1:8888/buckets/pvc-1");
@@ -719,38 +623,19 @@ fn provision_plans_one_directory() {
 fn provision_with_several_filers_and_an_explicit_collection() {
     let plan = Seaweedfs::provision(provision_req(
         "pvc-2",
-        &[
-            ("filer", "a:1,[::1]:2"),
-            ("parentDir", "/k8s"),
-            ("collection", "shared"),
-        ],
+        &[("filer", "a:1,[::1]:2"), ("parentDir", "/k8s"), ("collection", "shared")],
     ))
     .unwrap();
     assert_eq!(plan.volume_id, "a:1,[::1]:2/k8s/pvc-2");
     assert!(plan.context.contains(&kv("collection", "shared")));
     assert!(plan.context.contains(&kv("parentDir", "/k8s")));
-    let Step::Http(call) = &plan.steps[0] else {
-        panic!("{:?}", plan.steps)
-    };
-    assert_eq!(
-        call.urls,
-        vec![
-            "http://a:1/k8s/pvc-2/?mode=0777",
-            "http://[::1]:2/k8s/pvc-2/?mode=0777"
-        ]
-    );
+    let Step::Http(call) = &plan.steps[0] else { panic!("{:?}", plan.steps) };
+    assert_eq!(call.urls, vec!["http://a:1/k8s/pvc-2/?mode=0777", "http://[::1]:2/k8s/pvc-2/?mode=0777"]);
 }
 
 #[test]
 fn provisioned_context_stages_and_is_deterministic() {
-    let req = provision_req(
-        "pvc-3",
-        &[
-            ("filer", "127.0.0.1:8888"),
-            ("parentDir", "/"),
-            ("ttl", "1d"),
-        ],
-    );
+    let req = provision_req("pvc-3", &[("filer", "127.0.0.1:8888"), ("parentDir", "/"), ("ttl", "1d")]);
     let plan = Seaweedfs::provision(req.clone()).unwrap();
     assert_eq!(plan, Seaweedfs::provision(req).unwrap());
     assert_eq!(plan.volume_id, "127.0.0.1:8888/pvc-3");
@@ -779,24 +664,13 @@ fn overlong_names_are_refused() {
     assert!(err.contains("\"collection\""), "{err}");
     assert!(stage(&[("collection", &"c".repeat(64))]).is_ok());
     let err = message(
-        Seaweedfs::provision(provision_req(
-            &"n".repeat(129),
-            &[("filer", "a:1"), ("parentDir", "/")],
-        ))
-        .unwrap_err(),
+        Seaweedfs::provision(provision_req(&"n".repeat(129), &[("filer", "a:1"), ("parentDir", "/")])).unwrap_err(),
     );
     assert!(err.contains("volume name"), "{err}");
     let err = message(
-        Seaweedfs::provision(provision_req(
-            &"n".repeat(65),
-            &[("filer", "a:1"), ("parentDir", "/")],
-        ))
-        .unwrap_err(),
+        Seaweedfs::provision(provision_req(&"n".repeat(65), &[("filer", "a:1"), ("parentDir", "/")])).unwrap_err(),
     );
-    assert!(
-        err.contains("\"collection\""),
-        "a 65-byte name cannot be the default collection: {err}"
-    );
+    assert!(err.contains("\"collection\""), "a 65-byte name cannot be the default collection: {err}");
 }
 
 #[test]
@@ -809,25 +683,15 @@ fn too_long_volume_ids_are_refused() {
         ))
         .unwrap_err(),
     );
-    assert!(
-        err.contains("more than 100") && err.contains("\"parentDir\""),
-        "{err}"
-    );
+    assert!(err.contains("more than 100") && err.contains("\"parentDir\""), "{err}");
 }
 
 #[test]
 fn parent_dirs_that_cannot_be_in_an_id_are_refused() {
     let err = message(
-        Seaweedfs::provision(provision_req(
-            "pvc-1",
-            &[("filer", "a:1"), ("parentDir", "/my dir")],
-        ))
-        .unwrap_err(),
+        Seaweedfs::provision(provision_req("pvc-1", &[("filer", "a:1"), ("parentDir", "/my dir")])).unwrap_err(),
     );
-    assert!(
-        err.contains("\"parentDir\"") && err.contains("printable ASCII"),
-        "{err}"
-    );
+    assert!(err.contains("\"parentDir\"") && err.contains("printable ASCII"), "{err}");
 }
 
 #[test]
@@ -841,10 +705,7 @@ fn provision_refuses_unknown_secrets_and_bad_capabilities() {
 }
 
 fn delete(id: &str) -> Result<Plan, BackendError> {
-    Seaweedfs::delete(DeleteRequest {
-        volume_id: id.into(),
-        secrets: vec![],
-    })
+    Seaweedfs::delete(DeleteRequest { volume_id: id.into(), secrets: vec![] })
 }
 
 #[rstest]
@@ -894,24 +755,11 @@ fn a_volume_id_longer_than_100_bytes_is_refused_on_delete() {
 
 #[test]
 fn provision_and_delete_agree_on_the_directory() {
-    let plan = Seaweedfs::provision(provision_req(
-        "pvc-9",
-        &[("filer", "f1:8888,f2:8888"), ("parentDir", "/a/b")],
-    ))
-    .unwrap();
-    let Step::Http(create) = &plan.steps[0] else {
-        panic!()
-    };
-    let Step::Http(remove) = &delete(&plan.volume_id).unwrap().steps[0] else {
-        panic!()
-    };
-    let strip = |u: &str| {
-        u.split('?')
-            .next()
-            .unwrap_or_default()
-            .trim_end_matches('/')
-            .to_string()
-    };
+    let plan =
+        Seaweedfs::provision(provision_req("pvc-9", &[("filer", "f1:8888,f2:8888"), ("parentDir", "/a/b")])).unwrap();
+    let Step::Http(create) = &plan.steps[0] else { panic!() };
+    let Step::Http(remove) = &delete(&plan.volume_id).unwrap().steps[0] else { panic!() };
+    let strip = |u: &str| u.split('?').next().unwrap_or_default().trim_end_matches('/').to_string();
     let created: Vec<String> = create.urls.iter().map(|u| strip(u)).collect();
     let removed: Vec<String> = remove.urls.iter().map(|u| strip(u)).collect();
     assert_eq!(created, removed);
@@ -920,9 +768,6 @@ fn provision_and_delete_agree_on_the_directory() {
 
 #[test]
 fn delete_refuses_unknown_secrets() {
-    let req = DeleteRequest {
-        volume_id: "a:1/b/pvc-1".into(),
-        secrets: kvs(&[("x", "y")]),
-    };
+    let req = DeleteRequest { volume_id: "a:1/b/pvc-1".into(), secrets: kvs(&[("x", "y")]) };
     assert!(message(Seaweedfs::delete(req).unwrap_err()).contains("unknown secret"));
 }

@@ -55,10 +55,9 @@ fn check_endpoint(item: &str) -> Result<(), &'static str> {
     }
     match host {
         None => Ok(()),
-        Some(h) if h.bytes().all(|b| b.is_ascii_digit() || b == b'.') => h
-            .parse::<Ipv4Addr>()
-            .map(|_| ())
-            .map_err(|_| "bad IPv4 address"),
+        Some(h) if h.bytes().all(|b| b.is_ascii_digit() || b == b'.') => {
+            h.parse::<Ipv4Addr>().map(|_| ()).map_err(|_| "bad IPv4 address")
+        }
         Some(h) if is_dns_name(h) => Ok(()),
         Some(_) => Err("bad host name"),
     }
@@ -72,9 +71,7 @@ fn is_dns_name(h: &str) -> bool {
                 && label.len() <= 63
                 && !label.starts_with('-')
                 && !label.ends_with('-')
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
         })
 }
 
@@ -89,15 +86,8 @@ pub fn check_remote_path<'v>(what: &str, v: &'v str) -> Result<&'v str, BackendE
     let ok = v.len() <= MAX_REMOTE_PATH
         && !v.chars().any(char::is_control)
         && (v == "/"
-            || v.strip_prefix('/').is_some_and(|rest| {
-                rest.split('/')
-                    .all(|c| !c.is_empty() && c != "." && c != "..")
-            }));
-    if ok {
-        Ok(v)
-    } else {
-        Err(invalid(format!("{what} must be {accepted}, not {v:?}")))
-    }
+            || v.strip_prefix('/').is_some_and(|rest| rest.split('/').all(|c| !c.is_empty() && c != "." && c != "..")));
+    if ok { Ok(v) } else { Err(invalid(format!("{what} must be {accepted}, not {v:?}"))) }
 }
 
 /// A SeaweedFS collection name: `[A-Za-z0-9_.-]`, 1 to 64 bytes.
@@ -106,24 +96,14 @@ pub fn check_collection<'v>(key: &str, v: &'v str) -> Result<&'v str, BackendErr
 }
 
 /// A name of ASCII letters, digits, `_`, `-` (and `.` when `dot`), 1 to `max` bytes.
-pub fn check_token<'v>(
-    key: &str,
-    v: &'v str,
-    max: usize,
-    accepted: &str,
-    dot: bool,
-) -> Result<&'v str, BackendError> {
+pub fn check_token<'v>(key: &str, v: &'v str, max: usize, accepted: &str, dot: bool) -> Result<&'v str, BackendError> {
     let ok = !v.is_empty()
         && v.len() <= max
-        && v.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (dot && b == b'.'));
+        && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (dot && b == b'.'));
     if ok {
         Ok(v)
     } else {
-        Err(invalid(format!(
-            "{} must be {accepted}, at most {max} characters, not {v:?}",
-            label(key)
-        )))
+        Err(invalid(format!("{} must be {accepted}, at most {max} characters, not {v:?}", label(key))))
     }
 }
 
@@ -163,12 +143,11 @@ pub fn parse_ttl(v: &str) -> Result<u64, BackendError> {
         Some(b'w') => (&v[..v.len() - 1], 604_800),
         _ => (v, 1),
     };
-    let secs =
-        if !digits.is_empty() && digits.len() <= 10 && digits.bytes().all(|b| b.is_ascii_digit()) {
-            digits.parse::<u64>().ok().and_then(|n| n.checked_mul(unit))
-        } else {
-            None
-        };
+    let secs = if !digits.is_empty() && digits.len() <= 10 && digits.bytes().all(|b| b.is_ascii_digit()) {
+        digits.parse::<u64>().ok().and_then(|n| n.checked_mul(unit))
+    } else {
+        None
+    };
     match secs {
         Some(s) if s <= MAX_TTL_SECS => Ok(s),
         _ => Err(invalid(format!(
@@ -199,18 +178,11 @@ pub fn parse_id_map(key: &str, v: &str) -> Result<String, BackendError> {
         let (local, filer) = item.split_once(':').ok_or_else(bad)?;
         let (local, filer) = (num(local).ok_or_else(bad)?, num(filer).ok_or_else(bad)?);
         if pairs.iter().any(|(l, _)| *l == local) {
-            return Err(invalid(format!(
-                "{} maps local id {local} twice",
-                label(key)
-            )));
+            return Err(invalid(format!("{} maps local id {local} twice", label(key))));
         }
         pairs.push((local, filer));
     }
-    Ok(pairs
-        .iter()
-        .map(|(l, f)| format!("{l}:{f}"))
-        .collect::<Vec<_>>()
-        .join(","))
+    Ok(pairs.iter().map(|(l, f)| format!("{l}:{f}")).collect::<Vec<_>>().join(","))
 }
 
 #[cfg(test)]

@@ -92,7 +92,9 @@ fn a_good_stage_plan_is_resolved() {
         w::Arg::Path(w::PathArg { prefix: "-dir=".into(), path: p(DirRoot::Staging, "") }),
         w::Arg::Path(w::PathArg { prefix: "-sock=".into(), path: p(DirRoot::Runtime, "f.sock") }),
     ];
-    let plan = f.check(Operation::Stage, vec![w::Step::Mkdir(p(DirRoot::Cache, "a/b")), spawn("fusetest", args, env)]).unwrap();
+    let plan = f
+        .check(Operation::Stage, vec![w::Step::Mkdir(p(DirRoot::Cache, "a/b")), spawn("fusetest", args, env)])
+        .unwrap();
     assert_eq!(plan.steps[0], Step::Mkdir { path: "/s/cache/ab/a/b".into() });
     let Step::SpawnFuse { executable, args, env, mountpoint, .. } = &plan.steps[1] else { panic!() };
     assert_eq!(executable, &PathBuf::from("/usr/bin/fusetest"));
@@ -147,7 +149,13 @@ fn a_granted_program_needs_a_configured_binary() {
 }
 
 fn mount(fstype: &str, source: w::MountSource, options: Vec<w::Arg>) -> w::Step {
-    w::Step::Mount(w::Mount { fstype: fstype.into(), source, target: p(DirRoot::Staging, ""), options, readonly: false })
+    w::Step::Mount(w::Mount {
+        fstype: fstype.into(),
+        source,
+        target: p(DirRoot::Staging, ""),
+        options,
+        readonly: false,
+    })
 }
 
 #[rstest]
@@ -190,7 +198,12 @@ fn operations_limit_steps_and_roots() {
     assert!(err.reason.contains("not allowed in a Publish plan"), "{err}");
     let mut f = Fixture::new();
     f.dirs.target = None;
-    let bind = w::Step::Bind(w::Bind { source: p(DirRoot::Staging, ""), target: p(DirRoot::Target, ""), readonly: true, options: vec![] });
+    let bind = w::Step::Bind(w::Bind {
+        source: p(DirRoot::Staging, ""),
+        target: p(DirRoot::Target, ""),
+        readonly: true,
+        options: vec![],
+    });
     let err = f.check(Operation::Stage, vec![bind]).unwrap_err();
     assert!(err.reason.contains("target directory is not available"), "{err}");
 }

@@ -18,8 +18,7 @@ impl Plugin for FsReader {
     }
 
     fn stage(_req: StageRequest) -> Result<Plan, BackendError> {
-        let text = std::fs::read_to_string("/etc/hostname")
-            .map_err(|e| BackendError::Internal(e.to_string()))?;
+        let text = std::fs::read_to_string("/etc/hostname").map_err(|e| BackendError::Internal(e.to_string()))?;
         Ok(Plan { steps: vec![], attributes: vec![kv("hostname", text)] })
     }
 }
