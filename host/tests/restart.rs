@@ -54,6 +54,11 @@ async fn stage_and_publish(node: &mut NodeClient<tonic::transport::Channel>, id:
     node.node_publish_volume(publish).await.unwrap();
 }
 
+/// The host daemon's volumes, over its own socket.
+async fn list(dirs: &NodeDirs) -> Vec<mounthost::proto::host::VolumeStatus> {
+    HostClient::new(channel(&dirs.host_sock)).list_volumes(ListVolumesRequest {}).await.unwrap().into_inner().volumes
+}
+
 async fn ready(ch: &tonic::transport::Channel) {
     let mut id = IdentityClient::new(ch.clone());
     for _ in 0..400 {
@@ -112,24 +117,14 @@ fn after_a_reboot_kubelet_calls_rebuild_every_volume() {
             host = dirs.start_host(&extra);
             front = dirs.start_front(&extra);
             ready(&ch).await;
-            let listed = HostClient::new(channel(&dirs.host_sock))
-                .list_volumes(ListVolumesRequest {})
-                .await
-                .unwrap()
-                .into_inner()
-                .volumes;
+            let listed = list(&dirs).await;
             assert!(listed.is_empty(), "stale records of the earlier boot are cleaned: {listed:?}");
             for (id, s, t) in &vols {
                 stage_and_publish(&mut node, id, s, t).await;
                 std::fs::write(t.join("after-reboot"), b"ok").unwrap();
                 assert_eq!(std::fs::read(s.join("after-reboot")).unwrap(), b"ok");
             }
-            let listed = HostClient::new(channel(&dirs.host_sock))
-                .list_volumes(ListVolumesRequest {})
-                .await
-                .unwrap()
-                .into_inner()
-                .volumes;
+            let listed = list(&dirs).await;
             assert_eq!(listed.len(), 3);
             assert!(listed.iter().all(|v| v.healthy && v.targets.len() == 1), "{listed:?}");
             println!("checked: 3 stale records cleaned after the reboot, 3 volumes rebuilt by kubelet's calls");

@@ -20,15 +20,32 @@ pub fn private_dir(dir: &Path) -> io::Result<()> {
 /// new, never a mix: write a temporary file beside it (mode `mode`), fsync it, rename it over
 /// `path`, then fsync the directory.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    write_replacing(path, bytes, mode, true)
+}
+
+/// Like [`write_atomic`] but without the fsyncs: a reader, or the next process after a crash of
+/// this one, sees the old content or the new, never a mix; after a crash of the *kernel* the
+/// file may be either, or torn. For records that are worthless after a reboot anyway (volume
+/// state: see `volume::state`), this saves a journal commit (~0.7–2 ms here) per write.
+pub fn replace_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    write_replacing(path, bytes, mode, false)
+}
+
+fn write_replacing(path: &Path, bytes: &[u8], mode: u32, sync: bool) -> io::Result<()> {
     let dir = path.parent().ok_or_else(|| io::Error::other("path has no parent directory"))?;
     let name = path.file_name().ok_or_else(|| io::Error::other("path has no file name"))?;
     let tmp = dir.join(format!(".{}.tmp.{}", name.to_string_lossy(), std::process::id()));
     let result = (|| {
         let mut f = OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        if sync {
+            f.sync_all()?;
+        }
         fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
+        if sync {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);

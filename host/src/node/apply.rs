@@ -115,7 +115,7 @@ impl Node {
     }
 
     /// Clear every mount below `dir` (deepest first), e.g. before removing it.
-    fn clear_mounts_below(&self, dir: &Path) -> Result<(), Error> {
+    pub(super) fn clear_mounts_below(&self, dir: &Path) -> Result<(), Error> {
         let mut below: Vec<PathBuf> =
             self.mounts()?.into_iter().map(|m| m.mount_point).filter(|p| p.starts_with(dir)).collect();
         below.sort();

@@ -254,8 +254,10 @@ impl Node {
             return Err(Error::invalid("target_path and staging_target_path are the same path"));
         }
         let _guard = self.inner.locks.try_lock(&id)?;
+        let t0 = std::time::Instant::now();
         let id2 = id.clone();
         let mut state = self.blocking(move |n| Ok(n.inner.store.load(&id2)?)).await?;
+        let t_load = t0.elapsed();
         if ephemeral && state.as_ref().is_none_or(|s| s.phase != Phase::Staged) {
             let ask = StageAsk {
                 id: id.clone(),
@@ -287,7 +289,9 @@ impl Node {
                 state.phase
             )));
         }
+        let t1 = std::time::Instant::now();
         let plugin = self.inner.runtime.resolve(&state.plugin, Some(&state.digest)).await?;
+        let t_resolve = t1.elapsed();
         let wit_req = wit::PublishRequest {
             volume_id: id.clone(),
             context: request::kvs(&request::plugin_attrs(&req.volume_context)),
@@ -299,6 +303,7 @@ impl Node {
         let wplan = self.inner.runtime.call(&plugin, &id, wit_req).await?;
         let dirs = self.dirs(&id, Some(&staging), Some(&target));
         let plan = self.check(&plugin, Operation::Publish, &dirs, &state.context, &secrets, wplan)?;
+        let t_plan = t1.elapsed();
         // Compatible with what is recorded? Compare what the plan makes, not the CO's flag.
         let readonly = apply::planned_readonly(&plan, &target).unwrap_or(req.readonly);
         if let Some(p) = state.published.get(&target)
@@ -310,7 +315,16 @@ impl Node {
                 if p.readonly { "read-only" } else { "read-write" }
             )));
         }
-        self.blocking(move |n| n.apply_publish(state, &plan, &target, readonly, &secrets)).await
+        let t2 = std::time::Instant::now();
+        let r = self.blocking(move |n| n.apply_publish(state, &plan, &target, readonly, &secrets)).await;
+        tracing::debug!(
+            load_us = t_load.as_micros() as u64,
+            resolve_us = t_resolve.as_micros() as u64,
+            plan_us = t_plan.as_micros() as u64,
+            apply_us = t2.elapsed().as_micros() as u64,
+            "publish timing"
+        );
+        r
     }
 
     /// NodeUnpublishVolume.

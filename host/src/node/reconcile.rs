@@ -20,6 +20,8 @@ pub struct Report {
     pub cleaned: usize,
     /// State files that could not be read (left in place).
     pub unreadable: usize,
+    /// Host directories no state file claimed, removed.
+    pub orphans: usize,
 }
 
 impl Node {
@@ -30,6 +32,14 @@ impl Node {
         for (path, parsed) in self.inner.store.list()? {
             let st = match parsed {
                 Ok(st) => st,
+                Err(e) if written_before_boot(&path) => {
+                    // Torn by a kernel crash, and about a boot whose mounts and processes are gone.
+                    warn!(path = %path.display(), error = %e, "removing an unreadable state file of an earlier boot");
+                    crate::exec::fs::remove_file(&path)
+                        .map_err(|e| Error::internal(format!("{}: {e}", path.display())))?;
+                    report.cleaned += 1;
+                    continue;
+                }
                 Err(e) => {
                     error!(path = %path.display(), error = %e, "state file unreadable; left for inspection");
                     report.unreadable += 1;
@@ -46,8 +56,39 @@ impl Node {
                 }
             }
         }
+        report.orphans = self.sweep_orphans()?;
         info!(?report, "reconciled volume state");
         Ok(report)
+    }
+
+    /// Remove host directories (`cache/volumes/<key>`, `run/<key>`) that no state file claims:
+    /// left by a crash between creating them and the first state write reaching the disk.
+    fn sweep_orphans(&self) -> Result<usize, Error> {
+        let mut claimed = std::collections::BTreeSet::new();
+        for (path, _) in self.inner.store.list()? {
+            if let Some(stem) = path.file_stem() {
+                claimed.insert(stem.to_string_lossy().into_owned());
+            }
+        }
+        let state_dir = &self.inner.config.state_dir;
+        let mut removed = 0;
+        for dir in [state_dir.join("cache").join("volumes"), state_dir.join("run"), state_dir.join("ephemeral")] {
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if claimed.contains(&name) || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                warn!(path = %entry.path().display(), "removing a host directory no volume claims");
+                self.clear_mounts_below(&entry.path())?;
+                self.inner
+                    .exec
+                    .remove_tree(&entry.path())
+                    .map_err(|e| Error::internal(format!("{}: {e}", entry.path().display())))?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     fn reconcile_one(&self, mut st: VolumeState, mounts: &[MountEntry]) -> Result<Outcome, Error> {
@@ -96,4 +137,17 @@ enum Outcome {
     Adopted,
     Unhealthy,
     Cleaned,
+}
+
+/// True if `path` was last written before this boot began (`btime` in /proc/stat).
+fn written_before_boot(path: &std::path::Path) -> bool {
+    let btime = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("btime ")).and_then(|v| v.trim().parse::<u64>().ok()));
+    let mtime = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs());
+    matches!((btime, mtime), (Some(b), Some(m)) if m < b)
 }

@@ -603,3 +603,29 @@ async fn an_unreadable_state_file_is_reported_and_left_alone() {
     assert!(path.exists());
     assert_eq!(mount_points(&e.rec), vec![e.staging()]);
 }
+
+#[tokio::test]
+async fn a_torn_state_file_of_an_earlier_boot_is_removed() {
+    let e = Env::new();
+    e.node.stage(e.stage_req()).await.unwrap();
+    let path = e.node.store().path(VOL);
+    std::fs::write(&path, b"").unwrap();
+    let long_ago = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+    std::fs::File::options().write(true).open(&path).unwrap().set_modified(long_ago).unwrap();
+    let report = e.restarted().reconcile().unwrap();
+    assert_eq!((report.cleaned, report.unreadable), (1, 0));
+    assert!(!path.exists(), "nothing of an earlier boot survives, so its torn record goes");
+}
+
+#[tokio::test]
+async fn host_directories_no_volume_claims_are_swept_at_start() {
+    let e = Env::new();
+    e.node.stage(e.stage_req()).await.unwrap();
+    let orphan = e.config.state_dir.join("cache/volumes/0123456789abcdef");
+    std::fs::create_dir_all(&orphan).unwrap();
+    e.rec.clear_calls();
+    let report = e.restarted().reconcile().unwrap();
+    assert_eq!((report.adopted, report.orphans), (1, 1));
+    let removed: Vec<String> = e.rec.calls().into_iter().filter(|c| c.starts_with("remove-tree")).collect();
+    assert_eq!(removed, vec![format!("remove-tree {}", orphan.display())], "only the unclaimed directory");
+}

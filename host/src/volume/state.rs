@@ -1,8 +1,14 @@
 //! One state file per volume: what the kernel cannot tell the daemon after a restart.
 //!
+//! Durability: a file is replaced atomically (temporary file, rename) before the operation
+//! replies, so it survives any crash of the daemon. It is not fsync'd: everything it describes
+//! (mounts, processes) dies with the kernel, and a daemon starting in a new boot discards every
+//! record of an earlier boot, including one a kernel crash left torn (see `node::reconcile`).
+//! An fsync would buy nothing and cost a journal commit per call.
+//!
 //! `<state-dir>/volumes/<key>.json`, where `key` is a hash of the volume id (ids may hold any
 //! character); the id is stored inside and checked on load. Written atomically (temporary file,
-//! fsync, rename, fsync of the directory) with mode 0600, with a schema `version`. It records
+//! rename) with mode 0600, with a schema `version`. It records
 //! the plugin and digest the volume was staged with, the checked plan (which holds no secret
 //! values), the FUSE process's identity, the published targets and the boot id, and nothing the
 //! kernel already knows better (mounts are always read back from mountinfo).
@@ -135,7 +141,7 @@ impl StateStore {
     pub fn save(&self, state: &VolumeState) -> Result<(), StateError> {
         let path = self.path(&state.volume_id);
         let json = serde_json::to_vec_pretty(state).expect("state always serializes");
-        fs::write_atomic(&path, &json, 0o600).map_err(|source| StateError::Io { path, source })
+        fs::replace_atomic(&path, &json, 0o600).map_err(|source| StateError::Io { path, source })
     }
 
     /// The state of `volume_id`, or `None` if it has none.

@@ -154,7 +154,7 @@ macro_rules! export_plugin {
                     <$plugin as $crate::Plugin>::dynamic_mount(req)
                 }
             }
-            $crate::bindings::__export_planner!(__MounthostPlanner with_types_in $crate::bindings);
+    $crate::bindings::__export_planner!(__MounthostPlanner with_types_in $crate::bindings);
         };
     };
 }

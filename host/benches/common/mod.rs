@@ -1,0 +1,22 @@
+//! Shared by the privileged benchmarks.
+
+use std::process::Command;
+
+const INSIDE: &str = "MOUNTHOST_BENCH_IN_NAMESPACE";
+
+/// Re-run this benchmark in a private mount namespace (`unshare --mount --propagation
+/// private`) unless already there; returns only inside it. Nothing it mounts is visible
+/// outside, and everything dies with the namespace.
+pub fn enter_private_namespace() {
+    if std::env::var_os(INSIDE).is_some() {
+        return;
+    }
+    let status = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(std::env::args().skip(1))
+        .env(INSIDE, "1")
+        .status()
+        .expect("running unshare (needs root and util-linux)");
+    std::process::exit(status.code().unwrap_or(1));
+}
