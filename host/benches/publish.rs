@@ -266,6 +266,7 @@ async fn run() {
     let _ = stop_tx.send(true);
     let _ = host_task.await;
     let _ = front_task.await;
+    common::unmount_below(root.path());
 }
 
 async fn wait(p: &Path) {

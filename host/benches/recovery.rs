@@ -145,4 +145,5 @@ async fn run() {
         ready.as_secs_f64() / empty_ready.as_secs_f64()
     );
     drop(full);
+    common::unmount_below(root);
 }

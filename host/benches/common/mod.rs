@@ -20,3 +20,17 @@ pub fn enter_private_namespace() {
         .expect("running unshare (needs root and util-linux)");
     std::process::exit(status.code().unwrap_or(1));
 }
+
+/// Detach everything mounted below `dir` (deepest first), before its temporary directory goes.
+pub fn unmount_below(dir: &std::path::Path) {
+    let mut left: Vec<_> = mounthost::exec::mountinfo::read()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    left.sort();
+    for m in left.iter().rev() {
+        let _ = mounthost::exec::mount::unmount(m, true);
+    }
+}

@@ -193,6 +193,7 @@ impl Drop for Seaweed {
             for kind in ["master", "volume", "filer"] {
                 let _ = std::fs::remove_file(format!("/tmp/seaweedfs-{kind}-grpc-{port}.sock"));
             }
+            let _ = std::fs::remove_file(format!("/tmp/seaweedfs-filer-{port}.sock"));
         }
     }
 }
@@ -337,6 +338,18 @@ impl NodeDirs {
                 )
             })
             .collect()
+    }
+}
+
+impl Drop for NodeDirs {
+    /// Detach whatever a test left mounted below its root (deepest first), so the temporary
+    /// directory can be removed even when a test failed half-way.
+    fn drop(&mut self) {
+        let mut left = mounts_below(self.root.path());
+        left.sort();
+        for m in left.iter().rev() {
+            let _ = mounthost::exec::mount::unmount(m, true);
+        }
     }
 }
 
