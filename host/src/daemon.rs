@@ -129,6 +129,7 @@ impl Host for HostService {
                 pid: st.process.map(|p| p.pid).unwrap_or(0),
                 healthy: h.healthy,
                 condition: h.condition,
+                restarts: st.restarts,
             })
             .collect();
         Ok(Response::new(ListVolumesResponse { volumes }))
@@ -142,7 +143,9 @@ pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()>
     let listener = crate::exec::socket::listen(socket)?;
     // FUSE programs are the daemon's children until it restarts: reap any that exit on their
     // own, so none is ever left a zombie.
-    let reaper = tokio::spawn(async {
+    // Then the supervisor restarts what died (node/heal.rs).
+    let supervised = node.clone();
+    let reaper = tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
             tick.tick().await;
@@ -150,6 +153,8 @@ pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()>
             if n > 0 {
                 tracing::warn!(reaped = n, "FUSE processes exited on their own");
             }
+            let node = supervised.clone();
+            let _ = tokio::task::spawn_blocking(move || node.heal_pass()).await;
         }
     });
     tracing::info!(socket = %socket.display(), adopted = report.adopted, cleaned = report.cleaned, unhealthy = report.unhealthy, "host daemon ready");

@@ -133,6 +133,7 @@ impl Node {
         mut state: VolumeState,
         dirs: &VolumeDirs,
         secrets: &Secrets,
+        healing: bool,
     ) -> Result<(), Error> {
         // Leftovers of an earlier attempt or a crashed process go first.
         if let Some(old) = state.process.take() {
@@ -140,6 +141,10 @@ impl Node {
         }
         self.clear_mounts(&state.staging_path)?;
         self.save(&state)?;
+        // Only the secrets the plan references, so a crashed FUSE process can be restarted.
+        let kept: std::collections::BTreeMap<String, String> =
+            secret_refs(&state.plan).into_iter().filter_map(|k| secrets.get(&k).map(|v| (k, v.to_string()))).collect();
+        self.inner.store.save_secrets(&state.volume_id, &kept)?;
         match self.run_stage_steps(&mut state, dirs, secrets) {
             Ok(()) => {
                 state.phase = Phase::Staged;
@@ -150,7 +155,7 @@ impl Node {
                 if let Err(undo) = self.teardown(&state, dirs) {
                     warn!(volume.id = %state.volume_id, error = %undo.message, "rolling back a failed stage");
                 }
-                if state.published.is_empty() {
+                if state.published.is_empty() && !healing {
                     let _ = self.inner.store.remove(&state.volume_id);
                 } else {
                     state.process = None;

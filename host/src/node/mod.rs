@@ -9,6 +9,7 @@
 //! `docs/node-lifecycle.md`.
 
 pub mod apply;
+pub mod heal;
 pub mod paths;
 pub mod reconcile;
 pub mod request;
@@ -49,6 +50,7 @@ struct Inner {
     exec: Arc<dyn Executor>,
     roots: paths::Roots,
     boot_id: String,
+    backoff: heal::Backoff,
 }
 
 /// What a health check of one volume found.
@@ -68,7 +70,9 @@ impl Node {
         let boot_id =
             crate::volume::state::boot_id().map_err(|e| Error::internal(format!("reading the boot id: {e}")))?;
         let locks = VolumeLocks::new();
-        Ok(Node { inner: Arc::new(Inner { config, runtime, store, locks, exec, roots, boot_id }) })
+        Ok(Node {
+            inner: Arc::new(Inner { config, runtime, store, locks, exec, roots, boot_id, backoff: Default::default() }),
+        })
     }
 
     /// The configuration.
@@ -157,11 +161,12 @@ impl Node {
             context: attrs,
             plan,
             process: existing.as_ref().and_then(|s| s.process),
+            restarts: existing.as_ref().map(|s| s.restarts).unwrap_or(0),
             published: existing.map(|s| s.published).unwrap_or_default(),
             ephemeral: ask.ephemeral,
         };
         let secrets = ask.secrets;
-        self.blocking(move |n| n.apply_stage(state, &dirs, &secrets)).await?;
+        self.blocking(move |n| n.apply_stage(state, &dirs, &secrets, false)).await?;
         info!(volume.id = %ask.id, plugin = %name, staging = %ask.staging.display(), "staged");
         Ok(())
     }
@@ -353,7 +358,10 @@ impl Node {
             return Err(Error::not_found(format!("volume {id} is neither staged nor published at {}", path.display())));
         }
         let st2 = st.clone();
-        let health = self.blocking(move |n| Ok(n.health(&st2))).await?;
+        let mut health = self.blocking(move |n| Ok(n.health(&st2))).await?;
+        if let Some(reason) = self.gave_up(&id) {
+            health = Health { healthy: false, condition: join(&health, &reason) };
+        }
         let exec = self.inner.exec.clone();
         let p2 = path.clone();
         let usage = tokio::time::timeout(STATS_TIMEOUT, tokio::task::spawn_blocking(move || exec.usage(&p2))).await;

@@ -81,6 +81,13 @@ pub struct VolumeState {
     /// at the first publish, unstaged with the last unpublish.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ephemeral: bool,
+    /// Times the host restarted the FUSE process after it died (self-heal).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl VolumeState {
@@ -159,10 +166,45 @@ impl StateStore {
         Ok(Some(state))
     }
 
-    /// Forget `volume_id` (no error if it had no state).
+    /// Forget `volume_id` and its kept secrets (no error if it had none).
     pub fn remove(&self, volume_id: &str) -> Result<(), StateError> {
+        self.remove_secrets(volume_id)?;
         let path = self.path(volume_id);
         fs::remove_file(&path).map_err(|source| StateError::Io { path, source })
+    }
+
+    /// Keep the secrets a volume's plan references, so the host can restart its FUSE process
+    /// after a crash without kubelet: `<state-dir>/secrets/<key>.json`, 0600 in a 0700 folder
+    /// (root only, like `/proc/<pid>/environ` of the process that holds them anyway).
+    pub fn save_secrets(&self, volume_id: &str, secrets: &BTreeMap<String, String>) -> Result<(), StateError> {
+        let path = self.secrets_path(volume_id);
+        if secrets.is_empty() {
+            return fs::remove_file(&path).map_err(|source| StateError::Io { path, source });
+        }
+        let dir = path.parent().expect("has a parent").to_path_buf();
+        fs::private_dir(&dir).map_err(|source| StateError::Io { path: dir, source })?;
+        let json = serde_json::to_vec(secrets).expect("strings serialize");
+        fs::replace_atomic(&path, &json, 0o600).map_err(|source| StateError::Io { path, source })
+    }
+
+    /// The secrets kept for `volume_id` (empty if none).
+    pub fn load_secrets(&self, volume_id: &str) -> Result<BTreeMap<String, String>, StateError> {
+        let path = self.secrets_path(volume_id);
+        match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|source| StateError::Corrupt { path, source }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+            Err(source) => Err(StateError::Io { path, source }),
+        }
+    }
+
+    /// Forget the kept secrets of `volume_id`.
+    pub fn remove_secrets(&self, volume_id: &str) -> Result<(), StateError> {
+        let path = self.secrets_path(volume_id);
+        fs::remove_file(&path).map_err(|source| StateError::Io { path, source })
+    }
+
+    fn secrets_path(&self, volume_id: &str) -> PathBuf {
+        self.dir.with_file_name("secrets").join(format!("{}.json", volume_key(volume_id)))
     }
 
     /// Every state file, each parsed or with its error (for reconciliation at start). Stray
@@ -252,6 +294,7 @@ mod tests {
             process: Some(ProcessId { pid: 42, start_time: 7 }),
             published: BTreeMap::new(),
             ephemeral: false,
+            restarts: 0,
         }
     }
 
@@ -275,6 +318,25 @@ mod tests {
         store.remove(&id).unwrap();
         store.remove(&id).unwrap();
         assert_eq!(store.load(&id).unwrap(), None);
+    }
+
+    #[test]
+    fn kept_secrets_are_private_and_go_with_the_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        assert!(store.load_secrets("v").unwrap().is_empty());
+        let kept: BTreeMap<String, String> = [("jwtSigningKey".to_string(), "s3cr3t-value".to_string())].into();
+        store.save_secrets("v", &kept).unwrap();
+        assert_eq!(store.load_secrets("v").unwrap(), kept);
+        let file = dir.path().join("secrets").join(format!("{}.json", volume_key("v")));
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(file.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+        store.save(&state("v")).unwrap();
+        assert!(!std::fs::read_to_string(store.path("v")).unwrap().contains("s3cr3t-value"), "never in the state file");
+        store.remove("v").unwrap();
+        assert!(!file.exists(), "removed with the volume");
+        store.save_secrets("v", &BTreeMap::new()).unwrap();
+        assert!(!file.exists(), "nothing is written when the plan references no secret");
     }
 
     #[test]
