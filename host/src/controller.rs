@@ -15,10 +15,10 @@ use tracing::info;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
 use crate::exec::http::{Call, HttpClient, HttpError};
-use crate::node::apply::secret_refs;
+use crate::node::apply::{resolve, secret_refs};
 use crate::node::request;
 use crate::plan::policy::{self, Context, Operation};
-use crate::plan::{Plan, Step, Value};
+use crate::plan::{Plan, Step};
 use crate::plugin::bindings::types as wit;
 use crate::plugin::{LoadedPlugin, PluginRuntime};
 use crate::proto::csi;
@@ -205,14 +205,10 @@ impl Controller {
             let Step::Http { method, urls, headers, body, ok_status } = step else {
                 return Err(Error::internal(format!("a {} step reached the controller", step.kind())));
             };
-            let fill = |v: &Value| match v {
-                Value::Literal(s) => s.clone(),
-                Value::Secret(k) => secrets.get(k).unwrap_or_default().to_string(),
-            };
             let call = Call {
                 method: method.clone(),
                 urls: urls.clone(),
-                headers: headers.iter().map(|h| (h.name.clone(), fill(&h.value))).collect(),
+                headers: headers.iter().map(|h| (h.name.clone(), resolve(&h.value, secrets))).collect(),
                 body: body.clone(),
                 ok_status: ok_status.clone(),
             };

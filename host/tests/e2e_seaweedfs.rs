@@ -59,6 +59,39 @@ fn unpublish_req(id: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {
     csi::NodeUnpublishVolumeRequest { volume_id: id.into(), target_path: target.display().to_string() }
 }
 
+/// CreateVolume (seaweedfs, the test's filer), NodeStage, NodePublish into `pod`.
+async fn create_stage_publish(
+    controller: &mut ControllerClient<tonic::transport::Channel>,
+    node: &mut NodeClient<tonic::transport::Channel>,
+    weed: &Seaweed,
+    dirs: &NodeDirs,
+    pv: &str,
+    pod: &str,
+) -> (csi::Volume, std::path::PathBuf, std::path::PathBuf) {
+    let create = csi::CreateVolumeRequest {
+        name: pv.into(),
+        parameters: [("plugin".to_string(), "seaweedfs".to_string()), ("filer".into(), weed.filer.clone())].into(),
+        volume_capabilities: vec![multi_writer()],
+        ..Default::default()
+    };
+    let vol = controller.create_volume(create).await.unwrap().into_inner().volume.unwrap();
+    let staging = dirs.staging(pv);
+    let target = dirs.target(pod, pv);
+    node.node_stage_volume(stage_req(&vol.volume_id, &staging, &vol.volume_context)).await.unwrap();
+    node.node_publish_volume(publish_req(&vol.volume_id, &staging, &target, false, &vol.volume_context)).await.unwrap();
+    (vol, staging, target)
+}
+
+/// The host daemon's volumes, over its own socket.
+async fn host_volumes(dirs: &NodeDirs) -> Vec<mounthost::proto::host::VolumeStatus> {
+    mounthost::proto::host::host_client::HostClient::new(channel(&dirs.host_sock))
+        .list_volumes(mounthost::proto::host::ListVolumesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .volumes
+}
+
 fn entries(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
@@ -367,22 +400,17 @@ fn host_kill9_keeps_mounts_and_readopts_them() {
             wait_ready(&mut IdentityClient::new(ch.clone())).await;
             let mut vols = Vec::new();
             for i in 0..3 {
-                let pv = format!("pvc-restart-{i}");
-                let create = csi::CreateVolumeRequest {
-                    name: pv.clone(),
-                    parameters: [("plugin".to_string(), "seaweedfs".to_string()), ("filer".into(), weed.filer.clone())]
-                        .into(),
-                    volume_capabilities: vec![multi_writer()],
-                    ..Default::default()
-                };
-                let vol = controller.create_volume(create).await.unwrap().into_inner().volume.unwrap();
-                let staging = dirs.staging(&pv);
-                let target = dirs.target(&format!("pod-{i}"), &pv);
-                node.node_stage_volume(stage_req(&vol.volume_id, &staging, &vol.volume_context)).await.unwrap();
-                node.node_publish_volume(publish_req(&vol.volume_id, &staging, &target, false, &vol.volume_context))
-                    .await
-                    .unwrap();
-                vols.push((vol, staging, target));
+                vols.push(
+                    create_stage_publish(
+                        &mut controller,
+                        &mut node,
+                        &weed,
+                        &dirs,
+                        &format!("pvc-restart-{i}"),
+                        &format!("pod-{i}"),
+                    )
+                    .await,
+                );
             }
             let weeds: Vec<Vec<i32>> = vols.iter().map(|(_, s, _)| pids_with(&s.display().to_string())).collect();
             assert!(weeds.iter().all(|w| w.len() == 1), "one weed per volume: {weeds:?}");
@@ -397,12 +425,7 @@ fn host_kill9_keeps_mounts_and_readopts_them() {
             assert_eq!(e.unwrap_err().code(), Code::Unavailable, "the front reports the host as unavailable");
 
             host = dirs.start_host(std::slice::from_ref(&program));
-            let listed = mounthost::proto::host::host_client::HostClient::new(channel(&dirs.host_sock))
-                .list_volumes(mounthost::proto::host::ListVolumesRequest {})
-                .await
-                .unwrap()
-                .into_inner()
-                .volumes;
+            let listed = host_volumes(&dirs).await;
             assert_eq!(listed.len(), 3);
             assert!(listed.iter().all(|v| v.healthy && v.phase == "staged"), "re-adopted: {listed:?}");
             for ((vol, staging, target), before) in vols.iter().zip(&weeds) {
@@ -457,23 +480,11 @@ fn a_killed_weed_mount_is_restarted_and_its_targets_rebound() {
             wait_ready(&mut IdentityClient::new(ch.clone())).await;
             let mut vols = Vec::new();
             for i in 0..2 {
-                let pv = format!("pvc-heal-{i}");
-                let create = csi::CreateVolumeRequest {
-                    name: pv.clone(),
-                    parameters: [("plugin".to_string(), "seaweedfs".to_string()), ("filer".into(), weed.filer.clone())]
-                        .into(),
-                    volume_capabilities: vec![multi_writer()],
-                    ..Default::default()
-                };
-                let vol = controller.create_volume(create).await.unwrap().into_inner().volume.unwrap();
-                let staging = dirs.staging(&pv);
-                let target = dirs.target("pod", &pv);
-                node.node_stage_volume(stage_req(&vol.volume_id, &staging, &vol.volume_context)).await.unwrap();
-                node.node_publish_volume(publish_req(&vol.volume_id, &staging, &target, false, &vol.volume_context))
-                    .await
-                    .unwrap();
-                std::fs::write(target.join("data.txt"), format!("volume {i}")).unwrap();
-                vols.push((vol, staging, target));
+                vols.push(
+                    create_stage_publish(&mut controller, &mut node, &weed, &dirs, &format!("pvc-heal-{i}"), "pod")
+                        .await,
+                );
+                std::fs::write(vols[i].2.join("data.txt"), format!("volume {i}")).unwrap();
             }
             let victim = pids_with(&vols[0].1.display().to_string());
             let bystander = pids_with(&vols[1].1.display().to_string());
@@ -495,12 +506,7 @@ fn a_killed_weed_mount_is_restarted_and_its_targets_rebound() {
             assert_ne!(healed, victim, "a new weed process serves the volume");
             assert_eq!(pids_with(&vols[1].1.display().to_string()), bystander, "the other volume is untouched");
             assert_eq!(std::fs::read_to_string(vols[1].2.join("data.txt")).unwrap(), "volume 1");
-            let listed = mounthost::proto::host::host_client::HostClient::new(channel(&dirs.host_sock))
-                .list_volumes(mounthost::proto::host::ListVolumesRequest {})
-                .await
-                .unwrap()
-                .into_inner()
-                .volumes;
+            let listed = host_volumes(&dirs).await;
             let restarts: Vec<(String, u32)> = listed.iter().map(|v| (v.volume_id.clone(), v.restarts)).collect();
             assert!(restarts.contains(&(vols[0].0.volume_id.clone(), 1)), "{restarts:?}");
             assert!(restarts.contains(&(vols[1].0.volume_id.clone(), 0)), "{restarts:?}");

@@ -75,7 +75,7 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
             }
         }
     }
-    std::fs::create_dir_all(&cfg.kubelet_dir)?;
+    crate::exec::fs::private_dir(&cfg.kubelet_dir)?;
     let csi_socket = match &args.endpoint {
         Some(e) => crate::grpc::socket_path(e).map_err(anyhow::Error::msg)?,
         None => cfg.state_dir.join("csi.sock"),

@@ -47,7 +47,9 @@ pub fn secret_refs(plan: &Plan) -> Vec<String> {
     keys
 }
 
-fn resolve(v: &Value, secrets: &Secrets) -> String {
+/// A plan value with its secret filled in (every referenced secret was checked present before
+/// anything ran).
+pub fn resolve(v: &Value, secrets: &Secrets) -> String {
     match v {
         Value::Literal(s) => s.clone(),
         // Checked before anything ran: every referenced secret is present.
@@ -292,7 +294,6 @@ impl Node {
         plan: &Plan,
         target: &Path,
         readonly: bool,
-        _secrets: &Secrets,
     ) -> Result<(), Error> {
         for step in &plan.steps {
             self.apply_step(step)?;

@@ -321,7 +321,7 @@ impl Node {
             )));
         }
         let t2 = std::time::Instant::now();
-        let r = self.blocking(move |n| n.apply_publish(state, &plan, &target, readonly, &secrets)).await;
+        let r = self.blocking(move |n| n.apply_publish(state, &plan, &target, readonly)).await;
         tracing::debug!(
             load_us = t_load.as_micros() as u64,
             resolve_us = t_resolve.as_micros() as u64,
