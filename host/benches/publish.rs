@@ -88,7 +88,12 @@ async fn run() {
     cfg.plugin_dir = plugins;
     cfg.grants.insert("tmpfs".into(), Grant { fstypes: ["tmpfs".to_string()].into(), ..Grant::default() });
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime()).unwrap());
-    let node = Node::new(cfg.clone(), runtime, Arc::new(Linux)).unwrap();
+    let node = Node::new(
+        cfg.clone(),
+        runtime,
+        Arc::new(Linux::new(mounthost::exec::cgroup::Cgroups::detect("mounthost-bench"))),
+    )
+    .unwrap();
     let host_sock = root.path().join("host.sock");
     let csi_sock = root.path().join("csi.sock");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

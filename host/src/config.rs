@@ -41,6 +41,9 @@ pub struct Config {
     pub fuse_stop_grace: std::time::Duration,
     /// The host daemon's socket (front ↔ host).
     pub host_socket: PathBuf,
+    /// The cgroup (relative to the hierarchy's root) under which each volume's FUSE processes
+    /// get a group of their own.
+    pub cgroup_parent: String,
 }
 
 impl Config {
@@ -67,6 +70,7 @@ impl Config {
             kubelet_dir: PathBuf::from(DEFAULT_KUBELET_DIR),
             node_id: default_node_id(),
             fuse_stop_grace: std::time::Duration::from_secs(10),
+            cgroup_parent: crate::exec::cgroup::DEFAULT_PARENT.to_string(),
         }
     }
 

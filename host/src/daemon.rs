@@ -130,6 +130,7 @@ impl Host for HostService {
                 healthy: h.healthy,
                 condition: h.condition,
                 restarts: st.restarts,
+                oom_kills: st.oom_kills,
             })
             .collect();
         Ok(Response::new(ListVolumesResponse { volumes }))
@@ -141,27 +142,13 @@ pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()>
     let n = node.clone();
     let report = tokio::task::spawn_blocking(move || n.reconcile()).await??;
     let listener = crate::exec::socket::listen(socket)?;
-    // FUSE programs are the daemon's children until it restarts: reap any that exit on their
-    // own, so none is ever left a zombie.
-    // Then the supervisor restarts what died (node/heal.rs).
-    let supervised = node.clone();
-    let reaper = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-        loop {
-            tick.tick().await;
-            let n = crate::exec::process::reap_exited_children();
-            if n > 0 {
-                tracing::warn!(reaped = n, "FUSE processes exited on their own");
-            }
-            let node = supervised.clone();
-            let _ = tokio::task::spawn_blocking(move || node.heal_pass()).await;
-        }
-    });
+    // Watches, reaps and restarts FUSE processes (supervisor.rs, node/heal.rs).
+    let supervisor = tokio::spawn(crate::supervisor::run(node.clone()));
     tracing::info!(socket = %socket.display(), adopted = report.adopted, cleaned = report.cleaned, unhealthy = report.unhealthy, "host daemon ready");
     tonic::transport::Server::builder()
         .add_service(HostServer::new(HostService::new(node)))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await?;
-    reaper.abort();
+    supervisor.abort();
     Ok(())
 }

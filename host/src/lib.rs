@@ -20,5 +20,6 @@ pub mod plugin;
 pub mod proto;
 pub mod secrets;
 pub mod stock;
+pub mod supervisor;
 pub mod telemetry;
 pub mod volume;

@@ -67,10 +67,14 @@ async fn create_stage_publish(
     dirs: &NodeDirs,
     pv: &str,
     pod: &str,
+    params: &[(&str, &str)],
 ) -> (csi::Volume, std::path::PathBuf, std::path::PathBuf) {
+    let mut parameters: HashMap<String, String> =
+        [("plugin".to_string(), "seaweedfs".to_string()), ("filer".into(), weed.filer.clone())].into();
+    parameters.extend(params.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let create = csi::CreateVolumeRequest {
         name: pv.into(),
-        parameters: [("plugin".to_string(), "seaweedfs".to_string()), ("filer".into(), weed.filer.clone())].into(),
+        parameters,
         volume_capabilities: vec![multi_writer()],
         ..Default::default()
     };
@@ -156,6 +160,9 @@ async fn lifecycle(weed: &Seaweed, dirs: &NodeDirs, front: &mut common::Proc, pr
     node.node_stage_volume(stage_req(&id, &staging, &ctx)).await.expect("stage repeated: same answer");
     let weeds = pids_with(&staging.display().to_string());
     assert_eq!(weeds.len(), 1, "one weed mount process for the volume, not one per call");
+    let key = mounthost::volume::dirs::volume_key(&id);
+    assert_eq!(dirs.cgroups_left(), vec![key.clone()], "the volume has a cgroup of its own");
+    assert_eq!(dirs.cgroups.procs(&key).unwrap(), weeds, "weed runs in the volume's cgroup");
     let m = mounthost::exec::mountinfo::read().unwrap();
     assert_eq!(mounthost::exec::mountinfo::at(&m, &staging).unwrap().fstype, "fuse.seaweedfs");
 
@@ -241,12 +248,15 @@ async fn lifecycle(weed: &Seaweed, dirs: &NodeDirs, front: &mut common::Proc, pr
     assert!(caches.is_empty(), "cache dirs left: {caches:?}");
     let runtime = entries(&dirs.state.join("run"));
     assert!(runtime.is_empty(), "runtime dirs or sockets left: {runtime:?}");
+    let groups = dirs.cgroups_left();
+    assert!(groups.is_empty(), "cgroups left: {groups:?}");
     assert!(!weed.dir_exists(&format!("/buckets/{pv}")), "the directory is gone from the filer");
     println!(
-        "checked: 0 weed mount processes, 0 mounts, {} state files, {} cache dirs, {} runtime entries, filer directory gone",
+        "checked: 0 weed mount processes, 0 mounts, {} state files, {} cache dirs, {} runtime entries, {} cgroups, filer directory gone",
         state_files.len(),
         caches.len(),
-        runtime.len()
+        runtime.len(),
+        groups.len()
     );
 }
 
@@ -408,6 +418,7 @@ fn host_kill9_keeps_mounts_and_readopts_them() {
                         &dirs,
                         &format!("pvc-restart-{i}"),
                         &format!("pod-{i}"),
+                        &[],
                     )
                     .await,
                 );
@@ -481,8 +492,16 @@ fn a_killed_weed_mount_is_restarted_and_its_targets_rebound() {
             let mut vols = Vec::new();
             for i in 0..2 {
                 vols.push(
-                    create_stage_publish(&mut controller, &mut node, &weed, &dirs, &format!("pvc-heal-{i}"), "pod")
-                        .await,
+                    create_stage_publish(
+                        &mut controller,
+                        &mut node,
+                        &weed,
+                        &dirs,
+                        &format!("pvc-heal-{i}"),
+                        "pod",
+                        &[],
+                    )
+                    .await,
                 );
                 std::fs::write(vols[i].2.join("data.txt"), format!("volume {i}")).unwrap();
             }
@@ -524,6 +543,107 @@ fn a_killed_weed_mount_is_restarted_and_its_targets_rebound() {
             assert!(entries(&dirs.state.join("volumes")).is_empty());
             assert!(entries(&dirs.state.join("secrets")).is_empty(), "kept secrets are removed with the volume");
             println!("checked: target back after {back:?} with the same data, restart counted, bystander untouched");
+        })
+    });
+}
+
+/// A volume whose `weed mount` outgrows its memory limit is OOM-killed inside its own cgroup:
+/// the other volume's process and data are untouched, and the host counts the OOM kills and
+/// names them in the volume's condition.
+#[test]
+fn an_oom_kill_stays_inside_its_volume() {
+    if !in_private_namespace("an_oom_kill_stays_inside_its_volume") {
+        return;
+    }
+    let weed = Seaweed::start();
+    let dirs = NodeDirs::new();
+    let program = format!("--program=weed={}", weed_binary().display());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _host = dirs.start_host(std::slice::from_ref(&program));
+    let _front = dirs.start_front(std::slice::from_ref(&program));
+    guarded(&dirs, || {
+        rt.block_on(async {
+            let ch = channel(&dirs.csi_sock);
+            let mut node = NodeClient::new(ch.clone());
+            let mut controller = ControllerClient::new(ch.clone());
+            wait_ready(&mut IdentityClient::new(ch.clone())).await;
+            let limit_mb = 64;
+            let limited = create_stage_publish(
+                &mut controller,
+                &mut node,
+                &weed,
+                &dirs,
+                "pvc-oom-limited",
+                "pod",
+                &[("memoryLimitMB", &limit_mb.to_string())],
+            )
+            .await;
+            let other = create_stage_publish(&mut controller, &mut node, &weed, &dirs, "pvc-oom-other", "pod", &[]).await;
+            std::fs::write(other.2.join("data.txt"), b"untouched").unwrap();
+            let other_pid = pids_with(&other.1.display().to_string());
+            let key = mounthost::volume::dirs::volume_key(&limited.0.volume_id);
+            let limit_file = ["memory.max", "memory.limit_in_bytes"]
+                .iter()
+                .map(|f| dirs.cgroups.parent_dir().unwrap().join(&key).join(f))
+                .find(|p| p.exists())
+                .unwrap();
+            assert_eq!(std::fs::read_to_string(&limit_file).unwrap().trim(), (limit_mb << 20).to_string());
+
+            // Writes buffered by weed push it past its limit.
+            let target = limited.2.clone();
+            let writer = std::thread::spawn(move || {
+                let chunk = vec![7u8; 8 << 20];
+                for i in 0..64 {
+                    let Ok(mut f) = std::fs::File::create(target.join(format!("big-{i}"))) else { break };
+                    use std::io::Write;
+                    if (0..8).any(|_| f.write_all(&chunk).is_err()) {
+                        break;
+                    }
+                }
+            });
+            let started = std::time::Instant::now();
+            let oom = loop {
+                let listed = host_volumes(&dirs).await;
+                let v = listed.iter().find(|v| v.volume_id == limited.0.volume_id).unwrap();
+                if v.oom_kills > 0 || !v.condition.is_empty() && v.condition.contains("OOM") {
+                    break v.clone();
+                }
+                assert!(started.elapsed() < Duration::from_secs(60), "no OOM kill within 60 s: {v:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let _ = writer.join();
+            let listed = host_volumes(&dirs).await;
+            let o = listed.iter().find(|v| v.volume_id == other.0.volume_id).unwrap();
+            assert_eq!((o.oom_kills, o.restarts, o.healthy), (0, 0, true), "{o:?}");
+            assert_eq!(pids_with(&other.1.display().to_string()), other_pid, "the other volume's weed lives on");
+            assert_eq!(std::fs::read_to_string(other.2.join("data.txt")).unwrap(), "untouched");
+            // The host may be restarting the limited volume: like kubelet, retry what is Aborted.
+            for (vol, staging, target) in [&limited, &other] {
+                let unstage = csi::NodeUnstageVolumeRequest {
+                    volume_id: vol.volume_id.clone(),
+                    staging_target_path: staging.display().to_string(),
+                };
+                for attempt in 0.. {
+                    let r = match node.node_unpublish_volume(unpublish_req(&vol.volume_id, target)).await {
+                        Ok(_) => node.node_unstage_volume(unstage.clone()).await.map(|_| ()),
+                        Err(e) => Err(e),
+                    };
+                    match r {
+                        Ok(()) => break,
+                        Err(e) if e.code() == Code::Aborted && attempt < 600 => {
+                            tokio::time::sleep(Duration::from_millis(100)).await
+                        }
+                        Err(e) => panic!("teardown of {}: {e:?}", vol.volume_id),
+                    }
+                }
+            }
+            let groups = dirs.cgroups_left();
+            assert!(groups.is_empty(), "cgroups left: {groups:?}");
+            assert!(mounts_below(dirs.root.path()).is_empty());
+            println!(
+                "checked: limit {limit_mb} MiB, {} OOM kill(s) and {} restart(s) in the limited volume, 0 in the other, 0 cgroups left",
+                oom.oom_kills, oom.restarts
+            );
         })
     });
 }

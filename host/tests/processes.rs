@@ -8,7 +8,7 @@ use mounthost::exec::process::{self, ProcessError, ProcessId, Spec, Stopped};
 
 fn sh(script: &str, env: &[(String, String)], log: &Path) -> ProcessId {
     let args = vec!["-c".to_string(), script.to_string()];
-    process::spawn(&Spec { executable: Path::new("/bin/sh"), args: &args, env, log }).unwrap()
+    process::spawn(&Spec { executable: Path::new("/bin/sh"), args: &args, env, log }, None).unwrap()
 }
 
 fn wait_for(log: &Path, needle: &str) -> String {
@@ -78,9 +78,9 @@ fn a_recycled_pid_is_never_signalled() {
 fn spawn_errors_name_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let spec = Spec { executable: Path::new("/nonexistent/weed"), args: &[], env: &[], log: &dir.path().join("l") };
-    let err = process::spawn(&spec).unwrap_err();
+    let err = process::spawn(&spec, None).unwrap_err();
     assert!(matches!(err, ProcessError::Spawn { .. }), "{err}");
     assert!(err.to_string().contains("/nonexistent/weed"), "{err}");
     let spec = Spec { executable: Path::new("/bin/true"), args: &[], env: &[], log: &dir.path().join("no/such/dir/l") };
-    assert!(matches!(process::spawn(&spec).unwrap_err(), ProcessError::Log { .. }));
+    assert!(matches!(process::spawn(&spec, None).unwrap_err(), ProcessError::Log { .. }));
 }

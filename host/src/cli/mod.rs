@@ -68,6 +68,10 @@ pub struct GlobalArgs {
     /// Seconds a FUSE process gets between SIGTERM and SIGKILL at unstage.
     #[arg(long, env = "MOUNTHOST_FUSE_STOP_GRACE_SECS", default_value_t = 10, global = true)]
     pub fuse_stop_grace_secs: u64,
+    /// The cgroup, relative to the hierarchy's root (v2, or v1's memory hierarchy), under which
+    /// every volume's FUSE processes get a group of their own.
+    #[arg(long, env = "MOUNTHOST_CGROUP_PARENT", default_value = crate::exec::cgroup::DEFAULT_PARENT, value_parser = parse_cgroup_parent, global = true)]
+    pub cgroup_parent: String,
     /// Log filter, e.g. `info` or `info,mounthost=debug`.
     #[arg(long, env = "MOUNTHOST_LOG", default_value = "info", global = true)]
     pub log: String,
@@ -138,7 +142,25 @@ impl GlobalArgs {
             cfg.node_id = n.clone();
         }
         cfg.fuse_stop_grace = Duration::from_secs(self.fuse_stop_grace_secs);
+        cfg.cgroup_parent = self.cgroup_parent.clone();
         Ok(cfg)
+    }
+}
+
+/// A relative cgroup path: `/`-separated names of `[A-Za-z0-9._-]`, none `.` or `..`.
+fn parse_cgroup_parent(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 255
+        && s.split('/').all(|c| {
+            !c.is_empty()
+                && c != "."
+                && c != ".."
+                && c.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        });
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not a relative cgroup path (names of letters, digits, '.', '_' and '-' joined by '/')"))
     }
 }
 

@@ -8,6 +8,7 @@ use clap::Args;
 use crate::config::Config;
 use crate::controller::Controller;
 use crate::exec::Linux;
+use crate::exec::cgroup::Cgroups;
 use crate::front::{self, Mode};
 use crate::node::Node;
 use crate::plugin::PluginRuntime;
@@ -43,11 +44,23 @@ pub async fn stop_signal() {
     tracing::info!("stopping; mounts and FUSE processes stay up");
 }
 
+/// The real executor, with the node's cgroup layout detected.
+fn linux(cfg: &Config) -> Arc<Linux> {
+    let cgroups = Cgroups::detect(&cfg.cgroup_parent);
+    match (cgroups.version(), cgroups.parent_dir()) {
+        (Some(v), Some(dir)) => tracing::info!(version = ?v, parent = %dir.display(), "per-volume cgroups"),
+        _ => tracing::warn!(
+            "no memory cgroup controller found: FUSE processes run without per-volume cgroups, and plans with a memory limit are refused"
+        ),
+    }
+    Arc::new(Linux::new(cgroups))
+}
+
 /// `mounthost host`.
 pub async fn host(cfg: Config) -> anyhow::Result<()> {
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
     let socket = cfg.host_socket.clone();
-    let node = Node::new(cfg, runtime, Arc::new(Linux))?;
+    let node = Node::new(cfg.clone(), runtime, linux(&cfg))?;
     crate::daemon::serve(node, &socket, stop_signal()).await
 }
 
@@ -81,7 +94,7 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
         None => cfg.state_dir.join("csi.sock"),
     };
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
-    let node = Node::new(cfg.clone(), runtime.clone(), Arc::new(Linux))?;
+    let node = Node::new(cfg.clone(), runtime.clone(), linux(&cfg))?;
     let host_socket = cfg.host_socket.clone();
     let (tx, rx) = tokio::sync::watch::channel(false);
     let mut rx2 = rx.clone();

@@ -9,6 +9,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::cgroup::Cgroups;
 use super::mount::{self, MountError};
 use super::mountinfo::{self, MountEntry};
 use super::process::{self, ProcessError, ProcessId, Spec, Stopped};
@@ -35,6 +36,9 @@ pub struct Fuse<'a> {
     pub fstype: &'a str,
     /// Within this time.
     pub ready_timeout: Duration,
+    /// The volume's cgroup (its state key), and its memory limit.
+    pub group: &'a str,
+    pub memory_limit: Option<u64>,
 }
 
 /// A FUSE program did not become ready.
@@ -44,14 +48,17 @@ pub enum FuseError {
     #[error(transparent)]
     Process(#[from] ProcessError),
     /// It exited before its mount appeared.
-    #[error("{program} exited before mounting {}; its log ends with: {log_tail}", mountpoint.display())]
-    Exited { program: PathBuf, mountpoint: PathBuf, log_tail: String },
+    #[error("{program} exited before mounting {}{oom}; its log ends with: {log_tail}", mountpoint.display())]
+    Exited { program: PathBuf, mountpoint: PathBuf, oom: String, log_tail: String },
     /// Its mount did not appear in time (it was stopped).
     #[error("{program} did not mount {} within {timeout:?}; its log ends with: {log_tail}", mountpoint.display())]
     Timeout { program: PathBuf, mountpoint: PathBuf, timeout: Duration, log_tail: String },
     /// The mount table could not be read.
     #[error("reading the mount table: {0}")]
     Io(#[from] io::Error),
+    /// Its cgroup could not be prepared (kind `Unsupported`: the node lacks the controller).
+    #[error("preparing the volume's cgroup: {0}")]
+    Cgroup(io::Error),
 }
 
 /// Everything the node pipeline does to the machine.
@@ -85,13 +92,36 @@ pub trait Executor: Send + Sync + 'static {
     fn is_alive(&self, id: &ProcessId) -> bool;
     /// SIGTERM, up to `grace`, SIGKILL, reap.
     fn stop(&self, id: &ProcessId, grace: Duration) -> Result<Stopped, ProcessError>;
+    /// The binary a live process runs (for re-adoption: same pid, start time and program).
+    fn executable(&self, id: &ProcessId) -> Option<PathBuf>;
+    /// Kill whatever is left in a volume's cgroup and remove it; a missing one is fine.
+    /// Returns how many processes had to be killed.
+    fn release_group(&self, group: &str) -> io::Result<usize>;
+    /// The volumes' cgroups that exist.
+    fn groups(&self) -> io::Result<Vec<String>>;
+    /// How often the OOM killer struck in a volume's cgroup.
+    fn oom_kills(&self, group: &str) -> Option<u64>;
     /// statvfs(2) of a mounted path.
     fn usage(&self, path: &Path) -> io::Result<Usage>;
 }
 
 /// The real thing.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Linux;
+#[derive(Debug, Clone)]
+pub struct Linux {
+    cgroups: Cgroups,
+}
+
+impl Linux {
+    /// FUSE processes go into groups below `cgroups`' parent.
+    pub fn new(cgroups: Cgroups) -> Self {
+        Linux { cgroups }
+    }
+
+    /// The cgroups it uses.
+    pub fn cgroups(&self) -> &Cgroups {
+        &self.cgroups
+    }
+}
 
 impl Executor for Linux {
     fn mounts(&self) -> io::Result<Vec<MountEntry>> {
@@ -144,7 +174,16 @@ impl Executor for Linux {
     }
 
     fn spawn_fuse(&self, fuse: &Fuse<'_>) -> Result<ProcessId, FuseError> {
-        let id = process::spawn(&fuse.spec)?;
+        let group = self.cgroups.prepare(fuse.group, fuse.memory_limit).map_err(FuseError::Cgroup)?;
+        let id = process::spawn(&fuse.spec, group.as_ref());
+        drop(group);
+        let id = match id {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = self.cgroups.release(fuse.group);
+                return Err(e.into());
+            }
+        };
         let started = Instant::now();
         let program = fuse.spec.executable.to_path_buf();
         let mountpoint = fuse.mountpoint.to_path_buf();
@@ -157,10 +196,18 @@ impl Executor for Linux {
             }
             if !process::is_alive(&id) {
                 let _ = process::stop(&id, Duration::ZERO);
-                return Err(FuseError::Exited { program, mountpoint, log_tail: log_tail(fuse.spec.log) });
+                let oom = match (self.cgroups.oom_kills(fuse.group), fuse.memory_limit) {
+                    (Some(n), Some(limit)) if n > 0 => {
+                        format!(" (killed by the OOM killer at its memory limit of {limit} bytes)")
+                    }
+                    _ => String::new(),
+                };
+                let _ = self.cgroups.release(fuse.group);
+                return Err(FuseError::Exited { program, mountpoint, oom, log_tail: log_tail(fuse.spec.log) });
             }
             if started.elapsed() >= fuse.ready_timeout {
                 let _ = process::stop(&id, Duration::from_secs(2));
+                let _ = self.cgroups.release(fuse.group);
                 return Err(FuseError::Timeout {
                     program,
                     mountpoint,
@@ -178,6 +225,22 @@ impl Executor for Linux {
 
     fn stop(&self, id: &ProcessId, grace: Duration) -> Result<Stopped, ProcessError> {
         process::stop(id, grace)
+    }
+
+    fn executable(&self, id: &ProcessId) -> Option<PathBuf> {
+        process::executable(id)
+    }
+
+    fn release_group(&self, group: &str) -> io::Result<usize> {
+        self.cgroups.release(group)
+    }
+
+    fn groups(&self) -> io::Result<Vec<String>> {
+        self.cgroups.groups()
+    }
+
+    fn oom_kills(&self, group: &str) -> Option<u64> {
+        self.cgroups.oom_kills(group)
     }
 
     fn usage(&self, path: &Path) -> io::Result<Usage> {

@@ -5,6 +5,7 @@
 //! reading one folder. The node pipeline reaches it only through the [`Executor`] trait.
 
 pub mod artifact;
+pub mod cgroup;
 pub mod executor;
 pub mod fs;
 pub mod http;

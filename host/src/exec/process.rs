@@ -79,8 +79,9 @@ pub enum ProcessError {
     Unkillable { pid: i32, waited: Duration },
 }
 
-/// Start `spec` in its own session.
-pub fn spawn(spec: &Spec<'_>) -> Result<ProcessId, ProcessError> {
+/// Start `spec` in its own session; with `cgroup` (an open `cgroup.procs`), inside that group
+/// from before its first instruction.
+pub fn spawn(spec: &Spec<'_>, cgroup: Option<&std::fs::File>) -> Result<ProcessId, ProcessError> {
     let log = OpenOptions::new()
         .append(true)
         .create(true)
@@ -96,10 +97,22 @@ pub fn spawn(spec: &Spec<'_>) -> Result<ProcessId, ProcessError> {
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(err_log);
+    let group_fd = cgroup.map(std::os::fd::AsRawFd::as_raw_fd);
     // SAFETY: the closure runs in the child between fork and exec, where only
-    // async-signal-safe calls are allowed; setsid(2) is one, and it allocates nothing.
+    // async-signal-safe calls are allowed; setsid(2) and write(2) are, and nothing allocates
+    // (`last_os_error` only reads errno). `group_fd` stays open in the parent until `spawn`
+    // returns, so the child's copy is valid.
     unsafe {
-        cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
+        cmd.pre_exec(move || {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            if let Some(fd) = group_fd {
+                // "0" moves the writing process (cgroup v1 and v2 alike).
+                if nix::libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
     }
     let child = cmd.spawn().map_err(|source| ProcessError::Spawn { path: spec.executable.to_path_buf(), source })?;
     let pid = i32::try_from(child.id()).expect("pids fit in i32");
@@ -192,4 +205,47 @@ pub fn stop(id: &ProcessId, grace: Duration) -> Result<Stopped, ProcessError> {
     } else {
         Err(ProcessError::Unkillable { pid: id.pid, waited: KILL_BOUND })
     }
+}
+
+/// The binary `id` runs (`/proc/<pid>/exe`), without the ` (deleted)` mark of a binary
+/// replaced on disk since it started. `None` if it is gone or not the same process.
+pub fn executable(id: &ProcessId) -> Option<PathBuf> {
+    let exe = std::fs::read_link(format!("/proc/{}/exe", id.pid)).ok()?;
+    // Checked after the read: the pid was still this process while its link was read.
+    if !is_alive(id) {
+        return None;
+    }
+    let text = exe.to_string_lossy();
+    Some(text.strip_suffix(" (deleted)").map(PathBuf::from).unwrap_or(exe))
+}
+
+/// Resolves once `id` exits: a pidfd (pidfd_open(2)) registered with tokio's reactor, so the
+/// supervisor waits for many processes without polling. Errors if `id` is gone or its pid now
+/// names another process. Must be called inside a tokio runtime.
+pub fn exited(id: &ProcessId) -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
+    let fd = pidfd(id)?;
+    // SAFETY: the AsyncFd owns `fd` (an OwnedFd) until it is dropped, and an OwnedFd always
+    // returns the same descriptor from as_raw_fd.
+    let watched = unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?;
+    Ok(async move {
+        // A pidfd is readable once its process has exited.
+        let _ = watched.readable().await;
+    })
+}
+
+/// A pidfd of `id`, checked to name that very process.
+fn pidfd(id: &ProcessId) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; no memory is shared.
+    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, id.pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us and nothing else owns it.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+    // Opened first, checked second: if the pid still has our start time now, the fd names it.
+    if !is_alive(id) {
+        return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+    }
+    Ok(fd)
 }

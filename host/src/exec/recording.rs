@@ -2,7 +2,7 @@
 //! keeps a simulated mount table and process list, so the pipeline's decisions ("already
 //! mounted: skip", "another mount at the target: AlreadyExists") can be tested without root.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -20,6 +20,10 @@ struct Sim {
     calls: Vec<String>,
     mounts: Vec<MountEntry>,
     alive: BTreeSet<i32>,
+    /// Each cgroup's member pids.
+    groups: BTreeMap<String, BTreeSet<i32>>,
+    /// What each spawned pid runs.
+    exes: BTreeMap<i32, PathBuf>,
     next: u32,
     fail_next: Option<(String, Errno)>,
 }
@@ -58,6 +62,17 @@ impl Recording {
     /// Simulate a crash of a process.
     pub fn kill(&self, pid: i32) {
         self.sim().alive.remove(&pid);
+    }
+
+    /// A process in a volume's cgroup that no state file names (a daemon killed between spawn
+    /// and recording the pid). Returns its pid.
+    pub fn orphan_in_group(&self, group: &str) -> i32 {
+        let mut s = self.sim();
+        s.next += 1;
+        let pid = 10_000 + s.next as i32;
+        s.alive.insert(pid);
+        s.groups.entry(group.into()).or_default().insert(pid);
+        pid
     }
 
     /// Put a mount in the table as if someone else had made it.
@@ -189,6 +204,8 @@ impl Executor for Recording {
         s.next += 1;
         let pid = 10_000 + s.next as i32;
         s.alive.insert(pid);
+        s.groups.entry(fuse.group.into()).or_default().insert(pid);
+        s.exes.insert(pid, fuse.spec.executable.into());
         let source = fuse.spec.executable.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         push_mount(&mut s, fuse.fstype, &source, "/", fuse.mountpoint, false);
         Ok(ProcessId { pid, start_time: 1 })
@@ -202,6 +219,26 @@ impl Executor for Recording {
         let mut s = self.sim();
         s.calls.push(format!("stop {}", id.pid));
         Ok(if s.alive.remove(&id.pid) { Stopped::Terminated } else { Stopped::AlreadyGone })
+    }
+
+    fn executable(&self, id: &ProcessId) -> Option<PathBuf> {
+        let s = self.sim();
+        s.alive.contains(&id.pid).then(|| s.exes.get(&id.pid).cloned()).flatten()
+    }
+
+    fn release_group(&self, group: &str) -> io::Result<usize> {
+        let mut s = self.sim();
+        let Some(pids) = s.groups.remove(group) else { return Ok(0) };
+        s.calls.push(format!("release-group {group}"));
+        Ok(pids.into_iter().filter(|p| s.alive.remove(p)).count())
+    }
+
+    fn groups(&self) -> io::Result<Vec<String>> {
+        Ok(self.sim().groups.keys().cloned().collect())
+    }
+
+    fn oom_kills(&self, _group: &str) -> Option<u64> {
+        None
     }
 
     fn usage(&self, path: &Path) -> io::Result<Usage> {

@@ -15,6 +15,7 @@ use crate::exec::{Fuse, FuseError};
 use crate::plan::{Plan, Step, Value};
 use crate::secrets::Secrets;
 use crate::volume::VolumeDirs;
+use crate::volume::dirs::volume_key;
 use crate::volume::state::{Phase, Publication, VolumeState};
 
 /// How many stacked mounts one path may hold before clearing it gives up.
@@ -84,9 +85,17 @@ impl Node {
             && !self.inner.exec.is_alive(p)
         {
             problems.push(format!("the FUSE process {} is not running", p.pid));
+        } else if st.process.is_none() && self.spawns(st) {
+            problems.push("no FUSE process is recorded".into());
         }
         if mountinfo::at(mounts, &st.staging_path).is_none() {
             problems.push(format!("nothing is mounted at the staging path {}", st.staging_path.display()));
+        }
+        let oom = u64::from(st.oom_kills) + self.inner.exec.oom_kills(&volume_key(&st.volume_id)).unwrap_or(0);
+        if !problems.is_empty() && oom > 0 {
+            problems.push(format!(
+                "the OOM killer struck {oom} times in the volume's cgroup: its memory limit is too small"
+            ));
         }
         Health { healthy: problems.is_empty(), condition: problems.join("; ") }
     }
@@ -137,10 +146,12 @@ impl Node {
         secrets: &Secrets,
         healing: bool,
     ) -> Result<(), Error> {
-        // Leftovers of an earlier attempt or a crashed process go first.
+        // Leftovers of an earlier attempt or a crashed process go first, and whatever else still
+        // runs in the volume's cgroup (a process a killed daemon spawned but never recorded).
         if let Some(old) = state.process.take() {
             self.inner.exec.stop(&old, self.inner.config.fuse_stop_grace)?;
         }
+        self.release_group(&state.volume_id)?;
         self.clear_mounts(&state.staging_path)?;
         self.save(&state)?;
         // Only the secrets the plan references, so a crashed FUSE process can be restarted.
@@ -175,7 +186,16 @@ impl Node {
         let steps = state.plan.steps.clone();
         for step in &steps {
             match step {
-                Step::SpawnFuse { program, executable, args, env, mountpoint, fstype, ready_timeout_ms, .. } => {
+                Step::SpawnFuse {
+                    program,
+                    executable,
+                    args,
+                    env,
+                    mountpoint,
+                    fstype,
+                    ready_timeout_ms,
+                    memory_limit_bytes,
+                } => {
                     self.clear_mounts(mountpoint)?;
                     self.mkdir(mountpoint)?;
                     let env: Vec<(String, String)> =
@@ -187,6 +207,8 @@ impl Node {
                         mountpoint,
                         fstype,
                         ready_timeout: std::time::Duration::from_millis(u64::from(*ready_timeout_ms)),
+                        group: &volume_key(&state.volume_id),
+                        memory_limit: *memory_limit_bytes,
                     };
                     let pid = self.inner.exec.spawn_fuse(&fuse).map_err(|e| fuse_error(e, secrets))?;
                     state.process = Some(pid);
@@ -353,11 +375,26 @@ impl Node {
         Ok(self.inner.store.remove(&st.volume_id)?)
     }
 
-    /// Stop the process, clear the staging mount, remove the host's directories of the volume.
+    /// Kill what is left in the volume's cgroup and remove it.
+    pub(super) fn release_group(&self, volume_id: &str) -> Result<(), Error> {
+        let key = volume_key(volume_id);
+        match self.inner.exec.release_group(&key) {
+            Ok(0) => Ok(()),
+            Ok(n) => {
+                warn!(volume.id = %volume_id, killed = n, "killed processes left in the volume's cgroup");
+                Ok(())
+            }
+            Err(e) => Err(Error::internal(format!("releasing the cgroup of volume {volume_id}: {e}"))),
+        }
+    }
+
+    /// Stop the process, kill what is left in its cgroup, clear the staging mount, remove the
+    /// host's directories of the volume.
     pub(super) fn teardown(&self, st: &VolumeState, dirs: &VolumeDirs) -> Result<(), Error> {
         if let Some(p) = &st.process {
             self.inner.exec.stop(p, self.inner.config.fuse_stop_grace)?;
         }
+        self.release_group(&st.volume_id)?;
         self.clear_mounts(&st.staging_path)?;
         for d in [&dirs.cache, &dirs.runtime].into_iter().flatten() {
             self.clear_mounts_below(d)?;
@@ -379,6 +416,7 @@ fn fuse_error(e: FuseError, secrets: &Secrets) -> Error {
     match e {
         FuseError::Timeout { .. } => Error::new(crate::error::ErrorKind::DeadlineExceeded, message),
         FuseError::Exited { .. } => Error::unavailable(message),
-        FuseError::Process(_) | FuseError::Io(_) => Error::internal(message),
+        FuseError::Cgroup(e) if e.kind() == std::io::ErrorKind::Unsupported => Error::precondition(message),
+        FuseError::Process(_) | FuseError::Io(_) | FuseError::Cgroup(_) => Error::internal(message),
     }
 }

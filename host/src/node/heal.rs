@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
 use super::Node;
+use crate::exec::process::ProcessId;
 use crate::secrets::Secrets;
 use crate::volume::state::Phase;
 
@@ -37,69 +38,106 @@ pub struct HealReport {
 }
 
 impl Node {
-    /// One supervisor pass. Blocking.
+    /// One supervisor pass, one volume after the other. Blocking. (The daemon's supervisor
+    /// runs [`Node::heal_one`] for each of [`Node::broken`] in parallel instead.)
     pub fn heal_pass(&self) -> HealReport {
         let mut report = HealReport::default();
-        let Ok(mounts) = self.mount_table() else { return report };
-        let Ok(listed) = self.inner.store.list() else { return report };
-        for (_, parsed) in listed {
-            let Ok(st) = parsed else { continue };
-            let broken = match st.phase {
-                Phase::Staged => !self.health_in(&st, &mounts).healthy,
-                // A restart that failed earlier, with pods still depending on the volume.
-                Phase::Staging => !st.published.is_empty(),
-                Phase::Unstaging => false,
-            };
-            // Only volumes backed by a process are supervised (a lost kernel mount is not
-            // silently replaced by an empty one).
-            if !broken || !self.spawns(&st) {
-                continue;
-            }
-            let id = st.volume_id.clone();
-            {
-                let backoff = self.inner.backoff.by_volume.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some((failures, next)) = backoff.get(&id)
-                    && (*failures >= MAX_FAILURES || Instant::now() < *next)
-                {
-                    continue;
-                }
-            }
-            // kubelet's own calls win: skip a volume that is busy.
-            let Ok(_guard) = self.inner.locks.try_lock(&id) else { continue };
-            // Re-read under the lock: the volume may have changed since the listing.
-            let Ok(Some(mut st)) = self.inner.store.load(&id) else { continue };
-            let secrets: Secrets = match self.inner.store.load_secrets(&id) {
-                Ok(s) => s.into_iter().collect(),
-                Err(e) => {
-                    error!(volume.id = %id, error = %e, "cannot read the kept secrets; not restarting");
-                    continue;
-                }
-            };
-            let dirs = self.dirs(&id, Some(&st.staging_path), None);
-            warn!(volume.id = %id, pid = ?st.process.map(|p| p.pid), "FUSE process or mount lost; restarting");
-            st.phase = Phase::Staging;
-            st.restarts += 1;
-            match self.apply_stage(st, &dirs, &secrets, true) {
-                Ok(()) => {
-                    info!(volume.id = %id, "restarted and re-bound");
-                    self.inner.backoff.by_volume.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-                    report.healed += 1;
-                }
-                Err(e) => {
-                    let mut backoff = self.inner.backoff.by_volume.lock().unwrap_or_else(|p| p.into_inner());
-                    let failures = backoff.get(&id).map(|(f, _)| f + 1).unwrap_or(1);
-                    let wait = Duration::from_secs(1 << failures.min(6)).min(Duration::from_secs(60));
-                    backoff.insert(id.clone(), (failures, Instant::now() + wait));
-                    error!(volume.id = %id, failures, error = %e.message, "restart failed");
-                    report.failed += 1;
-                }
+        for id in self.broken() {
+            match self.heal_one(&id) {
+                Some(true) => report.healed += 1,
+                Some(false) => report.failed += 1,
+                None => {}
             }
         }
         report
     }
 
+    /// Volumes to restart now: backed by a process, broken, and not waiting out a backoff.
+    pub fn broken(&self) -> Vec<String> {
+        let Ok(mounts) = self.mount_table() else { return Vec::new() };
+        let Ok(listed) = self.inner.store.list() else { return Vec::new() };
+        let backoff = self.inner.backoff.by_volume.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        listed
+            .into_iter()
+            .filter_map(|(_, parsed)| parsed.ok())
+            .filter(|st| {
+                let broken = match st.phase {
+                    Phase::Staged => !self.health_in(st, &mounts).healthy,
+                    // A restart that failed earlier, with pods still depending on the volume.
+                    Phase::Staging => !st.published.is_empty(),
+                    Phase::Unstaging => false,
+                };
+                // Only volumes backed by a process are supervised (a lost kernel mount is not
+                // silently replaced by an empty one).
+                broken && self.spawns(st)
+            })
+            .filter(|st| {
+                !backoff.get(&st.volume_id).is_some_and(|(failures, next)| *failures >= MAX_FAILURES || now < *next)
+            })
+            .map(|st| st.volume_id)
+            .collect()
+    }
+
+    /// The live FUSE processes of staged volumes, for the supervisor to watch.
+    pub fn supervised(&self) -> Vec<(String, ProcessId)> {
+        let Ok(listed) = self.inner.store.list() else { return Vec::new() };
+        listed
+            .into_iter()
+            .filter_map(|(_, parsed)| parsed.ok())
+            .filter(|st| st.phase == Phase::Staged)
+            .filter_map(|st| st.process.map(|p| (st.volume_id, p)))
+            .collect()
+    }
+
+    /// Restart one broken volume. `None` if there was nothing to do (healthy again, busy with a
+    /// kubelet call, gone); otherwise whether the restart worked. Blocking.
+    pub fn heal_one(&self, id: &str) -> Option<bool> {
+        // kubelet's own calls win: skip a volume that is busy.
+        let _guard = self.inner.locks.try_lock(id).ok()?;
+        // Re-read under the lock: the volume may have changed since it was found broken.
+        let mut st = self.inner.store.load(id).ok()??;
+        let still_broken = match st.phase {
+            Phase::Staged => !self.health(&st).healthy,
+            Phase::Staging => !st.published.is_empty(),
+            Phase::Unstaging => false,
+        };
+        if !still_broken || !self.spawns(&st) {
+            return None;
+        }
+        let secrets: Secrets = match self.inner.store.load_secrets(id) {
+            Ok(s) => s.into_iter().collect(),
+            Err(e) => {
+                error!(volume.id = %id, error = %e, "cannot read the kept secrets; not restarting");
+                return Some(false);
+            }
+        };
+        let dirs = self.dirs(id, Some(&st.staging_path), None);
+        let oom = self.inner.exec.oom_kills(&crate::volume::dirs::volume_key(id)).filter(|n| *n > 0);
+        warn!(volume.id = %id, pid = ?st.process.map(|p| p.pid), oom_kills = ?oom, "FUSE process or mount lost; restarting");
+        st.phase = Phase::Staging;
+        st.restarts += 1;
+        // The restage replaces the cgroup, and its counter with it: keep the count.
+        st.oom_kills += u32::try_from(oom.unwrap_or(0)).unwrap_or(u32::MAX);
+        match self.apply_stage(st, &dirs, &secrets, true) {
+            Ok(()) => {
+                info!(volume.id = %id, "restarted and re-bound");
+                self.inner.backoff.by_volume.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+                Some(true)
+            }
+            Err(e) => {
+                let mut backoff = self.inner.backoff.by_volume.lock().unwrap_or_else(|p| p.into_inner());
+                let failures = backoff.get(id).map(|(f, _)| f + 1).unwrap_or(1);
+                let wait = Duration::from_secs(1 << failures.min(6)).min(Duration::from_secs(60));
+                backoff.insert(id.to_string(), (failures, Instant::now() + wait));
+                error!(volume.id = %id, failures, error = %e.message, "restart failed");
+                Some(false)
+            }
+        }
+    }
+
     /// Does the volume's plan run a FUSE process (only those are supervised)?
-    fn spawns(&self, st: &crate::volume::state::VolumeState) -> bool {
+    pub(super) fn spawns(&self, st: &crate::volume::state::VolumeState) -> bool {
         st.plan.steps.iter().any(|s| matches!(s, crate::plan::Step::SpawnFuse { .. }))
     }
 

@@ -162,6 +162,7 @@ impl Node {
             plan,
             process: existing.as_ref().and_then(|s| s.process),
             restarts: existing.as_ref().map(|s| s.restarts).unwrap_or(0),
+            oom_kills: existing.as_ref().map(|s| s.oom_kills).unwrap_or(0),
             published: existing.map(|s| s.published).unwrap_or_default(),
             ephemeral: ask.ephemeral,
         };

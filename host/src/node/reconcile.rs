@@ -22,6 +22,9 @@ pub struct Report {
     pub unreadable: usize,
     /// Host directories no state file claimed, removed.
     pub orphans: usize,
+    /// Processes found in cgroups no state file claims (spawned by a daemon killed before it
+    /// recorded them), killed with their groups.
+    pub orphan_processes: usize,
 }
 
 impl Node {
@@ -57,6 +60,7 @@ impl Node {
             }
         }
         report.orphans = self.sweep_orphans()?;
+        report.orphan_processes = self.sweep_orphan_groups()?;
         info!(?report, "reconciled volume state");
         Ok(report)
     }
@@ -91,6 +95,47 @@ impl Node {
         Ok(removed)
     }
 
+    /// Kill and remove the cgroups no state file claims.
+    fn sweep_orphan_groups(&self) -> Result<usize, Error> {
+        let claimed: std::collections::BTreeSet<String> = self
+            .inner
+            .store
+            .list()?
+            .into_iter()
+            .filter_map(|(path, _)| path.file_stem().map(|s| s.to_string_lossy().into_owned()))
+            .collect();
+        let groups = self.inner.exec.groups().map_err(|e| Error::internal(format!("listing cgroups: {e}")))?;
+        let mut killed = 0;
+        for group in groups.iter().filter(|g| !claimed.contains(*g)) {
+            let n = self
+                .inner
+                .exec
+                .release_group(group)
+                .map_err(|e| Error::internal(format!("removing cgroup {group}: {e}")))?;
+            warn!(cgroup = %group, killed = n, "removed a cgroup no volume claims");
+            killed += n;
+        }
+        Ok(killed)
+    }
+
+    /// Is the recorded process still the program the plan started (pid and start time are
+    /// checked by `is_alive`; this adds the executable)? If not, forget it without signalling
+    /// it: the pid now belongs to something else.
+    fn verify_program(&self, st: &mut VolumeState) -> Result<(), Error> {
+        let Some(p) = st.process else { return Ok(()) };
+        let planned = st.plan.steps.iter().find_map(|s| match s {
+            crate::plan::Step::SpawnFuse { executable, .. } => Some(executable.clone()),
+            _ => None,
+        });
+        let Some(running) = self.inner.exec.executable(&p) else { return Ok(()) };
+        if planned.as_ref().is_some_and(|e| *e != running) {
+            warn!(volume.id = %st.volume_id, pid = p.pid, running = %running.display(), "the recorded pid runs another program; forgetting it");
+            st.process = None;
+            self.inner.store.save(st)?;
+        }
+        Ok(())
+    }
+
     fn reconcile_one(&self, mut st: VolumeState, mounts: &[MountEntry]) -> Result<Outcome, Error> {
         let id = st.volume_id.clone();
         let dirs = self.dirs(&id, Some(&st.staging_path), None);
@@ -120,6 +165,7 @@ impl Node {
                 Ok(Outcome::Cleaned)
             }
             _ => {
+                self.verify_program(&mut st)?;
                 let health = self.health_in(&st, mounts);
                 if health.healthy {
                     info!(volume.id = %id, pid = ?st.process.map(|p| p.pid), "adopted");

@@ -629,3 +629,94 @@ async fn host_directories_no_volume_claims_are_swept_at_start() {
     let removed: Vec<String> = e.rec.calls().into_iter().filter(|c| c.starts_with("remove-tree")).collect();
     assert_eq!(removed, vec![format!("remove-tree {}", orphan.display())], "only the unclaimed directory");
 }
+
+/// A seaweedfs volume: its plan spawns `weed mount` (simulated by the recording executor).
+fn weed_stage_req(e: &Env) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_context: ctx(&[("plugin", "seaweedfs"), ("filer", "127.0.0.1:8888"), ("path", "/buckets/v")]),
+        ..e.stage_req()
+    }
+}
+
+#[tokio::test]
+async fn a_fuse_process_runs_in_its_volume_cgroup_and_unstage_removes_it() {
+    let e = Env::new();
+    e.node.stage(weed_stage_req(&e)).await.unwrap();
+    let st = e.node.store().load(VOL).unwrap().unwrap();
+    let pid = st.process.unwrap();
+    assert_eq!(e.rec.groups().unwrap(), vec![volume_key(VOL)]);
+    assert_eq!(e.rec.executable(&pid).unwrap(), Path::new(crate::config::DEFAULT_WEED));
+    e.node.unstage(e.unstage_req()).await.unwrap();
+    assert!(e.rec.groups().unwrap().is_empty(), "the cgroup goes with the volume");
+    assert!(!e.rec.is_alive(&pid));
+}
+
+#[tokio::test]
+async fn reconcile_kills_processes_in_cgroups_no_volume_claims() {
+    let e = Env::new();
+    e.node.stage(weed_stage_req(&e)).await.unwrap();
+    // A daemon killed between spawning a FUSE process and recording its volume.
+    let orphan = e.rec.orphan_in_group("00112233aabbccdd");
+    let report = e.restarted().reconcile().unwrap();
+    assert_eq!((report.adopted, report.orphan_processes), (1, 1));
+    assert!(!e.rec.is_alive(&crate::exec::process::ProcessId { pid: orphan, start_time: 1 }));
+    assert_eq!(e.rec.groups().unwrap(), vec![volume_key(VOL)], "the claimed group stays");
+}
+
+#[tokio::test]
+async fn rolling_back_an_interrupted_stage_kills_the_process_it_never_recorded() {
+    let e = Env::new();
+    e.node.stage(weed_stage_req(&e)).await.unwrap();
+    let mut st = e.node.store().load(VOL).unwrap().unwrap();
+    let pid = st.process.take().unwrap();
+    st.phase = Phase::Staging;
+    e.node.store().save(&st).unwrap();
+    let report = e.restarted().reconcile().unwrap();
+    assert_eq!(report.cleaned, 1);
+    assert!(!e.rec.is_alive(&pid), "the kernel's cgroup named the unrecorded process");
+    assert!(e.rec.groups().unwrap().is_empty());
+    assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new());
+}
+
+#[tokio::test]
+async fn a_recorded_pid_running_another_program_is_forgotten_not_signalled() {
+    let e = Env::new();
+    e.node.stage(weed_stage_req(&e)).await.unwrap();
+    let mut st = e.node.store().load(VOL).unwrap().unwrap();
+    let pid = st.process.unwrap();
+    for step in &mut st.plan.steps {
+        if let crate::plan::Step::SpawnFuse { executable, .. } = step {
+            *executable = "/usr/local/bin/another-weed".into();
+        }
+    }
+    e.node.store().save(&st).unwrap();
+    e.rec.clear_calls();
+    let report = e.restarted().reconcile().unwrap();
+    assert_eq!((report.adopted, report.unhealthy), (0, 1));
+    assert_eq!(e.node.store().load(VOL).unwrap().unwrap().process, None);
+    assert!(e.calls("stop").is_empty(), "never signal a pid that runs something else");
+    assert!(e.rec.is_alive(&pid));
+}
+
+#[tokio::test]
+async fn the_supervisor_restarts_a_dead_fuse_process_into_a_fresh_group() {
+    let e = Env::new();
+    let a = e.target("pod-a");
+    e.node.stage(weed_stage_req(&e)).await.unwrap();
+    e.node.publish(e.publish_req(&a, false)).await.unwrap();
+    let old = e.node.store().load(VOL).unwrap().unwrap().process.unwrap();
+    assert_eq!(e.node.supervised(), vec![(VOL.to_string(), old)]);
+    assert!(e.node.broken().is_empty());
+    e.rec.kill(old.pid);
+    assert_eq!(e.node.broken(), vec![VOL.to_string()]);
+    e.rec.clear_calls();
+    let report = e.node.heal_pass();
+    assert_eq!((report.healed, report.failed), (1, 0));
+    let st = e.node.store().load(VOL).unwrap().unwrap();
+    let new = st.process.unwrap();
+    assert_ne!(new, old);
+    assert_eq!((st.restarts, st.phase), (1, Phase::Staged));
+    assert_eq!(e.rec.groups().unwrap(), vec![volume_key(VOL)]);
+    assert!(e.calls("bind").iter().any(|c| c.contains(&s(&a))), "the target is bound again: {:?}", e.rec.calls());
+    assert!(e.node.broken().is_empty());
+}

@@ -84,6 +84,9 @@ pub struct VolumeState {
     /// Times the host restarted the FUSE process after it died (self-heal).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub restarts: u32,
+    /// Times the OOM killer struck in the volume's cgroup, summed over its restarts.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub oom_kills: u32,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -295,6 +298,7 @@ mod tests {
             published: BTreeMap::new(),
             ephemeral: false,
             restarts: 0,
+            oom_kills: 0,
         }
     }
 

@@ -221,6 +221,21 @@ pub fn pids_with(needle: &str) -> Vec<i32> {
     out
 }
 
+/// Pids of live processes running `program` (the file name of their argv[0]) whose command line
+/// contains `needle`: unlike [`pids_with`], never the daemons whose flags name the same paths.
+pub fn pids_of(program: &str, needle: &str) -> Vec<i32> {
+    pids_with(needle)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmd| {
+                let argv0 = cmd.split(|b| *b == 0).next().unwrap_or_default();
+                let argv0: &std::ffi::OsStr = std::os::unix::ffi::OsStrExt::from_bytes(argv0);
+                Path::new(argv0).file_name() == Some(std::ffi::OsStr::new(program))
+            })
+        })
+        .collect()
+}
+
 /// Mount points (from this namespace's mountinfo) below `dir`.
 pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
     mounthost::exec::mountinfo::read()
@@ -258,6 +273,9 @@ pub struct NodeDirs {
     pub state: PathBuf,
     pub host_sock: PathBuf,
     pub csi_sock: PathBuf,
+    /// The host's cgroup parent, unique to this test (removed on drop).
+    pub cgroups: mounthost::exec::cgroup::Cgroups,
+    cgroup_parent: String,
 }
 
 impl NodeDirs {
@@ -268,7 +286,15 @@ impl NodeDirs {
         std::fs::create_dir_all(&kubelet).unwrap();
         let host_sock = root.path().join("run/host.sock");
         let csi_sock = kubelet.join("plugins/csi.mounthost.dev/csi.sock");
-        NodeDirs { kubelet, state, host_sock, csi_sock, root }
+        let unique = root.path().file_name().unwrap().to_string_lossy().trim_start_matches('.').to_string();
+        let cgroup_parent = format!("mounthost-test-{}-{unique}", std::process::id());
+        let cgroups = mounthost::exec::cgroup::Cgroups::detect(&cgroup_parent);
+        NodeDirs { kubelet, state, host_sock, csi_sock, root, cgroups, cgroup_parent }
+    }
+
+    /// The per-volume cgroups that exist now under this test's parent.
+    pub fn cgroups_left(&self) -> Vec<String> {
+        self.cgroups.groups().unwrap()
     }
 
     /// kubelet's staging path of a PV: `plugins/kubernetes.io/csi/<driver>/<sha256>/globalmount`.
@@ -296,7 +322,8 @@ impl NodeDirs {
             .arg(&self.kubelet)
             .arg("--host-socket")
             .arg(&self.host_sock)
-            .args(["--node-id", "node-1", "--log", "info,mounthost=debug"]);
+            .args(["--node-id", "node-1", "--log", "info,mounthost=debug"])
+            .args(["--cgroup-parent", &self.cgroup_parent]);
     }
 
     fn spawn(&self, name: &'static str, args: &[&str], extra: &[String]) -> Proc {
@@ -349,6 +376,12 @@ impl Drop for NodeDirs {
         left.sort();
         for m in left.iter().rev() {
             let _ = mounthost::exec::mount::unmount(m, true);
+        }
+        for group in self.cgroups.groups().unwrap_or_default() {
+            let _ = self.cgroups.release(&group);
+        }
+        if let Some(dir) = self.cgroups.parent_dir() {
+            let _ = std::fs::remove_dir(dir);
         }
     }
 }

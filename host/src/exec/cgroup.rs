@@ -1,0 +1,326 @@
+//! Per-volume cgroups: every FUSE process runs in `<hierarchy>/<parent>/<volume key>`, so
+//!
+//! - the kernel names every process of a volume, including one spawned by a daemon that was
+//!   killed before it could record the pid (start-up reconciliation kills what no state file
+//!   claims, and unstage kills what the program forked);
+//! - a per-volume memory limit confines the OOM killer to that volume: another volume's
+//!   process is never chosen;
+//! - a container runtime that kills the daemon's own cgroup (a DaemonSet pod restarting)
+//!   leaves the FUSE processes alone.
+//!
+//! Two layouts are supported and detected from the mount table at start:
+//!
+//! - **v2** (unified, production nodes): a `cgroup2` mount whose `cgroup.controllers` lists
+//!   `memory`. `memory` is enabled in `cgroup.subtree_control` from the hierarchy's root down to
+//!   the parent; a limit is `memory.max`, with `memory.oom.group` so an OOM takes the volume's
+//!   whole group at once. Leftovers are killed with `cgroup.kill` where the kernel has it.
+//! - **v1** (legacy or hybrid hosts, such as systemd's hybrid layout where `memory` is bound to
+//!   a v1 hierarchy and `/sys/fs/cgroup/unified` has no controllers): the `memory` hierarchy;
+//!   a limit is `memory.limit_in_bytes`.
+//!
+//! Without either, processes run without a group and a plan that asks for a memory limit is
+//! refused (FailedPrecondition) instead of running unlimited.
+//!
+//! A process joins its group between fork and exec (it writes `0` to `cgroup.procs`), so it is
+//! never outside it, not even for an instant.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::Pid;
+
+use super::mountinfo::{self, MountEntry};
+
+/// Which cgroup interface a node has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    /// The unified hierarchy with the memory controller.
+    V2,
+    /// The legacy memory hierarchy.
+    V1,
+}
+
+/// The daemon's cgroup parent, as detected.
+#[derive(Debug, Clone)]
+pub struct Cgroups {
+    /// The hierarchy's mount point.
+    root: Option<PathBuf>,
+    /// `<hierarchy mount>/<parent>`, or `None` when the node has no usable hierarchy.
+    parent: Option<PathBuf>,
+    version: Option<Version>,
+}
+
+/// The default parent name (below the hierarchy's root).
+pub const DEFAULT_PARENT: &str = "mounthost";
+
+/// How long leftovers may take to die before removing a group gives up.
+const RELEASE_BOUND: Duration = Duration::from_secs(5);
+
+impl Cgroups {
+    /// Find the hierarchy in this process's mount table and use `parent` below its root.
+    pub fn detect(parent: &str) -> Self {
+        match mountinfo::read() {
+            Ok(mounts) => Self::detect_in(&mounts, parent),
+            Err(_) => Self::none(),
+        }
+    }
+
+    /// [`Cgroups::detect`] against a given mount table.
+    pub fn detect_in(mounts: &[MountEntry], parent: &str) -> Self {
+        let v2 = mounts.iter().find(|m| m.fstype == "cgroup2").filter(|m| {
+            std::fs::read_to_string(m.mount_point.join("cgroup.controllers"))
+                .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
+        });
+        if let Some(m) = v2 {
+            return Cgroups {
+                root: Some(m.mount_point.clone()),
+                parent: Some(m.mount_point.join(parent)),
+                version: Some(Version::V2),
+            };
+        }
+        let v1 = mounts.iter().find(|m| m.fstype == "cgroup" && m.super_options.split(',').any(|o| o == "memory"));
+        match v1 {
+            Some(m) => Cgroups {
+                root: Some(m.mount_point.clone()),
+                parent: Some(m.mount_point.join(parent)),
+                version: Some(Version::V1),
+            },
+            None => Self::none(),
+        }
+    }
+
+    /// No cgroups (processes run in the daemon's own).
+    pub fn none() -> Self {
+        Cgroups { root: None, parent: None, version: None }
+    }
+
+    /// The detected interface.
+    pub fn version(&self) -> Option<Version> {
+        self.version
+    }
+
+    /// `<hierarchy>/<parent>`.
+    pub fn parent_dir(&self) -> Option<&Path> {
+        self.parent.as_deref()
+    }
+
+    fn dir(&self, name: &str) -> Option<PathBuf> {
+        self.parent.as_ref().map(|p| p.join(name))
+    }
+
+    /// Create the group `name` (an existing one is reused), set or clear its memory limit, and
+    /// open its `cgroup.procs` for a new process to join. `None` when the node has no cgroups
+    /// and no limit was asked for.
+    pub fn prepare(&self, name: &str, memory_limit: Option<u64>) -> io::Result<Option<File>> {
+        let (Some(dir), Some(version)) = (self.dir(name), self.version) else {
+            return match memory_limit {
+                None => Ok(None),
+                Some(_) => Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "the plan sets a memory limit, but this node has no memory cgroup controller",
+                )),
+            };
+        };
+        if let Some(parent) = &self.parent {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| io::Error::new(e.kind(), format!("creating cgroup {}: {e}", parent.display())))?;
+        }
+        if version == Version::V2 {
+            self.enable_memory_v2()?;
+        }
+        match std::fs::create_dir(&dir) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                return Err(io::Error::new(e.kind(), format!("creating cgroup {}: {e}", dir.display())));
+            }
+            _ => {}
+        }
+        let (limit_file, unlimited) = match version {
+            Version::V2 => ("memory.max", "max".to_string()),
+            // The largest page-aligned value; the kernel reads it as "no limit".
+            Version::V1 => ("memory.limit_in_bytes", "-1".to_string()),
+        };
+        let value = memory_limit.map(|b| b.to_string()).unwrap_or(unlimited);
+        write_file(&dir.join(limit_file), &value)?;
+        if version == Version::V2 {
+            write_file(&dir.join("memory.oom.group"), "1")?;
+        }
+        let procs = dir.join("cgroup.procs");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&procs)
+            .map(Some)
+            .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", procs.display())))
+    }
+
+    /// v2 distributes a controller only where every ancestor enables it for its children:
+    /// the hierarchy's root, each cgroup on the way down, and the parent itself.
+    fn enable_memory_v2(&self) -> io::Result<()> {
+        let (Some(root), Some(parent)) = (&self.root, &self.parent) else { return Ok(()) };
+        let mut dirs = vec![root.clone()];
+        for component in parent.strip_prefix(root).unwrap_or(Path::new("")).components() {
+            let next = dirs.last().expect("starts with the root").join(component);
+            dirs.push(next);
+        }
+        for dir in &dirs {
+            let control = dir.join("cgroup.subtree_control");
+            let enabled = std::fs::read_to_string(&control)?;
+            if !enabled.split_whitespace().any(|c| c == "memory") {
+                write_file(&control, "+memory")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The pids in group `name` (empty when it does not exist).
+    pub fn procs(&self, name: &str) -> io::Result<Vec<i32>> {
+        let Some(dir) = self.dir(name) else { return Ok(Vec::new()) };
+        match std::fs::read_to_string(dir.join("cgroup.procs")) {
+            Ok(text) => Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Kill whatever still runs in group `name` (SIGKILL; the group's processes were already
+    /// asked to stop), reap our children among them, and remove the group. A missing group is
+    /// fine. Returns how many processes had to be killed.
+    pub fn release(&self, name: &str) -> io::Result<usize> {
+        let Some(dir) = self.dir(name) else { return Ok(0) };
+        if !dir.exists() {
+            return Ok(0);
+        }
+        let until = Instant::now() + RELEASE_BOUND;
+        let mut killed = 0;
+        loop {
+            let pids = self.procs(name)?;
+            if pids.is_empty() {
+                match std::fs::remove_dir(&dir) {
+                    Ok(()) => return Ok(killed),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(killed),
+                    // Exiting tasks are still accounted for a moment.
+                    Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) && Instant::now() < until => {}
+                    Err(e) => return Err(io::Error::new(e.kind(), format!("removing cgroup {}: {e}", dir.display()))),
+                }
+            } else {
+                let group_kill = dir.join("cgroup.kill");
+                if self.version == Some(Version::V2) && group_kill.exists() {
+                    write_file(&group_kill, "1")?;
+                } else {
+                    for &pid in &pids {
+                        // Read from the group an instant ago: still a member, not a recycled pid.
+                        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                    }
+                }
+                killed = killed.max(pids.len());
+                for &pid in &pids {
+                    let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+                }
+                if Instant::now() >= until {
+                    return Err(io::Error::other(format!(
+                        "cgroup {} still holds {} processes {RELEASE_BOUND:?} after SIGKILL",
+                        dir.display(),
+                        pids.len()
+                    )));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Names of the groups under the parent.
+    pub fn groups(&self) -> io::Result<Vec<String>> {
+        let Some(parent) = &self.parent else { return Ok(Vec::new()) };
+        let entries = match std::fs::read_dir(parent) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut names = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                names.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// How many times the OOM killer killed a process of group `name`.
+    pub fn oom_kills(&self, name: &str) -> Option<u64> {
+        let dir = self.dir(name)?;
+        let (file, key) = match self.version? {
+            Version::V2 => ("memory.events", "oom_kill"),
+            Version::V1 => ("memory.oom_control", "oom_kill"),
+        };
+        let text = std::fs::read_to_string(dir.join(file)).ok()?;
+        text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+}
+
+fn write_file(path: &Path, value: &str) -> io::Result<()> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(value.as_bytes()))
+        .map_err(|e| io::Error::new(e.kind(), format!("writing {value:?} to {}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(point: &str, fstype: &str, super_options: &str) -> MountEntry {
+        MountEntry {
+            mount_id: 1,
+            parent_id: 0,
+            device: "0:1".into(),
+            root: "/".into(),
+            mount_point: point.into(),
+            mount_options: "rw".into(),
+            fstype: fstype.into(),
+            source: fstype.into(),
+            super_options: super_options.into(),
+        }
+    }
+
+    #[test]
+    fn a_hybrid_layout_uses_the_v1_memory_hierarchy() {
+        // systemd's hybrid layout: controllers on v1, an empty v2 at .../unified.
+        let mounts = [
+            entry("/sys/fs/cgroup/cpu", "cgroup", "rw,cpu"),
+            entry("/sys/fs/cgroup/memory", "cgroup", "rw,memory"),
+            entry("/nonexistent/unified", "cgroup2", "rw"),
+        ];
+        let c = Cgroups::detect_in(&mounts, "mh");
+        assert_eq!(c.version(), Some(Version::V1));
+        assert_eq!(c.parent_dir(), Some(Path::new("/sys/fs/cgroup/memory/mh")));
+    }
+
+    #[test]
+    fn a_v2_mount_with_the_memory_controller_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
+        let point = dir.path().to_str().unwrap();
+        let mounts = [entry("/sys/fs/cgroup/memory", "cgroup", "rw,memory"), entry(point, "cgroup2", "rw")];
+        let c = Cgroups::detect_in(&mounts, "mh");
+        assert_eq!(c.version(), Some(Version::V2));
+        assert_eq!(c.parent_dir(), Some(dir.path().join("mh").as_path()));
+    }
+
+    #[test]
+    fn without_a_memory_controller_a_limit_is_refused_and_no_limit_runs_ungrouped() {
+        let c = Cgroups::detect_in(&[entry("/x", "cgroup", "rw,cpu")], "mh");
+        assert_eq!(c.version(), None);
+        assert!(c.prepare("v", None).unwrap().is_none());
+        let err = c.prepare("v", Some(64 << 20)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::Unsupported);
+        assert!(err.to_string().contains("no memory cgroup controller"), "{err}");
+        assert_eq!(c.release("v").unwrap(), 0);
+        assert!(c.groups().unwrap().is_empty());
+    }
+}

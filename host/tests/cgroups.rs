@@ -1,0 +1,125 @@
+//! Per-volume cgroups on this machine's real hierarchy (hybrid here: v1 memory; v2 where the
+//! unified hierarchy has the memory controller). Each test uses a parent of its own and
+//! removes it.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use mounthost::exec::cgroup::Cgroups;
+use mounthost::exec::process::{self, ProcessId, Spec};
+
+/// A parent of its own for one test, removed on drop (after its groups).
+struct Parent {
+    cgroups: Cgroups,
+}
+
+impl Parent {
+    fn new(test: &str) -> Parent {
+        let cgroups = Cgroups::detect(&format!("mounthost-test-{test}-{}", std::process::id()));
+        assert!(cgroups.version().is_some(), "this machine has a memory cgroup controller (BACKENDS.md)");
+        Parent { cgroups }
+    }
+
+    fn spawn(&self, group: &str, limit: Option<u64>, script: &str, log: &Path) -> ProcessId {
+        let procs = self.cgroups.prepare(group, limit).unwrap();
+        let args = vec!["-c".to_string(), script.to_string()];
+        let env = [("PATH".to_string(), "/usr/bin:/bin".to_string())];
+        process::spawn(&Spec { executable: Path::new("/bin/sh"), args: &args, env: &env, log }, procs.as_ref()).unwrap()
+    }
+}
+
+impl Drop for Parent {
+    fn drop(&mut self) {
+        for g in self.cgroups.groups().unwrap_or_default() {
+            let _ = self.cgroups.release(&g);
+        }
+        if let Some(dir) = self.cgroups.parent_dir() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < until, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_process_and_everything_it_forks_live_in_the_group_and_die_with_it() {
+    let p = Parent::new("members");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    // A helper that leaves the session (like a daemonizing FUSE program) is still in the group.
+    let id = p.spawn("vol-a", None, "setsid sleep 300 & echo started; exec sleep 300", &log);
+    wait_until("both processes are in the group", || p.cgroups.procs("vol-a").unwrap().len() == 2);
+    let members = p.cgroups.procs("vol-a").unwrap();
+    assert!(members.contains(&id.pid), "{members:?}");
+    let own = std::fs::read_to_string(format!("/proc/{}/cgroup", id.pid)).unwrap();
+    assert!(own.contains("/vol-a"), "the kernel places it in the group: {own}");
+    assert_eq!(p.cgroups.groups().unwrap(), vec!["vol-a".to_string()]);
+
+    // Stopping the session leader leaves the escaped helper; releasing the group kills it.
+    process::stop(&id, Duration::from_secs(2)).unwrap();
+    let left = p.cgroups.procs("vol-a").unwrap();
+    assert_eq!(left.len(), 1, "the helper outlived its session leader: {left:?}");
+    assert_eq!(p.cgroups.release("vol-a").unwrap(), 1);
+    assert!(!Path::new(&format!("/proc/{}", left[0])).exists() || !alive(left[0]), "helper killed");
+    assert!(p.cgroups.groups().unwrap().is_empty(), "the group is removed");
+    assert_eq!(p.cgroups.release("vol-a").unwrap(), 0, "releasing a missing group is fine");
+    println!("cgroups checked: 2 members, 1 escaped helper killed, 0 groups left");
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
+#[test]
+fn an_oom_in_one_volume_kills_only_that_volume() {
+    let p = Parent::new("oom");
+    let dir = tempfile::tempdir().unwrap();
+    let limit = 32 << 20;
+    // The neighbour has no limit and keeps running.
+    let neighbour = p.spawn("vol-b", None, "exec sleep 300", &dir.path().join("b.log"));
+    // Allocates and touches 256 MiB, 8 times its limit.
+    let hog = p.spawn(
+        "vol-a",
+        Some(limit),
+        "exec python3 -c 'b = bytearray(256 << 20); print(\"survived\", flush=True)'",
+        &dir.path().join("a.log"),
+    );
+    wait_until("the hog is gone", || {
+        let _ =
+            nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(hog.pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        !process::is_alive(&hog)
+    });
+    let oom = p.cgroups.oom_kills("vol-a").unwrap();
+    assert!(oom >= 1, "the OOM killer struck in vol-a's group");
+    assert!(!std::fs::read_to_string(dir.path().join("a.log")).unwrap().contains("survived"));
+    assert!(process::is_alive(&neighbour), "the other volume's process is untouched");
+    assert_eq!(p.cgroups.oom_kills("vol-b"), Some(0));
+    process::stop(&neighbour, Duration::from_secs(2)).unwrap();
+    println!("cgroups checked: limit {limit} bytes, {oom} OOM kill(s) in vol-a, 0 in vol-b, neighbour alive");
+}
+
+#[test]
+fn a_limit_is_set_and_cleared_on_the_group() {
+    let p = Parent::new("limit");
+    let version = p.cgroups.version().unwrap();
+    let file = match version {
+        mounthost::exec::cgroup::Version::V2 => "memory.max",
+        mounthost::exec::cgroup::Version::V1 => "memory.limit_in_bytes",
+    };
+    let read = || std::fs::read_to_string(p.cgroups.parent_dir().unwrap().join("vol").join(file)).unwrap();
+    drop(p.cgroups.prepare("vol", Some(64 << 20)).unwrap());
+    assert_eq!(read().trim(), (64u64 << 20).to_string());
+    // A restage without a limit must not keep the old one.
+    drop(p.cgroups.prepare("vol", None).unwrap());
+    let unlimited = read();
+    assert!(unlimited.trim() == "max" || unlimited.trim().parse::<u64>().unwrap() > 1 << 50, "{unlimited}");
+    assert_eq!(p.cgroups.release("vol").unwrap(), 0);
+}
