@@ -233,6 +233,9 @@ mod tests {
         assert!(g.fstypes.contains("tmpfs") && g.hosts.contains("filer:8888"));
         assert_eq!(cfg.plugin_limits_by_name["x"].memory_bytes, 8 << 20);
         assert!(cfg.grant("seaweedfs").programs.contains("weed"));
+        assert_eq!(cfg.cgroup_parent, "mounthost");
+        let cli = Cli::try_parse_from(["mounthost", "--cgroup-parent", "system.slice/mounthost", "plugin", "list"]);
+        assert_eq!(cli.unwrap().global.config().unwrap().cgroup_parent, "system.slice/mounthost");
     }
 
     #[test]
@@ -245,8 +248,15 @@ mod tests {
 
     #[test]
     fn bad_flags_are_refused() {
-        for bad in [["--program", "weed=relative/weed"], ["--grant", "x:device=/dev/sda"], ["--plugin-limit", "x=0/8"]]
-        {
+        for bad in [
+            ["--program", "weed=relative/weed"],
+            ["--grant", "x:device=/dev/sda"],
+            ["--plugin-limit", "x=0/8"],
+            ["--cgroup-parent", "../escape"],
+            ["--cgroup-parent", "/absolute"],
+            ["--cgroup-parent", "a//b"],
+            ["--cgroup-parent", "sp ace"],
+        ] {
             let err = Cli::try_parse_from(["mounthost", bad[0], bad[1], "plugin", "list"]).unwrap_err();
             assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad:?}");
         }
