@@ -139,9 +139,12 @@ impl Host for HostService {
 
 /// Reconcile, then serve `node` on `socket` until `shutdown` resolves.
 pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
+    // Listening first refuses to start beside a live daemon (its socket answers), so nothing
+    // below runs while another writer of the same state is alive. Calls wait in the backlog
+    // until reconciliation is done.
+    let listener = crate::exec::socket::listen(socket)?;
     let n = node.clone();
     let report = tokio::task::spawn_blocking(move || n.reconcile()).await??;
-    let listener = crate::exec::socket::listen(socket)?;
     // Watches, reaps and restarts FUSE processes (supervisor.rs, node/heal.rs).
     let supervisor = tokio::spawn(crate::supervisor::run(node.clone()));
     tracing::info!(socket = %socket.display(), adopted = report.adopted, cleaned = report.cleaned, unhealthy = report.unhealthy, "host daemon ready");

@@ -96,8 +96,24 @@ impl Node {
             .map_err(|e| Error::internal(format!("a node operation panicked: {e}")))?
     }
 
-    /// NodeStageVolume.
+    /// Run an operation as a task of its own. A caller that goes away (kubelet's deadline, a
+    /// killed front) drops only its wait: the operation keeps its volume's lock until it is
+    /// done, so a retry meets Aborted while it runs and its finished result afterwards, never a
+    /// second copy running alongside it.
+    async fn detached<T, F>(&self, op: impl FnOnce(Node) -> F) -> Result<T, Error>
+    where
+        F: Future<Output = Result<T, Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        tokio::spawn(op(self.clone())).await.map_err(|e| Error::internal(format!("a node operation panicked: {e}")))?
+    }
+
+    /// NodeStageVolume (to completion, see [`Node::detached`]).
     pub async fn stage(&self, req: csi::NodeStageVolumeRequest) -> Result<(), Error> {
+        self.detached(|n| async move { n.stage_now(req).await }).await
+    }
+
+    async fn stage_now(&self, req: csi::NodeStageVolumeRequest) -> Result<(), Error> {
         let id = request::volume_id(&req.volume_id)?;
         let staging = self.inner.roots.check("staging_target_path", &req.staging_target_path)?;
         let capability = request::capability(req.volume_capability.as_ref())?;
@@ -172,8 +188,12 @@ impl Node {
         Ok(())
     }
 
-    /// NodeUnstageVolume.
+    /// NodeUnstageVolume (to completion, see [`Node::detached`]).
     pub async fn unstage(&self, req: csi::NodeUnstageVolumeRequest) -> Result<(), Error> {
+        self.detached(|n| async move { n.unstage_now(req).await }).await
+    }
+
+    async fn unstage_now(&self, req: csi::NodeUnstageVolumeRequest) -> Result<(), Error> {
         let id = request::volume_id(&req.volume_id)?;
         let staging = self.inner.roots.check("staging_target_path", &req.staging_target_path)?;
         let _guard = self.inner.locks.try_lock(&id)?;
@@ -237,8 +257,12 @@ impl Node {
         Ok(())
     }
 
-    /// NodePublishVolume.
+    /// NodePublishVolume (to completion, see [`Node::detached`]).
     pub async fn publish(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Error> {
+        self.detached(|n| async move { n.publish_now(req).await }).await
+    }
+
+    async fn publish_now(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Error> {
         let id = request::volume_id(&req.volume_id)?;
         let target = self.inner.roots.check("target_path", &req.target_path)?;
         let capability = request::capability(req.volume_capability.as_ref())?;
@@ -333,8 +357,12 @@ impl Node {
         r
     }
 
-    /// NodeUnpublishVolume.
+    /// NodeUnpublishVolume (to completion, see [`Node::detached`]).
     pub async fn unpublish(&self, req: csi::NodeUnpublishVolumeRequest) -> Result<(), Error> {
+        self.detached(|n| async move { n.unpublish_now(req).await }).await
+    }
+
+    async fn unpublish_now(&self, req: csi::NodeUnpublishVolumeRequest) -> Result<(), Error> {
         let id = request::volume_id(&req.volume_id)?;
         let target = self.inner.roots.check("target_path", &req.target_path)?;
         let _guard = self.inner.locks.try_lock(&id)?;

@@ -31,6 +31,7 @@ impl Node {
     /// Reconcile every state file. Blocking.
     pub fn reconcile(&self) -> Result<Report, Error> {
         let mut report = Report::default();
+        report.cleaned += self.inner.store.remove_stray_temporaries()?;
         let mounts = self.mount_table()?;
         for (path, parsed) in self.inner.store.list()? {
             let st = match parsed {

@@ -720,3 +720,35 @@ async fn the_supervisor_restarts_a_dead_fuse_process_into_a_fresh_group() {
     assert!(e.calls("bind").iter().any(|c| c.contains(&s(&a))), "the target is bound again: {:?}", e.rec.calls());
     assert!(e.node.broken().is_empty());
 }
+
+#[tokio::test]
+async fn a_call_whose_caller_goes_away_still_finishes_under_its_lock() {
+    let e = Env::new();
+    // The caller gives up at once (kubelet's deadline, a killed front).
+    let gone = tokio::time::timeout(std::time::Duration::from_micros(1), e.node.stage(e.stage_req())).await;
+    assert!(gone.is_err(), "the caller left before the stage could finish");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let st = e.node.store().load(VOL).unwrap();
+        if st.is_some_and(|st| st.phase == Phase::Staged) {
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "the abandoned stage never finished");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(e.calls("mount"), vec![tmpfs_mount(&e.staging(), 16)]);
+    e.node.stage(e.stage_req()).await.expect("the retry finds the finished stage");
+    assert_eq!(e.calls("mount").len(), 1, "and runs nothing again");
+}
+
+#[tokio::test]
+async fn temporary_files_of_a_killed_writer_are_removed_at_start() {
+    let e = Env::new();
+    e.node.stage(e.stage_req()).await.unwrap();
+    let volumes = e.node.store().path(VOL).parent().unwrap().to_path_buf();
+    let stray = volumes.join(format!(".{}.json.tmp.4242.7", volume_key(VOL)));
+    std::fs::write(&stray, b"{\"half").unwrap();
+    let report = e.restarted().reconcile().unwrap();
+    assert_eq!((report.adopted, report.cleaned), (1, 1));
+    assert!(!stray.exists());
+}

@@ -210,8 +210,19 @@ impl StateStore {
         self.dir.with_file_name("secrets").join(format!("{}.json", volume_key(volume_id)))
     }
 
+    /// Remove the temporary files of writers killed mid-write (state and kept secrets). Only
+    /// at start, while no writer of this store is alive. Returns how many were removed.
+    pub fn remove_stray_temporaries(&self) -> Result<usize, StateError> {
+        let mut removed = 0;
+        for dir in [self.dir.clone(), self.dir.with_file_name("secrets")] {
+            removed += crate::exec::fs::remove_stray_temporaries(&dir)
+                .map_err(|source| StateError::Io { path: dir, source })?;
+        }
+        Ok(removed)
+    }
+
     /// Every state file, each parsed or with its error (for reconciliation at start). Stray
-    /// temporary files from an interrupted write are skipped.
+    /// temporary files from an interrupted write are skipped (start-up removes them).
     pub fn list(&self) -> Result<Vec<Listed>, StateError> {
         let entries =
             std::fs::read_dir(&self.dir).map_err(|source| StateError::Io { path: self.dir.clone(), source })?;
