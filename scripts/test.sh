@@ -5,9 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 
-echo "--- system packages (fuse3: fusermount lets weed unmount itself; python3-venv for weed)"
+echo "--- system packages (fuse3: fusermount lets weed unmount itself; python3-venv for weed; bindfs for the chaos test)"
 need=()
 command -v fusermount3 >/dev/null || need+=(fuse3)
+command -v bindfs >/dev/null || need+=(bindfs)
 command -v unshare >/dev/null || need+=(util-linux)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then

@@ -1,0 +1,213 @@
+//! Test fixture: a plugin whose volumes are served by a real FUSE process, `bindfs`, mirroring
+//! a directory of the volume's node cache at the staging path. Cheap (a few MiB per process,
+//! no network, no backend), so chaos tests and benchmarks can spawn, kill and re-adopt dozens of
+//! real FUSE processes without SeaweedFS.
+//!
+//! - `stage` plans two steps: a `mkdir` of `data` in the volume's cache directory, then a
+//!   `spawn-fuse` of `bindfs -f <cache>/data <staging>` that is ready when a mount of fstype
+//!   `fuse` appears at the staging directory (within 10 s), in a cgroup limited to
+//!   `memoryLimitMiB` when given;
+//! - `publish` is the SDK's bind of the staging directory onto the target (read-only when asked);
+//! - `provision` names the volume after the request and plans nothing (the host prefixes
+//!   `bindfs~`); `delete` plans nothing.
+//!
+//! The data lives in the host's cache directory of the volume, so it is gone after the
+//! unstage. Its only parameter is `memoryLimitMiB` (16 to 4096, no limit by default). Any other
+//! parameter, and any secret, is refused. The host grants nothing by default: run it with
+//! `--program bindfs=/usr/bin/bindfs --grant bindfs:program=bindfs --grant bindfs:fstype=fuse`.
+
+use mounthost_plugin_sdk::params::invalid;
+use mounthost_plugin_sdk::*;
+
+/// The plugin, as exported to the host (public so native builds of the crate, which export
+/// nothing, still use it).
+pub struct Bindfs;
+
+/// The program name the host maps to its `bindfs` binary.
+pub const PROGRAM: &str = "bindfs";
+/// The fstype `bindfs` shows in mountinfo (libfuse without a subtype).
+pub const FSTYPE: &str = "fuse";
+/// The mirrored directory, inside the volume's cache directory.
+pub const DATA: &str = "data";
+/// How long the host waits for the mount, in milliseconds.
+pub const READY_TIMEOUT_MS: u32 = 10_000;
+
+/// The one parameter.
+const MEMORY: &str = "memoryLimitMiB";
+/// Its bounds, in MiB (the host refuses limits below 16 MiB).
+const MEMORY_MIN: u64 = 16;
+const MEMORY_MAX: u64 = 4096;
+/// Longest plugin part of a volume id (WIT `provision-plan.volume-id`).
+const MAX_VOLUME_ID: usize = 100;
+
+/// Every documented key with where it may come from, for `check_known`.
+const KNOWN: [(&str, ParamSource); 1] = [(MEMORY, ParamSource::Parameter)];
+
+/// Check a parameter list (StorageClass parameters, or a volume context) and read
+/// `memoryLimitMiB`.
+fn memory(kvs: &[Kv], source: ParamSource) -> Result<Option<u64>, BackendError> {
+    let params = Params::new("parameter", kvs)?;
+    params.check_known(KNOWN, source)?;
+    params.integer(MEMORY, MEMORY_MIN, MEMORY_MAX)
+}
+
+/// This plugin reads no secret: any is a mistake in the StorageClass.
+fn no_secrets(secrets: &[Kv]) -> Result<(), BackendError> {
+    Params::new("secret", secrets)?.check_known(KNOWN, ParamSource::Secret)
+}
+
+impl Plugin for Bindfs {
+    fn info() -> PluginInfo {
+        PluginInfo {
+            name: "bindfs".into(),
+            version: "0.1.0".into(),
+            description: "Test fixture: stages a bindfs FUSE mirror of a directory in the volume's \
+                          node cache at the staging path. For chaos tests and benchmarks; needs the \
+                          program bindfs and the fstype fuse granted."
+                .into(),
+            parameters: vec![ParamDoc {
+                name: MEMORY.into(),
+                doc: format!("Memory limit of the bindfs process's cgroup in MiB, {MEMORY_MIN} to {MEMORY_MAX}."),
+                kind: ParamKind::Integer,
+                source: ParamSource::Parameter,
+                required: false,
+                default_value: None,
+            }],
+            programs: vec![PROGRAM.into()],
+            fstypes: vec![FSTYPE.into()],
+        }
+    }
+
+    fn validate(req: ValidateRequest) -> Result<(), BackendError> {
+        memory(&req.parameters, ParamSource::Parameter)?;
+        no_secrets(&req.secrets)
+    }
+
+    fn provision(req: ProvisionRequest) -> Result<ProvisionPlan, BackendError> {
+        let memory = memory(&req.parameters, ParamSource::Parameter)?;
+        no_secrets(&req.secrets)?;
+        let printable = req.name.bytes().all(|b| b.is_ascii_graphic());
+        if req.name.is_empty() || req.name.len() > MAX_VOLUME_ID || !printable {
+            return Err(invalid(format!(
+                "volume name {:?} must be 1 to {MAX_VOLUME_ID} printable ASCII characters \
+                 without spaces",
+                req.name
+            )));
+        }
+        Ok(ProvisionPlan {
+            volume_id: req.name,
+            capacity_bytes: req.required_bytes,
+            context: memory.map(|n| vec![kv(MEMORY, n.to_string())]).unwrap_or_default(),
+            steps: Vec::new(),
+        })
+    }
+
+    fn delete(_req: DeleteRequest) -> Result<Plan, BackendError> {
+        Ok(Plan::default())
+    }
+
+    fn stage(req: StageRequest) -> Result<Plan, BackendError> {
+        let memory = memory(&req.context, ParamSource::Context)?;
+        no_secrets(&req.secrets)?;
+        Ok(Plan {
+            steps: vec![
+                // bindfs refuses a source directory that does not exist.
+                Step::Mkdir(cache(DATA)),
+                Step::SpawnFuse(SpawnFuse {
+                    program: PROGRAM.into(),
+                    // `-f`: stay in the foreground, so the host supervises the FUSE server itself.
+                    args: vec![arg("-f"), path_arg("", cache(DATA)), path_arg("", staging(""))],
+                    env: Vec::new(),
+                    mountpoint: staging(""),
+                    fstype: FSTYPE.into(),
+                    ready_timeout_ms: READY_TIMEOUT_MS,
+                    memory_limit_bytes: memory.map(|mib| mib << 20),
+                }),
+            ],
+            attributes: Vec::new(),
+        })
+    }
+}
+
+export_plugin!(Bindfs);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage_req(context: Vec<Kv>) -> StageRequest {
+        StageRequest {
+            volume_id: "v".into(),
+            context,
+            secrets: Vec::new(),
+            capability: VolumeCapability {
+                access_mode: AccessMode::SingleNodeWriter,
+                fs_type: String::new(),
+                mount_flags: Vec::new(),
+            },
+            ephemeral: false,
+        }
+    }
+
+    fn spawn(plan: &Plan) -> SpawnFuse {
+        match &plan.steps[..] {
+            [Step::Mkdir(dir), Step::SpawnFuse(s)] => {
+                assert_eq!(dir, &cache(DATA), "the mirrored directory is made first");
+                s.clone()
+            }
+            other => panic!("expected mkdir then spawn-fuse, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn stage_spawns_bindfs_from_the_cache_onto_the_staging_dir() {
+        let s = spawn(&Bindfs::stage(stage_req(Vec::new())).unwrap());
+        assert_eq!((s.program.as_str(), s.fstype.as_str()), ("bindfs", "fuse"));
+        assert_eq!(s.args, vec![arg("-f"), path_arg("", cache("data")), path_arg("", staging(""))]);
+        assert!(s.env.is_empty());
+        assert_eq!(s.mountpoint, staging(""));
+        assert_eq!(s.ready_timeout_ms, 10_000);
+        assert_eq!(s.memory_limit_bytes, None);
+        let s = spawn(&Bindfs::stage(stage_req(vec![kv(MEMORY, "64")])).unwrap());
+        assert_eq!(s.memory_limit_bytes, Some(64 << 20));
+        // Same request, same plan: the host diffs plans byte for byte.
+        assert_eq!(Bindfs::stage(stage_req(Vec::new())).unwrap(), Bindfs::stage(stage_req(Vec::new())).unwrap());
+    }
+
+    #[test]
+    fn bad_and_unknown_parameters_are_refused() {
+        for bad in ["0", "15", "4097", "x", "", "-1"] {
+            assert!(Bindfs::stage(stage_req(vec![kv(MEMORY, bad)])).is_err(), "{bad:?}");
+        }
+        let err = Bindfs::stage(stage_req(vec![kv("memory", "64")])).unwrap_err();
+        assert_eq!(err, invalid("unknown parameter \"memory\"; accepted: memoryLimitMiB"));
+        // Orchestrator keys are not the plugin's business.
+        assert!(Bindfs::stage(stage_req(vec![kv("csi.storage.k8s.io/pod.name", "p")])).is_ok());
+        let mut req = stage_req(Vec::new());
+        req.secrets = vec![kv("token", "t")];
+        assert!(Bindfs::stage(req).is_err());
+    }
+
+    #[test]
+    fn provision_names_the_volume_after_the_request() {
+        let req = |name: &str, parameters| ProvisionRequest {
+            name: name.into(),
+            parameters,
+            secrets: Vec::new(),
+            capabilities: Vec::new(),
+            required_bytes: 0,
+            limit_bytes: 0,
+        };
+        let out = Bindfs::provision(req("pvc-1", vec![kv(MEMORY, "32")])).unwrap();
+        assert_eq!(out.volume_id, "pvc-1");
+        assert_eq!(out.context, vec![kv(MEMORY, "32")]);
+        assert!(out.steps.is_empty());
+        assert!(Bindfs::provision(req("pvc-1", Vec::new())).unwrap().context.is_empty());
+        assert!(Bindfs::provision(req("a b", Vec::new())).is_err());
+        assert!(Bindfs::provision(req("pvc-1", vec![kv("nope", "1")])).is_err());
+        assert_eq!(
+            Bindfs::delete(DeleteRequest { volume_id: "pvc-1".into(), secrets: Vec::new() }).unwrap(),
+            Plan::default()
+        );
+    }
+}
