@@ -469,14 +469,16 @@ fn host_kill9_keeps_mounts_and_readopts_them() {
     });
 }
 
-/// kill -9 of one `weed mount`: the host restarts it with the recorded plan, detaches the dead
-/// mount and re-binds the pod targets; they work again within 5 s with the same data, the other
-/// volume is untouched, and the restart is counted.
-#[test]
-fn a_killed_weed_mount_is_restarted_and_its_targets_rebound() {
-    if !in_private_namespace("a_killed_weed_mount_is_restarted_and_its_targets_rebound") {
-        return;
-    }
+/// Start SeaweedFS, the host and the front (real processes), wait until the front is ready, and
+/// run `body` with CSI node and controller clients; on a panic everything of the node is killed.
+fn with_running_node(
+    body: impl AsyncFnOnce(
+        &Seaweed,
+        &NodeDirs,
+        NodeClient<tonic::transport::Channel>,
+        ControllerClient<tonic::transport::Channel>,
+    ),
+) {
     let weed = Seaweed::start();
     let dirs = NodeDirs::new();
     let program = format!("--program=weed={}", weed_binary().display());
@@ -486,64 +488,67 @@ fn a_killed_weed_mount_is_restarted_and_its_targets_rebound() {
     guarded(&dirs, || {
         rt.block_on(async {
             let ch = channel(&dirs.csi_sock);
-            let mut node = NodeClient::new(ch.clone());
-            let mut controller = ControllerClient::new(ch.clone());
             wait_ready(&mut IdentityClient::new(ch.clone())).await;
-            let mut vols = Vec::new();
-            for i in 0..2 {
-                vols.push(
-                    create_stage_publish(
-                        &mut controller,
-                        &mut node,
-                        &weed,
-                        &dirs,
-                        &format!("pvc-heal-{i}"),
-                        "pod",
-                        &[],
-                    )
-                    .await,
-                );
-                std::fs::write(vols[i].2.join("data.txt"), format!("volume {i}")).unwrap();
-            }
-            let victim = pids_with(&vols[0].1.display().to_string());
-            let bystander = pids_with(&vols[1].1.display().to_string());
-            assert_eq!((victim.len(), bystander.len()), (1, 1));
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim[0]), nix::sys::signal::Signal::SIGKILL).unwrap();
-            let killed = std::time::Instant::now();
-            let target = &vols[0].2;
-            loop {
-                if std::fs::read_to_string(target.join("data.txt")).is_ok_and(|s| s == "volume 0") {
-                    break;
-                }
-                assert!(killed.elapsed() < Duration::from_secs(5), "the target did not come back within 5 s");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            let back = killed.elapsed();
-            std::fs::write(target.join("after-heal.txt"), b"ok").unwrap();
-            let healed = pids_with(&vols[0].1.display().to_string());
-            assert_eq!(healed.len(), 1);
-            assert_ne!(healed, victim, "a new weed process serves the volume");
-            assert_eq!(pids_with(&vols[1].1.display().to_string()), bystander, "the other volume is untouched");
-            assert_eq!(std::fs::read_to_string(vols[1].2.join("data.txt")).unwrap(), "volume 1");
-            let listed = host_volumes(&dirs).await;
-            let restarts: Vec<(String, u32)> = listed.iter().map(|v| (v.volume_id.clone(), v.restarts)).collect();
-            assert!(restarts.contains(&(vols[0].0.volume_id.clone(), 1)), "{restarts:?}");
-            assert!(restarts.contains(&(vols[1].0.volume_id.clone(), 0)), "{restarts:?}");
-            for (vol, staging, target) in &vols {
-                node.node_unpublish_volume(unpublish_req(&vol.volume_id, target)).await.unwrap();
-                node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-                    volume_id: vol.volume_id.clone(),
-                    staging_target_path: staging.display().to_string(),
-                })
-                .await
-                .unwrap();
-            }
-            let mounts = mounts_below(dirs.root.path());
-            assert!(mounts.is_empty(), "mounts left: {mounts:?}");
-            assert!(entries(&dirs.state.join("volumes")).is_empty());
-            assert!(entries(&dirs.state.join("secrets")).is_empty(), "kept secrets are removed with the volume");
-            println!("checked: target back after {back:?} with the same data, restart counted, bystander untouched");
+            body(&weed, &dirs, NodeClient::new(ch.clone()), ControllerClient::new(ch)).await
         })
+    });
+}
+
+/// kill -9 of one `weed mount`: the host restarts it with the recorded plan, detaches the dead
+/// mount and re-binds the pod targets; they work again within 5 s with the same data, the other
+/// volume is untouched, and the restart is counted.
+#[test]
+fn a_killed_weed_mount_is_restarted_and_its_targets_rebound() {
+    if !in_private_namespace("a_killed_weed_mount_is_restarted_and_its_targets_rebound") {
+        return;
+    }
+    with_running_node(async |weed, dirs, mut node, mut controller| {
+        let mut vols = Vec::new();
+        for i in 0..2 {
+            vols.push(
+                create_stage_publish(&mut controller, &mut node, &weed, &dirs, &format!("pvc-heal-{i}"), "pod", &[])
+                    .await,
+            );
+            std::fs::write(vols[i].2.join("data.txt"), format!("volume {i}")).unwrap();
+        }
+        let victim = pids_with(&vols[0].1.display().to_string());
+        let bystander = pids_with(&vols[1].1.display().to_string());
+        assert_eq!((victim.len(), bystander.len()), (1, 1));
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim[0]), nix::sys::signal::Signal::SIGKILL).unwrap();
+        let killed = std::time::Instant::now();
+        let target = &vols[0].2;
+        loop {
+            if std::fs::read_to_string(target.join("data.txt")).is_ok_and(|s| s == "volume 0") {
+                break;
+            }
+            assert!(killed.elapsed() < Duration::from_secs(5), "the target did not come back within 5 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let back = killed.elapsed();
+        std::fs::write(target.join("after-heal.txt"), b"ok").unwrap();
+        let healed = pids_with(&vols[0].1.display().to_string());
+        assert_eq!(healed.len(), 1);
+        assert_ne!(healed, victim, "a new weed process serves the volume");
+        assert_eq!(pids_with(&vols[1].1.display().to_string()), bystander, "the other volume is untouched");
+        assert_eq!(std::fs::read_to_string(vols[1].2.join("data.txt")).unwrap(), "volume 1");
+        let listed = host_volumes(&dirs).await;
+        let restarts: Vec<(String, u32)> = listed.iter().map(|v| (v.volume_id.clone(), v.restarts)).collect();
+        assert!(restarts.contains(&(vols[0].0.volume_id.clone(), 1)), "{restarts:?}");
+        assert!(restarts.contains(&(vols[1].0.volume_id.clone(), 0)), "{restarts:?}");
+        for (vol, staging, target) in &vols {
+            node.node_unpublish_volume(unpublish_req(&vol.volume_id, target)).await.unwrap();
+            node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                staging_target_path: staging.display().to_string(),
+            })
+            .await
+            .unwrap();
+        }
+        let mounts = mounts_below(dirs.root.path());
+        assert!(mounts.is_empty(), "mounts left: {mounts:?}");
+        assert!(entries(&dirs.state.join("volumes")).is_empty());
+        assert!(entries(&dirs.state.join("secrets")).is_empty(), "kept secrets are removed with the volume");
+        println!("checked: target back after {back:?} with the same data, restart counted, bystander untouched");
     });
 }
 
@@ -555,95 +560,84 @@ fn an_oom_kill_stays_inside_its_volume() {
     if !in_private_namespace("an_oom_kill_stays_inside_its_volume") {
         return;
     }
-    let weed = Seaweed::start();
-    let dirs = NodeDirs::new();
-    let program = format!("--program=weed={}", weed_binary().display());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let _host = dirs.start_host(std::slice::from_ref(&program));
-    let _front = dirs.start_front(std::slice::from_ref(&program));
-    guarded(&dirs, || {
-        rt.block_on(async {
-            let ch = channel(&dirs.csi_sock);
-            let mut node = NodeClient::new(ch.clone());
-            let mut controller = ControllerClient::new(ch.clone());
-            wait_ready(&mut IdentityClient::new(ch.clone())).await;
-            let limit_mb = 64;
-            let limited = create_stage_publish(
-                &mut controller,
-                &mut node,
-                &weed,
-                &dirs,
-                "pvc-oom-limited",
-                "pod",
-                &[("memoryLimitMB", &limit_mb.to_string())],
-            )
-            .await;
-            let other = create_stage_publish(&mut controller, &mut node, &weed, &dirs, "pvc-oom-other", "pod", &[]).await;
-            std::fs::write(other.2.join("data.txt"), b"untouched").unwrap();
-            let other_pid = pids_with(&other.1.display().to_string());
-            let key = mounthost::volume::dirs::volume_key(&limited.0.volume_id);
-            let limit_file = ["memory.max", "memory.limit_in_bytes"]
-                .iter()
-                .map(|f| dirs.cgroups.parent_dir().unwrap().join(&key).join(f))
-                .find(|p| p.exists())
-                .unwrap();
-            assert_eq!(std::fs::read_to_string(&limit_file).unwrap().trim(), (limit_mb << 20).to_string());
+    with_running_node(async |weed, dirs, mut node, mut controller| {
+        let limit_mb = 64;
+        let limited = create_stage_publish(
+            &mut controller,
+            &mut node,
+            &weed,
+            &dirs,
+            "pvc-oom-limited",
+            "pod",
+            &[("memoryLimitMB", &limit_mb.to_string())],
+        )
+        .await;
+        let other = create_stage_publish(&mut controller, &mut node, &weed, &dirs, "pvc-oom-other", "pod", &[]).await;
+        std::fs::write(other.2.join("data.txt"), b"untouched").unwrap();
+        let other_pid = pids_with(&other.1.display().to_string());
+        let key = mounthost::volume::dirs::volume_key(&limited.0.volume_id);
+        let limit_file = ["memory.max", "memory.limit_in_bytes"]
+            .iter()
+            .map(|f| dirs.cgroups.parent_dir().unwrap().join(&key).join(f))
+            .find(|p| p.exists())
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(&limit_file).unwrap().trim(), (limit_mb << 20).to_string());
 
-            // Writes buffered by weed push it past its limit.
-            let target = limited.2.clone();
-            let writer = std::thread::spawn(move || {
-                let chunk = vec![7u8; 8 << 20];
-                for i in 0..64 {
-                    let Ok(mut f) = std::fs::File::create(target.join(format!("big-{i}"))) else { break };
-                    use std::io::Write;
-                    if (0..8).any(|_| f.write_all(&chunk).is_err()) {
-                        break;
-                    }
-                }
-            });
-            let started = std::time::Instant::now();
-            let oom = loop {
-                let listed = host_volumes(&dirs).await;
-                let v = listed.iter().find(|v| v.volume_id == limited.0.volume_id).unwrap();
-                if v.oom_kills > 0 || !v.condition.is_empty() && v.condition.contains("OOM") {
-                    break v.clone();
-                }
-                assert!(started.elapsed() < Duration::from_secs(60), "no OOM kill within 60 s: {v:?}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            };
-            let _ = writer.join();
-            let listed = host_volumes(&dirs).await;
-            let o = listed.iter().find(|v| v.volume_id == other.0.volume_id).unwrap();
-            assert_eq!((o.oom_kills, o.restarts, o.healthy), (0, 0, true), "{o:?}");
-            assert_eq!(pids_with(&other.1.display().to_string()), other_pid, "the other volume's weed lives on");
-            assert_eq!(std::fs::read_to_string(other.2.join("data.txt")).unwrap(), "untouched");
-            // The host may be restarting the limited volume: like kubelet, retry what is Aborted.
-            for (vol, staging, target) in [&limited, &other] {
-                let unstage = csi::NodeUnstageVolumeRequest {
-                    volume_id: vol.volume_id.clone(),
-                    staging_target_path: staging.display().to_string(),
-                };
-                for attempt in 0.. {
-                    let r = match node.node_unpublish_volume(unpublish_req(&vol.volume_id, target)).await {
-                        Ok(_) => node.node_unstage_volume(unstage.clone()).await.map(|_| ()),
-                        Err(e) => Err(e),
-                    };
-                    match r {
-                        Ok(()) => break,
-                        Err(e) if e.code() == Code::Aborted && attempt < 600 => {
-                            tokio::time::sleep(Duration::from_millis(100)).await
-                        }
-                        Err(e) => panic!("teardown of {}: {e:?}", vol.volume_id),
-                    }
+        // Writes buffered by weed push it past its limit.
+        let target = limited.2.clone();
+        let writer = std::thread::spawn(move || {
+            let chunk = vec![7u8; 8 << 20];
+            for i in 0..64 {
+                let Ok(mut f) = std::fs::File::create(target.join(format!("big-{i}"))) else { break };
+                use std::io::Write;
+                if (0..8).any(|_| f.write_all(&chunk).is_err()) {
+                    break;
                 }
             }
-            let groups = dirs.cgroups_left();
-            assert!(groups.is_empty(), "cgroups left: {groups:?}");
-            assert!(mounts_below(dirs.root.path()).is_empty());
-            println!(
-                "checked: limit {limit_mb} MiB, {} OOM kill(s) and {} restart(s) in the limited volume, 0 in the other, 0 cgroups left",
-                oom.oom_kills, oom.restarts
-            );
-        })
+        });
+        let started = std::time::Instant::now();
+        let oom = loop {
+            let listed = host_volumes(&dirs).await;
+            let v = listed.iter().find(|v| v.volume_id == limited.0.volume_id).unwrap();
+            // Counted when the host restarts the killed process.
+            if v.oom_kills > 0 && v.restarts > 0 {
+                break v.clone();
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "no OOM kill within 60 s: {v:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let _ = writer.join();
+        let listed = host_volumes(&dirs).await;
+        let o = listed.iter().find(|v| v.volume_id == other.0.volume_id).unwrap();
+        assert_eq!((o.oom_kills, o.restarts, o.healthy), (0, 0, true), "{o:?}");
+        assert_eq!(pids_with(&other.1.display().to_string()), other_pid, "the other volume's weed lives on");
+        assert_eq!(std::fs::read_to_string(other.2.join("data.txt")).unwrap(), "untouched");
+        // The host may be restarting the limited volume: like kubelet, retry what is Aborted.
+        for (vol, staging, target) in [&limited, &other] {
+            let unstage = csi::NodeUnstageVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                staging_target_path: staging.display().to_string(),
+            };
+            for attempt in 0.. {
+                let r = match node.node_unpublish_volume(unpublish_req(&vol.volume_id, target)).await {
+                    Ok(_) => node.node_unstage_volume(unstage.clone()).await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(()) => break,
+                    Err(e) if e.code() == Code::Aborted && attempt < 600 => {
+                        tokio::time::sleep(Duration::from_millis(100)).await
+                    }
+                    Err(e) => panic!("teardown of {}: {e:?}", vol.volume_id),
+                }
+            }
+        }
+        let groups = dirs.cgroups_left();
+        assert!(groups.is_empty(), "cgroups left: {groups:?}");
+        assert!(mounts_below(dirs.root.path()).is_empty());
+        println!(
+            "checked: limit {limit_mb} MiB, {} OOM kill(s) and {} restart(s) in the limited volume, 0 in the other, 0 cgroups left",
+            oom.oom_kills, oom.restarts
+        );
     });
 }
