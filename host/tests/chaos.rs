@@ -40,8 +40,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 const STUCK: Duration = Duration::from_secs(40);
 /// The kills, shuffled: which daemon, and which call it waits for to be in flight. The host is
 /// killed while it spawns bindfs for a stage (before or after recording the process), while it
-/// stops one at an unstage, or at any call; the front while it forwards.
-const KILLS: [(&str, Op); 11] = [
+/// stops one at an unstage, or at any call; the front while it forwards. `fuse` kills the bindfs
+/// of a volume that ends published (the host must restart it and re-bind its targets).
+const KILLS: [(&str, Op); 14] = [
     ("host", Op::Stage),
     ("host", Op::Stage),
     ("host", Op::Unstage),
@@ -53,6 +54,9 @@ const KILLS: [(&str, Op); 11] = [
     ("front", Op::Any),
     ("front", Op::Any),
     ("both", Op::Stage),
+    ("fuse", Op::Any),
+    ("fuse", Op::Stage),
+    ("fuse", Op::Any),
 ];
 
 /// The calls, for counting them in flight.
@@ -320,12 +324,24 @@ async fn bring_up(sh: &Shared<'_>, v: &Vol, rng: &mut Rng) -> bool {
             return false;
         }
     }
-    // The pod writes: the FUSE mount serves it whatever happens to the daemons meanwhile.
-    if let Err(e) = std::fs::write(v.targets[0].0.join("marker"), &v.pv) {
-        sh.fail(format!("writing through {} of {}: {e}", v.targets[0].0.display(), v.pv));
-        return false;
+    // The pod writes: the FUSE mount serves it whatever happens to the daemons meanwhile. Only a
+    // crash of the volume's own bindfs (a `fuse` kill) interrupts it, until the host restarts it
+    // and re-binds the target (ENOTCONN in between, as a pod would see).
+    let marker = v.targets[0].0.join("marker");
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::fs::write(&marker, &v.pv) {
+            Ok(()) => return true,
+            Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ENOTCONN as i32) && Instant::now() < until => {
+                sh.note(format!("{}: ENOTCONN while its bindfs is restarted", v.pv));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => {
+                sh.fail(format!("writing through {} of {}: {e}", v.targets[0].0.display(), v.pv));
+                return false;
+            }
+        }
     }
-    true
 }
 
 /// NodeUnpublishVolume of every target, then NodeUnstageVolume. False when aborting.
@@ -447,6 +463,25 @@ fn chaos(
         let by_op = [Op::Create, Op::Stage, Op::Publish, Op::Unpublish, Op::Unstage, Op::Delete]
             .map(|op| format!("{op:?} {}", sh.in_flight(op)))
             .join(", ");
+        if what == "fuse" {
+            let victims = || -> Vec<i32> {
+                sh.vols
+                    .iter()
+                    .filter(|v| v.end_published)
+                    .flat_map(|v| pids_of("bindfs", &v.staging.display().to_string()))
+                    .collect()
+            };
+            wait_until(sh, Duration::from_secs(5), || !victims().is_empty());
+            let victims = victims();
+            let victim = (!victims.is_empty()).then(|| victims[(rng.next() % victims.len() as u64) as usize]);
+            if let Some(pid) = victim {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+            let at = sh.start.elapsed();
+            sh.note(format!("KILL -9 bindfs {victim:?} of a published volume ({calls_in_flight} calls in flight)"));
+            kills.push(Kill { what, target, hit: hit && victim.is_some(), at, calls_in_flight });
+            continue;
+        }
         if what != "front" {
             host.kill9();
         }
@@ -620,8 +655,9 @@ fn run(dirs: &NodeDirs, seed: u64, host_args: &[String], front_args: &[String], 
     let ctx = |what: String| format!("seed {seed}: {what}\n--- calls and kills\n{events}");
 
     // Every kill happened, each while the call it waited for was in flight.
-    let host_kills = kills.iter().filter(|k| k.what != "front").count();
-    let front_kills = kills.iter().filter(|k| k.what != "host").count();
+    let host_kills = kills.iter().filter(|k| k.what == "host" || k.what == "both").count();
+    let front_kills = kills.iter().filter(|k| k.what == "front" || k.what == "both").count();
+    let fuse_kills = kills.iter().filter(|k| k.what == "fuse").count();
     assert_eq!(kills.len(), KILLS.len(), "{}", ctx("every kill happened".into()));
     assert!(host_kills >= 3 && front_kills >= 3);
     for k in &kills {
@@ -630,6 +666,13 @@ fn run(dirs: &NodeDirs, seed: u64, host_args: &[String], front_args: &[String], 
             "{}",
             ctx(format!("the {} kill at {:?} found no {:?} call in flight", k.what, k.at, k.target))
         );
+    }
+
+    // A killed bindfs is restarted by the host's supervisor, not by kubelet: give it its moment.
+    let all_healthy = || rt.block_on(host_volumes(dirs)).iter().all(|s| s.healthy && s.phase == "staged");
+    let until = Instant::now() + Duration::from_secs(30);
+    while !all_healthy() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
     }
 
     // End state, checked against the kernel first, then against what the daemon says.
@@ -777,7 +820,7 @@ fn run(dirs: &NodeDirs, seed: u64, host_args: &[String], front_args: &[String], 
     println!(
         "chaos checked: seed {seed}, {VOLUMES} volumes: {} published ({targets_checked} targets, {readonly_checked} \
          read-only refusing writes, data through every target and the backing dir) and {} gone after {} churn \
-         cycles; {host_kills} host kills and {front_kills} front kills (one of both), each during its \
+         cycles; {host_kills} host kills, {front_kills} front kills (one of both) and {fuse_kills} bindfs kills, each during its \
          target call {during:?}, {in_flight} calls in flight in all; restarted hosts: {repaired}; {} calls, \
          {} retries {retries:?}; chaos phase {chaos_secs:.1} s; leaked after tear-down: {} mounts, {} processes, \
          {} cgroups, {} sockets/runtime entries, {} state files, {} secrets, {} cache dirs",

@@ -160,9 +160,12 @@ impl Node {
         self.inner.store.save_secrets(&state.volume_id, &kept)?;
         match self.run_stage_steps(&mut state, dirs, secrets) {
             Ok(()) => {
+                // Targets first: a crash before `staged` is saved leaves a `staging` record with
+                // targets, which the supervisor restages; `staged` with a target still on the
+                // dead mount would look healthy (found by the chaos test).
+                self.rebind_published(&state)?;
                 state.phase = Phase::Staged;
-                self.save(&state)?;
-                self.rebind_published(&state)
+                self.save(&state)
             }
             Err(e) => {
                 if let Err(undo) = self.teardown(&state, dirs) {

@@ -752,3 +752,26 @@ async fn temporary_files_of_a_killed_writer_are_removed_at_start() {
     assert_eq!((report.adopted, report.cleaned), (1, 1));
     assert!(!stray.exists());
 }
+
+#[tokio::test]
+async fn a_restage_that_cannot_rebind_its_targets_is_not_recorded_staged() {
+    let e = Env::new();
+    let a = e.target("pod-a");
+    e.node.stage(weed_stage_req(&e)).await.unwrap();
+    e.node.publish(e.publish_req(&a, false)).await.unwrap();
+    let old = e.node.store().load(VOL).unwrap().unwrap().process.unwrap();
+    e.rec.kill(old.pid);
+    // The re-bind fails (as if the daemon died there): the record must not claim `staged`, or a
+    // restarted daemon would adopt a volume whose pod target still holds the dead mount.
+    e.rec.fail_next("bind", Errno::EIO);
+    assert_eq!(e.node.heal_pass().failed, 1);
+    let st = e.node.store().load(VOL).unwrap().unwrap();
+    assert_eq!(st.phase, Phase::Staging);
+    assert!(st.published.contains_key(&a));
+    assert!(!e.node.health(&st).healthy);
+    assert_eq!(e.restarted().reconcile().unwrap().unhealthy, 1);
+    assert_eq!(e.node.heal_one(VOL), Some(true), "the next restart finishes the job");
+    let st = e.node.store().load(VOL).unwrap().unwrap();
+    assert_eq!(st.phase, Phase::Staged);
+    assert!(mount_points(&e.rec).contains(&a));
+}
