@@ -6,6 +6,11 @@
 //! again. Printed: time from start to answering requests (reconciliation of every state file
 //! against mountinfo and /proc included) and the daemon's RSS, next to the same daemon started
 //! on an empty state directory in the same run. `MOUNTHOST_BENCH_VOLUMES` changes the count.
+//!
+//! `MOUNTHOST_BENCH_PLUGIN=bindfs` stages real FUSE processes instead (`bindfs`, one per volume,
+//! each in its cgroup), so re-adoption checks 1,000 live processes (pid, start time,
+//! executable) and the supervisor watches 1,000 pidfds; it also prints the daemon's CPU time
+//! over 5 s of idle supervision afterwards.
 
 mod common;
 
@@ -19,6 +24,24 @@ use mounthost::proto::host::{HealthRequest, ListVolumesRequest};
 
 fn volumes() -> usize {
     std::env::var("MOUNTHOST_BENCH_VOLUMES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000)
+}
+
+/// The test plugin to stage with: `tmpfs` (kernel mounts only) or `bindfs` (FUSE processes).
+fn plugin() -> String {
+    std::env::var("MOUNTHOST_BENCH_PLUGIN").unwrap_or_else(|_| "tmpfs".into())
+}
+
+/// The host's cgroup parent for this run (removed at the end).
+fn cgroup_parent() -> String {
+    format!("mounthost-bench-{}", std::process::id())
+}
+
+/// CPU time (user + system) of `pid` so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    // After the command name: field 3 is index 0; utime (14) and stime (15) are 11 and 12.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
 fn main() {
@@ -59,7 +82,9 @@ async fn start(root: &Path) -> (Daemon, Duration, u64) {
         .arg(&sock)
         .arg("--plugin-dir")
         .arg(root.join("plugins"))
-        .args(["--grant", "tmpfs:fstype=tmpfs", "--log", "warn", "host"])
+        .args(["--grant", "tmpfs:fstype=tmpfs", "--grant", "bindfs:fstype=fuse,bindfs:program=bindfs"])
+        .args(["--program", "bindfs=/usr/bin/bindfs"])
+        .args(["--cgroup-parent", &cgroup_parent(), "--log", "warn", "host"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -87,28 +112,33 @@ async fn run() {
     let root = dir.path();
     std::fs::create_dir_all(root.join("kubelet")).unwrap();
     std::fs::create_dir_all(root.join("plugins")).unwrap();
-    std::fs::copy(mounthost::stock::fixtures::path("tmpfs"), root.join("plugins/tmpfs.wasm")).unwrap();
+    let plugin = plugin();
+    std::fs::copy(mounthost::stock::fixtures::path(&plugin), root.join("plugins").join(format!("{plugin}.wasm")))
+        .unwrap();
 
     let (empty, empty_ready, empty_rss) = start(root).await;
     let client = HostClient::new(mounthost::grpc::channel(&root.join("host.sock")));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for chunk in (0..n).collect::<Vec<_>>().chunks(n.div_ceil(16).max(1)) {
-        let (client, root, chunk) = (client.clone(), root.to_path_buf(), chunk.to_vec());
+        let (client, root, chunk, plugin) = (client.clone(), root.to_path_buf(), chunk.to_vec(), plugin.clone());
         tasks.push(tokio::spawn(async move {
             let mut client = client;
             for v in chunk {
                 let staging = root.join(format!("kubelet/plugins/kubernetes.io/csi/csi.mounthost.dev/{v}/globalmount"));
                 std::fs::create_dir_all(&staging).unwrap();
                 let req = csi::NodeStageVolumeRequest {
-                    volume_id: format!("tmpfs~vol-{v}"),
+                    volume_id: format!("{plugin}~vol-{v}"),
                     staging_target_path: staging.display().to_string(),
                     volume_capability: Some(csi::VolumeCapability {
                         access_mode: Some(csi::volume_capability::AccessMode { mode: 1 }),
                         access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
                     }),
-                    volume_context: [("plugin".to_string(), "tmpfs".to_string()), ("sizeMiB".into(), "1".into())]
-                        .into(),
+                    volume_context: if plugin == "tmpfs" {
+                        [("plugin".to_string(), plugin.clone()), ("sizeMiB".into(), "1".into())].into()
+                    } else {
+                        [("plugin".to_string(), plugin.clone())].into()
+                    },
                     ..Default::default()
                 };
                 client.node_stage_volume(req).await.unwrap();
@@ -118,7 +148,7 @@ async fn run() {
     for t in tasks {
         t.await.unwrap();
     }
-    println!("staged {n} volumes in {:.2} s", started.elapsed().as_secs_f64());
+    println!("staged {n} {plugin} volumes in {:.2} s", started.elapsed().as_secs_f64());
     drop(empty); // SIGKILL: mounts stay, state files stay.
 
     let (full, ready, rss) = start(root).await;
@@ -144,6 +174,25 @@ async fn run() {
         "ratio ready time / empty start = {:.1}x (target ≤ 1 s absolute); RSS target ≤ 64 MiB",
         ready.as_secs_f64() / empty_ready.as_secs_f64()
     );
+    if plugin == "bindfs" {
+        let pid = full.0.id();
+        let before = cpu_ticks(pid);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let ticks = cpu_ticks(pid) - before;
+        let hz = 100.0; // USER_HZ on Linux
+        println!(
+            "idle supervision of {n} FUSE processes: {:.1} % of one core ({ticks} ticks in 5 s)",
+            ticks as f64 / hz / 5.0 * 100.0
+        );
+    }
     drop(full);
+    // The FUSE processes outlive the daemon by design: kill them with their groups.
+    let cgroups = mounthost::exec::cgroup::Cgroups::detect(&cgroup_parent());
+    for group in cgroups.groups().unwrap_or_default() {
+        let _ = cgroups.release(&group);
+    }
+    if let Some(dir) = cgroups.parent_dir() {
+        let _ = std::fs::remove_dir(dir);
+    }
     common::unmount_below(root);
 }

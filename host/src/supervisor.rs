@@ -2,14 +2,15 @@
 //! restarts broken volumes (node/heal.rs), each on a blocking thread of its own so one slow
 //! backend never delays another volume's restart.
 //!
-//! - A process exit wakes the supervisor at once (the pidfd becomes readable).
-//! - A tick every second catches what no pidfd reports: a mount that vanished while its
-//!   process lives, a restart waiting out its backoff, a process adopted from state at start.
-//! - Each tick first reaps FUSE programs that were this daemon's children, so none stays a
+//! - A process exit wakes the supervisor at once (the pidfd becomes readable) for a survey of
+//!   every volume; so does a process start (a stage or a restart), so it is watched at once.
+//! - Without a wake-up it surveys every 5 s, for what no pidfd reports (a mount that vanished
+//!   while its process lives), and whenever a failed restart's backoff has expired.
+//! - Every second it reaps FUSE programs that were this daemon's children, so none stays a
 //!   zombie.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -17,34 +18,45 @@ use tracing::{debug, warn};
 use crate::exec::process::{self, ProcessId};
 use crate::node::Node;
 
-/// How often the supervisor looks without being woken.
+/// How often the supervisor reaps and checks for due retries.
 const TICK: Duration = Duration::from_secs(1);
+/// How often it surveys every volume without being woken (a mount lost under a live process is
+/// found within this; a process exit wakes it at once).
+const SURVEY: Duration = Duration::from_secs(5);
 
 /// Run until the task is dropped or aborted.
 pub async fn run(node: Node) {
     let (exited_tx, mut exited) = mpsc::unbounded_channel::<String>();
     let mut watched: HashMap<String, ProcessId> = HashMap::new();
     let mut tick = tokio::time::interval(TICK);
+    let mut last_survey: Option<Instant> = None;
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            Some(id) = exited.recv() => debug!(volume.id = %id, "a supervised process exited"),
-        }
+        let woken = tokio::select! {
+            _ = tick.tick() => false,
+            Some(id) = exited.recv() => {
+                debug!(volume.id = %id, "a supervised process exited");
+                true
+            }
+            () = node.spawned() => true,
+        };
         let reaped = process::reap_exited_children();
         if reaped > 0 {
             warn!(reaped, "FUSE processes exited on their own");
         }
-        let n = node.clone();
-        let Ok((broken, supervised)) = tokio::task::spawn_blocking(move || (n.broken(), n.supervised())).await else {
+        let due = woken || last_survey.is_none_or(|t| t.elapsed() >= SURVEY) || node.retry_due();
+        if !due {
             continue;
-        };
-        for id in broken {
+        }
+        last_survey = Some(Instant::now());
+        let n = node.clone();
+        let Ok(survey) = tokio::task::spawn_blocking(move || n.survey()).await else { continue };
+        for id in survey.broken {
             let n = node.clone();
             // The volume's lock keeps a second restart of the same volume out.
             tokio::task::spawn_blocking(move || n.heal_one(&id));
         }
-        watched.retain(|id, p| supervised.iter().any(|(i, q)| i == id && q == p));
-        for (id, p) in supervised {
+        watched.retain(|id, p| survey.watch.iter().any(|(i, q)| i == id && q == p));
+        for (id, p) in survey.watch {
             if watched.get(&id) == Some(&p) {
                 continue;
             }
@@ -58,7 +70,7 @@ pub async fn run(node: Node) {
                     });
                     watched.insert(id, p);
                 }
-                // Gone already: the next pass restarts it.
+                // Gone already: the next survey restarts it.
                 Err(e) => debug!(volume.id = %id, error = %e, "cannot watch the FUSE process"),
             }
         }

@@ -585,16 +585,22 @@ fn an_oom_kill_stays_inside_its_volume() {
 
         // Writes buffered by weed push it past its limit.
         let target = limited.2.clone();
-        let writer = std::thread::spawn(move || {
-            let chunk = vec![7u8; 8 << 20];
-            for i in 0..64 {
-                let Ok(mut f) = std::fs::File::create(target.join(format!("big-{i}"))) else { break };
-                use std::io::Write;
-                if (0..8).any(|_| f.write_all(&chunk).is_err()) {
-                    break;
-                }
-            }
-        });
+        // Four writers at once: weed holds every file's unflushed chunks in memory.
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let target = target.clone();
+                std::thread::spawn(move || {
+                    use std::io::Write;
+                    let chunk = vec![7u8; 8 << 20];
+                    for i in 0..32 {
+                        let Ok(mut f) = std::fs::File::create(target.join(format!("big-{w}-{i}"))) else { break };
+                        if (0..8).any(|_| f.write_all(&chunk).is_err()) {
+                            break;
+                        }
+                    }
+                })
+            })
+            .collect();
         let started = std::time::Instant::now();
         let oom = loop {
             let listed = host_volumes(&dirs).await;
@@ -606,7 +612,9 @@ fn an_oom_kill_stays_inside_its_volume() {
             assert!(started.elapsed() < Duration::from_secs(60), "no OOM kill within 60 s: {v:?}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        let _ = writer.join();
+        for w in writers {
+            let _ = w.join();
+        }
         let listed = host_volumes(&dirs).await;
         let o = listed.iter().find(|v| v.volume_id == other.0.volume_id).unwrap();
         assert_eq!((o.oom_kills, o.restarts, o.healthy), (0, 0, true), "{o:?}");

@@ -217,6 +217,8 @@ impl Node {
                     state.process = Some(pid);
                     // Recorded at once: a crash from here on knows which process is ours.
                     self.save(state)?;
+                    // The supervisor watches it from the moment the stage is done.
+                    self.inner.spawned.notify_one();
                 }
                 other => self.apply_step(other)?,
             }

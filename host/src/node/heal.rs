@@ -28,6 +28,15 @@ pub struct Backoff {
     by_volume: Mutex<HashMap<String, (u32, Instant)>>,
 }
 
+/// What the supervisor should do now.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Survey {
+    /// Volumes to restart.
+    pub broken: Vec<String>,
+    /// Live processes of healthy staged volumes, to watch.
+    pub watch: Vec<(String, ProcessId)>,
+}
+
 /// What one pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct HealReport {
@@ -54,40 +63,57 @@ impl Node {
 
     /// Volumes to restart now: backed by a process, broken, and not waiting out a backoff.
     pub fn broken(&self) -> Vec<String> {
-        let Ok(mounts) = self.mount_table() else { return Vec::new() };
-        let Ok(listed) = self.inner.store.list() else { return Vec::new() };
-        let backoff = self.inner.backoff.by_volume.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        listed
-            .into_iter()
-            .filter_map(|(_, parsed)| parsed.ok())
-            .filter(|st| {
-                let broken = match st.phase {
-                    Phase::Staged => !self.health_in(st, &mounts).healthy,
-                    // A restart that failed earlier, with pods still depending on the volume.
-                    Phase::Staging => !st.published.is_empty(),
-                    Phase::Unstaging => false,
-                };
-                // Only volumes backed by a process are supervised (a lost kernel mount is not
-                // silently replaced by an empty one).
-                broken && self.spawns(st)
-            })
-            .filter(|st| {
-                !backoff.get(&st.volume_id).is_some_and(|(failures, next)| *failures >= MAX_FAILURES || now < *next)
-            })
-            .map(|st| st.volume_id)
-            .collect()
+        self.survey().broken
     }
 
     /// The live FUSE processes of staged volumes, for the supervisor to watch.
     pub fn supervised(&self) -> Vec<(String, ProcessId)> {
-        let Ok(listed) = self.inner.store.list() else { return Vec::new() };
-        listed
-            .into_iter()
-            .filter_map(|(_, parsed)| parsed.ok())
-            .filter(|st| st.phase == Phase::Staged)
-            .filter_map(|st| st.process.map(|p| (st.volume_id, p)))
-            .collect()
+        self.survey().watch
+    }
+
+    /// One look at every volume (one listing, one mount table): what to restart now and what
+    /// to watch.
+    pub fn survey(&self) -> Survey {
+        let mut survey = Survey::default();
+        let Ok(mounts) = self.mount_table() else { return survey };
+        let Ok(listed) = self.inner.store.list() else { return survey };
+        let backoff = self.inner.backoff.by_volume.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        for st in listed.into_iter().filter_map(|(_, parsed)| parsed.ok()) {
+            // Only volumes backed by a process are supervised (a lost kernel mount is not
+            // silently replaced by an empty one).
+            if !self.spawns(&st) {
+                continue;
+            }
+            let broken = match st.phase {
+                Phase::Staged => !self.health_in(&st, &mounts).healthy,
+                // A restart that failed earlier, with pods still depending on the volume.
+                Phase::Staging => !st.published.is_empty(),
+                Phase::Unstaging => false,
+            };
+            let waiting =
+                backoff.get(&st.volume_id).is_some_and(|(failures, next)| *failures >= MAX_FAILURES || now < *next);
+            if broken && !waiting {
+                survey.broken.push(st.volume_id);
+            } else if st.phase == Phase::Staged
+                && let Some(p) = st.process
+            {
+                survey.watch.push((st.volume_id, p));
+            }
+        }
+        survey
+    }
+
+    /// Resolves after the next FUSE process start (a stage or a restart), for the supervisor.
+    pub async fn spawned(&self) {
+        self.inner.spawned.notified().await
+    }
+
+    /// Is a failed restart due for another attempt?
+    pub fn retry_due(&self) -> bool {
+        let backoff = self.inner.backoff.by_volume.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        backoff.values().any(|(failures, next)| *failures < MAX_FAILURES && now >= *next)
     }
 
     /// Restart one broken volume. `None` if there was nothing to do (healthy again, busy with a

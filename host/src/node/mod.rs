@@ -51,6 +51,8 @@ struct Inner {
     roots: paths::Roots,
     boot_id: String,
     backoff: heal::Backoff,
+    /// Signalled whenever a FUSE process is started, so the supervisor watches it at once.
+    spawned: tokio::sync::Notify,
 }
 
 /// What a health check of one volume found.
@@ -71,7 +73,17 @@ impl Node {
             crate::volume::state::boot_id().map_err(|e| Error::internal(format!("reading the boot id: {e}")))?;
         let locks = VolumeLocks::new();
         Ok(Node {
-            inner: Arc::new(Inner { config, runtime, store, locks, exec, roots, boot_id, backoff: Default::default() }),
+            inner: Arc::new(Inner {
+                config,
+                runtime,
+                store,
+                locks,
+                exec,
+                roots,
+                boot_id,
+                backoff: Default::default(),
+                spawned: Default::default(),
+            }),
         })
     }
 
