@@ -506,7 +506,7 @@ fn a_killed_weed_mount_is_restarted_and_its_targets_rebound() {
         let mut vols = Vec::new();
         for i in 0..2 {
             vols.push(
-                create_stage_publish(&mut controller, &mut node, &weed, &dirs, &format!("pvc-heal-{i}"), "pod", &[])
+                create_stage_publish(&mut controller, &mut node, weed, dirs, &format!("pvc-heal-{i}"), "pod", &[])
                     .await,
             );
             std::fs::write(vols[i].2.join("data.txt"), format!("volume {i}")).unwrap();
@@ -531,7 +531,7 @@ fn a_killed_weed_mount_is_restarted_and_its_targets_rebound() {
         assert_ne!(healed, victim, "a new weed process serves the volume");
         assert_eq!(pids_with(&vols[1].1.display().to_string()), bystander, "the other volume is untouched");
         assert_eq!(std::fs::read_to_string(vols[1].2.join("data.txt")).unwrap(), "volume 1");
-        let listed = host_volumes(&dirs).await;
+        let listed = host_volumes(dirs).await;
         let restarts: Vec<(String, u32)> = listed.iter().map(|v| (v.volume_id.clone(), v.restarts)).collect();
         assert!(restarts.contains(&(vols[0].0.volume_id.clone(), 1)), "{restarts:?}");
         assert!(restarts.contains(&(vols[1].0.volume_id.clone(), 0)), "{restarts:?}");
@@ -565,14 +565,14 @@ fn an_oom_kill_stays_inside_its_volume() {
         let limited = create_stage_publish(
             &mut controller,
             &mut node,
-            &weed,
-            &dirs,
+            weed,
+            dirs,
             "pvc-oom-limited",
             "pod",
             &[("memoryLimitMB", &limit_mb.to_string())],
         )
         .await;
-        let other = create_stage_publish(&mut controller, &mut node, &weed, &dirs, "pvc-oom-other", "pod", &[]).await;
+        let other = create_stage_publish(&mut controller, &mut node, weed, dirs, "pvc-oom-other", "pod", &[]).await;
         std::fs::write(other.2.join("data.txt"), b"untouched").unwrap();
         let other_pid = pids_with(&other.1.display().to_string());
         let key = mounthost::volume::dirs::volume_key(&limited.0.volume_id);
@@ -603,7 +603,7 @@ fn an_oom_kill_stays_inside_its_volume() {
             .collect();
         let started = std::time::Instant::now();
         let oom = loop {
-            let listed = host_volumes(&dirs).await;
+            let listed = host_volumes(dirs).await;
             let v = listed.iter().find(|v| v.volume_id == limited.0.volume_id).unwrap();
             // Counted when the host restarts the killed process.
             if v.oom_kills > 0 && v.restarts > 0 {
@@ -615,7 +615,7 @@ fn an_oom_kill_stays_inside_its_volume() {
         for w in writers {
             let _ = w.join();
         }
-        let listed = host_volumes(&dirs).await;
+        let listed = host_volumes(dirs).await;
         let o = listed.iter().find(|v| v.volume_id == other.0.volume_id).unwrap();
         assert_eq!((o.oom_kills, o.restarts, o.healthy), (0, 0, true), "{o:?}");
         assert_eq!(pids_with(&other.1.display().to_string()), other_pid, "the other volume's weed lives on");
