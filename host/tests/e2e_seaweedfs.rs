@@ -96,6 +96,33 @@ async fn host_volumes(dirs: &NodeDirs) -> Vec<mounthost::proto::host::VolumeStat
         .volumes
 }
 
+/// NodeUnpublishVolume then NodeUnstageVolume, retried like kubelet while the volume is busy
+/// (the host may be restarting its FUSE process).
+async fn unpublish_and_unstage(
+    node: &mut NodeClient<tonic::transport::Channel>,
+    volume_id: &str,
+    staging: &Path,
+    target: &Path,
+) {
+    let unstage = csi::NodeUnstageVolumeRequest {
+        volume_id: volume_id.into(),
+        staging_target_path: staging.display().to_string(),
+    };
+    for attempt in 0.. {
+        let r = match node.node_unpublish_volume(unpublish_req(volume_id, target)).await {
+            Ok(_) => node.node_unstage_volume(unstage.clone()).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(()) => return,
+            Err(e) if e.code() == Code::Aborted && attempt < 600 => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("tearing down {volume_id}: {e:?}"),
+        }
+    }
+}
+
 fn entries(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
@@ -452,13 +479,7 @@ fn host_kill9_keeps_mounts_and_readopts_them() {
                 );
             }
             for (vol, staging, target) in &vols {
-                node.node_unpublish_volume(unpublish_req(&vol.volume_id, target)).await.unwrap();
-                node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-                    volume_id: vol.volume_id.clone(),
-                    staging_target_path: staging.display().to_string(),
-                })
-                .await
-                .unwrap();
+                unpublish_and_unstage(&mut node, &vol.volume_id, staging, target).await;
                 assert!(pids_with(&staging.display().to_string()).is_empty(), "the adopted weed was stopped");
             }
             let mounts = mounts_below(dirs.root.path());
@@ -536,13 +557,7 @@ fn a_killed_weed_mount_is_restarted_and_its_targets_rebound() {
         assert!(restarts.contains(&(vols[0].0.volume_id.clone(), 1)), "{restarts:?}");
         assert!(restarts.contains(&(vols[1].0.volume_id.clone(), 0)), "{restarts:?}");
         for (vol, staging, target) in &vols {
-            node.node_unpublish_volume(unpublish_req(&vol.volume_id, target)).await.unwrap();
-            node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                staging_target_path: staging.display().to_string(),
-            })
-            .await
-            .unwrap();
+            unpublish_and_unstage(&mut node, &vol.volume_id, staging, target).await;
         }
         let mounts = mounts_below(dirs.root.path());
         assert!(mounts.is_empty(), "mounts left: {mounts:?}");
@@ -620,25 +635,8 @@ fn an_oom_kill_stays_inside_its_volume() {
         assert_eq!((o.oom_kills, o.restarts, o.healthy), (0, 0, true), "{o:?}");
         assert_eq!(pids_with(&other.1.display().to_string()), other_pid, "the other volume's weed lives on");
         assert_eq!(std::fs::read_to_string(other.2.join("data.txt")).unwrap(), "untouched");
-        // The host may be restarting the limited volume: like kubelet, retry what is Aborted.
         for (vol, staging, target) in [&limited, &other] {
-            let unstage = csi::NodeUnstageVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                staging_target_path: staging.display().to_string(),
-            };
-            for attempt in 0.. {
-                let r = match node.node_unpublish_volume(unpublish_req(&vol.volume_id, target)).await {
-                    Ok(_) => node.node_unstage_volume(unstage.clone()).await.map(|_| ()),
-                    Err(e) => Err(e),
-                };
-                match r {
-                    Ok(()) => break,
-                    Err(e) if e.code() == Code::Aborted && attempt < 600 => {
-                        tokio::time::sleep(Duration::from_millis(100)).await
-                    }
-                    Err(e) => panic!("teardown of {}: {e:?}", vol.volume_id),
-                }
-            }
+            unpublish_and_unstage(&mut node, &vol.volume_id, staging, target).await;
         }
         let groups = dirs.cgroups_left();
         assert!(groups.is_empty(), "cgroups left: {groups:?}");
