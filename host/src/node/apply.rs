@@ -165,7 +165,10 @@ impl Node {
                 // dead mount would look healthy (found by the chaos test).
                 self.rebind_published(&state)?;
                 state.phase = Phase::Staged;
-                self.save(&state)
+                self.save(&state)?;
+                // A fresh start: earlier failed restarts no longer hold the supervisor back.
+                self.inner.backoff.clear(&state.volume_id);
+                Ok(())
             }
             Err(e) => {
                 if let Err(undo) = self.teardown(&state, dirs) {
@@ -377,6 +380,7 @@ impl Node {
             }
         }
         self.teardown(&st, dirs)?;
+        self.inner.backoff.clear(&st.volume_id);
         Ok(self.inner.store.remove(&st.volume_id)?)
     }
 

@@ -28,6 +28,13 @@ pub struct Backoff {
     by_volume: Mutex<HashMap<String, (u32, Instant)>>,
 }
 
+impl Backoff {
+    /// Forget a volume's failures: it was staged again (by kubelet or a restart) or is gone.
+    pub fn clear(&self, volume_id: &str) {
+        self.by_volume.lock().unwrap_or_else(|p| p.into_inner()).remove(volume_id);
+    }
+}
+
 /// What the supervisor should do now.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Survey {
@@ -87,8 +94,9 @@ impl Node {
             }
             let broken = match st.phase {
                 Phase::Staged => !self.health_in(&st, &mounts).healthy,
-                // A restart that failed earlier, with pods still depending on the volume.
-                Phase::Staging => !st.published.is_empty(),
+                // A restart that failed earlier (a failed kubelet stage leaves no record, and one
+                // in progress holds the lock).
+                Phase::Staging => true,
                 Phase::Unstaging => false,
             };
             let waiting =
@@ -125,7 +133,7 @@ impl Node {
         let mut st = self.inner.store.load(id).ok()??;
         let still_broken = match st.phase {
             Phase::Staged => !self.health(&st).healthy,
-            Phase::Staging => !st.published.is_empty(),
+            Phase::Staging => true,
             Phase::Unstaging => false,
         };
         if !still_broken || !self.spawns(&st) {
@@ -148,7 +156,6 @@ impl Node {
         match self.apply_stage(st, &dirs, &secrets, true) {
             Ok(()) => {
                 info!(volume.id = %id, "restarted and re-bound");
-                self.inner.backoff.by_volume.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
                 Some(true)
             }
             Err(e) => {

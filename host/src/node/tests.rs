@@ -775,3 +775,20 @@ async fn a_restage_that_cannot_rebind_its_targets_is_not_recorded_staged() {
     assert_eq!(st.phase, Phase::Staged);
     assert!(mount_points(&e.rec).contains(&a));
 }
+
+#[tokio::test]
+async fn after_giving_up_a_kubelet_restage_puts_the_volume_back_under_supervision() {
+    let e = Env::new();
+    e.node.stage(weed_stage_req(&e)).await.unwrap();
+    e.rec.kill(e.node.store().load(VOL).unwrap().unwrap().process.unwrap().pid);
+    for _ in 0..super::heal::MAX_FAILURES {
+        e.rec.fail_next("spawn-fuse", Errno::ENOENT);
+        assert_eq!(e.node.heal_one(VOL), Some(false));
+    }
+    assert!(e.node.gave_up(VOL).is_some());
+    assert!(e.node.broken().is_empty(), "given up: no more restarts");
+    e.node.stage(weed_stage_req(&e)).await.expect("kubelet's NodeStageVolume rebuilds it");
+    assert_eq!(e.node.gave_up(VOL), None);
+    e.rec.kill(e.node.store().load(VOL).unwrap().unwrap().process.unwrap().pid);
+    assert_eq!(e.node.broken(), vec![VOL.to_string()], "a later crash is restarted again");
+}
