@@ -91,11 +91,14 @@ impl Node {
         if mountinfo::at(mounts, &st.staging_path).is_none() {
             problems.push(format!("nothing is mounted at the staging path {}", st.staging_path.display()));
         }
-        let oom = u64::from(st.oom_kills) + self.inner.exec.oom_kills(&volume_key(&st.volume_id)).unwrap_or(0);
-        if !problems.is_empty() && oom > 0 {
-            problems.push(format!(
-                "the OOM killer struck {oom} times in the volume's cgroup: its memory limit is too small"
-            ));
+        if !problems.is_empty() {
+            // Read only for a volume in trouble (a health check runs for every volume).
+            let oom = u64::from(st.oom_kills) + self.inner.exec.oom_kills(&volume_key(&st.volume_id)).unwrap_or(0);
+            if oom > 0 {
+                problems.push(format!(
+                    "the OOM killer struck {oom} times in the volume's cgroup: its memory limit is too small"
+                ));
+            }
         }
         Health { healthy: problems.is_empty(), condition: problems.join("; ") }
     }
