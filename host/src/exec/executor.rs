@@ -116,11 +116,6 @@ impl Linux {
     pub fn new(cgroups: Cgroups) -> Self {
         Linux { cgroups }
     }
-
-    /// The cgroups it uses.
-    pub fn cgroups(&self) -> &Cgroups {
-        &self.cgroups
-    }
 }
 
 impl Executor for Linux {

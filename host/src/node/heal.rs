@@ -44,38 +44,10 @@ pub struct Survey {
     pub watch: Vec<(String, ProcessId)>,
 }
 
-/// What one pass did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct HealReport {
-    /// Volumes restarted successfully.
-    pub healed: usize,
-    /// Restarts that failed.
-    pub failed: usize,
-}
-
 impl Node {
-    /// One supervisor pass, one volume after the other. Blocking. (The daemon's supervisor
-    /// runs [`Node::heal_one`] for each of [`Node::broken`] in parallel instead.)
-    pub fn heal_pass(&self) -> HealReport {
-        let mut report = HealReport::default();
-        for id in self.broken() {
-            match self.heal_one(&id) {
-                Some(true) => report.healed += 1,
-                Some(false) => report.failed += 1,
-                None => {}
-            }
-        }
-        report
-    }
-
     /// Volumes to restart now: backed by a process, broken, and not waiting out a backoff.
     pub fn broken(&self) -> Vec<String> {
         self.survey().broken
-    }
-
-    /// The live FUSE processes of staged volumes, for the supervisor to watch.
-    pub fn supervised(&self) -> Vec<(String, ProcessId)> {
-        self.survey().watch
     }
 
     /// One look at every volume (one listing, one mount table): what to restart now and what
@@ -94,9 +66,10 @@ impl Node {
             }
             let broken = match st.phase {
                 Phase::Staged => !self.health_in(&st, &mounts).healthy,
-                // A restart that failed earlier (a failed kubelet stage leaves no record, and one
-                // in progress holds the lock).
-                Phase::Staging => true,
+                // Left by a restart that failed (in this daemon's life, or before its restart
+                // with pods depending on it). Not a kubelet stage in progress: taking its lock the
+                // instant it ends would answer kubelet's next call with Aborted.
+                Phase::Staging => !st.published.is_empty() || backoff.contains_key(&st.volume_id),
                 Phase::Unstaging => false,
             };
             let waiting =
@@ -133,7 +106,10 @@ impl Node {
         let mut st = self.inner.store.load(id).ok()??;
         let still_broken = match st.phase {
             Phase::Staged => !self.health(&st).healthy,
-            Phase::Staging => true,
+            Phase::Staging => {
+                !st.published.is_empty()
+                    || self.inner.backoff.by_volume.lock().unwrap_or_else(|p| p.into_inner()).contains_key(id)
+            }
             Phase::Unstaging => false,
         };
         if !still_broken || !self.spawns(&st) {

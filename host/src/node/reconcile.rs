@@ -2,6 +2,8 @@
 //! (`/proc/self/mountinfo`, `/proc/<pid>`), and repaired or removed with a log line saying why.
 //! Nothing is guessed: a file that cannot be read is reported and left for a person.
 
+use std::collections::BTreeSet;
+
 use tracing::{error, info, warn};
 
 use super::Node;
@@ -60,21 +62,17 @@ impl Node {
                 }
             }
         }
-        report.orphans = self.sweep_orphans()?;
-        report.orphan_processes = self.sweep_orphan_groups()?;
+        // The keys of the records that survived the pass (names only: nothing is parsed twice).
+        let claimed = self.inner.store.keys()?;
+        report.orphans = self.sweep_orphans(&claimed)?;
+        report.orphan_processes = self.sweep_orphan_groups(&claimed)?;
         info!(?report, "reconciled volume state");
         Ok(report)
     }
 
     /// Remove host directories (`cache/volumes/<key>`, `run/<key>`) that no state file claims:
     /// left by a crash between creating them and the first state write reaching the disk.
-    fn sweep_orphans(&self) -> Result<usize, Error> {
-        let mut claimed = std::collections::BTreeSet::new();
-        for (path, _) in self.inner.store.list()? {
-            if let Some(stem) = path.file_stem() {
-                claimed.insert(stem.to_string_lossy().into_owned());
-            }
-        }
+    fn sweep_orphans(&self, claimed: &BTreeSet<String>) -> Result<usize, Error> {
         let state_dir = &self.inner.config.state_dir;
         let mut removed = 0;
         for dir in [state_dir.join("cache").join("volumes"), state_dir.join("run"), state_dir.join("ephemeral")] {
@@ -97,14 +95,7 @@ impl Node {
     }
 
     /// Kill and remove the cgroups no state file claims.
-    fn sweep_orphan_groups(&self) -> Result<usize, Error> {
-        let claimed: std::collections::BTreeSet<String> = self
-            .inner
-            .store
-            .list()?
-            .into_iter()
-            .filter_map(|(path, _)| path.file_stem().map(|s| s.to_string_lossy().into_owned()))
-            .collect();
+    fn sweep_orphan_groups(&self, claimed: &BTreeSet<String>) -> Result<usize, Error> {
         let groups = self.inner.exec.groups().map_err(|e| Error::internal(format!("listing cgroups: {e}")))?;
         let mut killed = 0;
         for group in groups.iter().filter(|g| !claimed.contains(*g)) {

@@ -630,6 +630,14 @@ async fn host_directories_no_volume_claims_are_swept_at_start() {
     assert_eq!(removed, vec![format!("remove-tree {}", orphan.display())], "only the unclaimed directory");
 }
 
+/// What the daemon's supervisor does in one wake-up, serially: restart every broken volume.
+/// Returns (healed, failed).
+fn heal_all(node: &Node) -> (usize, usize) {
+    let outcomes: Vec<Option<bool>> = node.broken().iter().map(|id| node.heal_one(id)).collect();
+    let count = |want: bool| outcomes.iter().filter(|o| **o == Some(want)).count();
+    (count(true), count(false))
+}
+
 /// A seaweedfs volume: its plan spawns `weed mount` (simulated by the recording executor).
 fn weed_stage_req(e: &Env) -> csi::NodeStageVolumeRequest {
     csi::NodeStageVolumeRequest {
@@ -705,13 +713,12 @@ async fn the_supervisor_restarts_a_dead_fuse_process_into_a_fresh_group() {
     e.node.stage(weed_stage_req(&e)).await.unwrap();
     e.node.publish(e.publish_req(&a, false)).await.unwrap();
     let old = e.node.store().load(VOL).unwrap().unwrap().process.unwrap();
-    assert_eq!(e.node.supervised(), vec![(VOL.to_string(), old)]);
+    assert_eq!(e.node.survey().watch, vec![(VOL.to_string(), old)]);
     assert!(e.node.broken().is_empty());
     e.rec.kill(old.pid);
     assert_eq!(e.node.broken(), vec![VOL.to_string()]);
     e.rec.clear_calls();
-    let report = e.node.heal_pass();
-    assert_eq!((report.healed, report.failed), (1, 0));
+    assert_eq!(heal_all(&e.node), (1, 0));
     let st = e.node.store().load(VOL).unwrap().unwrap();
     let new = st.process.unwrap();
     assert_ne!(new, old);
@@ -773,7 +780,7 @@ async fn a_restage_that_cannot_rebind_its_targets_is_not_recorded_staged() {
     // The re-bind fails (as if the daemon died there): the record must not claim `staged`, or a
     // restarted daemon would adopt a volume whose pod target still holds the dead mount.
     e.rec.fail_next("bind", Errno::EIO);
-    assert_eq!(e.node.heal_pass().failed, 1);
+    assert_eq!(heal_all(&e.node), (0, 1));
     let st = e.node.store().load(VOL).unwrap().unwrap();
     assert_eq!(st.phase, Phase::Staging);
     assert!(st.published.contains_key(&a));

@@ -221,6 +221,19 @@ impl StateStore {
         Ok(removed)
     }
 
+    /// The keys (file stems) of every state file, read from the folder without parsing.
+    pub fn keys(&self) -> Result<std::collections::BTreeSet<String>, StateError> {
+        let entries =
+            std::fs::read_dir(&self.dir).map_err(|source| StateError::Io { path: self.dir.clone(), source })?;
+        Ok(entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                (!name.starts_with('.')).then(|| name.strip_suffix(".json").map(str::to_string)).flatten()
+            })
+            .collect())
+    }
+
     /// Every state file, each parsed or with its error (for reconciliation at start). Stray
     /// temporary files from an interrupted write are skipped (start-up removes them).
     pub fn list(&self) -> Result<Vec<Listed>, StateError> {
