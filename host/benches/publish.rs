@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mounthost::config::Config;
+use mounthost::daemon::Node;
 use mounthost::exec::Linux;
 use mounthost::front::{self, Mode};
-use mounthost::node::Node;
 use mounthost::plan::policy::Grant;
 use mounthost::plugin::PluginRuntime;
 use mounthost::proto::csi;
@@ -100,13 +100,13 @@ async fn run() {
     let (mut r1, mut r2) = (stop_rx.clone(), stop_rx);
     let hs = host_sock.clone();
     let host_task = tokio::spawn(async move {
-        mounthost::daemon::serve(node, &hs, async move {
+        mounthost::daemon::service::serve(node, &hs, async move {
             let _ = r1.changed().await;
         })
         .await
     });
     wait(&host_sock).await;
-    let host = front::Host::new(mounthost::grpc::channel(&host_sock));
+    let host = front::Host::new(mounthost::unpriv::grpc::channel(&host_sock));
     let cs = csi_sock.clone();
     let front_task = tokio::spawn(async move {
         front::serve(Mode::Node, &cs, Some(host), None, async move {
@@ -115,7 +115,7 @@ async fn run() {
         .await
     });
     wait(&csi_sock).await;
-    let client = NodeClient::new(mounthost::grpc::channel(&csi_sock));
+    let client = NodeClient::new(mounthost::unpriv::grpc::channel(&csi_sock));
 
     // One staged volume.
     let stage = |id: &str, staging: &Path| csi::NodeStageVolumeRequest {

@@ -93,7 +93,7 @@ async fn start(root: &Path) -> (Daemon, Duration, u64) {
     let daemon = Daemon(child);
     loop {
         if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
-            let mut client = HostClient::new(mounthost::grpc::channel(&sock));
+            let mut client = HostClient::new(mounthost::unpriv::grpc::channel(&sock));
             if client.health(HealthRequest {}).await.is_ok() {
                 break;
             }
@@ -117,7 +117,7 @@ async fn run() {
         .unwrap();
 
     let (empty, empty_ready, empty_rss) = start(root).await;
-    let client = HostClient::new(mounthost::grpc::channel(&root.join("host.sock")));
+    let client = HostClient::new(mounthost::unpriv::grpc::channel(&root.join("host.sock")));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for chunk in (0..n).collect::<Vec<_>>().chunks(n.div_ceil(16).max(1)) {
@@ -152,7 +152,7 @@ async fn run() {
     drop(empty); // SIGKILL: mounts stay, state files stay.
 
     let (full, ready, rss) = start(root).await;
-    let listed = HostClient::new(mounthost::grpc::channel(&root.join("host.sock")))
+    let listed = HostClient::new(mounthost::unpriv::grpc::channel(&root.join("host.sock")))
         .list_volumes(ListVolumesRequest {})
         .await
         .unwrap()

@@ -100,14 +100,23 @@ impl From<crate::volume::state::StateError> for Error {
     }
 }
 
-impl From<crate::exec::mount::MountError> for Error {
-    fn from(e: crate::exec::mount::MountError) -> Self {
-        Error::internal(e.to_string())
+/// The gRPC code of an error class.
+pub fn code(kind: ErrorKind) -> tonic::Code {
+    match kind {
+        ErrorKind::InvalidArgument => tonic::Code::InvalidArgument,
+        ErrorKind::NotFound => tonic::Code::NotFound,
+        ErrorKind::AlreadyExists => tonic::Code::AlreadyExists,
+        ErrorKind::FailedPrecondition => tonic::Code::FailedPrecondition,
+        ErrorKind::Aborted => tonic::Code::Aborted,
+        ErrorKind::Unavailable => tonic::Code::Unavailable,
+        ErrorKind::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+        ErrorKind::Internal => tonic::Code::Internal,
+        ErrorKind::Unimplemented => tonic::Code::Unimplemented,
     }
 }
 
-impl From<crate::exec::process::ProcessError> for Error {
-    fn from(e: crate::exec::process::ProcessError) -> Self {
-        Error::internal(e.to_string())
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> Self {
+        tonic::Status::new(code(e.kind), e.message)
     }
 }

@@ -8,18 +8,15 @@
 
 pub mod cli;
 pub mod config;
-pub mod controller;
 pub mod daemon;
 pub mod error;
 pub mod exec;
 pub mod front;
-pub mod grpc;
-pub mod node;
 pub mod plan;
 pub mod plugin;
 pub mod proto;
 pub mod secrets;
 pub mod stock;
-pub mod supervisor;
 pub mod telemetry;
+pub mod unpriv;
 pub mod volume;

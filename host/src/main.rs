@@ -31,7 +31,7 @@ async fn main() -> ExitCode {
             };
         }
         Command::Client(args) => {
-            let socket = match args.endpoint.as_deref().map(mounthost::grpc::socket_path) {
+            let socket = match args.endpoint.as_deref().map(mounthost::unpriv::grpc::socket_path) {
                 Some(Ok(p)) => p,
                 Some(Err(e)) => {
                     eprintln!("error (InvalidArgument): {e}");

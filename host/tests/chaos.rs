@@ -20,12 +20,12 @@ use std::time::{Duration, Instant};
 
 use common::{NodeDirs, Proc, guarded, in_private_namespace, mounts_below, pids_of, pids_with};
 use mounthost::exec::cgroup::Cgroups;
-use mounthost::grpc::channel;
 use mounthost::proto::csi;
 use mounthost::proto::csi::controller_client::ControllerClient;
 use mounthost::proto::csi::identity_client::IdentityClient;
 use mounthost::proto::csi::node_client::NodeClient;
 use mounthost::proto::host::{ListVolumesRequest, VolumeStatus, host_client::HostClient};
+use mounthost::unpriv::grpc::channel;
 use mounthost::volume::dirs::volume_key;
 use tonic::transport::Channel;
 use tonic::{Code, Status};

@@ -9,11 +9,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{NodeDirs, Seaweed, guarded, in_private_namespace, mounts_below, pids_with, weed_binary};
-use mounthost::grpc::channel;
 use mounthost::proto::csi;
 use mounthost::proto::csi::controller_client::ControllerClient;
 use mounthost::proto::csi::identity_client::IdentityClient;
 use mounthost::proto::csi::node_client::NodeClient;
+use mounthost::unpriv::grpc::channel;
 use tonic::Code;
 
 fn capability(mode: csi::volume_capability::access_mode::Mode) -> csi::VolumeCapability {

@@ -7,12 +7,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use common::{NodeDirs, guarded, in_private_namespace, mounts_below};
-use mounthost::grpc::channel;
 use mounthost::proto::csi;
 use mounthost::proto::csi::identity_client::IdentityClient;
 use mounthost::proto::csi::node_client::NodeClient;
 use mounthost::proto::host::ListVolumesRequest;
 use mounthost::proto::host::host_client::HostClient;
+use mounthost::unpriv::grpc::channel;
 
 fn tmpfs_args(dirs: &NodeDirs) -> Vec<String> {
     let plugins = dirs.root.path().join("plugins");

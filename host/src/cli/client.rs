@@ -153,7 +153,7 @@ fn path(p: &std::path::Path) -> String {
 
 /// Run one client call; returns the JSON to print.
 pub async fn run(socket: PathBuf, host_socket: PathBuf, cmd: ClientCommand) -> Result<String, ClientError> {
-    let channel = crate::grpc::channel(&socket);
+    let channel = crate::unpriv::grpc::channel(&socket);
     let mut node = NodeClient::new(channel.clone());
     let out: Value = match cmd {
         ClientCommand::Info => {
@@ -205,7 +205,7 @@ pub async fn run(socket: PathBuf, host_socket: PathBuf, cmd: ClientCommand) -> R
         ClientCommand::Publish { volume_id, staging, target, readonly, ephemeral, volume } => {
             let (mut volume_context, secrets) = maps(&volume)?;
             if ephemeral {
-                volume_context.insert(crate::node::request::EPHEMERAL_KEY.into(), "true".into());
+                volume_context.insert(crate::volume::request::EPHEMERAL_KEY.into(), "true".into());
             }
             let req = csi::NodePublishVolumeRequest {
                 volume_id: volume_id.clone(),
@@ -249,7 +249,7 @@ pub async fn run(socket: PathBuf, host_socket: PathBuf, cmd: ClientCommand) -> R
             json!({"usage": usage, "abnormal": cond.abnormal, "message": cond.message})
         }
         ClientCommand::List => {
-            let r = HostClient::new(crate::grpc::channel(&host_socket))
+            let r = HostClient::new(crate::unpriv::grpc::channel(&host_socket))
                 .list_volumes(crate::proto::host::ListVolumesRequest {})
                 .await?
                 .into_inner();

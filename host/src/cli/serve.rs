@@ -6,11 +6,11 @@ use std::sync::Arc;
 use clap::Args;
 
 use crate::config::Config;
-use crate::controller::Controller;
+use crate::daemon::Node;
 use crate::exec::Linux;
 use crate::exec::cgroup::Cgroups;
+use crate::front::provision::Controller;
 use crate::front::{self, Mode};
-use crate::node::Node;
 use crate::plugin::PluginRuntime;
 
 /// Arguments of `mounthost csi`.
@@ -61,14 +61,14 @@ pub async fn host(cfg: Config) -> anyhow::Result<()> {
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
     let socket = cfg.host_socket.clone();
     let node = Node::new(cfg.clone(), runtime, linux(&cfg))?;
-    crate::daemon::serve(node, &socket, stop_signal()).await
+    crate::daemon::service::serve(node, &socket, stop_signal()).await
 }
 
 /// `mounthost csi`.
 pub async fn csi(cfg: Config, args: CsiArgs) -> anyhow::Result<()> {
-    let socket = crate::grpc::socket_path(&args.endpoint).map_err(anyhow::Error::msg)?;
-    let host =
-        matches!(args.mode, Mode::Node | Mode::All).then(|| front::Host::new(crate::grpc::channel(&cfg.host_socket)));
+    let socket = crate::unpriv::grpc::socket_path(&args.endpoint).map_err(anyhow::Error::msg)?;
+    let host = matches!(args.mode, Mode::Node | Mode::All)
+        .then(|| front::Host::new(crate::unpriv::grpc::channel(&cfg.host_socket)));
     let controller = if matches!(args.mode, Mode::Controller | Mode::All) {
         Some(Controller::new(cfg.clone(), Arc::new(PluginRuntime::new(cfg.runtime())?)))
     } else {
@@ -90,7 +90,7 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
     }
     crate::exec::fs::private_dir(&cfg.kubelet_dir)?;
     let csi_socket = match &args.endpoint {
-        Some(e) => crate::grpc::socket_path(e).map_err(anyhow::Error::msg)?,
+        Some(e) => crate::unpriv::grpc::socket_path(e).map_err(anyhow::Error::msg)?,
         None => cfg.state_dir.join("csi.sock"),
     };
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
@@ -100,12 +100,12 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
     let mut rx2 = rx.clone();
     let host_task = tokio::spawn(async move {
         let mut rx = rx;
-        crate::daemon::serve(node, &host_socket, async move {
+        crate::daemon::service::serve(node, &host_socket, async move {
             let _ = rx.changed().await;
         })
         .await
     });
-    let host = front::Host::new(crate::grpc::channel(&cfg.host_socket));
+    let host = front::Host::new(crate::unpriv::grpc::channel(&cfg.host_socket));
     let controller = Controller::new(cfg.clone(), runtime);
     println!(
         "mounthost local: CSI socket {} (host daemon {}, kubelet dir {})",

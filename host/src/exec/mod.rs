@@ -4,15 +4,12 @@
 //! `unsafe` lives below this module, so that a reviewer can audit the daemon's privilege by
 //! reading one folder. The node pipeline reaches it only through the [`Executor`] trait.
 
-pub mod artifact;
 pub mod cgroup;
 pub mod executor;
 pub mod fs;
-pub mod http;
 pub mod mount;
 pub mod mountinfo;
 pub mod process;
 pub mod recording;
-pub mod socket;
 
 pub use executor::{Executor, Fuse, FuseError, Linux, Usage};

@@ -80,3 +80,9 @@ pub fn unmount(target: &Path, lazy: bool) -> Result<(), MountError> {
     let flags = if lazy { MntFlags::MNT_DETACH } else { MntFlags::empty() };
     nix::mount::umount2(target, flags).map_err(|e| io_err("unmount", target, e))
 }
+
+impl From<MountError> for crate::error::Error {
+    fn from(e: MountError) -> Self {
+        crate::error::Error::internal(e.to_string())
+    }
+}

@@ -249,3 +249,9 @@ fn pidfd(id: &ProcessId) -> std::io::Result<std::os::fd::OwnedFd> {
     }
     Ok(fd)
 }
+
+impl From<ProcessError> for crate::error::Error {
+    fn from(e: ProcessError) -> Self {
+        crate::error::Error::internal(e.to_string())
+    }
+}

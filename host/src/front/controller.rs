@@ -1,11 +1,11 @@
 //! CSI Controller: CreateVolume, DeleteVolume and ValidateVolumeCapabilities through the
-//! plugins' planners ([`crate::controller`]); Unimplemented for what mounthost does not offer.
+//! plugins' planners ([`crate::front::provision`]); Unimplemented for what mounthost does not offer.
 
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use crate::controller::Controller;
+use crate::front::provision::Controller;
 use crate::proto::csi;
 
 /// The Controller service.

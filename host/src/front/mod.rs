@@ -6,6 +6,7 @@
 pub mod controller;
 pub mod identity;
 pub mod node;
+pub mod provision;
 
 use std::future::Future;
 use std::path::Path;
@@ -46,10 +47,10 @@ pub async fn serve(
     mode: Mode,
     socket: &Path,
     host: Option<Host>,
-    controller: Option<crate::controller::Controller>,
+    controller: Option<crate::front::provision::Controller>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let listener = crate::exec::socket::listen(socket)?;
+    let listener = crate::unpriv::socket::listen(socket)?;
     let identity = identity::IdentityService { mode, host: host.clone() };
     let mut router =
         tonic::transport::Server::builder().add_service(csi::identity_server::IdentityServer::new(identity));

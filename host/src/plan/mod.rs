@@ -8,7 +8,7 @@
 
 pub mod policy;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -131,5 +131,42 @@ impl Step {
             Step::Http { .. } => "http",
             Step::Socket { .. } => "socket",
         }
+    }
+}
+
+/// Whether the plan's mount or bind at `target` is read-only (`None` if it makes none there).
+pub fn planned_readonly(plan: &Plan, target: &Path) -> Option<bool> {
+    plan.steps.iter().rev().find_map(|step| match step {
+        Step::Bind { target: t, readonly, .. } | Step::Mount { target: t, readonly, .. } if t == target => {
+            Some(*readonly)
+        }
+        _ => None,
+    })
+}
+
+/// Keys of every secret a plan references.
+pub fn secret_refs(plan: &Plan) -> Vec<String> {
+    let mut keys = Vec::new();
+    for step in &plan.steps {
+        let values: Vec<&Value> = match step {
+            Step::SpawnFuse { env, .. } => env.iter().map(|e| &e.value).collect(),
+            Step::Fetch { headers, .. } | Step::Http { headers, .. } => headers.iter().map(|h| &h.value).collect(),
+            _ => Vec::new(),
+        };
+        keys.extend(values.into_iter().filter_map(|v| match v {
+            Value::Secret(k) => Some(k.clone()),
+            Value::Literal(_) => None,
+        }));
+    }
+    keys
+}
+
+/// A plan value with its secret filled in (every referenced secret was checked present before
+/// anything ran).
+pub fn resolve(v: &Value, secrets: &crate::secrets::Secrets) -> String {
+    match v {
+        Value::Literal(s) => s.clone(),
+        // Checked before anything ran: every referenced secret is present.
+        Value::Secret(k) => secrets.get(k).unwrap_or_default().to_string(),
     }
 }

@@ -12,7 +12,8 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use super::digest::Digest;
-use crate::exec::{artifact, fs};
+use crate::exec::fs;
+use crate::unpriv::artifact;
 
 /// How a component was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

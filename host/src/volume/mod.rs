@@ -2,6 +2,7 @@
 
 pub mod dirs;
 pub mod lock;
+pub mod request;
 pub mod state;
 
 pub use dirs::VolumeDirs;

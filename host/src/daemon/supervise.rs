@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
+use crate::daemon::Node;
 use crate::exec::process::{self, ProcessId};
-use crate::node::Node;
 
 /// How often the supervisor reaps and checks for due retries.
 const TICK: Duration = Duration::from_secs(1);

@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::exec::mountinfo::{self, MountEntry};
 use crate::exec::process::Spec;
 use crate::exec::{Fuse, FuseError};
-use crate::plan::{Plan, Step, Value};
+use crate::plan::{Plan, Step, resolve, secret_refs};
 use crate::secrets::Secrets;
 use crate::volume::VolumeDirs;
 use crate::volume::dirs::volume_key;
@@ -20,43 +20,6 @@ use crate::volume::state::{Phase, Publication, VolumeState};
 
 /// How many stacked mounts one path may hold before clearing it gives up.
 const MAX_STACKED: usize = 16;
-
-/// Whether the plan's mount or bind at `target` is read-only (`None` if it makes none there).
-pub fn planned_readonly(plan: &Plan, target: &Path) -> Option<bool> {
-    plan.steps.iter().rev().find_map(|step| match step {
-        Step::Bind { target: t, readonly, .. } | Step::Mount { target: t, readonly, .. } if t == target => {
-            Some(*readonly)
-        }
-        _ => None,
-    })
-}
-
-/// Keys of every secret a plan references.
-pub fn secret_refs(plan: &Plan) -> Vec<String> {
-    let mut keys = Vec::new();
-    for step in &plan.steps {
-        let values: Vec<&Value> = match step {
-            Step::SpawnFuse { env, .. } => env.iter().map(|e| &e.value).collect(),
-            Step::Fetch { headers, .. } | Step::Http { headers, .. } => headers.iter().map(|h| &h.value).collect(),
-            _ => Vec::new(),
-        };
-        keys.extend(values.into_iter().filter_map(|v| match v {
-            Value::Secret(k) => Some(k.clone()),
-            Value::Literal(_) => None,
-        }));
-    }
-    keys
-}
-
-/// A plan value with its secret filled in (every referenced secret was checked present before
-/// anything ran).
-pub fn resolve(v: &Value, secrets: &Secrets) -> String {
-    match v {
-        Value::Literal(s) => s.clone(),
-        // Checked before anything ran: every referenced secret is present.
-        Value::Secret(k) => secrets.get(k).unwrap_or_default().to_string(),
-    }
-}
 
 impl Node {
     fn mounts(&self) -> Result<Vec<MountEntry>, Error> {

@@ -8,7 +8,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::node::Node;
+use crate::daemon::Node;
 use crate::proto::csi;
 use crate::proto::host::host_server::{Host, HostServer};
 use crate::proto::host::{HealthRequest, HealthResponse, ListVolumesRequest, ListVolumesResponse, VolumeStatus};
@@ -142,11 +142,11 @@ pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()>
     // Listening first refuses to start beside a live daemon (its socket answers), so nothing
     // below runs while another writer of the same state is alive. Calls wait in the backlog
     // until reconciliation is done.
-    let listener = crate::exec::socket::listen(socket)?;
+    let listener = crate::unpriv::socket::listen(socket)?;
     let n = node.clone();
     let report = tokio::task::spawn_blocking(move || n.reconcile()).await??;
     // Watches, reaps and restarts FUSE processes (supervisor.rs, node/heal.rs).
-    let supervisor = tokio::spawn(crate::supervisor::run(node.clone()));
+    let supervisor = tokio::spawn(crate::daemon::supervise::run(node.clone()));
     tracing::info!(socket = %socket.display(), adopted = report.adopted, cleaned = report.cleaned, unhealthy = report.unhealthy, "host daemon ready");
     tonic::transport::Server::builder()
         .add_service(HostServer::new(HostService::new(node)))

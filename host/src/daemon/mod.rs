@@ -10,9 +10,9 @@
 
 pub mod apply;
 pub mod heal;
-pub mod paths;
 pub mod reconcile;
-pub mod request;
+pub mod service;
+pub mod supervise;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,7 +22,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::config::Config;
-use crate::error::{Error, ErrorKind};
+use crate::error::Error;
 use crate::exec::Executor;
 use crate::plan::Plan;
 use crate::plan::policy::{self, Context, Operation};
@@ -30,6 +30,7 @@ use crate::plugin::bindings::types as wit;
 use crate::plugin::{LoadedPlugin, PluginRuntime};
 use crate::proto::csi;
 use crate::secrets::Secrets;
+use crate::volume::request;
 use crate::volume::state::{Phase, SCHEMA_VERSION, StateStore, VolumeState};
 use crate::volume::{VolumeDirs, VolumeLocks};
 
@@ -48,7 +49,7 @@ struct Inner {
     store: StateStore,
     locks: Arc<VolumeLocks>,
     exec: Arc<dyn Executor>,
-    roots: paths::Roots,
+    roots: request::Roots,
     boot_id: String,
     backoff: heal::Backoff,
     /// Signalled whenever a FUSE process is started, so the supervisor watches it at once.
@@ -68,7 +69,7 @@ impl Node {
     /// A node service over `exec`, keeping state under `config.state_dir`.
     pub fn new(config: Config, runtime: Arc<PluginRuntime>, exec: Arc<dyn Executor>) -> Result<Self, Error> {
         let store = StateStore::open(&config.state_dir)?;
-        let roots = paths::Roots::new([config.kubelet_dir.clone(), config.state_dir.join("ephemeral")]);
+        let roots = request::Roots::new([config.kubelet_dir.clone(), config.state_dir.join("ephemeral")]);
         let boot_id =
             crate::volume::state::boot_id().map_err(|e| Error::internal(format!("reading the boot id: {e}")))?;
         let locks = VolumeLocks::new();
@@ -347,7 +348,7 @@ impl Node {
         let plan = self.check(&plugin, Operation::Publish, &dirs, &state.context, &secrets, wplan)?;
         let t_plan = t1.elapsed();
         // Compatible with what is recorded? Compare what the plan makes, not the CO's flag.
-        let readonly = apply::planned_readonly(&plan, &target).unwrap_or(req.readonly);
+        let readonly = crate::plan::planned_readonly(&plan, &target).unwrap_or(req.readonly);
         if let Some(p) = state.published.get(&target)
             && p.readonly != readonly
         {
@@ -390,7 +391,7 @@ impl Node {
     /// NodeGetVolumeStats.
     pub async fn stats(&self, req: csi::NodeGetVolumeStatsRequest) -> Result<csi::NodeGetVolumeStatsResponse, Error> {
         let id = request::volume_id(&req.volume_id)?;
-        let path = paths::lexical("volume_path", &req.volume_path)?;
+        let path = request::lexical("volume_path", &req.volume_path)?;
         let id2 = id.clone();
         let Some(st) = self.blocking(move |n| Ok(n.inner.store.load(&id2)?)).await? else {
             return Err(Error::not_found(format!("volume {id} is not staged on this node")));
@@ -504,7 +505,7 @@ impl Node {
             secrets,
         };
         let plan = policy::check(&ctx, wplan)?;
-        if let Some(key) = apply::secret_refs(&plan).into_iter().find(|k| secrets.get(k).is_none()) {
+        if let Some(key) = crate::plan::secret_refs(&plan).into_iter().find(|k| secrets.get(k).is_none()) {
             return Err(Error::invalid(format!(
                 "plugin {} needs the secret {key:?}, which the request does not carry (check the StorageClass's secret references)",
                 plugin.info.name
@@ -526,27 +527,6 @@ struct StageAsk {
 
 fn join(h: &Health, more: &str) -> String {
     if h.healthy { more.to_string() } else { format!("{}; {more}", h.condition) }
-}
-
-/// The gRPC code of an error class.
-pub fn code(kind: ErrorKind) -> tonic::Code {
-    match kind {
-        ErrorKind::InvalidArgument => tonic::Code::InvalidArgument,
-        ErrorKind::NotFound => tonic::Code::NotFound,
-        ErrorKind::AlreadyExists => tonic::Code::AlreadyExists,
-        ErrorKind::FailedPrecondition => tonic::Code::FailedPrecondition,
-        ErrorKind::Aborted => tonic::Code::Aborted,
-        ErrorKind::Unavailable => tonic::Code::Unavailable,
-        ErrorKind::DeadlineExceeded => tonic::Code::DeadlineExceeded,
-        ErrorKind::Internal => tonic::Code::Internal,
-        ErrorKind::Unimplemented => tonic::Code::Unimplemented,
-    }
-}
-
-impl From<Error> for tonic::Status {
-    fn from(e: Error) -> Self {
-        tonic::Status::new(code(e.kind), e.message)
-    }
 }
 
 #[cfg(test)]

@@ -14,16 +14,16 @@ use tracing::info;
 
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
-use crate::exec::http::{Call, HttpClient, HttpError};
-use crate::node::apply::{resolve, secret_refs};
-use crate::node::request;
 use crate::plan::policy::{self, Context, Operation};
 use crate::plan::{Plan, Step};
+use crate::plan::{resolve, secret_refs};
 use crate::plugin::bindings::types as wit;
 use crate::plugin::{LoadedPlugin, PluginRuntime};
 use crate::proto::csi;
 use crate::secrets::Secrets;
+use crate::unpriv::http::{Call, HttpClient, HttpError};
 use crate::volume::VolumeDirs;
+use crate::volume::request;
 
 /// The controller service's logic.
 #[derive(Clone)]

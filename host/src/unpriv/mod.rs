@@ -1,0 +1,9 @@
+//! The unprivileged room: effects that need no privilege and that the CSI front and the
+//! plugin runtime's owner may use. Listening on a unix socket, a gRPC channel to one, the
+//! controller's HTTP client, and loading compiled plugin artifacts live here; everything the
+//! host daemon does to the node lives in [`crate::exec`] instead.
+
+pub mod artifact;
+pub mod grpc;
+pub mod http;
+pub mod socket;
