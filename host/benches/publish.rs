@@ -77,10 +77,12 @@ fn summary(name: &str, mut v: Vec<Duration>) -> Duration {
 
 async fn run() {
     let root = tempfile::tempdir().unwrap();
-    let kubelet = root.path().join("kubelet");
-    let state = root.path().join("state");
+    let base = std::fs::canonicalize(root.path()).unwrap();
+    let kubelet = base.join("kubelet");
+    let state = base.join("state");
     let plugins = root.path().join("plugins");
     std::fs::create_dir_all(&kubelet).unwrap();
+    std::fs::create_dir_all(&state).unwrap();
     std::fs::create_dir_all(&plugins).unwrap();
     std::fs::copy(mounthost::stock::fixtures::path("tmpfs"), plugins.join("tmpfs.wasm")).unwrap();
     let mut cfg = Config::new(state.clone());
@@ -91,7 +93,10 @@ async fn run() {
     let node = Node::new(
         cfg.clone(),
         runtime,
-        Arc::new(Linux::new(mounthost::exec::cgroup::Cgroups::detect("mounthost-bench"))),
+        Arc::new(Linux::new(
+            mounthost::exec::cgroup::Cgroups::detect("mounthost-bench"),
+            [state.clone(), kubelet.clone()],
+        )),
     )
     .unwrap();
     let host_sock = root.path().join("host.sock");
@@ -170,14 +175,14 @@ async fn run() {
         let t = target(i);
         std::fs::create_dir_all(&t).unwrap();
         let started = Instant::now();
-        mounthost::exec::mount::bind(&staging, &t, false, nix::mount::MsFlags::empty()).unwrap();
+        nix::mount::mount(Some(&staging), &t, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>).unwrap();
         raw.push(started.elapsed());
-        mounthost::exec::mount::unmount(&t, false).unwrap();
+        nix::mount::umount2(&t, nix::mount::MntFlags::empty()).unwrap();
         let started = Instant::now();
         let st = Command::new("mount").arg("--bind").arg(&staging).arg(&t).status().unwrap();
         child.push(started.elapsed());
         assert!(st.success());
-        mounthost::exec::mount::unmount(&t, false).unwrap();
+        nix::mount::umount2(&t, nix::mount::MntFlags::empty()).unwrap();
     }
     // For reference: what one fsync'd atomic write of a state-sized file (temp file, fsync,
     // rename, fsync of the directory) costs on the same filesystem. The state is not fsync'd
@@ -186,7 +191,7 @@ async fn run() {
     let blob = vec![b'x'; 2048];
     for _ in 0..n {
         let started = Instant::now();
-        mounthost::exec::fs::write_atomic(&root.path().join("floor.json"), &blob, 0o600).unwrap();
+        mounthost::unpriv::files::write_atomic(&root.path().join("floor.json"), &blob, 0o600).unwrap();
         floor.push(started.elapsed());
     }
     let p_ours = summary("mounthost NodePublishVolume", ours);

@@ -2,22 +2,41 @@
 //!
 //! Each test re-executes itself under `unshare --mount --propagation private` and first checks
 //! that its mount namespace is not the machine's, so nothing here can touch the host's mounts,
-//! and whatever a failing test leaves mounted dies with its namespace.
+//! and whatever a failing test leaves mounted dies with its namespace. Every test runs twice:
+//! with the kernel's new mount API and `openat2`, and with what kernels before 5.2 and 5.6 offer
+//! (`mount(2)` on `/proc/self/fd` paths, a component walk).
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 mod common;
 
 use common::in_private_namespace;
-use mounthost::exec::mount::{self, bind_flag};
+use mounthost::exec::cgroup::Cgroups;
 use mounthost::exec::mountinfo;
+use mounthost::exec::{Linux, Mounts};
+use mounthost::plan::MountOption;
 use nix::errno::Errno;
-use nix::mount::MsFlags;
 
 fn mounted(path: &Path) -> Option<mountinfo::MountEntry> {
     mountinfo::at(&mountinfo::read().unwrap(), path).cloned()
+}
+
+/// Executors anchored at `root`: the modern one and the legacy one.
+fn executors(root: &Path) -> [(&'static str, Linux); 2] {
+    let linux = Linux::new(Cgroups::none(), [root.to_path_buf()]);
+    [("new api", linux.clone()), ("legacy", linux.legacy())]
+}
+
+fn root() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(dir.path()).unwrap();
+    (dir, root)
+}
+
+fn text(s: &str) -> MountOption {
+    MountOption::Text(s.into())
 }
 
 #[test]
@@ -25,19 +44,21 @@ fn a_tmpfs_mount_shows_in_mountinfo_and_goes_away() {
     if !in_private_namespace("a_tmpfs_mount_shows_in_mountinfo_and_goes_away") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let target = dir.path().join("with space");
-    std::fs::create_dir(&target).unwrap();
-    mount::mount("tmpfs", "mounthost-test", &target, &["size=1m".into(), "mode=0750".into()], false).unwrap();
-    let entry = mounted(&target).expect("the mount is in mountinfo, escaped path and all");
-    assert_eq!((entry.fstype.as_str(), entry.source.as_str()), ("tmpfs", "mounthost-test"));
-    assert!(entry.super_options.contains("size=1024k"), "{entry:?}");
-    assert!(entry.mount_options.contains("nosuid") && entry.mount_options.contains("nodev"), "{entry:?}");
-    assert_eq!(std::fs::metadata(&target).unwrap().permissions().mode() & 0o777, 0o750);
-    std::fs::write(target.join("f"), b"x").unwrap();
-    mount::unmount(&target, false).unwrap();
-    assert!(mounted(&target).is_none());
-    assert!(!target.join("f").exists(), "the file lived on the tmpfs");
+    let (_d, root) = root();
+    for (api, x) in executors(&root) {
+        let target = root.join(format!("with space {api}"));
+        std::fs::create_dir(&target).unwrap();
+        x.mount("tmpfs", "mounthost-test", &target, &[text("size=1m"), text("mode=0750")], false).unwrap();
+        let entry = mounted(&target).expect("the mount is in mountinfo, escaped path and all");
+        assert_eq!((entry.fstype.as_str(), entry.source.as_str()), ("tmpfs", "mounthost-test"), "{api}");
+        assert!(entry.super_options.contains("size=1024k"), "{entry:?}");
+        assert!(entry.mount_options.contains("nosuid") && entry.mount_options.contains("nodev"), "{entry:?}");
+        assert_eq!(std::fs::metadata(&target).unwrap().permissions().mode() & 0o777, 0o750);
+        std::fs::write(target.join("f"), b"x").unwrap();
+        x.unmount(&target, false).unwrap();
+        assert!(mounted(&target).is_none(), "{api}");
+        assert!(!target.join("f").exists(), "the file lived on the tmpfs");
+    }
 }
 
 #[test]
@@ -45,27 +66,39 @@ fn a_read_only_bind_rejects_writes() {
     if !in_private_namespace("a_read_only_bind_rejects_writes") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (staging, target) = (dir.path().join("staging"), dir.path().join("target"));
-    std::fs::create_dir(&staging).unwrap();
-    std::fs::create_dir(&target).unwrap();
-    mount::mount("tmpfs", "tmpfs", &staging, &[], false).unwrap();
-    std::fs::write(staging.join("data"), b"hello").unwrap();
+    let (_d, root) = root();
+    for (api, x) in executors(&root) {
+        let (staging, target) = (root.join(format!("staging-{api}")), root.join(format!("target-{api}")));
+        std::fs::create_dir(&staging).unwrap();
+        std::fs::create_dir(&target).unwrap();
+        x.mount("tmpfs", "tmpfs", &staging, &[], false).unwrap();
+        std::fs::write(staging.join("data"), b"hello").unwrap();
 
-    mount::bind(&staging, &target, true, bind_flag("noexec").unwrap() | MsFlags::MS_NOSUID).unwrap();
-    let entry = mounted(&target).unwrap();
-    assert!(entry.is_readonly(), "{entry:?}");
-    assert!(entry.mount_options.contains("noexec"), "{entry:?}");
-    assert_eq!(std::fs::read(target.join("data")).unwrap(), b"hello");
-    let err = std::fs::write(target.join("new"), b"x").unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(Errno::EROFS as i32), "{err}");
-    // The staging mount stays writable and the bind sees its changes.
-    std::fs::write(staging.join("data"), b"changed").unwrap();
-    assert_eq!(std::fs::read(target.join("data")).unwrap(), b"changed");
+        x.bind(&staging, &target, true, &["noexec".into()]).unwrap();
+        let entry = mounted(&target).unwrap();
+        assert!(entry.is_readonly(), "{api}: {entry:?}");
+        for flag in ["noexec", "nosuid", "nodev"] {
+            assert!(entry.mount_options.split(',').any(|o| o == flag), "{api}: {flag} in {entry:?}");
+        }
+        assert_eq!(std::fs::read(target.join("data")).unwrap(), b"hello");
+        let err = std::fs::write(target.join("new"), b"x").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(Errno::EROFS as i32), "{err}");
+        // The staging mount stays writable and the bind sees its changes.
+        std::fs::write(staging.join("data"), b"changed").unwrap();
+        assert_eq!(std::fs::read(target.join("data")).unwrap(), b"changed");
+        // A sub-path bind shows its root in mountinfo.
+        std::fs::create_dir(staging.join("sub")).unwrap();
+        let sub_target = root.join(format!("sub-{api}"));
+        std::fs::create_dir(&sub_target).unwrap();
+        x.bind(&staging.join("sub"), &sub_target, false, &[]).unwrap();
+        assert_eq!(mounted(&sub_target).unwrap().root, PathBuf::from("/sub"));
+        assert!(!mounted(&sub_target).unwrap().is_readonly());
 
-    mount::unmount(&target, false).unwrap();
-    mount::unmount(&staging, false).unwrap();
-    assert!(mounted(&target).is_none() && mounted(&staging).is_none());
+        for m in [&sub_target, &target, &staging] {
+            x.unmount(m, false).unwrap();
+            assert!(mounted(m).is_none());
+        }
+    }
 }
 
 #[test]
@@ -73,17 +106,19 @@ fn a_busy_mount_needs_a_lazy_unmount() {
     if !in_private_namespace("a_busy_mount_needs_a_lazy_unmount") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let target = dir.path().join("busy");
-    std::fs::create_dir(&target).unwrap();
-    mount::mount("tmpfs", "tmpfs", &target, &[], false).unwrap();
-    let mut open = std::fs::File::create(target.join("held")).unwrap();
-    let err = mount::unmount(&target, false).unwrap_err();
-    assert_eq!(err.errno, Errno::EBUSY, "{err}");
-    assert!(err.to_string().contains(&target.display().to_string()), "the error names the path: {err}");
-    mount::unmount(&target, true).unwrap();
-    assert!(mounted(&target).is_none(), "detached from the tree at once");
-    open.write_all(b"still usable through the open file").unwrap();
+    let (_d, root) = root();
+    for (api, x) in executors(&root) {
+        let target = root.join(format!("busy-{api}"));
+        std::fs::create_dir(&target).unwrap();
+        x.mount("tmpfs", "tmpfs", &target, &[], false).unwrap();
+        let mut open = std::fs::File::create(target.join("held")).unwrap();
+        let err = x.unmount(&target, false).unwrap_err();
+        assert_eq!(err.errno, Errno::EBUSY, "{err}");
+        assert!(err.to_string().contains(&target.display().to_string()), "the error names the path: {err}");
+        x.unmount(&target, true).unwrap();
+        assert!(mounted(&target).is_none(), "detached from the tree at once");
+        open.write_all(b"still usable through the open file").unwrap();
+    }
 }
 
 #[test]
@@ -91,11 +126,55 @@ fn errors_name_the_path_and_change_nothing() {
     if !in_private_namespace("errors_name_the_path_and_change_nothing") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let missing = dir.path().join("missing");
-    let err = mount::bind(dir.path(), &missing, true, MsFlags::empty()).unwrap_err();
-    assert_eq!((err.op, err.errno, err.path.clone()), ("bind", Errno::ENOENT, missing.clone()), "{err}");
-    let err = mount::unmount(dir.path(), false).unwrap_err();
-    assert_eq!(err.errno, Errno::EINVAL, "not a mount point: {err}");
-    assert!(mounted(dir.path()).is_none() && mounted(&missing).is_none());
+    let (_d, root) = root();
+    for (api, x) in executors(&root) {
+        let missing = root.join("missing");
+        let err = x.bind(&root, &missing, true, &[]).unwrap_err();
+        assert_eq!((err.op, err.errno, err.path.clone()), ("resolve", Errno::ENOENT, missing.clone()), "{api}: {err}");
+        std::fs::create_dir_all(root.join("d")).unwrap();
+        let err = x.unmount(&root.join("d"), false).unwrap_err();
+        assert_eq!(err.errno, Errno::EINVAL, "{api}: not a mount point: {err}");
+        let err = x.unmount(Path::new("/tmp"), false).unwrap_err();
+        assert_eq!(err.op, "resolve", "{api}: outside the anchors: {err}");
+        assert!(mounted(&root).is_none() && mounted(&missing).is_none());
+    }
+}
+
+#[test]
+fn links_on_the_way_are_refused_at_the_syscall() {
+    if !in_private_namespace("links_on_the_way_are_refused_at_the_syscall") {
+        return;
+    }
+    let (_d, base) = root();
+    let root = base.join("anchor");
+    let outside = base.join("etc");
+    std::fs::create_dir_all(root.join("vol/real")).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("passwd"), b"root").unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("vol/evil")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("target-link")).unwrap();
+    std::fs::create_dir(root.join("target")).unwrap();
+    for (api, x) in executors(&root) {
+        // Bind source through a link, target through a link, target that is a link.
+        for (source, target) in [
+            (root.join("vol/evil"), root.join("target")),
+            (root.join("vol/real"), root.join("target-link")),
+            (root.join("vol/evil/passwd"), root.join("target")),
+        ] {
+            let err = x.bind(&source, &target, false, &[]).unwrap_err();
+            assert_eq!(err.errno, Errno::ELOOP, "{api}: {err}");
+            assert!(err.to_string().contains("is a symbolic link"), "{api}: {err}");
+        }
+        let err = x.mount("tmpfs", "tmpfs", &root.join("target-link"), &[], false).unwrap_err();
+        assert_eq!(err.errno, Errno::ELOOP, "{api}: {err}");
+        let err = x.unmount(&root.join("target-link"), false).unwrap_err();
+        assert!(matches!(err.errno, Errno::EINVAL | Errno::ELOOP), "{api}: a link is never unmounted through: {err}");
+        // Path mount options resolve below the anchors too.
+        let opt = MountOption::Path { prefix: "x=".into(), path: root.join("vol/evil") };
+        let err = x.mount("tmpfs", "tmpfs", &root.join("target"), &[opt], false).unwrap_err();
+        assert_eq!(err.errno, Errno::ELOOP, "{api}: {err}");
+        let table = mountinfo::read().unwrap();
+        assert!(!table.iter().any(|m| m.mount_point.starts_with(&base)), "{api}: nothing was mounted: {table:?}");
+    }
+    assert_eq!(std::fs::read(outside.join("passwd")).unwrap(), b"root");
 }

@@ -102,7 +102,7 @@ fn after_a_reboot_kubelet_calls_rebuild_every_volume() {
             host.kill9();
             front.kill9();
             for m in mounts_below(dirs.root.path()).iter().rev() {
-                mounthost::exec::mount::unmount(m, true).unwrap();
+                nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH).unwrap();
             }
             let volumes = dirs.state.join("volumes");
             let mut rewritten = 0;

@@ -31,6 +31,6 @@ pub fn unmount_below(dir: &std::path::Path) {
         .collect();
     left.sort();
     for m in left.iter().rev() {
-        let _ = mounthost::exec::mount::unmount(m, true);
+        let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
     }
 }

@@ -44,8 +44,15 @@ pub async fn stop_signal() {
     tracing::info!("stopping; mounts and FUSE processes stay up");
 }
 
-/// The real executor, with the node's cgroup layout detected.
-fn linux(cfg: &Config) -> Arc<Linux> {
+/// The real executor, with the node's cgroup layout detected, anchored at the state directory
+/// and kubelet's directory. Both are created if missing (the state directory private) and made
+/// canonical in `cfg`: below them every path is resolved without following links, so a node
+/// whose `/var/lib/kubelet` is itself a link is resolved here, once.
+fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
+    crate::unpriv::files::private_dir(&cfg.state_dir)?;
+    std::fs::create_dir_all(&cfg.kubelet_dir)?;
+    cfg.state_dir = std::fs::canonicalize(&cfg.state_dir)?;
+    cfg.kubelet_dir = std::fs::canonicalize(&cfg.kubelet_dir)?;
     let cgroups = Cgroups::detect(&cfg.cgroup_parent);
     match (cgroups.version(), cgroups.parent_dir()) {
         (Some(v), Some(dir)) => tracing::info!(version = ?v, parent = %dir.display(), "per-volume cgroups"),
@@ -53,14 +60,15 @@ fn linux(cfg: &Config) -> Arc<Linux> {
             "no memory cgroup controller found: FUSE processes run without per-volume cgroups, and plans with a memory limit are refused"
         ),
     }
-    Arc::new(Linux::new(cgroups))
+    Ok(Arc::new(Linux::new(cgroups, [cfg.state_dir.clone(), cfg.kubelet_dir.clone()])))
 }
 
 /// `mounthost host`.
-pub async fn host(cfg: Config) -> anyhow::Result<()> {
+pub async fn host(mut cfg: Config) -> anyhow::Result<()> {
+    let exec = linux(&mut cfg)?;
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
     let socket = cfg.host_socket.clone();
-    let node = Node::new(cfg.clone(), runtime, linux(&cfg))?;
+    let node = Node::new(cfg.clone(), runtime, exec)?;
     crate::daemon::service::serve(node, &socket, stop_signal()).await
 }
 
@@ -88,13 +96,13 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
             }
         }
     }
-    crate::exec::fs::private_dir(&cfg.kubelet_dir)?;
+    let exec = linux(&mut cfg)?;
     let csi_socket = match &args.endpoint {
         Some(e) => crate::unpriv::grpc::socket_path(e).map_err(anyhow::Error::msg)?,
         None => cfg.state_dir.join("csi.sock"),
     };
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
-    let node = Node::new(cfg.clone(), runtime.clone(), linux(&cfg))?;
+    let node = Node::new(cfg.clone(), runtime.clone(), exec)?;
     let host_socket = cfg.host_socket.clone();
     let (tx, rx) = tokio::sync::watch::channel(false);
     let mut rx2 = rx.clone();

@@ -54,11 +54,12 @@ impl Node {
     /// to watch.
     pub fn survey(&self) -> Survey {
         let mut survey = Survey::default();
-        let Ok(mounts) = self.mount_table() else { return survey };
-        let Ok(listed) = self.inner.store.list() else { return survey };
+        let Ok(mounts) = self.mounts() else { return survey };
+        // From the store's index: a survey reads no state file.
+        let Ok(all) = self.inner.store.all() else { return survey };
         let backoff = self.inner.backoff.by_volume.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        for st in listed.into_iter().filter_map(|(_, parsed)| parsed.ok()) {
+        for st in all {
             // Only volumes backed by a process are supervised (a lost kernel mount is not
             // silently replaced by an empty one).
             if !self.spawns(&st) {
@@ -122,15 +123,21 @@ impl Node {
                 return Some(false);
             }
         };
-        let dirs = self.dirs(id, Some(&st.staging_path), None);
         let oom = self.inner.exec.oom_kills(&crate::volume::dirs::volume_key(id)).filter(|n| *n > 0);
         warn!(volume.id = %id, pid = ?st.process.map(|p| p.pid), oom_kills = ?oom, "FUSE process or mount lost; restarting");
         st.phase = Phase::Staging;
         st.restarts += 1;
         // The restage replaces the cgroup, and its counter with it: keep the count.
         st.oom_kills += u32::try_from(oom.unwrap_or(0)).unwrap_or(u32::MAX);
-        match self.apply_stage(st, &dirs, &secrets, true) {
-            Ok(()) => {
+        let below = if st.ephemeral {
+            self.state_dir().to_path_buf()
+        } else {
+            st.staging_path.parent().unwrap_or(&st.staging_path).to_path_buf()
+        };
+        let job = self.stage_job(st, below, secrets, true);
+        match self.run_job(job) {
+            Ok(_) => {
+                self.inner.backoff.clear(id);
                 info!(volume.id = %id, "restarted and re-bound");
                 Some(true)
             }

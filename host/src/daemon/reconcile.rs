@@ -11,6 +11,9 @@ use crate::error::Error;
 use crate::exec::mountinfo::MountEntry;
 use crate::volume::state::{Phase, VolumeState};
 
+/// The host's own directories of volumes, below the state directory.
+const HOST_DIRS: [&str; 3] = ["cache/volumes", "run", "ephemeral"];
+
 /// What reconciliation found, for logs and tests.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Report {
@@ -34,15 +37,15 @@ impl Node {
     pub fn reconcile(&self) -> Result<Report, Error> {
         let mut report = Report::default();
         report.cleaned += self.inner.store.remove_stray_temporaries()?;
-        let mounts = self.mount_table()?;
+        let mounts = self.mounts()?;
+        let boot = self.inner.exec.boot().map_err(|e| Error::internal(format!("reading the boot: {e}")))?;
         for (path, parsed) in self.inner.store.list()? {
             let st = match parsed {
                 Ok(st) => st,
-                Err(e) if written_before_boot(&path) => {
+                Err(e) if self.inner.exec.modified(&path).is_ok_and(|m| m < boot.started) => {
                     // Torn by a kernel crash, and about a boot whose mounts and processes are gone.
                     warn!(path = %path.display(), error = %e, "removing an unreadable state file of an earlier boot");
-                    crate::exec::fs::remove_file(&path)
-                        .map_err(|e| Error::internal(format!("{}: {e}", path.display())))?;
+                    self.inner.store.remove_file(&path)?;
                     report.cleaned += 1;
                     continue;
                 }
@@ -74,23 +77,20 @@ impl Node {
     /// left by a crash between creating them and the first state write reaching the disk.
     fn sweep_orphans(&self, claimed: &BTreeSet<String>) -> Result<usize, Error> {
         let state_dir = &self.inner.config.state_dir;
-        let mut removed = 0;
-        for dir in [state_dir.join("cache").join("volumes"), state_dir.join("run"), state_dir.join("ephemeral")] {
-            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if claimed.contains(&name) || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+        let mut orphans = Vec::new();
+        for dir in HOST_DIRS.map(|d| state_dir.join(d)) {
+            let Ok(entries) = self.inner.exec.list_dir(&dir) else { continue };
+            for entry in entries {
+                let name = entry.name.to_string_lossy().into_owned();
+                if claimed.contains(&name) || !entry.is_dir {
                     continue;
                 }
-                warn!(path = %entry.path().display(), "removing a host directory no volume claims");
-                self.clear_mounts_below(&entry.path())?;
-                self.inner
-                    .exec
-                    .remove_tree(&entry.path())
-                    .map_err(|e| Error::internal(format!("{}: {e}", entry.path().display())))?;
-                removed += 1;
+                warn!(path = %dir.join(&entry.name).display(), "removing a host directory no volume claims");
+                orphans.push(dir.join(&entry.name));
             }
         }
+        let removed = orphans.len();
+        self.remove_host_dirs(orphans)?;
         Ok(removed)
     }
 
@@ -130,29 +130,26 @@ impl Node {
 
     fn reconcile_one(&self, mut st: VolumeState, mounts: &[MountEntry]) -> Result<Outcome, Error> {
         let id = st.volume_id.clone();
-        let dirs = self.dirs(&id, Some(&st.staging_path), None);
         if st.boot_id != self.inner.boot_id {
             // After a reboot nothing recorded runs or is mounted; kubelet's next NodeStage and
             // NodePublish rebuild the volume. Stale mount points are cleared first.
             warn!(volume.id = %id, "state is from an earlier boot; cleaning it, kubelet restages");
             st.process = None;
-            for target in st.published.keys() {
-                self.clear_mounts(target)?;
-            }
-            self.teardown(&st, &dirs)?;
+            let targets: Vec<_> = st.published.keys().cloned().collect();
+            self.teardown(&st, &targets)?;
             self.inner.store.remove(&id)?;
             return Ok(Outcome::Cleaned);
         }
         match st.phase {
             Phase::Unstaging => {
                 warn!(volume.id = %id, "finishing an interrupted unstage");
-                self.teardown(&st, &dirs)?;
+                self.teardown(&st, &[])?;
                 self.inner.store.remove(&id)?;
                 Ok(Outcome::Cleaned)
             }
             Phase::Staging if st.published.is_empty() => {
                 warn!(volume.id = %id, "rolling back an interrupted stage; kubelet retries it");
-                self.teardown(&st, &dirs)?;
+                self.teardown(&st, &[])?;
                 self.inner.store.remove(&id)?;
                 Ok(Outcome::Cleaned)
             }
@@ -175,17 +172,4 @@ enum Outcome {
     Adopted,
     Unhealthy,
     Cleaned,
-}
-
-/// True if `path` was last written before this boot began (`btime` in /proc/stat).
-fn written_before_boot(path: &std::path::Path) -> bool {
-    let btime = std::fs::read_to_string("/proc/stat")
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("btime ")).and_then(|v| v.trim().parse::<u64>().ok()));
-    let mtime = std::fs::metadata(path)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| d.as_secs());
-    matches!((btime, mtime), (Some(b), Some(m)) if m < b)
 }

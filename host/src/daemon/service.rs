@@ -52,7 +52,7 @@ async fn traced<T>(
 #[tonic::async_trait]
 impl Host for HostService {
     async fn health(&self, _: Request<HealthRequest>) -> Result<Response<HealthResponse>, Status> {
-        let volumes = self.node.store().list().map(|l| l.len()).unwrap_or(0);
+        let volumes = self.node.store().all().map(|l| l.len()).unwrap_or(0);
         Ok(Response::new(HealthResponse {
             version: env!("CARGO_PKG_VERSION").into(),
             node_id: self.node.config().node_id.clone(),
@@ -142,10 +142,10 @@ pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()>
     // Listening first refuses to start beside a live daemon (its socket answers), so nothing
     // below runs while another writer of the same state is alive. Calls wait in the backlog
     // until reconciliation is done.
-    let listener = crate::unpriv::socket::listen(socket)?;
+    let listener = node.executor().listen(socket)?;
     let n = node.clone();
     let report = tokio::task::spawn_blocking(move || n.reconcile()).await??;
-    // Watches, reaps and restarts FUSE processes (supervisor.rs, node/heal.rs).
+    // Watches, reaps and restarts FUSE processes (daemon/supervise.rs, daemon/heal.rs).
     let supervisor = tokio::spawn(crate::daemon::supervise::run(node.clone()));
     tracing::info!(socket = %socket.display(), adopted = report.adopted, cleaned = report.cleaned, unhealthy = report.unhealthy, "host daemon ready");
     tonic::transport::Server::builder()

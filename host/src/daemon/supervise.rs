@@ -1,5 +1,5 @@
 //! The host's supervisor: watches every staged volume's FUSE process through a pidfd, and
-//! restarts broken volumes (node/heal.rs), each on a blocking thread of its own so one slow
+//! restarts broken volumes ([`super::heal`]), each on a blocking thread of its own so one slow
 //! backend never delays another volume's restart.
 //!
 //! - A process exit wakes the supervisor at once (the pidfd becomes readable) for a survey of
@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use crate::daemon::Node;
-use crate::exec::process::{self, ProcessId};
+use crate::exec::process::ProcessId;
 
 /// How often the supervisor reaps and checks for due retries.
 const TICK: Duration = Duration::from_secs(1);
@@ -39,7 +39,7 @@ pub async fn run(node: Node) {
             }
             () = node.spawned() => true,
         };
-        let reaped = process::reap_exited_children();
+        let reaped = node.executor().reap();
         if reaped > 0 {
             warn!(reaped, "FUSE processes exited on their own");
         }
@@ -60,7 +60,7 @@ pub async fn run(node: Node) {
             if watched.get(&id) == Some(&p) {
                 continue;
             }
-            match process::exited(&p) {
+            match node.executor().watch(&p) {
                 Ok(exit) => {
                     let tx = exited_tx.clone();
                     let volume = id.clone();

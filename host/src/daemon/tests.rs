@@ -12,13 +12,13 @@ use nix::errno::Errno;
 use super::Node;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
-use crate::exec::Executor;
 use crate::exec::recording::{Recording, mount_points};
+use crate::exec::{Groups, Mounts, Processes};
 use crate::plan::policy::Grant;
 use crate::plugin::PluginRuntime;
 use crate::proto::csi;
 use crate::volume::dirs::volume_key;
-use crate::volume::state::Phase;
+use crate::volume::state::{Phase, VolumeState};
 
 const VOL: &str = "tmpfs~pvc-1";
 
@@ -38,7 +38,6 @@ impl Env {
         // Canonical, so the paths built here are the ones the root check compares against.
         let root = std::fs::canonicalize(dir.path()).unwrap();
         let kubelet = root.join("kubelet");
-        std::fs::create_dir(&kubelet).unwrap();
         let mut config = Config::new(root.join("state"));
         config.kubelet_dir = kubelet.clone();
         config.plugin_concurrency = 4;
@@ -46,8 +45,15 @@ impl Env {
         std::fs::create_dir_all(&config.plugin_dir).unwrap();
         std::fs::copy(crate::stock::fixtures::path("tmpfs"), config.plugin_dir.join("tmpfs.wasm")).unwrap();
         let runtime = Arc::new(PluginRuntime::new(config.runtime()).unwrap());
+        // The node as kubelet prepares it: its directory, the staging path's parent and the
+        // pods' volume directories (the CO creates a target's parent).
         let rec = Arc::new(Recording::new());
+        rec.add_dir(&kubelet.join("plugins/kubernetes.io/csi/csi.mounthost.dev/0a1b"));
+        for pod in ["pod-a", "pod-b", "pod-c", "pod-e", "pod-x"] {
+            rec.add_dir(&kubelet.join(format!("pods/{pod}/volumes/kubernetes.io~csi/pvc-1")));
+        }
         let node = Node::new(config.clone(), runtime.clone(), rec.clone()).unwrap();
+        rec.clear_calls();
         Env { _dir: dir, config, runtime, rec, node, kubelet }
     }
 
@@ -94,6 +100,11 @@ impl Env {
         csi::NodeUnstageVolumeRequest { volume_id: VOL.into(), staging_target_path: s(&self.staging()) }
     }
 
+    /// The volume's record as a daemon started now would read it from the state directory.
+    fn on_disk(&self) -> Option<VolumeState> {
+        self.restarted().store().load(VOL).unwrap()
+    }
+
     /// Recorded calls of one kind (`mount`, `bind`, `unmount`, ...).
     fn calls(&self, op: &str) -> Vec<String> {
         let prefix = format!("{op} ");
@@ -112,7 +123,7 @@ fn ctx(pairs: &[(&str, &str)]) -> HashMap<String, String> {
 fn mount_cap() -> csi::VolumeCapability {
     use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
     csi::VolumeCapability {
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeMultiWriter as i32 }),
         access_type: Some(AccessType::Mount(MountVolume::default())),
     }
 }
@@ -258,7 +269,7 @@ async fn unstage_waits_for_unpublish_then_tears_everything_down() {
     assert_eq!(e.calls("unmount"), vec![format!("unmount {}", e.staging().display())]);
     assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new());
     assert!(e.node.store().load(VOL).unwrap().is_none());
-    assert!(!e.node.store().path(VOL).exists());
+    assert!(!e.rec.exists(&e.node.store().path(VOL)));
 
     e.rec.clear_calls();
     e.node.unstage(e.unstage_req()).await.unwrap();
@@ -315,7 +326,6 @@ async fn bad_requests_are_refused_before_anything_runs() {
         ("`..` in the target", |r, k| r.target_path = format!("{k}/pods/../../../etc")),
         ("target outside kubelet's dir", |r, _| r.target_path = "/etc/mounthost-test".into()),
         ("NUL in the target", |r, k| r.target_path = format!("{k}/pods/a\0b")),
-        ("empty staging path", |r, _| r.staging_target_path.clear()),
         ("missing capability", |r, _| r.volume_capability = None),
         ("block capability", |r, _| {
             r.volume_capability.as_mut().unwrap().access_type =
@@ -331,6 +341,12 @@ async fn bad_requests_are_refused_before_anything_runs() {
         err_of(e.node.publish(req).await, ErrorKind::InvalidArgument);
         assert_eq!(e.rec.calls(), Vec::<String>::new(), "{what}");
     }
+    // CSI's table: "Staging target path not set" is FAILED_PRECONDITION.
+    let mut req = e.publish_req(&e.target("pod-a"), false);
+    req.staging_target_path.clear();
+    let err = err_of(e.node.publish(req).await, ErrorKind::FailedPrecondition);
+    assert!(err.message.contains("staging_target_path is required"), "{}", err.message);
+    assert_eq!(e.rec.calls(), Vec::<String>::new());
 
     let bad_targets = ["", "pods/a", "/etc/x", "/a/../b"];
     for t in bad_targets {
@@ -348,7 +364,7 @@ async fn a_failed_mount_leaves_nothing_behind_and_a_retry_works() {
     let e = Env::new();
     e.rec.fail_next("mount", Errno::EIO);
     let err = err_of(e.node.stage(e.stage_req()).await, ErrorKind::Internal);
-    assert!(err.message.contains("EIO") || err.message.contains("Input/output"), "{}", err.message);
+    assert!(err.message.contains("I/O error"), "{}", err.message);
     assert_eq!(e.calls("mount"), vec![tmpfs_mount(&e.staging(), 16)]);
     assert!(e.node.store().load(VOL).unwrap().is_none(), "no state after a failed stage");
     assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new());
@@ -427,7 +443,7 @@ async fn a_restarted_daemon_adopts_healthy_volumes_and_flags_lost_ones() {
     assert_eq!(node.store().load(VOL).unwrap().unwrap().phase, Phase::Staged);
 
     // The staging mount disappears behind the daemon's back.
-    Executor::unmount(&*e.rec, &e.staging(), false).unwrap();
+    Mounts::unmount(&*e.rec, &e.staging(), false).unwrap();
     let node = e.restarted();
     let report = node.reconcile().unwrap();
     assert_eq!((report.adopted, report.unhealthy, report.cleaned), (0, 1, 0));
@@ -455,7 +471,7 @@ async fn reconcile_rolls_back_an_interrupted_stage() {
     let report = e.restarted().reconcile().unwrap();
     assert_eq!((report.adopted, report.cleaned), (0, 1));
     assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new());
-    assert!(e.node.store().load(VOL).unwrap().is_none());
+    assert!(e.on_disk().is_none());
 }
 
 #[tokio::test]
@@ -472,7 +488,7 @@ async fn stats_report_usage_and_condition() {
     assert!(!out.volume_condition.unwrap().abnormal);
     err_of(e.node.stats(req(&e.target("pod-x"))).await, ErrorKind::NotFound);
 
-    Executor::unmount(&*e.rec, &e.staging(), false).unwrap();
+    Mounts::unmount(&*e.rec, &e.staging(), false).unwrap();
     let out = e.node.stats(req(&e.staging())).await.unwrap();
     let condition = out.volume_condition.unwrap();
     assert!(condition.abnormal && condition.message.contains("nothing is mounted"), "{}", condition.message);
@@ -495,7 +511,7 @@ async fn a_read_only_access_mode_stays_read_only_across_a_restage() {
     e.node.publish(reader_only(e.publish_req(&a, false))).await.unwrap();
     assert_eq!(e.calls("bind"), vec![format!("bind {} {} ro", e.staging().display(), a.display())]);
 
-    Executor::unmount(&*e.rec, &e.staging(), false).unwrap();
+    Mounts::unmount(&*e.rec, &e.staging(), false).unwrap();
     e.rec.clear_calls();
     e.node.stage(e.stage_req()).await.unwrap();
     assert_eq!(
@@ -524,7 +540,7 @@ async fn a_failed_restage_keeps_the_publications_and_the_next_one_rebinds_them()
     let a = e.target("pod-a");
     e.node.stage(e.stage_req()).await.unwrap();
     e.node.publish(e.publish_req(&a, false)).await.unwrap();
-    Executor::unmount(&*e.rec, &e.staging(), false).unwrap();
+    Mounts::unmount(&*e.rec, &e.staging(), false).unwrap();
 
     e.rec.fail_next("mount", Errno::EIO);
     err_of(e.node.stage(e.stage_req()).await, ErrorKind::Internal);
@@ -570,7 +586,7 @@ async fn a_busy_target_is_detached_lazily_and_a_target_kubelet_removed_is_forgot
 
     // The bind at B went away without NodeUnpublishVolume (a reboot of the pod's mounts, a
     // manual umount): unstage no longer waits for it.
-    Executor::unmount(&*e.rec, &b, false).unwrap();
+    Mounts::unmount(&*e.rec, &b, false).unwrap();
     e.node.unstage(e.unstage_req()).await.unwrap();
     assert!(e.node.store().load(VOL).unwrap().is_none());
     assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new());
@@ -589,7 +605,7 @@ async fn reconcile_cleans_state_from_an_earlier_boot() {
     let report = e.restarted().reconcile().unwrap();
     assert_eq!((report.adopted, report.unhealthy, report.cleaned), (0, 0, 1));
     assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new(), "stale staging and target mounts are cleared");
-    assert!(e.node.store().load(VOL).unwrap().is_none());
+    assert!(e.on_disk().is_none());
 }
 
 #[tokio::test]
@@ -597,10 +613,10 @@ async fn an_unreadable_state_file_is_reported_and_left_alone() {
     let e = Env::new();
     e.node.stage(e.stage_req()).await.unwrap();
     let path = e.node.store().path(VOL);
-    std::fs::write(&path, b"{ not json").unwrap();
+    e.rec.add_file(&path, b"{ not json", None);
     let report = e.restarted().reconcile().unwrap();
     assert_eq!((report.adopted, report.unreadable), (0, 1));
-    assert!(path.exists());
+    assert!(e.rec.exists(&path));
     assert_eq!(mount_points(&e.rec), vec![e.staging()]);
 }
 
@@ -609,12 +625,11 @@ async fn a_torn_state_file_of_an_earlier_boot_is_removed() {
     let e = Env::new();
     e.node.stage(e.stage_req()).await.unwrap();
     let path = e.node.store().path(VOL);
-    std::fs::write(&path, b"").unwrap();
-    let long_ago = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
-    std::fs::File::options().write(true).open(&path).unwrap().set_modified(long_ago).unwrap();
+    let long_ago = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+    e.rec.add_file(&path, b"", Some(long_ago));
     let report = e.restarted().reconcile().unwrap();
     assert_eq!((report.cleaned, report.unreadable), (1, 0));
-    assert!(!path.exists(), "nothing of an earlier boot survives, so its torn record goes");
+    assert!(!e.rec.exists(&path), "nothing of an earlier boot survives, so its torn record goes");
 }
 
 #[tokio::test]
@@ -622,7 +637,7 @@ async fn host_directories_no_volume_claims_are_swept_at_start() {
     let e = Env::new();
     e.node.stage(e.stage_req()).await.unwrap();
     let orphan = e.config.state_dir.join("cache/volumes/0123456789abcdef");
-    std::fs::create_dir_all(&orphan).unwrap();
+    e.rec.add_dir(&orphan);
     e.rec.clear_calls();
     let report = e.restarted().reconcile().unwrap();
     assert_eq!((report.adopted, report.orphans), (1, 1));
@@ -701,7 +716,7 @@ async fn a_recorded_pid_running_another_program_is_forgotten_not_signalled() {
     e.rec.clear_calls();
     let report = e.restarted().reconcile().unwrap();
     assert_eq!((report.adopted, report.unhealthy), (0, 1));
-    assert_eq!(e.node.store().load(VOL).unwrap().unwrap().process, None);
+    assert_eq!(e.on_disk().unwrap().process, None);
     assert!(e.calls("stop").is_empty(), "never signal a pid that runs something else");
     assert!(e.rec.is_alive(&pid));
 }
@@ -763,10 +778,10 @@ async fn temporary_files_of_a_killed_writer_are_removed_at_start() {
     e.node.stage(e.stage_req()).await.unwrap();
     let volumes = e.node.store().path(VOL).parent().unwrap().to_path_buf();
     let stray = volumes.join(format!(".{}.json.tmp.4242.7", volume_key(VOL)));
-    std::fs::write(&stray, b"{\"half").unwrap();
+    e.rec.add_file(&stray, b"{\"half", None);
     let report = e.restarted().reconcile().unwrap();
     assert_eq!((report.adopted, report.cleaned), (1, 1));
-    assert!(!stray.exists());
+    assert!(!e.rec.exists(&stray));
 }
 
 #[tokio::test]

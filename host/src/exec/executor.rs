@@ -1,18 +1,21 @@
-//! The [`Executor`] trait: every effect the node pipeline has on the machine, behind one
-//! interface. [`Linux`] performs them with real syscalls; [`super::recording::Recording`]
-//! records them against a simulated mount table for unit tests.
+//! The [`Executor`] traits: every effect the host daemon has on the node, behind a few narrow
+//! interfaces. [`super::Linux`] performs them with real syscalls;
+//! [`super::recording::Recording`] records them against a simulated node for unit tests.
 //!
 //! Methods are blocking (a hung FUSE server can block a syscall); the pipeline calls them from
 //! a blocking thread.
 
+use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::pin::Pin;
+use std::time::{Duration, SystemTime};
 
-use super::cgroup::Cgroups;
-use super::mount::{self, MountError};
-use super::mountinfo::{self, MountEntry};
-use super::process::{self, ProcessError, ProcessId, Spec, Stopped};
+use super::beneath::Entry;
+use super::mount::MountError;
+use super::mountinfo::MountEntry;
+use super::process::{ProcessError, ProcessId, Spec, Stopped};
+use crate::plan::MountOption;
 
 /// Space and inode usage of a mounted filesystem.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -61,30 +64,67 @@ pub enum FuseError {
     Cgroup(io::Error),
 }
 
-/// Everything the node pipeline does to the machine.
-pub trait Executor: Send + Sync + 'static {
+/// When the node booted, so records of an earlier boot can be told apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Boot {
+    /// `/proc/sys/kernel/random/boot_id`.
+    pub id: String,
+    /// When this boot began.
+    pub started: SystemTime,
+}
+
+/// A future that resolves once a watched process has exited.
+pub type Exit = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Files and directories below the host's anchors (kubelet's directory and the state
+/// directory), resolved without following any symbolic link ([`super::beneath`]).
+pub trait Files {
+    /// Create `path` (mode `mode`) and any missing directories between `below` and it;
+    /// `below` must exist. An existing directory is fine.
+    fn mkdir(&self, path: &Path, below: &Path, mode: u32) -> io::Result<()>;
+    /// Create `path` (and missing parents below its anchor) with mode 0700, and tighten an
+    /// existing one to 0700.
+    fn private_dir(&self, path: &Path) -> io::Result<()>;
+    /// Remove a directory tree (links are removed, never followed; a mount point inside stops
+    /// it with an error); a missing one is fine.
+    fn remove_tree(&self, path: &Path) -> io::Result<()>;
+    /// Remove a file, link or empty directory; a missing one is fine.
+    fn remove_entry(&self, path: &Path) -> io::Result<()>;
+    /// Replace a file atomically (temporary file, rename) with mode `mode`, without fsync
+    /// (state files: see `volume::state`).
+    fn write_file(&self, path: &Path, bytes: &[u8], mode: u32) -> io::Result<()>;
+    /// A file's content, or `None` if it does not exist.
+    fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
+    /// A directory's entries, sorted by name (empty if it does not exist).
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<Entry>>;
+    /// When a file was last modified.
+    fn modified(&self, path: &Path) -> io::Result<SystemTime>;
+}
+
+/// Mounts: the table as the kernel shows it, and changes to it.
+pub trait Mounts {
     /// The mount table as the kernel shows it now.
     fn mounts(&self) -> io::Result<Vec<MountEntry>>;
-    /// Create a directory and its parents (mode 0750); an existing one is fine.
-    fn mkdir(&self, path: &Path) -> io::Result<()>;
-    /// Remove a directory tree; a missing one is fine. Never crosses into a mount (the caller
-    /// checks there is none below).
-    fn remove_tree(&self, path: &Path) -> io::Result<()>;
-    /// Remove an empty directory or a file; a missing one is fine.
-    fn remove_entry(&self, path: &Path) -> io::Result<()>;
-    /// mount(2).
+    /// mount(2) of a filesystem onto `target`; a `source` starting with `/` is a path below
+    /// the anchors.
     fn mount(
         &self,
         fstype: &str,
         source: &str,
         target: &Path,
-        options: &[String],
+        options: &[MountOption],
         readonly: bool,
     ) -> Result<(), MountError>;
     /// A bind mount, read-only when asked, with per-mount flags (`nosuid`, ...).
     fn bind(&self, source: &Path, target: &Path, readonly: bool, flags: &[String]) -> Result<(), MountError>;
-    /// umount2(2), lazily (`MNT_DETACH`) when asked.
+    /// Unmount the top mount at `target`, lazily (`MNT_DETACH`) when asked.
     fn unmount(&self, target: &Path, lazy: bool) -> Result<(), MountError>;
+    /// statvfs(2) of a mounted path.
+    fn usage(&self, path: &Path) -> io::Result<Usage>;
+}
+
+/// Long-lived programs (FUSE servers).
+pub trait Processes {
     /// Start a FUSE program and wait until its mount appears (then a stat of it works). On
     /// failure nothing is left running.
     fn spawn_fuse(&self, fuse: &Fuse<'_>) -> Result<ProcessId, FuseError>;
@@ -94,6 +134,14 @@ pub trait Executor: Send + Sync + 'static {
     fn stop(&self, id: &ProcessId, grace: Duration) -> Result<Stopped, ProcessError>;
     /// The binary a live process runs (for re-adoption: same pid, start time and program).
     fn executable(&self, id: &ProcessId) -> Option<PathBuf>;
+    /// Reap every exited child of the daemon; returns how many.
+    fn reap(&self) -> usize;
+    /// A future that resolves once `id` exits (a pidfd on Linux). Errors if it is gone.
+    fn watch(&self, id: &ProcessId) -> io::Result<Exit>;
+}
+
+/// Per-volume cgroups.
+pub trait Groups {
     /// Kill whatever is left in a volume's cgroup and remove it; a missing one is fine.
     /// Returns how many processes had to be killed.
     fn release_group(&self, group: &str) -> io::Result<usize>;
@@ -101,159 +149,16 @@ pub trait Executor: Send + Sync + 'static {
     fn groups(&self) -> io::Result<Vec<String>>;
     /// How often the OOM killer struck in a volume's cgroup.
     fn oom_kills(&self, group: &str) -> Option<u64>;
-    /// statvfs(2) of a mounted path.
-    fn usage(&self, path: &Path) -> io::Result<Usage>;
 }
 
-/// The real thing.
-#[derive(Debug, Clone)]
-pub struct Linux {
-    cgroups: Cgroups,
-}
-
-impl Linux {
-    /// FUSE processes go into groups below `cgroups`' parent.
-    pub fn new(cgroups: Cgroups) -> Self {
-        Linux { cgroups }
-    }
-}
-
-impl Executor for Linux {
-    fn mounts(&self) -> io::Result<Vec<MountEntry>> {
-        mountinfo::read()
-    }
-
-    fn mkdir(&self, path: &Path) -> io::Result<()> {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new().recursive(true).mode(0o750).create(path)
-    }
-
-    fn remove_tree(&self, path: &Path) -> io::Result<()> {
-        match std::fs::remove_dir_all(path) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            other => other,
-        }
-    }
-
-    fn remove_entry(&self, path: &Path) -> io::Result<()> {
-        let meta = match std::fs::symlink_metadata(path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        let result = if meta.is_dir() { std::fs::remove_dir(path) } else { std::fs::remove_file(path) };
-        match result {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            other => other,
-        }
-    }
-
-    fn mount(
-        &self,
-        fstype: &str,
-        source: &str,
-        target: &Path,
-        options: &[String],
-        readonly: bool,
-    ) -> Result<(), MountError> {
-        mount::mount(fstype, source, target, options, readonly)
-    }
-
-    fn bind(&self, source: &Path, target: &Path, readonly: bool, flags: &[String]) -> Result<(), MountError> {
-        let flags = flags.iter().filter_map(|f| mount::bind_flag(f)).fold(nix::mount::MsFlags::empty(), |a, f| a | f);
-        mount::bind(source, target, readonly, flags)
-    }
-
-    fn unmount(&self, target: &Path, lazy: bool) -> Result<(), MountError> {
-        mount::unmount(target, lazy)
-    }
-
-    fn spawn_fuse(&self, fuse: &Fuse<'_>) -> Result<ProcessId, FuseError> {
-        let group = self.cgroups.prepare(fuse.group, fuse.memory_limit).map_err(FuseError::Cgroup)?;
-        let id = process::spawn(&fuse.spec, group.as_ref());
-        drop(group);
-        let id = match id {
-            Ok(id) => id,
-            Err(e) => {
-                let _ = self.cgroups.release(fuse.group);
-                return Err(e.into());
-            }
-        };
-        let started = Instant::now();
-        let program = fuse.spec.executable.to_path_buf();
-        let mountpoint = fuse.mountpoint.to_path_buf();
-        loop {
-            let mounts = self.mounts()?;
-            if mountinfo::at(&mounts, fuse.mountpoint).is_some_and(|m| m.fstype == fuse.fstype)
-                && std::fs::metadata(fuse.mountpoint).is_ok()
-            {
-                return Ok(id);
-            }
-            if !process::is_alive(&id) {
-                let _ = process::stop(&id, Duration::ZERO);
-                let oom = match (self.cgroups.oom_kills(fuse.group), fuse.memory_limit) {
-                    (Some(n), Some(limit)) if n > 0 => {
-                        format!(" (killed by the OOM killer at its memory limit of {limit} bytes)")
-                    }
-                    _ => String::new(),
-                };
-                let _ = self.cgroups.release(fuse.group);
-                return Err(FuseError::Exited { program, mountpoint, oom, log_tail: log_tail(fuse.spec.log) });
-            }
-            if started.elapsed() >= fuse.ready_timeout {
-                let _ = process::stop(&id, Duration::from_secs(2));
-                let _ = self.cgroups.release(fuse.group);
-                return Err(FuseError::Timeout {
-                    program,
-                    mountpoint,
-                    timeout: fuse.ready_timeout,
-                    log_tail: log_tail(fuse.spec.log),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn is_alive(&self, id: &ProcessId) -> bool {
-        process::is_alive(id)
-    }
-
-    fn stop(&self, id: &ProcessId, grace: Duration) -> Result<Stopped, ProcessError> {
-        process::stop(id, grace)
-    }
-
-    fn executable(&self, id: &ProcessId) -> Option<PathBuf> {
-        process::executable(id)
-    }
-
-    fn release_group(&self, group: &str) -> io::Result<usize> {
-        self.cgroups.release(group)
-    }
-
-    fn groups(&self) -> io::Result<Vec<String>> {
-        self.cgroups.groups()
-    }
-
-    fn oom_kills(&self, group: &str) -> Option<u64> {
-        self.cgroups.oom_kills(group)
-    }
-
-    fn usage(&self, path: &Path) -> io::Result<Usage> {
-        let s = nix::sys::statvfs::statvfs(path).map_err(io::Error::from)?;
-        let frsize = s.fragment_size() as u64;
-        let total = s.blocks() as u64 * frsize;
-        let free = s.blocks_free() as u64 * frsize;
-        let avail = s.blocks_available() as u64 * frsize;
-        let (files, ffree) = (s.files() as u64, s.files_free() as u64);
-        Ok(Usage {
-            total_bytes: total,
-            available_bytes: avail,
-            used_bytes: total.saturating_sub(free),
-            total_inodes: files,
-            free_inodes: ffree,
-            used_inodes: files.saturating_sub(ffree),
-        })
-    }
+/// Everything the host daemon does to the node: [`Files`], [`Mounts`], [`Processes`],
+/// [`Groups`], the boot it runs in and the sockets it serves. [`super::Linux`] performs it
+/// with real syscalls; [`super::recording::Recording`] records it against a simulated node.
+pub trait Executor: Files + Mounts + Processes + Groups + Send + Sync + 'static {
+    /// This boot.
+    fn boot(&self) -> io::Result<Boot>;
+    /// Listen on a unix socket (0600; a stale socket file is replaced, a live one refused).
+    fn listen(&self, path: &Path) -> io::Result<tokio::net::UnixListener>;
 }
 
 /// The last lines of a log (up to 2 KiB), for error messages. The caller scrubs secrets.

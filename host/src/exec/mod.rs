@@ -1,15 +1,20 @@
-//! The one room for privileged and `unsafe` operations.
+//! The executor room: every effect the host daemon has on the node, and the only `unsafe`
+//! besides loading compiled plugins.
 //!
-//! Everything that makes a syscall with side effects on the node, spawns a process, or needs
-//! `unsafe` lives below this module, so that a reviewer can audit the daemon's privilege by
-//! reading one folder. The node pipeline reaches it only through the [`Executor`] trait.
+//! Mounts, directories, files (state, kept secrets, logs), cgroups, processes, signals,
+//! reaping, pidfds and sockets all go through the [`Executor`] traits, so a reviewer audits the
+//! daemon's privilege by reading one folder, and the recording executor sees every effect of
+//! the pipeline in unit tests. Paths below the daemon's anchors are resolved without following
+//! symbolic links ([`beneath`]).
 
+pub mod beneath;
 pub mod cgroup;
 pub mod executor;
-pub mod fs;
+pub mod linux;
 pub mod mount;
 pub mod mountinfo;
 pub mod process;
 pub mod recording;
 
-pub use executor::{Executor, Fuse, FuseError, Linux, Usage};
+pub use executor::{Boot, Executor, Exit, Files, Fuse, FuseError, Groups, Mounts, Processes, Usage};
+pub use linux::Linux;

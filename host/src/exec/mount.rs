@@ -1,88 +1,284 @@
-//! mount(2) and umount2(2): kernel mounts, bind mounts and unmounts.
+//! Mounts onto file descriptors: every source and target below the host's anchors is resolved
+//! with [`Anchors`] (no symbolic link, never outside the anchor) and the syscall acts on the
+//! descriptor, so nothing swapped into a path between a check and the syscall can redirect it.
 //!
-//! Blocking syscalls: a hung FUSE server can block them indefinitely, so async callers run
-//! them on a blocking thread with a timeout. Each function does exactly one thing; deciding
-//! whether it is needed (the kernel may already have it) is the caller's job, with
-//! [`super::mountinfo`].
+//! - **bind**: `open_tree(OPEN_TREE_CLONE)` of the source descriptor makes a detached copy,
+//!   `mount_setattr` makes it read-only (with `nosuid`, `nodev` and the plan's flags) *before*
+//!   it is attached, and `move_mount` attaches it onto the target descriptor: a writable bind
+//!   never exists, not even for an instant. Kernels without `open_tree` (before 5.2) get
+//!   `mount(MS_BIND)` between `/proc/self/fd` paths and a bind remount; kernels without
+//!   `mount_setattr` (before 5.12) get the remount through the detached tree's descriptor.
+//! - **mount**: `mount(2)` onto `/proc/self/fd/N` of the target; a path source, and path
+//!   options such as overlay's `lowerdir=`, are passed as `/proc/self/fd/M` too.
+//! - **unmount**: `umount2("/proc/self/fd/<parent>/<name>", UMOUNT_NOFOLLOW)`. The parent is a
+//!   resolved descriptor and the final name is never followed; a descriptor of the mount itself
+//!   would pin it (EBUSY).
+//!
+//! Blocking: a hung FUSE server can block these syscalls, so callers run them on a blocking
+//! thread. Deciding whether a mount is needed is the caller's job ([`super::mountinfo`]).
+#![allow(unsafe_code)]
 
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
-use nix::mount::{MntFlags, MsFlags};
+use rustix::fs::OFlags;
+use rustix::mount::{MountFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags};
 
-/// A failed mount syscall: which operation, on which path, and the kernel's errno (callers
-/// tell EBUSY from EINVAL from ENOTCONN by it).
+use super::beneath::Anchors;
+
+/// A failed mount syscall: which operation, on which path, the kernel's errno (callers tell
+/// EBUSY from EINVAL from ENOTCONN by it), and a message for people.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{op} {}: {errno}", path.display())]
+#[error("{op} {}: {detail}", path.display())]
 pub struct MountError {
-    /// `mount`, `bind`, `remount read-only` or `unmount`.
+    /// `mount`, `bind`, `remount read-only`, `unmount` or `resolve`.
     pub op: &'static str,
-    /// The target path.
+    /// The path acted on.
     pub path: PathBuf,
     /// What the kernel said.
     pub errno: Errno,
+    /// What went wrong, in words (names a refused symbolic link).
+    pub detail: String,
 }
 
-/// Flags a plan may put on a bind (see the policy's allow-list).
-pub fn bind_flag(name: &str) -> Option<MsFlags> {
+impl MountError {
+    fn new(op: &'static str, path: &Path, errno: Errno) -> Self {
+        MountError { op, path: path.to_path_buf(), errno, detail: errno.desc().to_string() }
+    }
+
+    fn resolving(path: &Path, e: std::io::Error) -> Self {
+        let errno = if super::beneath::is_link_refused(&e) {
+            Errno::ELOOP
+        } else {
+            Errno::from_raw(e.raw_os_error().unwrap_or(match e.kind() {
+                std::io::ErrorKind::NotFound => nix::libc::ENOENT,
+                std::io::ErrorKind::PermissionDenied => nix::libc::EPERM,
+                _ => nix::libc::EIO,
+            }))
+        };
+        MountError { op: "resolve", path: path.to_path_buf(), errno, detail: e.to_string() }
+    }
+
+    /// A symbolic link was refused on the way.
+    pub fn is_symlink(&self) -> bool {
+        self.errno == Errno::ELOOP
+    }
+}
+
+/// A rustix errno as nix's (the daemon matches on nix's).
+fn errno(e: rustix::io::Errno) -> Errno {
+    Errno::from_raw(e.raw_os_error())
+}
+
+/// A mount option: text, or a path below the anchors handed to the kernel as a descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Opt<'a> {
+    /// Passed as is.
+    Text(&'a str),
+    /// `prefix` + the resolved path.
+    Path { prefix: &'a str, path: &'a Path },
+}
+
+/// Per-mount flags a plan may put on a bind (see the policy's allow-list), as `MOUNT_ATTR_*`
+/// bits and as legacy `MS_*` flags.
+fn bind_flag(name: &str) -> Option<(u64, MountFlags)> {
     Some(match name {
-        "nosuid" => MsFlags::MS_NOSUID,
-        "nodev" => MsFlags::MS_NODEV,
-        "noexec" => MsFlags::MS_NOEXEC,
-        "noatime" => MsFlags::MS_NOATIME,
-        "nodiratime" => MsFlags::MS_NODIRATIME,
-        "relatime" => MsFlags::MS_RELATIME,
-        "strictatime" => MsFlags::MS_STRICTATIME,
+        "nosuid" => (MOUNT_ATTR_NOSUID, MountFlags::NOSUID),
+        "nodev" => (MOUNT_ATTR_NODEV, MountFlags::NODEV),
+        "noexec" => (MOUNT_ATTR_NOEXEC, MountFlags::NOEXEC),
+        "noatime" => (MOUNT_ATTR_NOATIME, MountFlags::NOATIME),
+        "nodiratime" => (MOUNT_ATTR_NODIRATIME, MountFlags::NODIRATIME),
+        "relatime" => (MOUNT_ATTR_RELATIME, MountFlags::RELATIME),
+        "strictatime" => (MOUNT_ATTR_STRICTATIME, MountFlags::STRICTATIME),
         _ => return None,
     })
 }
 
-fn io_err(op: &'static str, path: &Path, errno: Errno) -> MountError {
-    MountError { op, path: path.to_path_buf(), errno }
+/// Is `name` a bind flag this module knows?
+pub fn is_bind_flag(name: &str) -> bool {
+    bind_flag(name).is_some()
 }
 
-/// Mount a filesystem: `mount -t fstype -o options source target`.
-pub fn mount(fstype: &str, source: &str, target: &Path, options: &[String], readonly: bool) -> Result<(), MountError> {
-    let flags = if readonly { MsFlags::MS_RDONLY } else { MsFlags::empty() } | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    let data = options.join(",");
-    let data = (!data.is_empty()).then_some(data.as_str());
-    nix::mount::mount(Some(source), target, Some(fstype), flags, data).map_err(|e| io_err("mount", target, e))
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+const MOUNT_ATTR_RELATIME: u64 = 0x0;
+const MOUNT_ATTR_NOATIME: u64 = 0x10;
+const MOUNT_ATTR_STRICTATIME: u64 = 0x20;
+const MOUNT_ATTR_NODIRATIME: u64 = 0x80;
+
+/// `struct mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
 }
 
-/// Bind `source` onto `target`, read-only when asked, with extra per-mount flags.
-///
-/// Read-only needs a second call: the kernel ignores `MS_RDONLY` on the initial bind and only
-/// honours it on a `MS_REMOUNT | MS_BIND` of the new mount.
-pub fn bind(source: &Path, target: &Path, readonly: bool, flags: MsFlags) -> Result<(), MountError> {
-    nix::mount::mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-        .map_err(|e| io_err("bind", target, e))?;
-    if readonly || !flags.is_empty() {
-        // A bind remount sets the per-mount flags to exactly those given: keep nosuid and nodev
-        // (pods never get set-uid binaries or device nodes through a volume).
-        let remount = MsFlags::MS_REMOUNT
-            | MsFlags::MS_BIND
-            | MsFlags::MS_NOSUID
-            | MsFlags::MS_NODEV
-            | flags
-            | if readonly { MsFlags::MS_RDONLY } else { MsFlags::empty() };
-        if let Err(e) = nix::mount::mount(None::<&str>, target, None::<&str>, remount, None::<&str>) {
-            // Never leave a writable bind behind when a read-only one was asked for.
-            let _ = nix::mount::umount2(target, MntFlags::MNT_DETACH);
-            return Err(io_err("remount read-only", target, e));
+fn fd_path(fd: &OwnedFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+/// Which mount API the kernel offers (tests force the legacy one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `open_tree` + `mount_setattr` + `move_mount`, falling back by itself where missing.
+    New,
+    /// `mount(2)` only.
+    Legacy,
+}
+
+/// Mount a filesystem: `mount -t fstype -o options source target`, onto the resolved target.
+/// A source starting with `/` is a path below the anchors.
+pub fn mount(
+    anchors: &Anchors,
+    fstype: &str,
+    source: &str,
+    target: &Path,
+    options: &[Opt<'_>],
+    readonly: bool,
+) -> Result<(), MountError> {
+    let target_fd =
+        anchors.open(target, OFlags::PATH | OFlags::DIRECTORY).map_err(|e| MountError::resolving(target, e))?;
+    let mut held = Vec::new();
+    let source = if source.starts_with('/') {
+        let fd =
+            anchors.open(Path::new(source), OFlags::PATH).map_err(|e| MountError::resolving(Path::new(source), e))?;
+        let s = fd_path(&fd);
+        held.push(fd);
+        s
+    } else {
+        source.to_string()
+    };
+    let mut data = Vec::new();
+    for o in options {
+        match o {
+            Opt::Text(t) => data.push(t.to_string()),
+            Opt::Path { prefix, path } => {
+                let fd = anchors.open(path, OFlags::PATH).map_err(|e| MountError::resolving(path, e))?;
+                data.push(format!("{prefix}{}", fd_path(&fd)));
+                held.push(fd);
+            }
+        }
+    }
+    let flags =
+        if readonly { MountFlags::RDONLY } else { MountFlags::empty() } | MountFlags::NOSUID | MountFlags::NODEV;
+    let data = std::ffi::CString::new(data.join(",")).map_err(|_| MountError::new("mount", target, Errno::EINVAL))?;
+    let data = (!data.is_empty()).then_some(data.as_c_str());
+    rustix::mount::mount(source.as_str(), fd_path(&target_fd).as_str(), fstype, flags, data)
+        .map_err(|e| MountError::new("mount", target, errno(e)))?;
+    drop(held);
+    Ok(())
+}
+
+/// Bind `source` onto `target`, read-only when asked, with per-mount flags (`nosuid` and
+/// `nodev` always: pods never get set-uid binaries or device nodes through a volume).
+pub fn bind(
+    anchors: &Anchors,
+    api: Api,
+    source: &Path,
+    target: &Path,
+    readonly: bool,
+    flags: &[String],
+) -> Result<(), MountError> {
+    let source_fd = anchors.open(source, OFlags::PATH).map_err(|e| MountError::resolving(source, e))?;
+    let target_fd = anchors.open(target, OFlags::PATH).map_err(|e| MountError::resolving(target, e))?;
+    let (mut attrs, mut legacy) = (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, MountFlags::NOSUID | MountFlags::NODEV);
+    for (a, l) in flags.iter().filter_map(|f| bind_flag(f)) {
+        attrs |= a;
+        legacy |= l;
+    }
+    if readonly {
+        attrs |= MOUNT_ATTR_RDONLY;
+        legacy |= MountFlags::RDONLY;
+    }
+    if api == Api::New {
+        match rustix::mount::open_tree(
+            &source_fd,
+            "",
+            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_EMPTY_PATH,
+        ) {
+            Ok(tree) => return attach(tree, &target_fd, target, attrs, legacy),
+            Err(rustix::io::Errno::NOSYS) => {}
+            Err(e) => return Err(MountError::new("bind", target, errno(e))),
+        }
+    }
+    // Legacy: bind between descriptors, then remount the new mount through its own path.
+    rustix::mount::mount_bind(fd_path(&source_fd).as_str(), fd_path(&target_fd).as_str())
+        .map_err(|e| MountError::new("bind", target, errno(e)))?;
+    let (parent, name) = anchors.open_parent(target).map_err(|e| MountError::resolving(target, e))?;
+    // `name` in the resolved parent now holds the new mount (a mount point cannot be renamed
+    // away in this namespace while mounted).
+    let at = PathBuf::from(fd_path(&parent)).join(&name);
+    let remount = MountFlags::BIND | legacy;
+    if let Err(e) = rustix::mount::mount_remount(&at, remount, "") {
+        // Never leave a writable bind behind when a read-only one was asked for.
+        let _ = rustix::mount::unmount(&at, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW);
+        return Err(MountError::new("remount read-only", target, errno(e)));
+    }
+    Ok(())
+}
+
+/// Set the flags on a detached tree, then attach it onto the target.
+fn attach(tree: OwnedFd, target_fd: &OwnedFd, target: &Path, attrs: u64, legacy: MountFlags) -> Result<(), MountError> {
+    let attr = MountAttr { attr_set: attrs, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    // SAFETY: mount_setattr(2) reads `size_of::<MountAttr>()` bytes from `&attr`, a live,
+    // properly laid out `struct mount_attr`; the path is a NUL-terminated empty string and
+    // `tree` an open descriptor. It writes no memory of ours.
+    let r = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            nix::libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    let set_before = r == 0;
+    if !set_before {
+        let e = Errno::last();
+        if e != Errno::ENOSYS {
+            return Err(MountError::new("bind", target, e));
+        }
+    }
+    rustix::mount::move_mount(
+        &tree,
+        "",
+        target_fd,
+        "",
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+    )
+    .map_err(|e| MountError::new("bind", target, errno(e)))?;
+    if !set_before {
+        // Kernels 5.2–5.11: remount the attached tree through its own descriptor.
+        if let Err(e) = rustix::mount::mount_remount(fd_path(&tree).as_str(), MountFlags::BIND | legacy, "") {
+            let _ = rustix::mount::unmount(fd_path(&tree).as_str(), UnmountFlags::DETACH);
+            return Err(MountError::new("remount read-only", target, errno(e)));
         }
     }
     Ok(())
 }
 
-/// Unmount `target`. With `lazy`, detach it now even if busy (`MNT_DETACH`), as needed for a
-/// dead FUSE mount ("Transport endpoint is not connected") that a pod still holds open.
-pub fn unmount(target: &Path, lazy: bool) -> Result<(), MountError> {
-    let flags = if lazy { MntFlags::MNT_DETACH } else { MntFlags::empty() };
-    nix::mount::umount2(target, flags).map_err(|e| io_err("unmount", target, e))
+/// Unmount the top mount at `target`. With `lazy`, detach it now even if busy
+/// (`MNT_DETACH`), as needed for a dead FUSE mount ("Transport endpoint is not connected")
+/// that a pod still holds open.
+pub fn unmount(anchors: &Anchors, target: &Path, lazy: bool) -> Result<(), MountError> {
+    let (parent, name) = anchors.open_parent(target).map_err(|e| MountError::resolving(target, e))?;
+    let at = PathBuf::from(fd_path(&parent)).join(&name);
+    let flags = UnmountFlags::NOFOLLOW | if lazy { UnmountFlags::DETACH } else { UnmountFlags::empty() };
+    rustix::mount::unmount(&at, flags).map_err(|e| MountError::new("unmount", target, errno(e)))
 }
 
 impl From<MountError> for crate::error::Error {
     fn from(e: MountError) -> Self {
-        crate::error::Error::internal(e.to_string())
+        if e.is_symlink() {
+            crate::error::Error::precondition(e.to_string())
+        } else {
+            crate::error::Error::internal(e.to_string())
+        }
     }
 }

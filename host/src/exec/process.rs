@@ -88,6 +88,15 @@ pub fn spawn(spec: &Spec<'_>, cgroup: Option<&std::fs::File>) -> Result<ProcessI
         .mode(0o600)
         .open(spec.log)
         .map_err(|source| ProcessError::Log { path: spec.log.to_path_buf(), source })?;
+    spawn_logged(spec, log, cgroup)
+}
+
+/// [`spawn`] with the log already open (the executor opens it below its anchors).
+pub fn spawn_logged(
+    spec: &Spec<'_>,
+    log: std::fs::File,
+    cgroup: Option<&std::fs::File>,
+) -> Result<ProcessId, ProcessError> {
     let err_log = log.try_clone().map_err(|source| ProcessError::Log { path: spec.log.to_path_buf(), source })?;
     let mut cmd = Command::new(spec.executable);
     cmd.args(spec.args)

@@ -1,21 +1,34 @@
-//! A recording [`Executor`] for unit tests: it performs nothing, logs every call in order, and
-//! keeps a simulated mount table and process list, so the pipeline's decisions ("already
-//! mounted: skip", "another mount at the target: AlreadyExists") can be tested without root.
+//! A recording [`Executor`] for unit tests: it performs nothing on the machine, logs every
+//! effect in order (directories, files, mounts, processes, groups, sockets), and keeps a
+//! simulated node: a filesystem in memory (directories, files, symbolic links), a mount table,
+//! processes and cgroups. The pipeline's decisions ("already mounted: skip", "another mount at
+//! the target: AlreadyExists", "a link on the way: refused") can be tested without root, and a
+//! test can assert that it saw every effect of an RPC, state files included.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nix::errno::Errno;
 
-use super::executor::{Executor, Fuse, FuseError, Usage};
+use super::beneath::{Entry, LinkRefused, is_link_refused};
+use super::executor::{Boot, Executor, Exit, Files, Fuse, FuseError, Groups, Mounts, Processes, Usage};
 use super::mount::MountError;
 use super::mountinfo::MountEntry;
 use super::process::{ProcessError, ProcessId, Stopped};
+use crate::plan::MountOption;
 
-#[derive(Debug, Default)]
+/// One node of the simulated filesystem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Inode {
+    Dir { mode: u32 },
+    File { bytes: Vec<u8>, mode: u32, modified: SystemTime },
+    Link { to: PathBuf },
+}
+
+#[derive(Debug)]
 struct Sim {
     calls: Vec<String>,
     mounts: Vec<MountEntry>,
@@ -24,18 +37,110 @@ struct Sim {
     groups: BTreeMap<String, BTreeSet<i32>>,
     /// What each spawned pid runs.
     exes: BTreeMap<i32, PathBuf>,
+    /// Futures waiting for a pid's exit.
+    exits: BTreeMap<i32, Arc<tokio::sync::Notify>>,
+    fs: BTreeMap<PathBuf, Inode>,
+    boot: Boot,
+    clock: SystemTime,
     next: u32,
     fail_next: Option<(String, Errno)>,
 }
 
-/// Records calls; simulates the kernel's view.
+impl Default for Sim {
+    fn default() -> Self {
+        let mut fs = BTreeMap::new();
+        fs.insert(PathBuf::from("/"), Inode::Dir { mode: 0o755 });
+        Sim {
+            calls: Vec::new(),
+            mounts: Vec::new(),
+            alive: BTreeSet::new(),
+            groups: BTreeMap::new(),
+            exes: BTreeMap::new(),
+            exits: BTreeMap::new(),
+            fs,
+            boot: Boot { id: "recording-boot-1".into(), started: UNIX_EPOCH + Duration::from_secs(1_000_000) },
+            clock: UNIX_EPOCH + Duration::from_secs(2_000_000),
+            next: 0,
+            fail_next: None,
+        }
+    }
+}
+
+/// Records calls; simulates the node.
 #[derive(Debug, Default)]
 pub struct Recording {
     sim: Mutex<Sim>,
 }
 
+fn loop_err(path: &Path, link: &Path) -> io::Error {
+    io::Error::other(LinkRefused { path: path.to_path_buf(), link: link.to_path_buf() })
+}
+
+fn not_found(path: &Path) -> io::Error {
+    io::Error::new(io::ErrorKind::NotFound, format!("{}: No such file or directory", path.display()))
+}
+
+impl Sim {
+    /// Refuse a path with a link anywhere on the way (the final component included unless
+    /// `final_ok`); as [`super::beneath`] does.
+    fn check(&self, path: &Path, final_ok: bool) -> io::Result<()> {
+        let mut at = PathBuf::from("/");
+        let parts: Vec<_> = path.iter().skip(1).collect();
+        for (i, part) in parts.iter().enumerate() {
+            at.push(part);
+            if let Some(Inode::Link { .. }) = self.fs.get(&at)
+                && !(final_ok && i + 1 == parts.len())
+            {
+                return Err(loop_err(path, &at));
+            }
+        }
+        Ok(())
+    }
+
+    fn is_dir(&self, path: &Path) -> bool {
+        matches!(self.fs.get(path), Some(Inode::Dir { .. }))
+    }
+
+    fn mkdirs(&mut self, path: &Path, below: &Path, mode: u32) -> io::Result<()> {
+        self.check(path, false)?;
+        if !self.is_dir(below) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} does not exist (it must exist before {} is created)", below.display(), path.display()),
+            ));
+        }
+        let rest = path.strip_prefix(below).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let mut at = below.to_path_buf();
+        for part in rest.iter() {
+            at.push(part);
+            match self.fs.get(&at) {
+                Some(Inode::Dir { .. }) => {}
+                Some(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        format!("{} is not a directory", at.display()),
+                    ));
+                }
+                None => {
+                    self.fs.insert(at.clone(), Inode::Dir { mode });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn below_mount(&self, path: &Path) -> Option<PathBuf> {
+        self.mounts.iter().map(|m| m.mount_point.clone()).find(|m| m.starts_with(path))
+    }
+
+    fn tick(&mut self) -> SystemTime {
+        self.clock += Duration::from_secs(1);
+        self.clock
+    }
+}
+
 impl Recording {
-    /// A fresh machine: nothing mounted, nothing running.
+    /// A fresh node: an empty root directory, nothing mounted, nothing running.
     pub fn new() -> Self {
         Self::default()
     }
@@ -44,7 +149,8 @@ impl Recording {
         self.sim.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Every call so far, in order, as text (`mount tmpfs tmpfs /x ro`, `bind /a /b ro`, ...).
+    /// Every effect so far, in order (`mount tmpfs tmpfs /x [..] ro`, `bind /a /b ro`,
+    /// `write /state/volumes/k.json`, ...).
     pub fn calls(&self) -> Vec<String> {
         self.sim().calls.clone()
     }
@@ -54,14 +160,20 @@ impl Recording {
         self.sim().calls.clear();
     }
 
-    /// Make the next call of `op` (`mount`, `bind`, `unmount`, `spawn-fuse`) fail with `errno`.
+    /// Make the next call of `op` (`mount`, `bind`, `unmount`, `spawn-fuse`, `write`) fail
+    /// with `errno`.
     pub fn fail_next(&self, op: &str, errno: Errno) {
         self.sim().fail_next = Some((op.into(), errno));
     }
 
     /// Simulate a crash of a process.
     pub fn kill(&self, pid: i32) {
-        self.sim().alive.remove(&pid);
+        let mut s = self.sim();
+        s.alive.remove(&pid);
+        if let Some(n) = s.exits.remove(&pid) {
+            n.notify_waiters();
+            n.notify_one();
+        }
     }
 
     /// A process in a volume's cgroup that no state file names (a daemon killed between spawn
@@ -80,16 +192,62 @@ impl Recording {
         let mut s = self.sim();
         push_mount(&mut s, fstype, source, "/", target, false);
     }
+
+    /// Create a directory and its parents, as kubelet or a test would (not recorded).
+    pub fn add_dir(&self, path: &Path) {
+        let mut s = self.sim();
+        s.mkdirs(path, Path::new("/"), 0o755).expect("no links on the way");
+    }
+
+    /// Plant a symbolic link (not recorded), as a pod could inside its volume.
+    pub fn add_symlink(&self, path: &Path, to: &Path) {
+        let mut s = self.sim();
+        s.fs.insert(path.to_path_buf(), Inode::Link { to: to.to_path_buf() });
+    }
+
+    /// Write a file directly (not recorded), e.g. a torn state file; `modified` sets its mtime.
+    pub fn add_file(&self, path: &Path, bytes: &[u8], modified: Option<SystemTime>) {
+        let mut s = self.sim();
+        let modified = modified.unwrap_or_else(|| s.tick());
+        s.fs.insert(path.to_path_buf(), Inode::File { bytes: bytes.to_vec(), mode: 0o600, modified });
+    }
+
+    /// Does `path` exist in the simulated filesystem (as anything)?
+    pub fn exists(&self, path: &Path) -> bool {
+        self.sim().fs.contains_key(path)
+    }
+
+    /// The mode of a file or directory.
+    pub fn mode(&self, path: &Path) -> Option<u32> {
+        match self.sim().fs.get(path)? {
+            Inode::Dir { mode } | Inode::File { mode, .. } => Some(*mode),
+            Inode::Link { .. } => None,
+        }
+    }
+
+    /// Every path below `dir` (files, directories and links).
+    pub fn paths_below(&self, dir: &Path) -> Vec<PathBuf> {
+        self.sim().fs.keys().filter(|p| p.starts_with(dir) && *p != dir).cloned().collect()
+    }
+
+    /// Simulate a reboot: a new boot id, begun now.
+    pub fn reboot(&self) {
+        let mut s = self.sim();
+        let n = s.boot.id.rsplit('-').next().and_then(|n| n.parse::<u32>().ok()).unwrap_or(1) + 1;
+        let started = s.tick();
+        s.boot = Boot { id: format!("recording-boot-{n}"), started };
+    }
 }
 
 fn push_mount(s: &mut Sim, fstype: &str, source: &str, root: &str, target: &Path, readonly: bool) {
+    let root = PathBuf::from(root);
     s.next += 1;
     let id = s.next;
     s.mounts.push(MountEntry {
         mount_id: 100 + id,
         parent_id: 1,
         device: format!("0:{id}"),
-        root: root.into(),
+        root,
         mount_point: target.to_path_buf(),
         mount_options: if readonly { "ro".into() } else { "rw".into() },
         fstype: fstype.into(),
@@ -109,24 +267,124 @@ fn failing(s: &mut Sim, op: &str) -> Option<Errno> {
     }
 }
 
-impl Executor for Recording {
-    fn mounts(&self) -> io::Result<Vec<MountEntry>> {
-        Ok(self.sim().mounts.clone())
+fn mount_err(op: &'static str, path: &Path, errno: Errno) -> MountError {
+    MountError { op, path: path.to_path_buf(), errno, detail: errno.desc().to_string() }
+}
+
+fn resolving(path: &Path, e: io::Error) -> MountError {
+    let errno = if is_link_refused(&e) { Errno::ELOOP } else { Errno::ENOENT };
+    MountError { op: "resolve", path: path.to_path_buf(), errno, detail: e.to_string() }
+}
+
+/// The mount a path is on in the table, and the path's place inside it.
+fn containing<'a>(mounts: &'a [MountEntry], path: &Path) -> Option<(&'a MountEntry, PathBuf)> {
+    mounts
+        .iter()
+        .rev()
+        .filter(|m| path.starts_with(&m.mount_point))
+        .max_by_key(|m| m.mount_point.as_os_str().len())
+        .map(|m| (m, path.strip_prefix(&m.mount_point).unwrap_or(Path::new("")).to_path_buf()))
+}
+
+impl Files for Recording {
+    fn mkdir(&self, path: &Path, below: &Path, mode: u32) -> io::Result<()> {
+        let mut s = self.sim();
+        s.calls.push(format!("mkdir {}", path.display()));
+        s.mkdirs(path, below, mode)
     }
 
-    fn mkdir(&self, path: &Path) -> io::Result<()> {
-        self.sim().calls.push(format!("mkdir {}", path.display()));
+    fn private_dir(&self, path: &Path) -> io::Result<()> {
+        let mut s = self.sim();
+        s.calls.push(format!("private-dir {}", path.display()));
+        s.mkdirs(path, Path::new("/"), 0o700)?;
+        s.fs.insert(path.to_path_buf(), Inode::Dir { mode: 0o700 });
         Ok(())
     }
 
     fn remove_tree(&self, path: &Path) -> io::Result<()> {
-        self.sim().calls.push(format!("remove-tree {}", path.display()));
+        let mut s = self.sim();
+        s.calls.push(format!("remove-tree {}", path.display()));
+        let parent = path.parent().unwrap_or(path);
+        s.check(parent, false)?;
+        if matches!(s.fs.get(path), Some(Inode::Link { .. })) {
+            s.fs.remove(path);
+            return Ok(());
+        }
+        if let Some(m) = s.below_mount(path) {
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!("{} is a mount point; refusing to remove anything below it", m.display()),
+            ));
+        }
+        s.fs.retain(|p, _| !p.starts_with(path));
         Ok(())
     }
 
     fn remove_entry(&self, path: &Path) -> io::Result<()> {
-        self.sim().calls.push(format!("remove {}", path.display()));
+        let mut s = self.sim();
+        s.calls.push(format!("remove {}", path.display()));
+        s.check(path.parent().unwrap_or(path), false)?;
+        if s.mounts.iter().any(|m| m.mount_point == path) {
+            return Err(io::Error::new(io::ErrorKind::ResourceBusy, format!("{}: mounted", path.display())));
+        }
+        if s.fs.keys().any(|p| p.starts_with(path) && p != path) && s.is_dir(path) {
+            return Err(io::Error::new(io::ErrorKind::DirectoryNotEmpty, format!("{}: not empty", path.display())));
+        }
+        s.fs.remove(path);
         Ok(())
+    }
+
+    fn write_file(&self, path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+        let mut s = self.sim();
+        s.calls.push(format!("write {}", path.display()));
+        if let Some(errno) = failing(&mut s, "write") {
+            return Err(errno.into());
+        }
+        s.check(path, false)?;
+        if !s.is_dir(path.parent().unwrap_or(path)) {
+            return Err(not_found(path));
+        }
+        let modified = s.tick();
+        s.fs.insert(path.to_path_buf(), Inode::File { bytes: bytes.to_vec(), mode, modified });
+        Ok(())
+    }
+
+    fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        let s = self.sim();
+        s.check(path, false)?;
+        match s.fs.get(path) {
+            Some(Inode::File { bytes, .. }) => Ok(Some(bytes.clone())),
+            Some(_) => Err(io::Error::new(io::ErrorKind::IsADirectory, format!("{} is not a file", path.display()))),
+            None => Ok(None),
+        }
+    }
+
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<Entry>> {
+        let s = self.sim();
+        s.check(path, false)?;
+        Ok(s.fs
+            .iter()
+            .filter(|(p, _)| p.parent() == Some(path) && *p != path)
+            .map(|(p, n)| Entry {
+                name: p.file_name().unwrap_or_default().to_os_string(),
+                is_dir: matches!(n, Inode::Dir { .. }),
+                is_file: matches!(n, Inode::File { .. }),
+            })
+            .collect())
+    }
+
+    fn modified(&self, path: &Path) -> io::Result<SystemTime> {
+        match self.sim().fs.get(path) {
+            Some(Inode::File { modified, .. }) => Ok(*modified),
+            Some(_) => Ok(UNIX_EPOCH),
+            None => Err(not_found(path)),
+        }
+    }
+}
+
+impl Mounts for Recording {
+    fn mounts(&self) -> io::Result<Vec<MountEntry>> {
+        Ok(self.sim().mounts.clone())
     }
 
     fn mount(
@@ -134,18 +392,29 @@ impl Executor for Recording {
         fstype: &str,
         source: &str,
         target: &Path,
-        options: &[String],
+        options: &[MountOption],
         readonly: bool,
     ) -> Result<(), MountError> {
         let mut s = self.sim();
+        let shown: Vec<String> = options
+            .iter()
+            .map(|o| match o {
+                MountOption::Text(t) => t.clone(),
+                MountOption::Path { prefix, path } => format!("{prefix}{}", path.display()),
+            })
+            .collect();
         s.calls.push(format!(
             "mount {fstype} {source} {} [{}]{}",
             target.display(),
-            options.join(","),
+            shown.join(","),
             if readonly { " ro" } else { "" }
         ));
         if let Some(errno) = failing(&mut s, "mount") {
-            return Err(MountError { op: "mount", path: target.into(), errno });
+            return Err(mount_err("mount", target, errno));
+        }
+        s.check(target, false).map_err(|e| resolving(target, e))?;
+        if !s.is_dir(target) {
+            return Err(resolving(target, not_found(target)));
         }
         push_mount(&mut s, fstype, source, "/", target, readonly);
         Ok(())
@@ -155,20 +424,29 @@ impl Executor for Recording {
         let mut s = self.sim();
         s.calls.push(format!("bind {} {}{}", source.display(), target.display(), if readonly { " ro" } else { "" }));
         if let Some(errno) = failing(&mut s, "bind") {
-            return Err(MountError { op: "bind", path: target.into(), errno });
+            return Err(mount_err("bind", target, errno));
         }
         let _ = flags;
-        let Some(src) = s.mounts.iter().rev().find(|m| m.mount_point == source).cloned() else {
+        s.check(source, false).map_err(|e| resolving(source, e))?;
+        s.check(target, false).map_err(|e| resolving(target, e))?;
+        if !s.fs.contains_key(target) {
+            return Err(resolving(target, not_found(target)));
+        }
+        match containing(&s.mounts, source).map(|(m, rel)| (m.clone(), rel)) {
+            Some((mut entry, rel)) => {
+                s.next += 1;
+                entry.mount_id = 100 + s.next;
+                entry.root = entry.root.join(rel);
+                entry.mount_point = target.to_path_buf();
+                entry.mount_options = if readonly { "ro".into() } else { "rw".into() };
+                s.mounts.push(entry);
+            }
             // Binding a plain directory: a new "device" for the simulation.
-            push_mount(&mut s, "none", &source.display().to_string(), &source.display().to_string(), target, readonly);
-            return Ok(());
-        };
-        let mut entry = src;
-        s.next += 1;
-        entry.mount_id = 100 + s.next;
-        entry.mount_point = target.to_path_buf();
-        entry.mount_options = if readonly { "ro".into() } else { "rw".into() };
-        s.mounts.push(entry);
+            None => {
+                let src = source.display().to_string();
+                push_mount(&mut s, "none", &src, &src, target, readonly);
+            }
+        }
         Ok(())
     }
 
@@ -176,17 +454,40 @@ impl Executor for Recording {
         let mut s = self.sim();
         s.calls.push(format!("unmount {}{}", target.display(), if lazy { " lazy" } else { "" }));
         if let Some(errno) = failing(&mut s, "unmount") {
-            return Err(MountError { op: "unmount", path: target.into(), errno });
+            return Err(mount_err("unmount", target, errno));
+        }
+        s.check(target.parent().unwrap_or(target), false).map_err(|e| resolving(target, e))?;
+        if matches!(s.fs.get(target), Some(Inode::Link { .. })) {
+            return Err(mount_err("unmount", target, Errno::EINVAL));
         }
         match s.mounts.iter().rposition(|m| m.mount_point == target) {
             Some(i) => {
                 s.mounts.remove(i);
                 Ok(())
             }
-            None => Err(MountError { op: "unmount", path: target.into(), errno: Errno::EINVAL }),
+            None => Err(mount_err("unmount", target, Errno::EINVAL)),
         }
     }
 
+    fn usage(&self, path: &Path) -> io::Result<Usage> {
+        let s = self.sim();
+        s.check(path, false)?;
+        if s.mounts.iter().any(|m| m.mount_point == path) {
+            Ok(Usage {
+                total_bytes: 1 << 30,
+                available_bytes: 1 << 29,
+                used_bytes: 1 << 29,
+                total_inodes: 1000,
+                free_inodes: 900,
+                used_inodes: 100,
+            })
+        } else {
+            Err(io::Error::from(io::ErrorKind::NotFound))
+        }
+    }
+}
+
+impl Processes for Recording {
     fn spawn_fuse(&self, fuse: &Fuse<'_>) -> Result<ProcessId, FuseError> {
         let mut s = self.sim();
         s.calls.push(format!(
@@ -201,6 +502,14 @@ impl Executor for Recording {
                 source: errno.into(),
             }));
         }
+        s.check(fuse.mountpoint, false).map_err(FuseError::Io)?;
+        if !s.is_dir(fuse.mountpoint) {
+            return Err(FuseError::Io(not_found(fuse.mountpoint)));
+        }
+        // The program's log, as the real executor opens it.
+        let modified = s.tick();
+        s.calls.push(format!("write {}", fuse.spec.log.display()));
+        s.fs.insert(fuse.spec.log.to_path_buf(), Inode::File { bytes: Vec::new(), mode: 0o600, modified });
         s.next += 1;
         let pid = 10_000 + s.next as i32;
         s.alive.insert(pid);
@@ -226,6 +535,21 @@ impl Executor for Recording {
         s.alive.contains(&id.pid).then(|| s.exes.get(&id.pid).cloned()).flatten()
     }
 
+    fn reap(&self) -> usize {
+        0
+    }
+
+    fn watch(&self, id: &ProcessId) -> io::Result<Exit> {
+        let mut s = self.sim();
+        if !s.alive.contains(&id.pid) {
+            return Err(io::Error::from_raw_os_error(nix::libc::ESRCH));
+        }
+        let n = s.exits.entry(id.pid).or_default().clone();
+        Ok(Box::pin(async move { n.notified().await }))
+    }
+}
+
+impl Groups for Recording {
     fn release_group(&self, group: &str) -> io::Result<usize> {
         let mut s = self.sim();
         let Some(pids) = s.groups.remove(group) else { return Ok(0) };
@@ -240,21 +564,16 @@ impl Executor for Recording {
     fn oom_kills(&self, _group: &str) -> Option<u64> {
         None
     }
+}
 
-    fn usage(&self, path: &Path) -> io::Result<Usage> {
-        let s = self.sim();
-        if s.mounts.iter().any(|m| m.mount_point == path) {
-            Ok(Usage {
-                total_bytes: 1 << 30,
-                available_bytes: 1 << 29,
-                used_bytes: 1 << 29,
-                total_inodes: 1000,
-                free_inodes: 900,
-                used_inodes: 100,
-            })
-        } else {
-            Err(io::Error::from(io::ErrorKind::NotFound))
-        }
+impl Executor for Recording {
+    fn boot(&self) -> io::Result<Boot> {
+        Ok(self.sim().boot.clone())
+    }
+
+    fn listen(&self, path: &Path) -> io::Result<tokio::net::UnixListener> {
+        self.sim().calls.push(format!("listen {}", path.display()));
+        Err(io::Error::new(io::ErrorKind::Unsupported, "the recording executor serves no sockets"))
     }
 }
 

@@ -54,6 +54,18 @@ pub struct Header {
     pub value: Value,
 }
 
+/// A mount option: text, or a path inside the volume that the executor hands to the kernel as
+/// a descriptor (`/proc/self/fd/N`), resolved without following links. Serialized untagged, so
+/// a plain string reads as text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MountOption {
+    /// Passed as is (`size=1G`).
+    Text(String),
+    /// `prefix` followed by the path (`lowerdir=` + a directory of the volume).
+    Path { prefix: String, path: PathBuf },
+}
+
 /// Archive formats for [`Step::Unpack`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -97,7 +109,7 @@ pub enum Step {
         memory_limit_bytes: Option<u64>,
     },
     /// mount(2).
-    Mount { fstype: String, source: String, target: PathBuf, options: Vec<String>, readonly: bool },
+    Mount { fstype: String, source: String, target: PathBuf, options: Vec<MountOption>, readonly: bool },
     /// A bind mount.
     Bind { source: PathBuf, target: PathBuf, readonly: bool, options: Vec<String> },
     /// Download a blob into the content-addressed cache.

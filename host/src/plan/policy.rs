@@ -25,7 +25,7 @@ use crate::secrets::Secrets;
 use crate::volume::VolumeDirs;
 use crate::volume::dirs::root_name;
 
-use super::{Archive, EnvVar, Header, Plan, Step, Value};
+use super::{Archive, EnvVar, Header, MountOption, Plan, Step, Value};
 
 /// The CSI operation a plan is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -378,12 +378,15 @@ fn arg(ctx: &Context<'_>, a: &wit::Arg, what: &str) -> R<String> {
     }
 }
 
-fn mount_option(ctx: &Context<'_>, o: &wit::Arg) -> R<String> {
+fn mount_option(ctx: &Context<'_>, o: &wit::Arg) -> R<MountOption> {
     let s = arg(ctx, o, "mount option")?;
     if s.contains(',') {
         return Err(format!("mount option {s:?} contains ','; give each option separately"));
     }
-    Ok(s)
+    Ok(match o {
+        wit::Arg::Literal(text) => MountOption::Text(text.clone()),
+        wit::Arg::Path(p) => MountOption::Path { prefix: p.prefix.clone(), path: path(ctx, &p.path)? },
+    })
 }
 
 /// Plain text a plan carries: bounded, no NUL, and never a secret's value.

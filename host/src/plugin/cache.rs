@@ -12,8 +12,8 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use super::digest::Digest;
-use crate::exec::fs;
 use crate::unpriv::artifact;
+use crate::unpriv::files as fs;
 
 /// How a component was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,6 +4,7 @@
 //! host daemon does to the node lives in [`crate::exec`] instead.
 
 pub mod artifact;
+pub mod files;
 pub mod grpc;
 pub mod http;
 pub mod socket;

@@ -42,6 +42,11 @@ impl VolumeDirs {
         }
     }
 
+    /// The host's own directories of the volume (cache, runtime).
+    pub fn host_dirs(&self) -> Vec<PathBuf> {
+        [&self.cache, &self.runtime].into_iter().flatten().cloned().collect()
+    }
+
     /// The directory behind a WIT root.
     pub fn root(&self, root: DirRoot) -> Option<&Path> {
         match root {

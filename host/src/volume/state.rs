@@ -12,14 +12,19 @@
 //! the plugin and digest the volume was staged with, the checked plan (which holds no secret
 //! values), the FUSE process's identity, the published targets and the boot id, and nothing the
 //! kernel already knows better (mounts are always read back from mountinfo).
+//!
+//! Every read and write goes through the executor's [`Files`] (paths resolved below the state
+//! directory without following links), so the recording executor sees them in unit tests.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
 use super::dirs::volume_key;
-use crate::exec::fs;
+use crate::exec::Files;
+use crate::exec::beneath::TMP_MARK;
 use crate::exec::process::ProcessId;
 use crate::plan::Plan;
 
@@ -87,6 +92,24 @@ pub struct VolumeState {
     /// Times the OOM killer struck in the volume's cgroup, summed over its restarts.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub oom_kills: u32,
+    /// The capability it was staged with: a restage with an incompatible one is refused
+    /// (records written before this field existed have none and accept any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability: Option<StagedCapability>,
+}
+
+/// The parts of a CSI volume capability a restage must match.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StagedCapability {
+    /// The access mode, as the CSI spec names it (`SINGLE_NODE_WRITER`, ...).
+    pub access_mode: String,
+    /// The filesystem type asked for (empty when the CO did not say).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub fs_type: String,
+    /// The CO's mount flags.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mount_flags: Vec<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -123,23 +146,40 @@ pub enum StateError {
     /// A file whose name is not the one its volume's state is kept under.
     #[error("{path} holds volume {found:?}, whose state belongs in {belongs}")]
     Misplaced { path: PathBuf, found: String, belongs: PathBuf },
+    /// The file was found unusable when the folder was read (see the start-up log).
+    #[error("{path} is unusable: {reason}")]
+    Unusable { path: PathBuf, reason: String },
 }
 
 /// One state file found by [`StateStore::list`]: its path, and its state or why it is unusable.
 pub type Listed = (PathBuf, Result<VolumeState, StateError>);
 
-/// The folder of state files.
-#[derive(Debug, Clone)]
+/// What the index holds for one file: its state, or why it is unusable.
+type Indexed = Result<VolumeState, String>;
+
+/// The folder of state files, read and written through the executor, with an index in memory:
+/// every write goes to the file first and then to the index, so the index is the folder as
+/// this daemon left it and a call reads no file. A restarted daemon rebuilds it from the folder.
 pub struct StateStore {
     dir: PathBuf,
+    secrets_dir: PathBuf,
+    files: Arc<dyn Files + Send + Sync>,
+    /// By key (file stem); `None` until first read.
+    index: Mutex<Option<BTreeMap<String, Indexed>>>,
+}
+
+impl std::fmt::Debug for StateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateStore").field("dir", &self.dir).finish_non_exhaustive()
+    }
 }
 
 impl StateStore {
     /// Open (and create, 0700) `<state-dir>/volumes`.
-    pub fn open(state_dir: &Path) -> Result<Self, StateError> {
+    pub fn open(state_dir: &Path, files: Arc<dyn Files + Send + Sync>) -> Result<Self, StateError> {
         let dir = state_dir.join("volumes");
-        fs::private_dir(&dir).map_err(|source| StateError::Io { path: dir.clone(), source })?;
-        Ok(StateStore { dir })
+        files.private_dir(&dir).map_err(|source| StateError::Io { path: dir.clone(), source })?;
+        Ok(StateStore { secrets_dir: state_dir.join("secrets"), dir, files, index: Mutex::new(None) })
     }
 
     /// The file of `volume_id`.
@@ -147,33 +187,52 @@ impl StateStore {
         self.dir.join(format!("{}.json", volume_key(volume_id)))
     }
 
+    fn indexed<T>(&self, f: impl FnOnce(&mut BTreeMap<String, Indexed>) -> T) -> Result<T, StateError> {
+        let mut index = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        if index.is_none() {
+            let listed = self.read_folder()?;
+            *index = Some(listed.into_iter().map(|(p, r)| (stem(&p), r.map_err(|e| e.to_string()))).collect());
+        }
+        Ok(f(index.as_mut().expect("loaded above")))
+    }
+
     /// Write `state` atomically.
     pub fn save(&self, state: &VolumeState) -> Result<(), StateError> {
         let path = self.path(&state.volume_id);
         let json = serde_json::to_vec_pretty(state).expect("state always serializes");
-        fs::replace_atomic(&path, &json, 0o600).map_err(|source| StateError::Io { path, source })
+        self.files.write_file(&path, &json, 0o600).map_err(|source| StateError::Io { path: path.clone(), source })?;
+        self.indexed(|i| i.insert(stem(&path), Ok(state.clone())))?;
+        Ok(())
     }
 
     /// The state of `volume_id`, or `None` if it has none.
     pub fn load(&self, volume_id: &str) -> Result<Option<VolumeState>, StateError> {
         let path = self.path(volume_id);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(StateError::Io { path, source }),
-        };
-        let state = parse(&path, &bytes)?;
-        if state.volume_id != volume_id {
-            return Err(StateError::WrongVolume { path, expected: volume_id.into(), found: state.volume_id });
+        match self.indexed(|i| i.get(&stem(&path)).cloned())? {
+            None => Ok(None),
+            Some(Ok(st)) if st.volume_id == volume_id => Ok(Some(st)),
+            Some(Ok(st)) => Err(StateError::WrongVolume { path, expected: volume_id.into(), found: st.volume_id }),
+            Some(Err(reason)) => Err(StateError::Unusable { path, reason }),
         }
-        Ok(Some(state))
+    }
+
+    /// Every usable state, from the index.
+    pub fn all(&self) -> Result<Vec<VolumeState>, StateError> {
+        self.indexed(|i| i.values().filter_map(|r| r.as_ref().ok().cloned()).collect())
     }
 
     /// Forget `volume_id` and its kept secrets (no error if it had none).
     pub fn remove(&self, volume_id: &str) -> Result<(), StateError> {
         self.remove_secrets(volume_id)?;
         let path = self.path(volume_id);
-        fs::remove_file(&path).map_err(|source| StateError::Io { path, source })
+        self.remove_file(&path)
+    }
+
+    /// Remove one state file (also an unusable one) by path.
+    pub fn remove_file(&self, path: &Path) -> Result<(), StateError> {
+        self.files.remove_entry(path).map_err(|source| StateError::Io { path: path.to_path_buf(), source })?;
+        self.indexed(|i| i.remove(&stem(path)))?;
+        Ok(())
     }
 
     /// Keep the secrets a volume's plan references, so the host can restart its FUSE process
@@ -182,20 +241,20 @@ impl StateStore {
     pub fn save_secrets(&self, volume_id: &str, secrets: &BTreeMap<String, String>) -> Result<(), StateError> {
         let path = self.secrets_path(volume_id);
         if secrets.is_empty() {
-            return fs::remove_file(&path).map_err(|source| StateError::Io { path, source });
+            return self.files.remove_entry(&path).map_err(|source| StateError::Io { path, source });
         }
-        let dir = path.parent().expect("has a parent").to_path_buf();
-        fs::private_dir(&dir).map_err(|source| StateError::Io { path: dir, source })?;
+        let dir = self.secrets_dir.clone();
+        self.files.private_dir(&dir).map_err(|source| StateError::Io { path: dir, source })?;
         let json = serde_json::to_vec(secrets).expect("strings serialize");
-        fs::replace_atomic(&path, &json, 0o600).map_err(|source| StateError::Io { path, source })
+        self.files.write_file(&path, &json, 0o600).map_err(|source| StateError::Io { path, source })
     }
 
     /// The secrets kept for `volume_id` (empty if none).
     pub fn load_secrets(&self, volume_id: &str) -> Result<BTreeMap<String, String>, StateError> {
         let path = self.secrets_path(volume_id);
-        match std::fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|source| StateError::Corrupt { path, source }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+        match self.files.read_file(&path) {
+            Ok(Some(b)) => serde_json::from_slice(&b).map_err(|source| StateError::Corrupt { path, source }),
+            Ok(None) => Ok(BTreeMap::new()),
             Err(source) => Err(StateError::Io { path, source }),
         }
     }
@@ -203,66 +262,75 @@ impl StateStore {
     /// Forget the kept secrets of `volume_id`.
     pub fn remove_secrets(&self, volume_id: &str) -> Result<(), StateError> {
         let path = self.secrets_path(volume_id);
-        fs::remove_file(&path).map_err(|source| StateError::Io { path, source })
+        self.files.remove_entry(&path).map_err(|source| StateError::Io { path, source })
     }
 
     fn secrets_path(&self, volume_id: &str) -> PathBuf {
-        self.dir.with_file_name("secrets").join(format!("{}.json", volume_key(volume_id)))
+        self.secrets_dir.join(format!("{}.json", volume_key(volume_id)))
     }
 
     /// Remove the temporary files of writers killed mid-write (state and kept secrets). Only
     /// at start, while no writer of this store is alive. Returns how many were removed.
     pub fn remove_stray_temporaries(&self) -> Result<usize, StateError> {
         let mut removed = 0;
-        for dir in [self.dir.clone(), self.dir.with_file_name("secrets")] {
-            removed += crate::exec::fs::remove_stray_temporaries(&dir)
-                .map_err(|source| StateError::Io { path: dir, source })?;
+        for dir in [&self.dir, &self.secrets_dir] {
+            let entries = self.files.list_dir(dir).map_err(|source| StateError::Io { path: dir.clone(), source })?;
+            for e in entries {
+                let name = e.name.to_string_lossy();
+                if name.starts_with('.') && name.contains(TMP_MARK) && e.is_file {
+                    let path = dir.join(&e.name);
+                    self.files.remove_entry(&path).map_err(|source| StateError::Io { path, source })?;
+                    removed += 1;
+                }
+            }
         }
         Ok(removed)
     }
 
-    /// The keys (file stems) of every state file, read from the folder without parsing.
-    pub fn keys(&self) -> Result<std::collections::BTreeSet<String>, StateError> {
-        let entries =
-            std::fs::read_dir(&self.dir).map_err(|source| StateError::Io { path: self.dir.clone(), source })?;
-        Ok(entries
-            .flatten()
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                (!name.starts_with('.')).then(|| name.strip_suffix(".json").map(str::to_string)).flatten()
-            })
-            .collect())
+    /// The keys (file stems) of every state file, usable or not, from the index.
+    pub fn keys(&self) -> Result<BTreeSet<String>, StateError> {
+        self.indexed(|i| i.keys().cloned().collect())
     }
 
-    /// Every state file, each parsed or with its error (for reconciliation at start). Stray
-    /// temporary files from an interrupted write are skipped (start-up removes them).
+    /// Every state file, each parsed or with its error, read from the folder (for
+    /// reconciliation at start; the index is not touched). Stray temporary files from an
+    /// interrupted write are skipped (start-up removes them).
     pub fn list(&self) -> Result<Vec<Listed>, StateError> {
+        self.read_folder()
+    }
+
+    fn read_folder(&self) -> Result<Vec<Listed>, StateError> {
         let entries =
-            std::fs::read_dir(&self.dir).map_err(|source| StateError::Io { path: self.dir.clone(), source })?;
+            self.files.list_dir(&self.dir).map_err(|source| StateError::Io { path: self.dir.clone(), source })?;
         let mut out = Vec::new();
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
+        for entry in entries {
+            let name = entry.name.to_string_lossy();
             if name.starts_with('.') || !name.ends_with(".json") {
                 continue;
             }
-            let parsed = std::fs::read(&path)
-                .map_err(|source| StateError::Io { path: path.clone(), source })
-                .and_then(|b| parse(&path, &b))
-                .and_then(|state| {
-                    let belongs = self.path(&state.volume_id);
-                    if belongs == path {
-                        Ok(state)
-                    } else {
-                        Err(StateError::Misplaced { path: path.clone(), found: state.volume_id, belongs })
-                    }
-                });
+            let path = self.dir.join(&entry.name);
+            let parsed = match self.files.read_file(&path) {
+                Ok(Some(b)) => parse(&path, &b),
+                Ok(None) => continue,
+                Err(source) => Err(StateError::Io { path: path.clone(), source }),
+            }
+            .and_then(|state| {
+                let belongs = self.path(&state.volume_id);
+                if belongs == path {
+                    Ok(state)
+                } else {
+                    Err(StateError::Misplaced { path: path.clone(), found: state.volume_id, belongs })
+                }
+            });
             out.push((path, parsed));
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
     }
+}
+
+fn stem(path: &Path) -> String {
+    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
 fn parse(path: &Path, bytes: &[u8]) -> Result<VolumeState, StateError> {
@@ -278,16 +346,10 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<VolumeState, StateError> {
     serde_json::from_slice(bytes).map_err(|source| StateError::Corrupt { path: path.to_path_buf(), source })
 }
 
-/// This boot's id.
-pub fn boot_id() -> std::io::Result<String> {
-    Ok(std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?.trim().to_string())
-}
-
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
-
     use super::*;
+    use crate::exec::recording::Recording;
     use crate::plan::{EnvVar, Step, Value};
 
     fn state(id: &str) -> VolumeState {
@@ -296,7 +358,7 @@ mod tests {
             volume_id: id.into(),
             plugin: "seaweedfs".into(),
             digest: format!("sha256:{}", "a".repeat(64)),
-            boot_id: boot_id().unwrap(),
+            boot_id: "boot-1".into(),
             phase: Phase::Staging,
             staging_path: "/var/lib/kubelet/plugins/kubernetes.io/csi/csi.mounthost.dev/h/globalmount".into(),
             context: [("filer".to_string(), "f:8888".to_string())].into(),
@@ -323,13 +385,25 @@ mod tests {
             ephemeral: false,
             restarts: 0,
             oom_kills: 0,
+            capability: None,
         }
     }
 
+    const DIR: &str = "/var/lib/mounthost";
+
+    fn store() -> (Arc<Recording>, StateStore) {
+        let rec = Arc::new(Recording::new());
+        let store = StateStore::open(Path::new(DIR), rec.clone()).unwrap();
+        (rec, store)
+    }
+
+    fn text(rec: &Recording, path: &Path) -> String {
+        String::from_utf8(rec.read_file(path).unwrap().unwrap()).unwrap()
+    }
+
     #[test]
-    fn round_trip_is_private_and_atomic() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = StateStore::open(dir.path()).unwrap();
+    fn round_trip_is_private_and_goes_through_the_executor() {
+        let (rec, store) = store();
         let id = "pvc/with spaces/and-a-very-long-id".repeat(3);
         assert_eq!(store.load(&id).unwrap(), None);
         let mut s = state(&id);
@@ -339,32 +413,37 @@ mod tests {
         store.save(&s).unwrap();
         assert_eq!(store.load(&id).unwrap(), Some(s.clone()));
         let path = store.path(&id);
-        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
-        assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
-        assert!(!std::fs::read_to_string(&path).unwrap().contains("secretvalue"));
-        assert_eq!(store.list().unwrap().len(), 1, "no temporary files left");
+        assert_eq!(rec.mode(&path), Some(0o600));
+        assert_eq!(rec.mode(path.parent().unwrap()), Some(0o700));
+        assert!(rec.calls().contains(&format!("write {}", path.display())), "{:?}", rec.calls());
+        // A second store over the same files (a restarted daemon) reads what the first wrote.
+        let again = StateStore::open(Path::new(DIR), Arc::new(Recording::new())).unwrap();
+        assert_eq!(again.load(&id).unwrap(), None, "another node's files are not this one's");
+        let reopened = StateStore::open(Path::new(DIR), rec.clone()).unwrap();
+        assert_eq!(reopened.load(&id).unwrap(), Some(s.clone()));
+        assert_eq!(store.list().unwrap().len(), 1);
         store.remove(&id).unwrap();
         store.remove(&id).unwrap();
         assert_eq!(store.load(&id).unwrap(), None);
+        assert!(!rec.exists(&path));
     }
 
     #[test]
     fn kept_secrets_are_private_and_go_with_the_volume() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = StateStore::open(dir.path()).unwrap();
+        let (rec, store) = store();
         assert!(store.load_secrets("v").unwrap().is_empty());
         let kept: BTreeMap<String, String> = [("jwtSigningKey".to_string(), "s3cr3t-value".to_string())].into();
         store.save_secrets("v", &kept).unwrap();
         assert_eq!(store.load_secrets("v").unwrap(), kept);
-        let file = dir.path().join("secrets").join(format!("{}.json", volume_key("v")));
-        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
-        assert_eq!(std::fs::metadata(file.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+        let file = Path::new(DIR).join("secrets").join(format!("{}.json", volume_key("v")));
+        assert_eq!(rec.mode(&file), Some(0o600));
+        assert_eq!(rec.mode(file.parent().unwrap()), Some(0o700));
         store.save(&state("v")).unwrap();
-        assert!(!std::fs::read_to_string(store.path("v")).unwrap().contains("s3cr3t-value"), "never in the state file");
+        assert!(!text(&rec, &store.path("v")).contains("s3cr3t-value"), "never in the state file");
         store.remove("v").unwrap();
-        assert!(!file.exists(), "removed with the volume");
+        assert!(!rec.exists(&file), "removed with the volume");
         store.save_secrets("v", &BTreeMap::new()).unwrap();
-        assert!(!file.exists(), "nothing is written when the plan references no secret");
+        assert!(!rec.exists(&file), "nothing is written when the plan references no secret");
     }
 
     #[test]
@@ -379,27 +458,34 @@ mod tests {
 
     #[test]
     fn bad_files_are_reported_never_guessed() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = StateStore::open(dir.path()).unwrap();
-        std::fs::write(store.path("torn"), b"{\"version\":1,\"volumeId\":").unwrap();
-        assert!(matches!(store.load("torn").unwrap_err(), StateError::Corrupt { .. }));
+        let (rec, store) = store();
+        rec.add_file(&store.path("torn"), b"{\"version\":1,\"volumeId\":", None);
         let mut future = serde_json::to_value(state("future")).unwrap();
         future["version"] = 2.into();
-        std::fs::write(store.path("future"), future.to_string()).unwrap();
-        let err = store.load("future").unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            format!("{} has schema version 2; this daemon reads version 1", store.path("future").display())
-        );
-        std::fs::write(store.path("moved"), serde_json::to_vec(&state("other")).unwrap()).unwrap();
-        assert!(matches!(store.load("moved").unwrap_err(), StateError::WrongVolume { .. }));
+        rec.add_file(&store.path("future"), future.to_string().as_bytes(), None);
+        rec.add_file(&store.path("moved"), &serde_json::to_vec(&state("other")).unwrap(), None);
         let mut unknown = serde_json::to_value(state("x")).unwrap();
         unknown["surprise"] = true.into();
-        std::fs::write(store.path("x"), unknown.to_string()).unwrap();
-        assert!(matches!(store.load("x").unwrap_err(), StateError::Corrupt { .. }));
-        std::fs::write(dir.path().join("volumes/.abc.json.tmp.1"), b"partial").unwrap();
+        rec.add_file(&store.path("x"), unknown.to_string().as_bytes(), None);
+        rec.add_file(&Path::new(DIR).join("volumes/.abc.json.tmp.1"), b"partial", None);
         let listed = store.list().unwrap();
         assert_eq!(listed.len(), 4, "every state file is listed, temporaries skipped");
         assert!(listed.iter().all(|(_, r)| r.is_err()));
+        assert!(matches!(store.load("torn").unwrap_err(), StateError::Unusable { .. }));
+        let err = store.load("future").unwrap_err().to_string();
+        assert!(err.contains("has schema version 2; this daemon reads version 1"), "{err}");
+        assert!(store.load("moved").unwrap_err().to_string().contains("belongs in"));
+        assert!(store.load("x").unwrap_err().to_string().contains("surprise"));
+        assert_eq!(store.keys().unwrap().len(), 4, "unusable files still claim their key");
+        assert_eq!(store.remove_stray_temporaries().unwrap(), 1);
+    }
+
+    #[test]
+    fn records_without_a_capability_still_read() {
+        let (rec, store) = store();
+        let mut old = serde_json::to_value(state("old")).unwrap();
+        old.as_object_mut().unwrap().remove("capability");
+        rec.add_file(&store.path("old"), old.to_string().as_bytes(), None);
+        assert_eq!(store.load("old").unwrap().unwrap().capability, None);
     }
 }

@@ -375,7 +375,7 @@ impl Drop for NodeDirs {
         let mut left = mounts_below(self.root.path());
         left.sort();
         for m in left.iter().rev() {
-            let _ = mounthost::exec::mount::unmount(m, true);
+            let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
         }
         for group in self.cgroups.groups().unwrap_or_default() {
             let _ = self.cgroups.release(&group);

@@ -1,5 +1,6 @@
-//! File writes with modes: atomic replacement and private directories. Every module that
-//! persists something (compiled plugins now, volume state next) writes through here.
+//! File writes with modes for unprivileged callers (the plugin compile cache, socket
+//! directories): atomic replacement and private directories. The host daemon writes through
+//! its executor instead ([`crate::exec::beneath`]).
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Write};

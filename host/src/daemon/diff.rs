@@ -1,0 +1,539 @@
+//! The diff step of the pipeline: a pure function of what an RPC wants ([`Desired`]: the
+//! checked plan's steps, the volume's directories and recorded targets) and one snapshot of
+//! what the node has ([`Observed`]: the mount table read once for the operation, and whether
+//! the volume's recorded process lives), returning the [`Action`]s still missing, in order.
+//!
+//! It walks the steps against a copy of the mount table that it updates with each action it
+//! emits, so a later step sees what an earlier one will have made (a bind of a sub-path of a
+//! FUSE mount about to be restarted, targets re-bound onto a fresh mount).
+//!
+//! A step the kernel already has is skipped (kubelet retries everything). Where something else
+//! is in the way, the mode decides: a stage owns the volume's own directories and replaces
+//! what it finds there (leftovers of a crashed attempt); a publish must not take over a target
+//! that holds something else, and answers with a [`Conflict`] (gRPC ALREADY_EXISTS).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::exec::mountinfo::MountEntry;
+use crate::exec::process::ProcessId;
+use crate::plan::Step;
+use crate::volume::state::Publication;
+
+/// One effect for the executor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Unmount the top mount at this path (lazily if it is busy or its FUSE server is dead).
+    Unmount(PathBuf),
+    /// Create the directory `path` and what is missing between `below` (which must exist) and it.
+    Mkdir { path: PathBuf, below: PathBuf },
+    /// Create a host-owned directory, private (0700).
+    PrivateDir(PathBuf),
+    /// Run a plan step: spawn-fuse, mount or bind.
+    Run(Step),
+    /// Stop a process (SIGTERM, grace, SIGKILL).
+    Stop(ProcessId),
+    /// Kill what is left in the volume's cgroup and remove the group.
+    ReleaseGroup,
+    /// Remove a directory tree (never through a link or into a mount).
+    RemoveTree(PathBuf),
+    /// Remove a file, link or empty directory.
+    RemoveEntry(PathBuf),
+}
+
+/// What the node has, read once per operation.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    /// The mount table.
+    pub mounts: &'a [MountEntry],
+    /// Whether the volume's recorded process is alive.
+    pub process_alive: bool,
+}
+
+/// A directory a plan may act in, and where creating it may start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Root {
+    /// The directory (staging, target, cache, runtime).
+    pub path: PathBuf,
+    /// The deepest directory that must already exist for it to be created (kubelet's for a
+    /// target: its parent).
+    pub below: PathBuf,
+}
+
+/// What an RPC wants the node to look like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Desired {
+    /// NodeStageVolume (and a self-heal restart): the stage plan from scratch at `staging`
+    /// (whatever a dead attempt left goes first), then every recorded target re-bound unless it
+    /// already shows the staged mount.
+    Stage {
+        staging: Root,
+        /// The host's own directories (cache, runtime), created private.
+        host_dirs: Vec<PathBuf>,
+        steps: Vec<Step>,
+        published: BTreeMap<PathBuf, Publication>,
+        process: Option<ProcessId>,
+    },
+    /// NodePublishVolume: the publish plan at `target`; something else there is a conflict.
+    Publish { staging: PathBuf, target: Root, steps: Vec<Step> },
+    /// NodeUnpublishVolume: nothing mounted at `target`, and no `target`.
+    Unpublish { target: PathBuf },
+    /// NodeUnstageVolume, a rolled-back stage, a volume of an earlier boot: the plugin's clean-up
+    /// steps, the process stopped, its cgroup gone, nothing mounted at `staging`, the host's
+    /// directories (and what is mounted below them) removed.
+    Teardown { staging: PathBuf, host_dirs: Vec<PathBuf>, steps: Vec<Step>, process: Option<ProcessId> },
+    /// Host directories no volume claims (start-up): gone, with whatever is mounted below them.
+    Removed { dirs: Vec<PathBuf> },
+}
+
+/// Something else is in the way of a publish.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Conflict {
+    /// The target holds another mount, or this volume with other flags.
+    #[error("{} already holds {what}; unpublish it first", path.display())]
+    Occupied { path: PathBuf, what: String },
+    /// The step kind is not executed by this host version.
+    #[error("{kind} steps are not supported by this host version yet")]
+    Unsupported { kind: &'static str },
+}
+
+/// The mount table as the actions so far will have left it.
+struct Table {
+    mounts: Vec<MountEntry>,
+    fresh: u32,
+}
+
+impl Table {
+    fn at(&self, path: &Path) -> Option<&MountEntry> {
+        self.mounts.iter().rev().find(|m| m.mount_point == path)
+    }
+
+    fn stacked(&self, path: &Path) -> usize {
+        self.mounts.iter().filter(|m| m.mount_point == path).count()
+    }
+
+    /// The mount `path` lies on, and the path's place inside it (as mountinfo's `root` shows a
+    /// bind of it).
+    fn containing(&self, path: &Path) -> Option<(&MountEntry, PathBuf)> {
+        let m = self
+            .mounts
+            .iter()
+            .rev()
+            .filter(|m| path.starts_with(&m.mount_point))
+            .max_by_key(|m| m.mount_point.as_os_str().len())?;
+        let rel = path.strip_prefix(&m.mount_point).expect("filtered by starts_with");
+        Some((m, m.root.join(rel)))
+    }
+
+    /// Unmount everything at `path`.
+    fn clear(&mut self, path: &Path, out: &mut Vec<Action>) {
+        for _ in 0..self.stacked(path) {
+            out.push(Action::Unmount(path.to_path_buf()));
+        }
+        self.mounts.retain(|m| m.mount_point != path);
+    }
+
+    /// Unmount everything strictly below or at `dir`, deepest first.
+    fn clear_below(&mut self, dir: &Path, out: &mut Vec<Action>) {
+        let mut below: Vec<PathBuf> =
+            self.mounts.iter().map(|m| m.mount_point.clone()).filter(|p| p.starts_with(dir)).collect();
+        below.sort();
+        below.dedup();
+        for p in below.iter().rev() {
+            self.clear(p, out);
+        }
+    }
+
+    fn push(&mut self, at: &Path, fstype: &str, source: &str, device: Option<(String, PathBuf)>, readonly: bool) {
+        self.fresh += 1;
+        let (device, root) = device.unwrap_or_else(|| (format!("new:{}", self.fresh), PathBuf::from("/")));
+        self.mounts.push(MountEntry {
+            mount_id: 0,
+            parent_id: 0,
+            device,
+            root,
+            mount_point: at.to_path_buf(),
+            mount_options: if readonly { "ro".into() } else { "rw".into() },
+            fstype: fstype.into(),
+            source: source.into(),
+            super_options: String::new(),
+        });
+    }
+}
+
+/// Whether something in the way is replaced (the volume's own directories) or refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Replace,
+    Refuse,
+}
+
+/// The actions that bring the node from `observed` to `desired`.
+pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Conflict> {
+    let mut t = Table { mounts: observed.mounts.to_vec(), fresh: 0 };
+    let mut out = Vec::new();
+    match desired {
+        Desired::Stage { staging, host_dirs, steps, published, process } => {
+            if let Some(p) = process.filter(|_| observed.process_alive) {
+                out.push(Action::Stop(p));
+            }
+            out.push(Action::ReleaseGroup);
+            t.clear(&staging.path, &mut out);
+            out.push(Action::Mkdir { path: staging.path.clone(), below: staging.below.clone() });
+            out.extend(host_dirs.iter().cloned().map(Action::PrivateDir));
+            let mut roots = vec![staging.clone()];
+            roots.extend(host_dirs.iter().map(|d| Root { path: d.clone(), below: d.clone() }));
+            walk(steps, &roots, Mode::Replace, &mut t, &mut out)?;
+            // Targets still showing the staged mount keep it; the others are bound again.
+            let staged = t.at(&staging.path).map(|m| m.device.clone());
+            for (target, p) in published {
+                if staged.is_some() && t.at(target).map(|m| &m.device) == staged.as_ref() {
+                    continue;
+                }
+                t.clear(target, &mut out);
+                let root = Root { path: target.clone(), below: parent(target) };
+                let roots = [root, staging.clone()];
+                if p.steps.is_empty() {
+                    let bind = Step::Bind {
+                        source: staging.path.clone(),
+                        target: target.clone(),
+                        readonly: p.readonly,
+                        options: Vec::new(),
+                    };
+                    walk(&[bind], &roots, Mode::Replace, &mut t, &mut out)?;
+                } else {
+                    walk(&p.steps, &roots, Mode::Replace, &mut t, &mut out)?;
+                }
+            }
+        }
+        Desired::Publish { staging, target, steps } => {
+            let roots = [target.clone(), Root { path: staging.clone(), below: staging.clone() }];
+            walk(steps, &roots, Mode::Refuse, &mut t, &mut out)?;
+        }
+        Desired::Unpublish { target } => {
+            t.clear(target, &mut out);
+            out.push(Action::RemoveEntry(target.clone()));
+        }
+        Desired::Teardown { staging, host_dirs, steps, process } => {
+            let roots: Vec<Root> =
+                std::iter::once(staging).chain(host_dirs).map(|d| Root { path: d.clone(), below: d.clone() }).collect();
+            walk(steps, &roots, Mode::Replace, &mut t, &mut out)?;
+            if let Some(p) = process.filter(|_| observed.process_alive) {
+                out.push(Action::Stop(p));
+            }
+            out.push(Action::ReleaseGroup);
+            t.clear(staging, &mut out);
+            for d in host_dirs {
+                t.clear_below(d, &mut out);
+                out.push(Action::RemoveTree(d.clone()));
+            }
+        }
+        Desired::Removed { dirs } => {
+            for d in dirs {
+                t.clear_below(d, &mut out);
+                out.push(Action::RemoveTree(d.clone()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn parent(p: &Path) -> PathBuf {
+    p.parent().unwrap_or(p).to_path_buf()
+}
+
+/// Where creating `path` may start: the root it lies in (its own `below` if it is the root).
+fn below(path: &Path, roots: &[Root]) -> PathBuf {
+    roots
+        .iter()
+        .filter(|r| path.starts_with(&r.path))
+        .max_by_key(|r| r.path.as_os_str().len())
+        .map(|r| if r.path == path { r.below.clone() } else { r.path.clone() })
+        .unwrap_or_else(|| parent(path))
+}
+
+fn walk(steps: &[Step], roots: &[Root], mode: Mode, t: &mut Table, out: &mut Vec<Action>) -> Result<(), Conflict> {
+    for step in steps {
+        match step {
+            Step::Mkdir { path } => out.push(Action::Mkdir { path: path.clone(), below: below(path, roots) }),
+            Step::Remove { path } => {
+                t.clear_below(path, out);
+                out.push(Action::RemoveTree(path.clone()));
+            }
+            Step::SpawnFuse { mountpoint, fstype, .. } => {
+                t.clear(mountpoint, out);
+                out.push(Action::Mkdir { path: mountpoint.clone(), below: below(mountpoint, roots) });
+                out.push(Action::Run(step.clone()));
+                t.push(mountpoint, fstype, "", None, false);
+            }
+            Step::Mount { fstype, source, target, readonly, .. } => {
+                if let Some(m) = t.at(target) {
+                    if &m.fstype == fstype && &m.source == source && m.is_readonly() == *readonly {
+                        continue;
+                    }
+                    if mode == Mode::Refuse {
+                        let what = format!("a {} mount of {}", m.fstype, m.source);
+                        return Err(Conflict::Occupied { path: target.clone(), what });
+                    }
+                    t.clear(target, out);
+                }
+                out.push(Action::Mkdir { path: target.clone(), below: below(target, roots) });
+                out.push(Action::Run(step.clone()));
+                t.push(target, fstype, source, None, *readonly);
+            }
+            Step::Bind { source, target, readonly, .. } => {
+                let from = t.containing(source).map(|(m, root)| (m.device.clone(), root, m.fstype.clone()));
+                if let Some(m) = t.at(target) {
+                    let same = from.as_ref().is_some_and(|(dev, root, _)| &m.device == dev && &m.root == root);
+                    if same && m.is_readonly() == *readonly {
+                        continue;
+                    }
+                    if mode == Mode::Refuse {
+                        let what = format!(
+                            "{} ({} {})",
+                            if same { "this volume with other flags" } else { "another mount" },
+                            m.fstype,
+                            if m.is_readonly() { "read-only" } else { "read-write" }
+                        );
+                        return Err(Conflict::Occupied { path: target.clone(), what });
+                    }
+                    t.clear(target, out);
+                }
+                out.push(Action::Mkdir { path: target.clone(), below: below(target, roots) });
+                out.push(Action::Run(step.clone()));
+                let fstype = from.as_ref().map(|f| f.2.clone()).unwrap_or_else(|| "none".into());
+                t.push(target, &fstype, "", from.map(|(d, r, _)| (d, r)), *readonly);
+            }
+            Step::Fetch { .. } | Step::Unpack { .. } | Step::Socket { .. } | Step::Http { .. } => {
+                return Err(Conflict::Unsupported { kind: step.kind() });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use rstest::rstest;
+
+    use super::*;
+
+    const STAGING: &str = "/k/plugins/v/globalmount";
+    const TARGET: &str = "/k/pods/p/mount";
+    const CACHE: &str = "/s/cache/volumes/k";
+    const RUN: &str = "/s/run/k";
+
+    fn p(s: &str) -> PathBuf {
+        PathBuf::from(s)
+    }
+
+    fn mount(at: &str, dev: &str, root: &str, fstype: &str, ro: bool) -> MountEntry {
+        MountEntry {
+            mount_id: 1,
+            parent_id: 1,
+            device: dev.into(),
+            root: root.into(),
+            mount_point: p(at),
+            mount_options: if ro { "ro".into() } else { "rw".into() },
+            fstype: fstype.into(),
+            source: "src".into(),
+            super_options: String::new(),
+        }
+    }
+
+    fn spawn() -> Step {
+        Step::SpawnFuse {
+            program: "weed".into(),
+            executable: p("/bin/weed"),
+            args: vec![],
+            env: vec![],
+            mountpoint: p(STAGING),
+            fstype: "fuse.seaweedfs".into(),
+            ready_timeout_ms: 1000,
+            memory_limit_bytes: None,
+        }
+    }
+
+    fn bind(source: &str, target: &str, readonly: bool) -> Step {
+        Step::Bind { source: p(source), target: p(target), readonly, options: vec![] }
+    }
+
+    fn tmpfs(at: &str, ro: bool) -> Step {
+        Step::Mount { fstype: "tmpfs".into(), source: "src".into(), target: p(at), options: vec![], readonly: ro }
+    }
+
+    fn stage(steps: Vec<Step>, published: &[(&str, bool)], process: Option<ProcessId>) -> Desired {
+        Desired::Stage {
+            staging: Root { path: p(STAGING), below: p("/k/plugins/v") },
+            host_dirs: vec![p(CACHE), p(RUN)],
+            steps,
+            published: published
+                .iter()
+                .map(|(t, ro)| (p(t), Publication { readonly: *ro, steps: vec![bind(STAGING, t, *ro)] }))
+                .collect(),
+            process,
+        }
+    }
+
+    fn publish(steps: Vec<Step>) -> Desired {
+        Desired::Publish { staging: p(STAGING), target: Root { path: p(TARGET), below: p("/k/pods/p") }, steps }
+    }
+
+    const PID: ProcessId = ProcessId { pid: 7, start_time: 1 };
+
+    fn run(d: &Desired, mounts: &[MountEntry], alive: bool) -> Result<Vec<Action>, Conflict> {
+        diff(d, Observed { mounts, process_alive: alive })
+    }
+
+    fn stage_prefix(stop: bool) -> Vec<Action> {
+        let mut v = Vec::new();
+        if stop {
+            v.push(Action::Stop(PID));
+        }
+        v.push(Action::ReleaseGroup);
+        v
+    }
+
+    fn dirs() -> Vec<Action> {
+        vec![
+            Action::Mkdir { path: p(STAGING), below: p("/k/plugins/v") },
+            Action::PrivateDir(p(CACHE)),
+            Action::PrivateDir(p(RUN)),
+        ]
+    }
+
+    fn cat(parts: Vec<Vec<Action>>) -> Vec<Action> {
+        parts.into_iter().flatten().collect()
+    }
+
+    #[rstest]
+    #[case::fresh_fuse_stage(
+        stage(vec![spawn()], &[], None), vec![], false,
+        cat(vec![stage_prefix(false), dirs(), vec![
+            Action::Mkdir { path: p(STAGING), below: p("/k/plugins/v") }, Action::Run(spawn())]]))]
+    #[case::dead_mount_and_live_process_are_replaced(
+        stage(vec![spawn()], &[], Some(PID)), vec![mount(STAGING, "0:9", "/", "fuse.seaweedfs", false)], true,
+        cat(vec![stage_prefix(true), vec![Action::Unmount(p(STAGING))], dirs(), vec![
+            Action::Mkdir { path: p(STAGING), below: p("/k/plugins/v") }, Action::Run(spawn())]]))]
+    #[case::a_dead_process_is_not_stopped(
+        stage(vec![spawn()], &[], Some(PID)), vec![], false,
+        cat(vec![stage_prefix(false), dirs(), vec![
+            Action::Mkdir { path: p(STAGING), below: p("/k/plugins/v") }, Action::Run(spawn())]]))]
+    #[case::stacked_mounts_all_go(
+        stage(vec![tmpfs(STAGING, false)], &[], None),
+        vec![mount(STAGING, "0:9", "/", "tmpfs", false), mount(STAGING, "0:10", "/", "tmpfs", false)], false,
+        cat(vec![stage_prefix(false), vec![Action::Unmount(p(STAGING)), Action::Unmount(p(STAGING))], dirs(), vec![
+            Action::Mkdir { path: p(STAGING), below: p("/k/plugins/v") }, Action::Run(tmpfs(STAGING, false))]]))]
+    #[case::restage_rebinds_targets_left_on_the_dead_mount(
+        stage(vec![spawn()], &[(TARGET, true)], Some(PID)),
+        vec![mount(STAGING, "0:9", "/", "fuse.seaweedfs", false), mount(TARGET, "0:9", "/", "fuse.seaweedfs", true)], false,
+        cat(vec![stage_prefix(false), vec![Action::Unmount(p(STAGING))], dirs(), vec![
+            Action::Mkdir { path: p(STAGING), below: p("/k/plugins/v") }, Action::Run(spawn()),
+            Action::Unmount(p(TARGET)), Action::Mkdir { path: p(TARGET), below: p("/k/pods/p") },
+            Action::Run(bind(STAGING, TARGET, true))]]))]
+    fn stage_table(
+        #[case] desired: Desired,
+        #[case] mounts: Vec<MountEntry>,
+        #[case] alive: bool,
+        #[case] want: Vec<Action>,
+    ) {
+        assert_eq!(run(&desired, &mounts, alive).unwrap(), want);
+    }
+
+    #[rstest]
+    #[case::fresh_target(vec![mount(STAGING, "0:9", "/", "tmpfs", false)],
+        Ok(vec![Action::Mkdir { path: p(TARGET), below: p("/k/pods/p") }, Action::Run(bind(STAGING, TARGET, false))]))]
+    #[case::already_there_is_a_no_op(
+        vec![mount(STAGING, "0:9", "/", "tmpfs", false), mount(TARGET, "0:9", "/", "tmpfs", false)], Ok(vec![]))]
+    #[case::same_volume_other_flags(
+        vec![mount(STAGING, "0:9", "/", "tmpfs", false), mount(TARGET, "0:9", "/", "tmpfs", true)],
+        Err("this volume with other flags"))]
+    #[case::another_mount(
+        vec![mount(STAGING, "0:9", "/", "tmpfs", false), mount(TARGET, "0:3", "/", "ext4", false)],
+        Err("another mount"))]
+    #[case::a_sub_path_of_another_bind_is_not_the_same(
+        vec![mount(STAGING, "0:9", "/", "tmpfs", false), mount(TARGET, "0:9", "/other", "tmpfs", false)],
+        Err("another mount"))]
+    fn publish_table(#[case] mounts: Vec<MountEntry>, #[case] want: Result<Vec<Action>, &str>) {
+        let got = run(&publish(vec![bind(STAGING, TARGET, false)]), &mounts, false);
+        match (got, want) {
+            (Ok(g), Ok(w)) => assert_eq!(g, w),
+            (Err(e), Err(w)) => assert!(e.to_string().contains(w), "{e}"),
+            (g, w) => panic!("got {g:?}, want {w:?}"),
+        }
+    }
+
+    #[test]
+    fn a_sub_path_bind_is_recognised_by_its_mount_root() {
+        let sub = format!("{STAGING}/models/a");
+        let mounts = [mount(STAGING, "0:9", "/", "fuse.x", false), mount(TARGET, "0:9", "/models/a", "fuse.x", true)];
+        assert_eq!(run(&publish(vec![bind(&sub, TARGET, true)]), &mounts, false).unwrap(), vec![]);
+        let want_rw = run(&publish(vec![bind(&sub, TARGET, false)]), &mounts, false).unwrap_err();
+        assert!(want_rw.to_string().contains("other flags"), "{want_rw}");
+    }
+
+    #[test]
+    fn plan_mkdirs_start_below_their_root_and_targets_below_their_parent() {
+        let d = publish(vec![
+            Step::Mkdir { path: p(TARGET) },
+            Step::Mkdir { path: p(&format!("{TARGET}/a/b")) },
+            tmpfs(&format!("{TARGET}/a/b"), true),
+        ]);
+        let got = run(&d, &[], false).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                Action::Mkdir { path: p(TARGET), below: p("/k/pods/p") },
+                Action::Mkdir { path: p(&format!("{TARGET}/a/b")), below: p(TARGET) },
+                Action::Mkdir { path: p(&format!("{TARGET}/a/b")), below: p(TARGET) },
+                Action::Run(tmpfs(&format!("{TARGET}/a/b"), true)),
+            ]
+        );
+    }
+
+    #[test]
+    fn unpublish_unmounts_every_stacked_mount_then_removes_the_target() {
+        let mounts = [mount(TARGET, "0:9", "/", "tmpfs", false), mount(TARGET, "0:9", "/", "tmpfs", true)];
+        let d = Desired::Unpublish { target: p(TARGET) };
+        assert_eq!(
+            run(&d, &mounts, false).unwrap(),
+            vec![Action::Unmount(p(TARGET)), Action::Unmount(p(TARGET)), Action::RemoveEntry(p(TARGET))]
+        );
+        assert_eq!(run(&d, &[], false).unwrap(), vec![Action::RemoveEntry(p(TARGET))], "already gone: remove only");
+    }
+
+    #[test]
+    fn teardown_clears_below_host_dirs_deepest_first() {
+        let mounts = [
+            mount(STAGING, "0:9", "/", "fuse.x", false),
+            mount(&format!("{CACHE}/a"), "0:5", "/", "tmpfs", false),
+            mount(&format!("{CACHE}/a/b"), "0:6", "/", "tmpfs", false),
+        ];
+        let d = Desired::Teardown {
+            staging: p(STAGING),
+            host_dirs: vec![p(CACHE), p(RUN)],
+            steps: vec![Step::Remove { path: p(&format!("{RUN}/sock")) }],
+            process: Some(PID),
+        };
+        assert_eq!(
+            run(&d, &mounts, true).unwrap(),
+            vec![
+                Action::RemoveTree(p(&format!("{RUN}/sock"))),
+                Action::Stop(PID),
+                Action::ReleaseGroup,
+                Action::Unmount(p(STAGING)),
+                Action::Unmount(p(&format!("{CACHE}/a/b"))),
+                Action::Unmount(p(&format!("{CACHE}/a"))),
+                Action::RemoveTree(p(CACHE)),
+                Action::RemoveTree(p(RUN)),
+            ]
+        );
+    }
+
+    #[test]
+    fn steps_this_host_cannot_run_are_refused_before_anything() {
+        let fetch = Step::Fetch { url: "https://r/x".into(), headers: vec![], digest: "sha256:0".into(), size: 1 };
+        let e = run(&publish(vec![fetch]), &[], false).unwrap_err();
+        assert_eq!(e, Conflict::Unsupported { kind: "fetch" });
+    }
+}

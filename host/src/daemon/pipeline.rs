@@ -1,0 +1,276 @@
+//! The driver every node RPC ends in, on one blocking thread: read the node once, diff, record
+//! what must be recorded before the first syscall, apply the actions through the executor,
+//! record the outcome. An RPC describes itself as a [`Job`]; the driver is the same for all.
+//!
+//! Nothing is written before the diff has passed: a conflict (ALREADY_EXISTS) or a step this
+//! host cannot run changes nothing.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use tracing::warn;
+
+use super::Node;
+use super::diff::{self, Action, Conflict, Desired, Observed};
+use crate::error::{Error, ErrorKind};
+use crate::exec::beneath::is_link_refused;
+use crate::exec::process::{ProcessId, Spec};
+use crate::exec::{Fuse, FuseError};
+use crate::plan::{Step, resolve};
+use crate::secrets::Secrets;
+use crate::volume::dirs::volume_key;
+use crate::volume::state::VolumeState;
+
+/// What one RPC asks of the driver.
+pub(super) struct Job {
+    /// The volume.
+    pub id: String,
+    /// What the node must look like afterwards.
+    pub desired: Desired,
+    /// The volume's recorded process (its liveness is part of the snapshot).
+    pub process: Option<ProcessId>,
+    /// Secrets the plan's steps reference.
+    pub secrets: Secrets,
+    /// Recorded before the first action (a stage's `staging` record, an unstage's `unstaging`).
+    pub first: Option<VolumeState>,
+    /// Kept with the volume before the first action, for restarts (a stage's referenced secrets).
+    pub keep_secrets: Option<BTreeMap<String, String>>,
+    /// The record once every action ran.
+    pub then: Box<dyn FnOnce(&Applied) -> Persist + Send>,
+    /// What a failure undoes.
+    pub undo: Undo,
+}
+
+/// What the actions produced.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Applied {
+    /// The FUSE process started, if one was.
+    pub spawned: Option<ProcessId>,
+}
+
+/// The state transition after the actions.
+pub(super) enum Persist {
+    /// Write this record.
+    Save(VolumeState),
+    /// Forget the volume (record and kept secrets).
+    Remove,
+    /// Leave the record as it is.
+    Keep,
+}
+
+/// What a failed job undoes.
+pub(super) enum Undo {
+    /// Nothing: every action is safe to retry as it is (publish, unpublish, unstage).
+    Nothing,
+    /// A stage: tear down what it made; keep the record (with no process) if pods still
+    /// depend on it or the supervisor is restarting it, forget it otherwise.
+    Stage { state: Box<VolumeState>, keep_record: bool },
+}
+
+fn conflict(e: Conflict) -> Error {
+    match e {
+        Conflict::Occupied { .. } => Error::exists(e.to_string()),
+        Conflict::Unsupported { .. } => Error::unimplemented(e.to_string()),
+    }
+}
+
+impl Node {
+    /// Run `job`. Blocking.
+    pub(super) fn run_job(&self, job: Job) -> Result<Applied, Error> {
+        let mounts = self.mounts()?;
+        let process_alive = job.process.is_some_and(|p| self.inner.exec.is_alive(&p));
+        let actions = diff::diff(&job.desired, Observed { mounts: &mounts, process_alive }).map_err(conflict)?;
+        if let Some(first) = &job.first {
+            self.inner.store.save(first)?;
+        }
+        if let Some(keep) = &job.keep_secrets {
+            self.inner.store.save_secrets(&job.id, keep)?;
+        }
+        let mut applied = Applied::default();
+        match self.apply(&job.id, &actions, &job.secrets, &mut applied) {
+            Ok(()) => {
+                match (job.then)(&applied) {
+                    Persist::Save(st) => self.inner.store.save(&st)?,
+                    Persist::Remove => self.inner.store.remove(&job.id)?,
+                    Persist::Keep => {}
+                }
+                Ok(applied)
+            }
+            Err(e) => {
+                if let Undo::Stage { mut state, keep_record } = job.undo {
+                    // What the failed attempt started is torn down with the rest.
+                    state.process = applied.spawned.or(state.process);
+                    if let Err(undo) = self.teardown(&state, &[]) {
+                        warn!(volume.id = %job.id, error = %undo.message, "rolling back a failed stage");
+                    }
+                    let record = if keep_record {
+                        state.process = None;
+                        self.inner.store.save(&state)
+                    } else {
+                        self.inner.store.remove(&job.id)
+                    };
+                    if let Err(undo) = record {
+                        warn!(volume.id = %job.id, error = %undo, "recording a rolled-back stage");
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Stop the volume's process, kill what is left in its cgroup, clear its staging mount
+    /// (and `targets`), remove the host's directories of the volume. Blocking.
+    pub(super) fn teardown(&self, st: &VolumeState, targets: &[PathBuf]) -> Result<(), Error> {
+        let mut host_dirs: Vec<PathBuf> = self.dirs(&st.volume_id, None, None).host_dirs();
+        if st.ephemeral {
+            host_dirs.push(st.staging_path.parent().unwrap_or(&st.staging_path).to_path_buf());
+        }
+        let mounts = self.mounts()?;
+        let mut actions = Vec::new();
+        for t in targets {
+            actions.extend(
+                diff::diff(
+                    &Desired::Unpublish { target: t.clone() },
+                    Observed { mounts: &mounts, process_alive: false },
+                )
+                .map_err(conflict)?
+                .into_iter()
+                .filter(|a| matches!(a, Action::Unmount(_))),
+            );
+        }
+        let desired =
+            Desired::Teardown { staging: st.staging_path.clone(), host_dirs, steps: Vec::new(), process: st.process };
+        let alive = st.process.is_some_and(|p| self.inner.exec.is_alive(&p));
+        actions.extend(diff::diff(&desired, Observed { mounts: &mounts, process_alive: alive }).map_err(conflict)?);
+        self.apply(&st.volume_id, &actions, &Secrets::default(), &mut Applied::default())
+    }
+
+    /// Remove host directories (and unmount what is below them). Blocking.
+    pub(super) fn remove_host_dirs(&self, dirs: Vec<PathBuf>) -> Result<(), Error> {
+        if dirs.is_empty() {
+            return Ok(());
+        }
+        let mounts = self.mounts()?;
+        let actions = diff::diff(&Desired::Removed { dirs }, Observed { mounts: &mounts, process_alive: false })
+            .map_err(conflict)?;
+        self.apply("", &actions, &Secrets::default(), &mut Applied::default())
+    }
+
+    /// Apply `actions` in order through the executor, noting what was started in `applied`.
+    fn apply(&self, id: &str, actions: &[Action], secrets: &Secrets, applied: &mut Applied) -> Result<(), Error> {
+        let exec = &self.inner.exec;
+        for action in actions {
+            match action {
+                Action::Unmount(path) => self.unmount(path)?,
+                Action::Mkdir { path, below } => exec.mkdir(path, below, 0o750).map_err(|e| io_error(e, path))?,
+                Action::PrivateDir(path) => exec.private_dir(path).map_err(|e| io_error(e, path))?,
+                Action::Run(step) => {
+                    if let Some(pid) = self.run_step(id, step, secrets)? {
+                        applied.spawned = Some(pid);
+                    }
+                }
+                Action::Stop(p) => {
+                    exec.stop(p, self.inner.config.fuse_stop_grace)?;
+                }
+                Action::ReleaseGroup => match exec.release_group(&volume_key(id)) {
+                    Ok(0) => {}
+                    Ok(n) => warn!(volume.id = %id, killed = n, "killed processes left in the volume's cgroup"),
+                    Err(e) => return Err(Error::internal(format!("releasing the cgroup of volume {id}: {e}"))),
+                },
+                Action::RemoveTree(path) => exec.remove_tree(path).map_err(|e| io_error(e, path))?,
+                Action::RemoveEntry(path) => exec.remove_entry(path).map_err(|e| io_error(e, path))?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Unmount the top mount at `path`: lazily when it is busy (a pod holds it) or its FUSE
+    /// server is dead; one already gone is fine.
+    fn unmount(&self, path: &Path) -> Result<(), Error> {
+        match self.inner.exec.unmount(path, false) {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(e.errno, Errno::EBUSY | Errno::ENOTCONN | Errno::EIO) => {
+                warn!(path = %path.display(), errno = %e.errno, "detaching lazily");
+                Ok(self.inner.exec.unmount(path, true)?)
+            }
+            Err(e) if matches!(e.errno, Errno::EINVAL | Errno::ENOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn run_step(&self, id: &str, step: &Step, secrets: &Secrets) -> Result<Option<ProcessId>, Error> {
+        let exec = &self.inner.exec;
+        match step {
+            Step::SpawnFuse {
+                program,
+                executable,
+                args,
+                env,
+                mountpoint,
+                fstype,
+                ready_timeout_ms,
+                memory_limit_bytes,
+            } => {
+                let env: Vec<(String, String)> =
+                    env.iter().map(|e| (e.name.clone(), resolve(&e.value, secrets))).collect();
+                let runtime = self.dirs(id, None, None).runtime.expect("a volume has a runtime dir");
+                let log = runtime.join(format!("{program}.log"));
+                let fuse = Fuse {
+                    spec: Spec { executable, args, env: &env, log: &log },
+                    mountpoint,
+                    fstype,
+                    ready_timeout: std::time::Duration::from_millis(u64::from(*ready_timeout_ms)),
+                    group: &volume_key(id),
+                    memory_limit: *memory_limit_bytes,
+                };
+                let pid = exec.spawn_fuse(&fuse).map_err(|e| fuse_error(e, secrets))?;
+                // The supervisor watches it from the moment the stage is done.
+                self.inner.spawned.notify_one();
+                Ok(Some(pid))
+            }
+            Step::Mount { fstype, source, target, options, readonly } => {
+                exec.mount(fstype, source, target, options, *readonly)?;
+                Ok(None)
+            }
+            Step::Bind { source, target, readonly, options } => {
+                exec.bind(source, target, *readonly, options)?;
+                Ok(None)
+            }
+            other => Err(Error::internal(format!("a {} step reached the executor", other.kind()))),
+        }
+    }
+
+    /// The mount table as the kernel shows it now.
+    pub(super) fn mounts(&self) -> Result<Vec<crate::exec::mountinfo::MountEntry>, Error> {
+        self.inner.exec.mounts().map_err(|e| Error::internal(format!("reading the mount table: {e}")))
+    }
+}
+
+/// An executor error about `path`, classed: a symbolic link on the way or a missing parent is
+/// the caller's (or a pod's) doing, anything else is ours.
+pub(super) fn io_error(e: std::io::Error, path: &Path) -> Error {
+    let message = if e.to_string().contains(&path.display().to_string()) {
+        e.to_string()
+    } else {
+        format!("{}: {e}", path.display())
+    };
+    if is_link_refused(&e) || e.kind() == std::io::ErrorKind::NotFound {
+        Error::precondition(message)
+    } else {
+        Error::internal(message)
+    }
+}
+
+fn fuse_error(e: FuseError, secrets: &Secrets) -> Error {
+    let message = secrets.scrub(&e.to_string());
+    match e {
+        FuseError::Timeout { .. } => Error::new(ErrorKind::DeadlineExceeded, message),
+        FuseError::Exited { .. } => Error::unavailable(message),
+        FuseError::Cgroup(e) if e.kind() == std::io::ErrorKind::Unsupported => Error::precondition(message),
+        FuseError::Io(e) if is_link_refused(&e) || e.kind() == std::io::ErrorKind::NotFound => {
+            Error::precondition(message)
+        }
+        FuseError::Process(_) | FuseError::Io(_) | FuseError::Cgroup(_) => Error::internal(message),
+    }
+}

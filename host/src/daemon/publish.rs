@@ -1,0 +1,218 @@
+//! NodePublishVolume and NodeUnpublishVolume: what differs from the other RPCs.
+//!
+//! Publish (the hot path: one blocking section, one mount-table read, at most one state write,
+//! no plugin-folder scan):
+//! - the volume must be staged at the given staging path (FAILED_PRECONDITION otherwise); an
+//!   ephemeral inline volume is staged here first, by the host itself;
+//! - a SINGLE_NODE_WRITER or SINGLE_NODE_SINGLE_WRITER volume may be published read-write at
+//!   one target only (FAILED_PRECONDITION: "exceeds capabilities");
+//! - the plugin's publish planner plans, the policy checks, the diff skips what the target
+//!   already holds and refuses another mount there, or this volume with other flags
+//!   (ALREADY_EXISTS);
+//! - the target's parent must exist (the CO creates it); the target itself is created.
+//!
+//! Unpublish: nothing mounted at the target and no target afterwards (a target already gone is
+//! OK); the publication is forgotten; an ephemeral volume's last unpublish unstages it.
+
+use std::path::PathBuf;
+
+use super::Node;
+use super::diff::{Desired, Root};
+use super::pipeline::{Job, Persist, Undo};
+use super::stage::StageAsk;
+use crate::error::Error;
+use crate::plan::planned_readonly;
+use crate::plan::policy::Operation;
+use crate::plugin::bindings::types as wit;
+use crate::proto::csi;
+use crate::secrets::Secrets;
+use crate::volume::request;
+use crate::volume::state::{Phase, Publication, VolumeState};
+
+impl Node {
+    /// NodePublishVolume (to completion, see [`Node::detached`]).
+    pub async fn publish(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Error> {
+        self.detached(|n| async move { n.publish_now(req).await }).await
+    }
+
+    async fn publish_now(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Error> {
+        let t0 = std::time::Instant::now();
+        let id = request::volume_id(&req.volume_id)?;
+        let target = self.inner.roots.check("target_path", &req.target_path)?;
+        let capability = request::capability(req.volume_capability.as_ref())?;
+        request::map("volume_context", &req.volume_context)?;
+        request::map("publish_context", &req.publish_context)?;
+        let secrets = request::secrets(&req.secrets)?;
+        let ephemeral = req.volume_context.get(request::EPHEMERAL_KEY).is_some_and(|v| v == "true");
+        let staging = if ephemeral {
+            if !req.staging_target_path.is_empty() {
+                return Err(Error::invalid("an ephemeral inline volume has no staging_target_path"));
+            }
+            self.ephemeral_staging(&id)
+        } else if req.staging_target_path.is_empty() {
+            return Err(Error::precondition(
+                "staging_target_path is required (this driver has STAGE_UNSTAGE_VOLUME): NodeStageVolume first",
+            ));
+        } else {
+            self.inner.roots.check("staging_target_path", &req.staging_target_path)?
+        };
+        if target == staging {
+            return Err(Error::invalid("target_path and staging_target_path are the same path"));
+        }
+        let _guard = self.inner.locks.try_lock(&id)?;
+        let mut state = self.inner.store.load(&id)?;
+        if ephemeral && state.as_ref().is_none_or(|s| s.phase != Phase::Staged) {
+            let ask = StageAsk {
+                id: id.clone(),
+                staging: staging.clone(),
+                staging_below: self.state_dir().to_path_buf(),
+                capability: capability.clone(),
+                context: req.volume_context.clone(),
+                secrets: secrets.clone(),
+                ephemeral: true,
+            };
+            self.stage_locked(ask).await?;
+            state = self.inner.store.load(&id)?;
+        }
+        let Some(state) = state else {
+            return Err(Error::precondition(format!(
+                "volume {id} is not staged on this node; NodeStageVolume must succeed first"
+            )));
+        };
+        if state.staging_path != staging {
+            return Err(Error::precondition(format!(
+                "volume {id} is staged at {}, not at {}",
+                state.staging_path.display(),
+                staging.display()
+            )));
+        }
+        if !state.can_publish() {
+            return Err(Error::precondition(format!(
+                "volume {id} is not staged yet (phase {:?}); retry NodeStageVolume",
+                state.phase
+            )));
+        }
+        let t_load = t0.elapsed();
+        let t1 = std::time::Instant::now();
+        let plugin = self.inner.runtime.resolve(&state.plugin, Some(&state.digest)).await?;
+        let t_resolve = t1.elapsed();
+        let wit_req = wit::PublishRequest {
+            volume_id: id.clone(),
+            context: request::kvs(&request::plugin_attrs(&req.volume_context)),
+            secrets: request::secret_kvs(&secrets),
+            capability: capability.clone(),
+            readonly: req.readonly,
+            recorded: state.plan.attributes.iter().map(|(k, v)| wit::Kv { key: k.clone(), value: v.clone() }).collect(),
+        };
+        let wplan = self.inner.runtime.call(&plugin, &id, wit_req).await?;
+        let dirs = self.dirs(&id, Some(&staging), Some(&target));
+        let plan = self.check(&plugin, Operation::Publish, &dirs, &state.context, &secrets, wplan)?;
+        let t_plan = t1.elapsed();
+        // Compatible with what is recorded? Compare what the plan makes, not the CO's flag.
+        let readonly = planned_readonly(&plan, &target).unwrap_or(req.readonly);
+        if let Some(p) = state.published.get(&target)
+            && p.readonly != readonly
+        {
+            return Err(Error::exists(format!(
+                "volume {id} is already published at {} {}; unpublish it first",
+                target.display(),
+                if p.readonly { "read-only" } else { "read-write" }
+            )));
+        }
+        single_writer(&state, &capability, &target, readonly)?;
+        let publication = Publication { readonly, steps: plan.steps.clone() };
+        let unchanged = state.published.get(&target) == Some(&publication);
+        let below = target.parent().unwrap_or(&target).to_path_buf();
+        let job = Job {
+            id: id.clone(),
+            desired: Desired::Publish { staging, target: Root { path: target.clone(), below }, steps: plan.steps },
+            process: None,
+            secrets,
+            first: None,
+            keep_secrets: None,
+            then: Box::new(move |_| {
+                if unchanged {
+                    return Persist::Keep;
+                }
+                let mut st = state;
+                st.published.insert(target, publication);
+                Persist::Save(st)
+            }),
+            undo: Undo::Nothing,
+        };
+        let t2 = std::time::Instant::now();
+        self.blocking(move |n| n.run_job(job)).await?;
+        tracing::debug!(
+            load_us = t_load.as_micros() as u64,
+            resolve_us = t_resolve.as_micros() as u64,
+            plan_us = t_plan.as_micros() as u64,
+            apply_us = t2.elapsed().as_micros() as u64,
+            "publish timing"
+        );
+        Ok(())
+    }
+
+    /// NodeUnpublishVolume (to completion, see [`Node::detached`]).
+    pub async fn unpublish(&self, req: csi::NodeUnpublishVolumeRequest) -> Result<(), Error> {
+        self.detached(|n| async move { n.unpublish_now(req).await }).await
+    }
+
+    async fn unpublish_now(&self, req: csi::NodeUnpublishVolumeRequest) -> Result<(), Error> {
+        let id = request::volume_id(&req.volume_id)?;
+        let target = self.inner.roots.check("target_path", &req.target_path)?;
+        let _guard = self.inner.locks.try_lock(&id)?;
+        let state = self.inner.store.load(&id)?;
+        let remaining = state.as_ref().map(|s| {
+            let mut s = s.clone();
+            s.published.remove(&target);
+            s
+        });
+        let job = Job {
+            id: id.clone(),
+            desired: Desired::Unpublish { target: target.clone() },
+            process: None,
+            secrets: Secrets::default(),
+            first: None,
+            keep_secrets: None,
+            then: Box::new(move |_| match state {
+                Some(mut st) => match st.published.remove(&target) {
+                    Some(_) => Persist::Save(st),
+                    None => Persist::Keep,
+                },
+                None => Persist::Keep,
+            }),
+            undo: Undo::Nothing,
+        };
+        self.blocking(move |n| n.run_job(job)).await?;
+        if let Some(st) = remaining.filter(|s| s.ephemeral && s.published.is_empty()) {
+            self.unstage_locked(&id, &st.staging_path).await?;
+        }
+        Ok(())
+    }
+}
+
+/// SINGLE_NODE_WRITER and SINGLE_NODE_SINGLE_WRITER: "can only be published once as read/write
+/// on a single node, at any given time". A second target is refused when either it or one
+/// already there is read-write.
+fn single_writer(
+    state: &VolumeState,
+    capability: &wit::VolumeCapability,
+    target: &PathBuf,
+    readonly: bool,
+) -> Result<(), Error> {
+    use wit::AccessMode as M;
+    if !matches!(capability.access_mode, M::SingleNodeWriter | M::SingleNodeSingleWriter) {
+        return Ok(());
+    }
+    let others: Vec<_> = state.published.iter().filter(|(t, _)| *t != target).collect();
+    let writer = !readonly || others.iter().any(|(_, p)| !p.readonly);
+    match others.first() {
+        Some((other, _)) if writer => Err(Error::precondition(format!(
+            "volume {} has access mode {} and is already published at {}; it can be published read-write at one target only",
+            state.volume_id,
+            request::access_mode_name(capability.access_mode),
+            other.display()
+        ))),
+        _ => Ok(()),
+    }
+}

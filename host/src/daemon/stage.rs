@@ -1,0 +1,226 @@
+//! NodeStageVolume: what differs from the other RPCs.
+//!
+//! - A volume already staged here, healthy, with the same context and a compatible capability:
+//!   OK, nothing done. With a different context or an incompatible capability: ALREADY_EXISTS
+//!   (CSI: "volume_id has already been staged ... but is incompatible"). At another staging
+//!   path: FAILED_PRECONDITION.
+//! - Otherwise the plugin's stage planner plans, the policy checks, and the pipeline makes it
+//!   from scratch: the `staging` record (with the plan and the process it replaces) and the
+//!   referenced secrets are written before the first action, `staged` with the new process
+//!   after the last. A failure tears down what the attempt made.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use tracing::{info, warn};
+
+use super::Node;
+use super::diff::{Desired, Root};
+use super::pipeline::{Job, Persist, Undo};
+use crate::error::Error;
+use crate::plan::policy::Operation;
+use crate::plan::secret_refs;
+use crate::plugin::bindings::types as wit;
+use crate::proto::csi;
+use crate::secrets::Secrets;
+use crate::volume::request;
+use crate::volume::state::{Phase, SCHEMA_VERSION, StagedCapability, VolumeState};
+
+/// A stage as the pipeline sees it after validation.
+pub(super) struct StageAsk {
+    pub id: String,
+    pub staging: PathBuf,
+    /// Where creating the staging directory may start (kubelet creates its parent; the host
+    /// creates an ephemeral volume's whole directory).
+    pub staging_below: PathBuf,
+    pub capability: wit::VolumeCapability,
+    pub context: HashMap<String, String>,
+    pub secrets: Secrets,
+    pub ephemeral: bool,
+}
+
+/// The recorded form of a capability.
+pub(super) fn staged_capability(c: &wit::VolumeCapability) -> StagedCapability {
+    let mut mount_flags = c.mount_flags.clone();
+    mount_flags.sort();
+    StagedCapability {
+        access_mode: request::access_mode_name(c.access_mode).into(),
+        fs_type: c.fs_type.clone(),
+        mount_flags,
+    }
+}
+
+impl Node {
+    /// NodeStageVolume (to completion, see [`Node::detached`]).
+    pub async fn stage(&self, req: csi::NodeStageVolumeRequest) -> Result<(), Error> {
+        self.detached(|n| async move { n.stage_now(req).await }).await
+    }
+
+    async fn stage_now(&self, req: csi::NodeStageVolumeRequest) -> Result<(), Error> {
+        let id = request::volume_id(&req.volume_id)?;
+        let staging = self.inner.roots.check("staging_target_path", &req.staging_target_path)?;
+        let capability = request::capability(req.volume_capability.as_ref())?;
+        request::map("volume_context", &req.volume_context)?;
+        request::map("publish_context", &req.publish_context)?;
+        let secrets = request::secrets(&req.secrets)?;
+        let _guard = self.inner.locks.try_lock(&id)?;
+        let staging_below = staging.parent().unwrap_or(&staging).to_path_buf();
+        let ask =
+            StageAsk { id, staging, staging_below, capability, context: req.volume_context, secrets, ephemeral: false };
+        self.stage_locked(ask).await
+    }
+
+    /// Stage under the volume's lock (also the first publish of an ephemeral volume).
+    pub(super) async fn stage_locked(&self, ask: StageAsk) -> Result<(), Error> {
+        let existing = self.inner.store.load(&ask.id)?;
+        if let Some(st) = &existing {
+            if st.staging_path != ask.staging {
+                return Err(Error::precondition(format!(
+                    "volume {} is already staged at {}, not {}",
+                    ask.id,
+                    st.staging_path.display(),
+                    ask.staging.display()
+                )));
+            }
+            self.compatible(st, &ask)?;
+            if st.phase == Phase::Staged {
+                let st2 = st.clone();
+                let health = self.blocking(move |n| Ok(n.health(&st2))).await?;
+                if health.healthy {
+                    return Ok(());
+                }
+                warn!(volume.id = %ask.id, condition = %health.condition, "restaging an unhealthy volume");
+            }
+        }
+        let name = match &existing {
+            Some(st) => st.plugin.clone(),
+            None => request::plugin_name(&ask.id, &ask.context)?,
+        };
+        let digest = match &existing {
+            Some(st) => Some(st.digest.clone()),
+            None => ask.context.get(request::DIGEST_KEY).cloned(),
+        };
+        let plugin = self.inner.runtime.resolve(&name, digest.as_deref()).await?;
+        let attrs = request::plugin_attrs(&ask.context);
+        let wit_req = wit::StageRequest {
+            volume_id: ask.id.clone(),
+            context: request::kvs(&attrs),
+            secrets: request::secret_kvs(&ask.secrets),
+            capability: ask.capability.clone(),
+            ephemeral: ask.ephemeral,
+        };
+        let wplan = self.inner.runtime.call(&plugin, &ask.id, wit_req).await?;
+        let dirs = self.dirs(&ask.id, Some(&ask.staging), None);
+        let plan = self.check(&plugin, Operation::Stage, &dirs, &attrs, &ask.secrets, wplan)?;
+        let state = VolumeState {
+            version: SCHEMA_VERSION,
+            volume_id: ask.id.clone(),
+            plugin: plugin.info.name.clone(),
+            digest: plugin.digest.to_string(),
+            boot_id: self.inner.boot_id.clone(),
+            phase: Phase::Staging,
+            staging_path: ask.staging.clone(),
+            context: attrs,
+            plan,
+            process: existing.as_ref().and_then(|s| s.process),
+            restarts: existing.as_ref().map(|s| s.restarts).unwrap_or(0),
+            oom_kills: existing.as_ref().map(|s| s.oom_kills).unwrap_or(0),
+            capability: Some(staged_capability(&ask.capability)),
+            published: existing.map(|s| s.published).unwrap_or_default(),
+            ephemeral: ask.ephemeral,
+        };
+        let job = self.stage_job(state, ask.staging_below, ask.secrets, false);
+        self.blocking(move |n| n.run_job(job)).await?;
+        self.inner.backoff.clear(&ask.id);
+        info!(volume.id = %ask.id, plugin = %name, staging = %ask.staging.display(), "staged");
+        Ok(())
+    }
+
+    /// A restage must ask for what is staged: the same plugin (and pinned digest), the same
+    /// volume context, a compatible capability.
+    fn compatible(&self, st: &VolumeState, ask: &StageAsk) -> Result<(), Error> {
+        let refuse = |what: String| {
+            Err(Error::exists(format!(
+                "volume {} is already staged at {} with {what}; unstage it first",
+                ask.id,
+                st.staging_path.display()
+            )))
+        };
+        if let Some(p) = ask.context.get(request::PLUGIN_KEY)
+            && *p != st.plugin
+        {
+            return refuse(format!("plugin {}, not {p}", st.plugin));
+        }
+        if let Some(d) = ask.context.get(request::DIGEST_KEY)
+            && *d != st.digest
+        {
+            return refuse(format!("plugin digest {}, not {d}", st.digest));
+        }
+        let attrs = request::plugin_attrs(&ask.context);
+        if attrs != st.context {
+            let differ: Vec<&String> = attrs
+                .keys()
+                .chain(st.context.keys())
+                .filter(|k| attrs.get(*k) != st.context.get(*k))
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let keys: Vec<&str> = differ.iter().map(|k| k.as_str()).collect();
+            return refuse(format!("another volume context (differs in {})", keys.join(", ")));
+        }
+        if let Some(c) = &st.capability {
+            let asked = staged_capability(&ask.capability);
+            if *c != asked {
+                return refuse(format!(
+                    "capability {} fs_type {:?} mount flags {:?}, not {} {:?} {:?}",
+                    c.access_mode, c.fs_type, c.mount_flags, asked.access_mode, asked.fs_type, asked.mount_flags
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The job that stages `state` (a `staging` record with its plan) from scratch: kubelet's
+    /// stage, and the supervisor's restart (`healing`: the record is kept on failure).
+    pub(super) fn stage_job(&self, state: VolumeState, staging_below: PathBuf, secrets: Secrets, healing: bool) -> Job {
+        let dirs = self.dirs(&state.volume_id, None, None);
+        // Only the secrets the plan references, so a crashed FUSE process can be restarted.
+        let kept: BTreeMap<String, String> =
+            secret_refs(&state.plan).into_iter().filter_map(|k| secrets.get(&k).map(|v| (k, v.to_string()))).collect();
+        let desired = Desired::Stage {
+            staging: Root { path: state.staging_path.clone(), below: staging_below },
+            host_dirs: dirs.host_dirs(),
+            steps: state.plan.steps.clone(),
+            published: state.published.clone(),
+            process: state.process,
+        };
+        let keep_record = healing || !state.published.is_empty();
+        let done = state.clone();
+        Job {
+            id: state.volume_id.clone(),
+            desired,
+            process: state.process,
+            secrets,
+            first: Some(state.clone()),
+            keep_secrets: Some(kept),
+            then: Box::new(move |applied| {
+                let mut st = done;
+                st.phase = Phase::Staged;
+                // The old process was stopped; the plan's own is the one that runs now (if any).
+                st.process = applied.spawned;
+                Persist::Save(st)
+            }),
+            undo: Undo::Stage { state: Box::new(state), keep_record },
+        }
+    }
+
+    /// Where an ephemeral volume is staged: `<state>/ephemeral/<key>/mount`.
+    pub(super) fn ephemeral_staging(&self, id: &str) -> PathBuf {
+        self.inner.config.state_dir.join("ephemeral").join(crate::volume::dirs::volume_key(id)).join("mount")
+    }
+
+    /// Where creating an ephemeral volume's directories may start.
+    pub(super) fn state_dir(&self) -> &Path {
+        &self.inner.config.state_dir
+    }
+}

@@ -1,0 +1,138 @@
+//! NodeUnstageVolume: what differs from the other RPCs.
+//!
+//! - Nothing recorded: whatever is still mounted at the staging path is cleared (and anything
+//!   left in the volume's cgroup killed); OK.
+//! - Staged elsewhere: FAILED_PRECONDITION. Still published (targets that kubelet has not
+//!   unmounted yet): FAILED_PRECONDITION naming them; targets kubelet already removed are
+//!   forgotten first.
+//! - Otherwise the plugin's unstage planner adds its clean-up steps (unstage works even if the
+//!   plugin no longer loads or its planner fails), `unstaging` is recorded before the first
+//!   action, and the volume is forgotten after the last.
+
+use std::path::Path;
+
+use tracing::{info, warn};
+
+use super::Node;
+use super::diff::Desired;
+use super::pipeline::{Job, Persist, Undo};
+use crate::error::Error;
+use crate::exec::mountinfo;
+use crate::plan::policy::Operation;
+use crate::plugin::bindings::types as wit;
+use crate::proto::csi;
+use crate::secrets::Secrets;
+use crate::volume::request;
+use crate::volume::state::Phase;
+
+impl Node {
+    /// NodeUnstageVolume (to completion, see [`Node::detached`]).
+    pub async fn unstage(&self, req: csi::NodeUnstageVolumeRequest) -> Result<(), Error> {
+        self.detached(|n| async move { n.unstage_now(req).await }).await
+    }
+
+    async fn unstage_now(&self, req: csi::NodeUnstageVolumeRequest) -> Result<(), Error> {
+        let id = request::volume_id(&req.volume_id)?;
+        let staging = self.inner.roots.check("staging_target_path", &req.staging_target_path)?;
+        let _guard = self.inner.locks.try_lock(&id)?;
+        self.unstage_locked(&id, &staging).await
+    }
+
+    /// Unstage under the volume's lock (also an ephemeral volume's last unpublish).
+    pub(super) async fn unstage_locked(&self, id: &str, staging: &Path) -> Result<(), Error> {
+        let Some(st) = self.inner.store.load(id)? else {
+            let job = Job {
+                id: id.to_string(),
+                desired: Desired::Teardown {
+                    staging: staging.to_path_buf(),
+                    host_dirs: Vec::new(),
+                    steps: Vec::new(),
+                    process: None,
+                },
+                process: None,
+                secrets: Secrets::default(),
+                first: None,
+                keep_secrets: None,
+                then: Box::new(|_| Persist::Keep),
+                undo: Undo::Nothing,
+            };
+            self.blocking(move |n| n.run_job(job)).await?;
+            return Ok(());
+        };
+        if st.staging_path != staging {
+            return Err(Error::precondition(format!(
+                "volume {id} is staged at {}, not {}",
+                st.staging_path.display(),
+                staging.display()
+            )));
+        }
+        // Targets kubelet unmounted and removed itself (or a reboot took) are forgotten.
+        let st = self
+            .blocking(move |n| {
+                let mounts = n.mounts()?;
+                let mut st = st;
+                let before = st.published.len();
+                st.published.retain(|t, _| mountinfo::at(&mounts, t).is_some());
+                if st.published.len() != before {
+                    n.inner.store.save(&st)?;
+                }
+                Ok(st)
+            })
+            .await?;
+        if !st.can_unstage() {
+            let targets: Vec<_> = st.published.keys().map(|p| p.display().to_string()).collect();
+            return Err(Error::precondition(format!(
+                "volume {id} is still published at {}; NodeUnpublishVolume first",
+                targets.join(", ")
+            )));
+        }
+        let dirs = self.dirs(id, Some(&st.staging_path), None);
+        let steps = match self.inner.runtime.resolve(&st.plugin, Some(&st.digest)).await {
+            Ok(plugin) => {
+                let req = wit::UnstageRequest {
+                    volume_id: id.to_string(),
+                    context: request::kvs(&st.context),
+                    recorded: st
+                        .plan
+                        .attributes
+                        .iter()
+                        .map(|(k, v)| wit::Kv { key: k.clone(), value: v.clone() })
+                        .collect(),
+                };
+                match self.inner.runtime.call(&plugin, id, req).await {
+                    Ok(wplan) => {
+                        self.check(&plugin, Operation::Unstage, &dirs, &st.context, &Secrets::default(), wplan)?.steps
+                    }
+                    Err(e) => {
+                        warn!(volume.id = %id, error = %e, "the plugin's unstage planner failed; the host tears down alone");
+                        Vec::new()
+                    }
+                }
+            }
+            Err(e) => {
+                warn!(volume.id = %id, error = %e, "the volume's plugin does not load; the host tears down alone");
+                Vec::new()
+            }
+        };
+        let mut host_dirs = dirs.host_dirs();
+        if st.ephemeral {
+            host_dirs.push(st.staging_path.parent().unwrap_or(&st.staging_path).to_path_buf());
+        }
+        let mut first = st.clone();
+        first.phase = Phase::Unstaging;
+        let job = Job {
+            id: id.to_string(),
+            desired: Desired::Teardown { staging: st.staging_path.clone(), host_dirs, steps, process: st.process },
+            process: st.process,
+            secrets: Secrets::default(),
+            first: Some(first),
+            keep_secrets: None,
+            then: Box::new(|_| Persist::Remove),
+            undo: Undo::Nothing,
+        };
+        self.blocking(move |n| n.run_job(job)).await?;
+        self.inner.backoff.clear(id);
+        info!(volume.id = %id, "unstaged");
+        Ok(())
+    }
+}

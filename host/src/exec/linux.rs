@@ -1,0 +1,232 @@
+//! [`Linux`]: the [`Executor`] that acts on the real node. Every path below the anchors goes
+//! through [`Anchors`] (symlink-proof), every mount through [`super::mount`], every process
+//! through [`super::process`], every cgroup through [`Cgroups`].
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use rustix::fs::OFlags;
+
+use super::beneath::{Anchors, Entry};
+use super::cgroup::Cgroups;
+use super::executor::{Boot, Executor, Exit, Files, Fuse, FuseError, Groups, Mounts, Processes, Usage, log_tail};
+use super::mount::{self, Api, MountError, Opt};
+use super::mountinfo::{self, MountEntry};
+use super::process::{self, ProcessError, ProcessId, Stopped};
+use crate::plan::MountOption;
+
+/// The real thing.
+#[derive(Debug, Clone)]
+pub struct Linux {
+    cgroups: Cgroups,
+    anchors: Anchors,
+    api: Api,
+}
+
+impl Linux {
+    /// FUSE processes go into groups below `cgroups`' parent; every path must lie below one
+    /// of `anchors` (absolute and canonical: kubelet's directory and the state directory).
+    pub fn new(cgroups: Cgroups, anchors: impl IntoIterator<Item = PathBuf>) -> Self {
+        Linux { cgroups, anchors: Anchors::new(anchors), api: Api::New }
+    }
+
+    /// Use only what kernels before 5.2 (mount API) and 5.6 (`openat2`) offer, as a node with
+    /// such a kernel would (for tests of the fallbacks).
+    pub fn legacy(mut self) -> Self {
+        self.anchors = self.anchors.with_walk();
+        self.api = Api::Legacy;
+        self
+    }
+
+    /// The anchors.
+    pub fn anchors(&self) -> &Anchors {
+        &self.anchors
+    }
+}
+
+impl Files for Linux {
+    fn mkdir(&self, path: &Path, below: &Path, mode: u32) -> io::Result<()> {
+        self.anchors.mkdir(path, below, mode)
+    }
+
+    fn private_dir(&self, path: &Path) -> io::Result<()> {
+        self.anchors.private_dir(path)
+    }
+
+    fn remove_tree(&self, path: &Path) -> io::Result<()> {
+        self.anchors.remove_tree(path)
+    }
+
+    fn remove_entry(&self, path: &Path) -> io::Result<()> {
+        self.anchors.remove_entry(path)
+    }
+
+    fn write_file(&self, path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+        self.anchors.write_atomic(path, bytes, mode, false)
+    }
+
+    fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        self.anchors.read(path)
+    }
+
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<Entry>> {
+        self.anchors.list(path)
+    }
+
+    fn modified(&self, path: &Path) -> io::Result<SystemTime> {
+        self.anchors.modified(path)
+    }
+}
+
+impl Mounts for Linux {
+    fn mounts(&self) -> io::Result<Vec<MountEntry>> {
+        mountinfo::read()
+    }
+
+    fn mount(
+        &self,
+        fstype: &str,
+        source: &str,
+        target: &Path,
+        options: &[MountOption],
+        readonly: bool,
+    ) -> Result<(), MountError> {
+        let options: Vec<Opt<'_>> = options
+            .iter()
+            .map(|o| match o {
+                MountOption::Text(t) => Opt::Text(t),
+                MountOption::Path { prefix, path } => Opt::Path { prefix, path },
+            })
+            .collect();
+        mount::mount(&self.anchors, fstype, source, target, &options, readonly)
+    }
+
+    fn bind(&self, source: &Path, target: &Path, readonly: bool, flags: &[String]) -> Result<(), MountError> {
+        mount::bind(&self.anchors, self.api, source, target, readonly, flags)
+    }
+
+    fn unmount(&self, target: &Path, lazy: bool) -> Result<(), MountError> {
+        mount::unmount(&self.anchors, target, lazy)
+    }
+
+    fn usage(&self, path: &Path) -> io::Result<Usage> {
+        let fd = self.anchors.open(path, OFlags::PATH)?;
+        let s = rustix::fs::fstatvfs(&fd)?;
+        let frsize = s.f_frsize;
+        let total = s.f_blocks * frsize;
+        let free = s.f_bfree * frsize;
+        let avail = s.f_bavail * frsize;
+        Ok(Usage {
+            total_bytes: total,
+            available_bytes: avail,
+            used_bytes: total.saturating_sub(free),
+            total_inodes: s.f_files,
+            free_inodes: s.f_ffree,
+            used_inodes: s.f_files.saturating_sub(s.f_ffree),
+        })
+    }
+}
+
+impl Processes for Linux {
+    fn spawn_fuse(&self, fuse: &Fuse<'_>) -> Result<ProcessId, FuseError> {
+        let log = self
+            .anchors
+            .append(fuse.spec.log, 0o600)
+            .map_err(|source| FuseError::Process(ProcessError::Log { path: fuse.spec.log.to_path_buf(), source }))?;
+        let group = self.cgroups.prepare(fuse.group, fuse.memory_limit).map_err(FuseError::Cgroup)?;
+        let id = process::spawn_logged(&fuse.spec, log, group.as_ref());
+        drop(group);
+        let id = match id {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = self.cgroups.release(fuse.group);
+                return Err(e.into());
+            }
+        };
+        let started = Instant::now();
+        let program = fuse.spec.executable.to_path_buf();
+        let mountpoint = fuse.mountpoint.to_path_buf();
+        loop {
+            let mounts = self.mounts()?;
+            // Ready: mounted with the planned fstype, and its root answers (a stat through a
+            // descriptor resolved below the anchor).
+            if mountinfo::at(&mounts, fuse.mountpoint).is_some_and(|m| m.fstype == fuse.fstype)
+                && self.anchors.open(fuse.mountpoint, OFlags::PATH).and_then(|fd| Ok(rustix::fs::fstat(&fd)?)).is_ok()
+            {
+                return Ok(id);
+            }
+            if !process::is_alive(&id) {
+                let _ = process::stop(&id, Duration::ZERO);
+                let oom = match (self.cgroups.oom_kills(fuse.group), fuse.memory_limit) {
+                    (Some(n), Some(limit)) if n > 0 => {
+                        format!(" (killed by the OOM killer at its memory limit of {limit} bytes)")
+                    }
+                    _ => String::new(),
+                };
+                let _ = self.cgroups.release(fuse.group);
+                return Err(FuseError::Exited { program, mountpoint, oom, log_tail: log_tail(fuse.spec.log) });
+            }
+            if started.elapsed() >= fuse.ready_timeout {
+                let _ = process::stop(&id, Duration::from_secs(2));
+                let _ = self.cgroups.release(fuse.group);
+                return Err(FuseError::Timeout {
+                    program,
+                    mountpoint,
+                    timeout: fuse.ready_timeout,
+                    log_tail: log_tail(fuse.spec.log),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn is_alive(&self, id: &ProcessId) -> bool {
+        process::is_alive(id)
+    }
+
+    fn stop(&self, id: &ProcessId, grace: Duration) -> Result<Stopped, ProcessError> {
+        process::stop(id, grace)
+    }
+
+    fn executable(&self, id: &ProcessId) -> Option<PathBuf> {
+        process::executable(id)
+    }
+
+    fn reap(&self) -> usize {
+        process::reap_exited_children()
+    }
+
+    fn watch(&self, id: &ProcessId) -> io::Result<Exit> {
+        Ok(Box::pin(process::exited(id)?))
+    }
+}
+
+impl Groups for Linux {
+    fn release_group(&self, group: &str) -> io::Result<usize> {
+        self.cgroups.release(group)
+    }
+
+    fn groups(&self) -> io::Result<Vec<String>> {
+        self.cgroups.groups()
+    }
+
+    fn oom_kills(&self, group: &str) -> Option<u64> {
+        self.cgroups.oom_kills(group)
+    }
+}
+
+impl Executor for Linux {
+    fn boot(&self) -> io::Result<Boot> {
+        let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?.trim().to_string();
+        let btime = std::fs::read_to_string("/proc/stat")?
+            .lines()
+            .find_map(|l| l.strip_prefix("btime ").and_then(|v| v.trim().parse::<u64>().ok()))
+            .ok_or_else(|| io::Error::other("no btime in /proc/stat"))?;
+        Ok(Boot { id, started: std::time::UNIX_EPOCH + Duration::from_secs(btime) })
+    }
+
+    fn listen(&self, path: &Path) -> io::Result<tokio::net::UnixListener> {
+        crate::unpriv::socket::listen(path)
+    }
+}
