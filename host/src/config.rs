@@ -97,6 +97,21 @@ impl Config {
     }
 }
 
+/// The runtime's defaults: no folder, no cache, stock plugins, files on disk.
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            plugin_dir: None,
+            cache_dir: None,
+            concurrency: 64,
+            default_limits: Limits::default(),
+            limits: BTreeMap::new(),
+            stock: crate::stock::plugins(),
+            files: std::sync::Arc::new(crate::unpriv::plugin_files::Disk::new()),
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config::new(PathBuf::from(DEFAULT_STATE_DIR))

@@ -54,7 +54,15 @@ fn a_process_and_everything_it_forks_live_in_the_group_and_die_with_it() {
     let log = dir.path().join("log");
     // A helper that leaves the session (like a daemonizing FUSE program) is still in the group.
     let id = p.spawn("vol-a", None, "setsid sleep 300 & echo started; exec sleep 300", &log);
-    wait_until("both processes are in the group", || p.cgroups.procs("vol-a").unwrap().len() == 2);
+    // Both in the group, and the helper already in a session of its own (setsid done).
+    let session = |pid: i32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(3)?.parse::<i32>().ok())
+    };
+    wait_until("both processes are in the group, the helper in its own session", || {
+        let members = p.cgroups.procs("vol-a").unwrap();
+        members.len() == 2 && members.iter().any(|m| *m != id.pid && session(*m) == Some(*m))
+    });
     let members = p.cgroups.procs("vol-a").unwrap();
     assert!(members.contains(&id.pid), "{members:?}");
     let own = std::fs::read_to_string(format!("/proc/{}/cgroup", id.pid)).unwrap();

@@ -5,15 +5,15 @@
 //! written atomically into a private (0700) directory, mode 0600.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use tracing::{debug, warn};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use super::digest::Digest;
-use crate::unpriv::artifact;
-use crate::unpriv::files as fs;
+use super::files::PluginFiles;
 
 /// How a component was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,15 +25,16 @@ pub enum Obtained {
 }
 
 /// The compiled-artifact cache (or none: always compile).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ArtifactCache {
     dir: Option<PathBuf>,
+    files: Arc<dyn PluginFiles>,
 }
 
 impl ArtifactCache {
-    /// A cache in `dir`, or no cache.
-    pub fn new(dir: Option<PathBuf>) -> Self {
-        ArtifactCache { dir }
+    /// A cache in `dir` through `files`, or no cache.
+    pub fn new(dir: Option<PathBuf>, files: Arc<dyn PluginFiles>) -> Self {
+        ArtifactCache { dir, files }
     }
 
     /// The cache file for `digest` under this engine, if there is a cache.
@@ -54,26 +55,18 @@ impl ArtifactCache {
         let Some(path) = self.path_for(engine, digest) else {
             return Ok((Component::new(engine, bytes)?, Obtained::Compiled));
         };
-        if path.exists() {
-            match artifact::load_component(engine, &path) {
-                Ok(c) => return Ok((c, Obtained::Cached)),
-                // A stale or foreign file is replaced below, never trusted.
-                Err(e) => warn!(%e, "ignoring cached plugin artifact"),
-            }
+        match self.files.load_compiled(engine, &path) {
+            Some(Ok(c)) => return Ok((c, Obtained::Cached)),
+            // A stale or foreign file is replaced below, never trusted.
+            Some(Err(e)) => warn!(%e, "ignoring cached plugin artifact"),
+            None => {}
         }
         let component = Component::new(engine, bytes)?;
-        if let Err(e) = store(&path, &component) {
+        if let Err(e) = component.serialize().and_then(|b| Ok(self.files.save_compiled(&path, &b)?)) {
             warn!(path = %path.display(), %e, "could not write the compiled plugin cache");
         } else {
             debug!(path = %path.display(), "cached compiled plugin");
         }
         Ok((component, Obtained::Compiled))
     }
-}
-
-fn store(path: &Path, component: &Component) -> wasmtime::Result<()> {
-    let dir = path.parent().expect("cache files live in the cache directory");
-    fs::private_dir(dir)?;
-    fs::write_atomic(path, &component.serialize()?, 0o600)?;
-    Ok(())
 }

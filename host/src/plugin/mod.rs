@@ -12,6 +12,7 @@ pub mod calls;
 pub mod digest;
 pub mod engine;
 pub mod error;
+pub mod files;
 pub mod imports;
 pub mod info;
 pub mod limits;
@@ -44,11 +45,12 @@ pub struct StockPlugin {
     pub wasm: &'static [u8],
 }
 
-/// How the runtime is set up.
-#[derive(Debug, Clone)]
+/// How the runtime is set up. `Default` (in `config.rs`) reads files from disk.
+#[derive(Clone)]
 pub struct RuntimeConfig {
-    /// Folder of `.wasm` plugins, rescanned on every lookup (new or changed files are picked
-    /// up without a restart; a file with the name of a stock plugin overrides it).
+    /// Folder of `.wasm` plugins, rescanned at a lookup by name when it changed (new or changed
+    /// files are picked up without a restart; a file with the name of a stock plugin overrides
+    /// it).
     pub plugin_dir: Option<PathBuf>,
     /// Folder for compiled artifacts (private, 0700), or none to always compile.
     pub cache_dir: Option<PathBuf>,
@@ -60,18 +62,17 @@ pub struct RuntimeConfig {
     pub limits: BTreeMap<String, Limits>,
     /// Plugins compiled into the binary.
     pub stock: Vec<StockPlugin>,
+    /// The runtime's only way to the filesystem: the plugin folder and the compile cache.
+    pub files: std::sync::Arc<dyn files::PluginFiles>,
 }
 
-impl Default for RuntimeConfig {
-    fn default() -> Self {
-        RuntimeConfig {
-            plugin_dir: None,
-            cache_dir: None,
-            concurrency: 64,
-            default_limits: Limits::default(),
-            limits: BTreeMap::new(),
-            stock: crate::stock::plugins(),
-        }
+impl std::fmt::Debug for RuntimeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeConfig")
+            .field("plugin_dir", &self.plugin_dir)
+            .field("cache_dir", &self.cache_dir)
+            .field("concurrency", &self.concurrency)
+            .finish_non_exhaustive()
     }
 }
 
@@ -137,7 +138,7 @@ impl PluginRuntime {
         Ok(PluginRuntime {
             engine,
             linker,
-            cache: cache::ArtifactCache::new(config.cache_dir.clone()),
+            cache: cache::ArtifactCache::new(config.cache_dir.clone(), config.files.clone()),
             permits: Semaphore::new(config.concurrency.max(1) as usize),
             config,
             index: Mutex::new(registry::Index::default()),

@@ -1,13 +1,14 @@
 //! Finding plugins by name (optionally pinned by digest): the folder, then the stock plugins.
 //!
-//! The folder is rescanned on every lookup, which costs a directory read and one `stat` per
-//! file (done inline: cheaper than a hop to the blocking pool): a file whose size, mtime or inode changed is read, hashed and loaded again, so a new
-//! or replaced `.wasm` is used for the next volume without a restart. Every digest ever
-//! loaded stays resolvable by digest for the life of the process, so volumes staged with an
-//! older version keep planning with it.
+//! A lookup by name rescans the folder when it changed since the last scan (the folder is
+//! watched; where it cannot be, every lookup rescans), which costs a directory read and one
+//! `stat` per file: a file whose size, mtime or inode changed is read, hashed and loaded again,
+//! so a new or replaced `.wasm` is used for the next volume without a restart. Every digest
+//! ever loaded stays resolvable by digest for the life of the process, so volumes staged with
+//! an older version keep planning with it, and a lookup pinned to a loaded digest (every call
+//! after a volume's stage) touches no file at all.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -16,6 +17,7 @@ use tracing::{info, warn};
 use super::calls::InfoCall;
 use super::digest::Digest;
 use super::error::PluginError;
+use super::files::Stamp;
 use super::info::{self, PluginInfo};
 use super::{LoadedPlugin, PluginRuntime, bindings, imports};
 
@@ -32,23 +34,6 @@ struct FileEntry {
     loaded: Result<Arc<LoadedPlugin>, String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    len: u64,
-    mtime_ns: i128,
-    ino: u64,
-}
-
-impl Stamp {
-    fn of(meta: &std::fs::Metadata) -> Self {
-        Stamp {
-            len: meta.len(),
-            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
-            ino: meta.ino(),
-        }
-    }
-}
-
 impl PluginRuntime {
     /// The current plugin called `name`, or the one at `digest` when pinned.
     pub async fn resolve(&self, name: &str, digest: Option<&str>) -> Result<Arc<LoadedPlugin>, PluginError> {
@@ -57,6 +42,10 @@ impl PluginRuntime {
             None => None,
         };
         let mut index = self.index.lock().await;
+        // Pinned to a digest already loaded: no file is looked at.
+        if let Some(p) = pinned.as_ref().and_then(|d| index.by_digest.get(d)).filter(|p| p.info.name == name) {
+            return Ok(p.clone());
+        }
         self.rescan(&mut index).await;
         let current = self.current(&mut index, name).await?;
         let Some(pinned) = pinned else {
@@ -94,7 +83,8 @@ impl PluginRuntime {
 
     /// Load one `.wasm` file outside the folder (for `mounthost plugin info FILE`).
     pub async fn load_file(&self, path: &Path) -> Result<Arc<LoadedPlugin>, PluginError> {
-        let bytes = tokio::fs::read(path)
+        let bytes = self
+            .read(path)
             .await
             .map_err(|e| PluginError::Load { origin: path.display().to_string(), reason: e.to_string() })?;
         let mut index = self.index.lock().await;
@@ -137,10 +127,20 @@ impl PluginRuntime {
         Ok(Some(p))
     }
 
-    /// Bring `index.files` in line with the folder.
+    /// A file's bytes, read off the async workers.
+    async fn read(&self, path: &Path) -> std::io::Result<Vec<u8>> {
+        let (files, path) = (self.config.files.clone(), path.to_path_buf());
+        tokio::task::spawn_blocking(move || files.read(&path)).await.map_err(std::io::Error::other)?
+    }
+
+    /// Bring `index.files` in line with the folder, if it changed since the last scan.
     async fn rescan(&self, index: &mut Index) {
         let Some(dir) = &self.config.plugin_dir else { return };
-        let entries = match std::fs::read_dir(dir) {
+        if self.config.files.changed(dir) == Some(false) {
+            return;
+        }
+        // The readdir and stats stay inline: they cost less than a blocking-pool hop.
+        let entries = match self.config.files.scan(dir) {
             Ok(e) => e,
             Err(e) => {
                 if !index.files.is_empty() || e.kind() != std::io::ErrorKind::NotFound {
@@ -151,23 +151,13 @@ impl PluginRuntime {
             }
         };
         let mut seen = BTreeSet::new();
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.extension().is_none_or(|e| e != "wasm") {
-                continue;
-            }
-            let Ok(meta) = std::fs::metadata(&path) else { continue };
-            if !meta.is_file() {
-                continue;
-            }
+        for (path, stamp) in entries {
             seen.insert(path.clone());
-            let stamp = Stamp::of(&meta);
             if index.files.get(&path).is_some_and(|f| f.stamp == stamp) {
                 continue;
             }
-            // A changed file is read in full (hundreds of KiB): off the async workers. The
-            // readdir and stats above stay inline; they cost less than a blocking-pool hop.
-            let loaded = match tokio::fs::read(&path).await {
+            // A changed file is read in full (hundreds of KiB): off the async workers.
+            let loaded = match self.read(&path).await {
                 Ok(bytes) => self.load(index, bytes, path.display().to_string()).await,
                 Err(e) => Err(PluginError::Load { origin: path.display().to_string(), reason: e.to_string() }),
             };

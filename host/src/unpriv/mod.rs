@@ -7,4 +7,5 @@ pub mod artifact;
 pub mod files;
 pub mod grpc;
 pub mod http;
+pub mod plugin_files;
 pub mod socket;
