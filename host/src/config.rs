@@ -13,6 +13,8 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/mounthost";
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
 /// The CSI driver name.
 pub const DRIVER_NAME: &str = "csi.mounthost.dev";
+/// The cgroup (below the hierarchy's root) under which each volume gets a group of its own.
+pub const DEFAULT_CGROUP_PARENT: &str = "mounthost";
 /// Where the stock seaweedfs plugin's `weed` is looked for unless configured.
 pub const DEFAULT_WEED: &str = "/usr/local/bin/weed";
 
@@ -70,7 +72,7 @@ impl Config {
             kubelet_dir: PathBuf::from(DEFAULT_KUBELET_DIR),
             node_id: default_node_id(),
             fuse_stop_grace: std::time::Duration::from_secs(10),
-            cgroup_parent: crate::exec::cgroup::DEFAULT_PARENT.to_string(),
+            cgroup_parent: DEFAULT_CGROUP_PARENT.to_string(),
         }
     }
 
@@ -120,9 +122,5 @@ impl Default for Config {
 
 /// The node's hostname (what Kubernetes uses as node name unless told otherwise).
 pub fn default_node_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".into())
+    crate::unpriv::files::hostname().unwrap_or_else(|| "localhost".into())
 }

@@ -26,7 +26,8 @@ pub enum ErrorKind {
 }
 
 /// An operation's failure: its class and a message a person can act on. Every module's error
-/// converts into this at the pipeline's edge; the daemon turns it into a gRPC status.
+/// converts into this at the pipeline's edge (each module implements `From` for its own error,
+/// so this file depends on none of them); the daemon turns it into a gRPC status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct Error {
@@ -68,35 +69,6 @@ impl Error {
     /// Unimplemented.
     pub fn unimplemented(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Unimplemented, message)
-    }
-}
-
-impl From<crate::plugin::PluginError> for Error {
-    fn from(e: crate::plugin::PluginError) -> Self {
-        let kind = match &e {
-            // A request naming a plugin that does not exist is a bad request.
-            crate::plugin::PluginError::UnknownPlugin { .. } => ErrorKind::InvalidArgument,
-            other => other.kind(),
-        };
-        Error::new(kind, e.to_string())
-    }
-}
-
-impl From<crate::plan::policy::PolicyError> for Error {
-    fn from(e: crate::plan::policy::PolicyError) -> Self {
-        Error::new(e.kind(), e.to_string())
-    }
-}
-
-impl From<crate::volume::Busy> for Error {
-    fn from(e: crate::volume::Busy) -> Self {
-        Error::new(e.kind(), e.to_string())
-    }
-}
-
-impl From<crate::volume::state::StateError> for Error {
-    fn from(e: crate::volume::state::StateError) -> Self {
-        Error::internal(format!("volume state: {e}"))
     }
 }
 

@@ -70,7 +70,7 @@ pub struct GlobalArgs {
     pub fuse_stop_grace_secs: u64,
     /// The cgroup, relative to the hierarchy's root (v2, or v1's memory hierarchy), under which
     /// every volume's FUSE processes get a group of their own.
-    #[arg(long, env = "MOUNTHOST_CGROUP_PARENT", default_value = crate::exec::cgroup::DEFAULT_PARENT, value_parser = parse_cgroup_parent, global = true)]
+    #[arg(long, env = "MOUNTHOST_CGROUP_PARENT", default_value = crate::config::DEFAULT_CGROUP_PARENT, value_parser = parse_cgroup_parent, global = true)]
     pub cgroup_parent: String,
     /// Log filter, e.g. `info` or `info,mounthost=debug`.
     #[arg(long, env = "MOUNTHOST_LOG", default_value = "info", global = true)]

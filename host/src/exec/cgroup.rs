@@ -55,7 +55,7 @@ pub struct Cgroups {
 }
 
 /// The default parent name (below the hierarchy's root).
-pub const DEFAULT_PARENT: &str = "mounthost";
+pub const DEFAULT_PARENT: &str = crate::config::DEFAULT_CGROUP_PARENT;
 
 /// How long leftovers may take to die before removing a group gives up.
 const RELEASE_BOUND: Duration = Duration::from_secs(5);

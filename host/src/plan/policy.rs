@@ -515,5 +515,11 @@ fn list(set: &BTreeSet<String>) -> String {
     if set.is_empty() { "none".into() } else { set.iter().cloned().collect::<Vec<_>>().join(", ") }
 }
 
+impl From<PolicyError> for crate::error::Error {
+    fn from(e: PolicyError) -> Self {
+        crate::error::Error::new(e.kind(), e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -76,3 +76,14 @@ impl PluginError {
         }
     }
 }
+
+impl From<PluginError> for crate::error::Error {
+    fn from(e: PluginError) -> Self {
+        let kind = match &e {
+            // A request naming a plugin that does not exist is a bad request.
+            PluginError::UnknownPlugin { .. } => crate::error::ErrorKind::InvalidArgument,
+            other => other.kind(),
+        };
+        crate::error::Error::new(kind, e.to_string())
+    }
+}

@@ -58,6 +58,11 @@ fn write_replacing(path: &Path, bytes: &[u8], mode: u32, sync: bool) -> io::Resu
     result
 }
 
+/// The kernel's hostname, if it has one.
+pub fn hostname() -> Option<String> {
+    fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).ok().filter(|s| !s.is_empty())
+}
+
 /// What marks a temporary file of [`write_atomic`] and [`replace_atomic`]: `.<name>.tmp.<pid>.<n>`.
 const TMP_MARK: &str = ".tmp.";
 

@@ -63,6 +63,12 @@ impl Drop for VolumeGuard {
     }
 }
 
+impl From<Busy> for crate::error::Error {
+    fn from(e: Busy) -> Self {
+        crate::error::Error::new(e.kind(), e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -346,6 +346,12 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<VolumeState, StateError> {
     serde_json::from_slice(bytes).map_err(|source| StateError::Corrupt { path: path.to_path_buf(), source })
 }
 
+impl From<StateError> for crate::error::Error {
+    fn from(e: StateError) -> Self {
+        crate::error::Error::internal(format!("volume state: {e}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
