@@ -191,7 +191,7 @@ async fn run() {
     let blob = vec![b'x'; 2048];
     for _ in 0..n {
         let started = Instant::now();
-        mounthost::unpriv::files::write_atomic(&root.path().join("floor.json"), &blob, 0o600).unwrap();
+        mounthost::unpriv::private_files::write_atomic(&root.path().join("floor.json"), &blob, 0o600).unwrap();
         floor.push(started.elapsed());
     }
     let p_ours = summary("mounthost NodePublishVolume", ours);

@@ -122,5 +122,5 @@ impl Default for Config {
 
 /// The node's hostname (what Kubernetes uses as node name unless told otherwise).
 pub fn default_node_id() -> String {
-    crate::unpriv::files::hostname().unwrap_or_else(|| "localhost".into())
+    crate::unpriv::private_files::hostname().unwrap_or_else(|| "localhost".into())
 }

@@ -49,7 +49,7 @@ pub async fn stop_signal() {
 /// canonical in `cfg`: below them every path is resolved without following links, so a node
 /// whose `/var/lib/kubelet` is itself a link is resolved here, once.
 fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
-    crate::unpriv::files::private_dir(&cfg.state_dir)?;
+    crate::unpriv::private_files::private_dir(&cfg.state_dir)?;
     std::fs::create_dir_all(&cfg.kubelet_dir)?;
     cfg.state_dir = std::fs::canonicalize(&cfg.state_dir)?;
     cfg.kubelet_dir = std::fs::canonicalize(&cfg.kubelet_dir)?;

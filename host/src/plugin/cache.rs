@@ -13,7 +13,7 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use super::digest::Digest;
-use super::files::PluginFiles;
+use super::file_access::PluginFiles;
 
 /// How a component was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

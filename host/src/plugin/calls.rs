@@ -7,7 +7,7 @@ use wasmtime::Store;
 
 use super::bindings::planner::Guest;
 use super::bindings::types as wit;
-use super::error::BackendError;
+use super::plugin_error::BackendError;
 use super::store::CallState;
 use crate::secrets::Secrets;
 

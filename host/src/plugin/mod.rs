@@ -11,11 +11,11 @@ pub mod cache;
 pub mod calls;
 pub mod digest;
 pub mod engine;
-pub mod error;
-pub mod files;
+pub mod file_access;
 pub mod imports;
 pub mod info;
 pub mod limits;
+pub mod plugin_error;
 pub mod registry;
 pub mod store;
 
@@ -30,10 +30,10 @@ use wasmtime::{Engine, Store, Trap, UpdateDeadline};
 use bindings::PluginPre;
 pub use calls::PlannerCall;
 pub use digest::Digest;
-pub use error::{BackendError, PluginError};
 pub use info::PluginInfo;
 pub use limits::Limits;
 use limits::{DeadlineExceeded, Limiter, MemoryCapExceeded};
+pub use plugin_error::{BackendError, PluginError};
 use store::CallState;
 
 /// A plugin compiled into the binary.
@@ -63,7 +63,7 @@ pub struct RuntimeConfig {
     /// Plugins compiled into the binary.
     pub stock: Vec<StockPlugin>,
     /// The runtime's only way to the filesystem: the plugin folder and the compile cache.
-    pub files: std::sync::Arc<dyn files::PluginFiles>,
+    pub files: std::sync::Arc<dyn file_access::PluginFiles>,
 }
 
 impl std::fmt::Debug for RuntimeConfig {

@@ -16,9 +16,9 @@ use tracing::{info, warn};
 
 use super::calls::InfoCall;
 use super::digest::Digest;
-use super::error::PluginError;
-use super::files::Stamp;
+use super::file_access::Stamp;
 use super::info::{self, PluginInfo};
+use super::plugin_error::PluginError;
 use super::{LoadedPlugin, PluginRuntime, bindings, imports};
 
 /// What the runtime has loaded.

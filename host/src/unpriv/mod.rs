@@ -4,8 +4,8 @@
 //! host daemon does to the node lives in [`crate::exec`] instead.
 
 pub mod artifact;
-pub mod files;
 pub mod grpc;
 pub mod http;
 pub mod plugin_files;
+pub mod private_files;
 pub mod socket;

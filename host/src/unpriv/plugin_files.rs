@@ -14,8 +14,8 @@ use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::{artifact, files};
-use crate::plugin::files::{PluginFiles, Stamp};
+use super::{artifact, private_files};
+use crate::plugin::file_access::{PluginFiles, Stamp};
 
 /// The real filesystem.
 #[derive(Debug, Default)]
@@ -112,8 +112,8 @@ impl PluginFiles for Disk {
 
     fn save_compiled(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         let dir = path.parent().ok_or_else(|| io::Error::other("a cache file has a directory"))?;
-        files::private_dir(dir)?;
-        files::write_atomic(path, bytes, 0o600)
+        private_files::private_dir(dir)?;
+        private_files::write_atomic(path, bytes, 0o600)
     }
 }
 

@@ -20,7 +20,7 @@ pub fn listen(path: &Path) -> io::Result<UnixListener> {
     if let Some(dir) = path.parent()
         && !dir.exists()
     {
-        crate::unpriv::files::private_dir(dir)?;
+        crate::unpriv::private_files::private_dir(dir)?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
@@ -30,7 +30,7 @@ pub fn listen(path: &Path) -> io::Result<UnixListener> {
                     format!("{} is served by a running process; stop it first", path.display()),
                 ));
             }
-            crate::unpriv::files::remove_file(path)?;
+            crate::unpriv::private_files::remove_file(path)?;
         }
         Ok(_) => {
             return Err(io::Error::new(
