@@ -97,10 +97,11 @@ pub enum Conflict {
     Unsupported { kind: &'static str },
 }
 
-/// The mount table as the actions so far will have left it.
+/// The mount table as the actions so far will have left it, and the directories they made.
 struct Table {
     mounts: Vec<MountEntry>,
     fresh: u32,
+    made: std::collections::BTreeSet<PathBuf>,
 }
 
 impl Table {
@@ -170,7 +171,7 @@ enum Mode {
 
 /// The actions that bring the node from `observed` to `desired`.
 pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Conflict> {
-    let mut t = Table { mounts: observed.mounts.to_vec(), fresh: 0 };
+    let mut t = Table { mounts: observed.mounts.to_vec(), fresh: 0, made: Default::default() };
     let mut out = Vec::new();
     match desired {
         Desired::Stage { staging, host_dirs, steps, published, process } => {
@@ -179,7 +180,7 @@ pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Co
             }
             out.push(Action::ReleaseGroup);
             t.clear(&staging.path, &mut out);
-            out.push(Action::Mkdir { path: staging.path.clone(), below: staging.below.clone() });
+            mkdir(&mut t, &staging.path, staging.below.clone(), &mut out);
             out.extend(host_dirs.iter().cloned().map(Action::PrivateDir));
             let mut roots = vec![staging.clone()];
             roots.extend(host_dirs.iter().map(|d| Root { path: d.clone(), below: d.clone() }));
@@ -238,6 +239,13 @@ pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Co
     Ok(out)
 }
 
+/// Create `path` unless an earlier action already did (and nothing was mounted over it since).
+fn mkdir(t: &mut Table, path: &Path, below: PathBuf, out: &mut Vec<Action>) {
+    if t.made.insert(path.to_path_buf()) {
+        out.push(Action::Mkdir { path: path.to_path_buf(), below });
+    }
+}
+
 fn parent(p: &Path) -> PathBuf {
     p.parent().unwrap_or(p).to_path_buf()
 }
@@ -255,14 +263,14 @@ fn below(path: &Path, roots: &[Root]) -> PathBuf {
 fn walk(steps: &[Step], roots: &[Root], mode: Mode, t: &mut Table, out: &mut Vec<Action>) -> Result<(), Conflict> {
     for step in steps {
         match step {
-            Step::Mkdir { path } => out.push(Action::Mkdir { path: path.clone(), below: below(path, roots) }),
+            Step::Mkdir { path } => mkdir(t, path, below(path, roots), out),
             Step::Remove { path } => {
                 t.clear_below(path, out);
                 out.push(Action::RemoveTree(path.clone()));
             }
             Step::SpawnFuse { mountpoint, fstype, .. } => {
                 t.clear(mountpoint, out);
-                out.push(Action::Mkdir { path: mountpoint.clone(), below: below(mountpoint, roots) });
+                mkdir(t, mountpoint, below(mountpoint, roots), out);
                 out.push(Action::Run(step.clone()));
                 t.push(mountpoint, fstype, "", None, false);
             }
@@ -277,7 +285,7 @@ fn walk(steps: &[Step], roots: &[Root], mode: Mode, t: &mut Table, out: &mut Vec
                     }
                     t.clear(target, out);
                 }
-                out.push(Action::Mkdir { path: target.clone(), below: below(target, roots) });
+                mkdir(t, target, below(target, roots), out);
                 out.push(Action::Run(step.clone()));
                 t.push(target, fstype, source, None, *readonly);
             }
@@ -299,7 +307,7 @@ fn walk(steps: &[Step], roots: &[Root], mode: Mode, t: &mut Table, out: &mut Vec
                     }
                     t.clear(target, out);
                 }
-                out.push(Action::Mkdir { path: target.clone(), below: below(target, roots) });
+                mkdir(t, target, below(target, roots), out);
                 out.push(Action::Run(step.clone()));
                 let fstype = from.as_ref().map(|f| f.2.clone()).unwrap_or_else(|| "none".into());
                 t.push(target, &fstype, "", from.map(|(d, r, _)| (d, r)), *readonly);
@@ -409,26 +417,23 @@ mod tests {
     #[rstest]
     #[case::fresh_fuse_stage(
         stage(vec![spawn()], &[], None), vec![], false,
-        cat(vec![stage_prefix(false), dirs(), vec![
-            Action::Mkdir { path: p(STAGING), below: p("/k/plugins/v") }, Action::Run(spawn())]]))]
+        cat(vec![stage_prefix(false), dirs(), vec![Action::Run(spawn())]]))]
     #[case::dead_mount_and_live_process_are_replaced(
         stage(vec![spawn()], &[], Some(PID)), vec![mount(STAGING, "0:9", "/", "fuse.seaweedfs", false)], true,
-        cat(vec![stage_prefix(true), vec![Action::Unmount(p(STAGING))], dirs(), vec![
-            Action::Mkdir { path: p(STAGING), below: p("/k/plugins/v") }, Action::Run(spawn())]]))]
+        cat(vec![stage_prefix(true), vec![Action::Unmount(p(STAGING))], dirs(), vec![Action::Run(spawn())]]))]
     #[case::a_dead_process_is_not_stopped(
         stage(vec![spawn()], &[], Some(PID)), vec![], false,
-        cat(vec![stage_prefix(false), dirs(), vec![
-            Action::Mkdir { path: p(STAGING), below: p("/k/plugins/v") }, Action::Run(spawn())]]))]
+        cat(vec![stage_prefix(false), dirs(), vec![Action::Run(spawn())]]))]
     #[case::stacked_mounts_all_go(
         stage(vec![tmpfs(STAGING, false)], &[], None),
         vec![mount(STAGING, "0:9", "/", "tmpfs", false), mount(STAGING, "0:10", "/", "tmpfs", false)], false,
         cat(vec![stage_prefix(false), vec![Action::Unmount(p(STAGING)), Action::Unmount(p(STAGING))], dirs(), vec![
-            Action::Mkdir { path: p(STAGING), below: p("/k/plugins/v") }, Action::Run(tmpfs(STAGING, false))]]))]
+            Action::Run(tmpfs(STAGING, false))]]))]
     #[case::restage_rebinds_targets_left_on_the_dead_mount(
         stage(vec![spawn()], &[(TARGET, true)], Some(PID)),
         vec![mount(STAGING, "0:9", "/", "fuse.seaweedfs", false), mount(TARGET, "0:9", "/", "fuse.seaweedfs", true)], false,
         cat(vec![stage_prefix(false), vec![Action::Unmount(p(STAGING))], dirs(), vec![
-            Action::Mkdir { path: p(STAGING), below: p("/k/plugins/v") }, Action::Run(spawn()),
+            Action::Run(spawn()),
             Action::Unmount(p(TARGET)), Action::Mkdir { path: p(TARGET), below: p("/k/pods/p") },
             Action::Run(bind(STAGING, TARGET, true))]]))]
     fn stage_table(
@@ -484,7 +489,6 @@ mod tests {
             got,
             vec![
                 Action::Mkdir { path: p(TARGET), below: p("/k/pods/p") },
-                Action::Mkdir { path: p(&format!("{TARGET}/a/b")), below: p(TARGET) },
                 Action::Mkdir { path: p(&format!("{TARGET}/a/b")), below: p(TARGET) },
                 Action::Run(tmpfs(&format!("{TARGET}/a/b"), true)),
             ]

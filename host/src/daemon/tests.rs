@@ -823,3 +823,62 @@ async fn after_giving_up_a_kubelet_restage_puts_the_volume_back_under_supervisio
     e.rec.kill(e.node.store().load(VOL).unwrap().unwrap().process.unwrap().pid);
     assert_eq!(e.node.broken(), vec![VOL.to_string()], "a later crash is restarted again");
 }
+
+#[tokio::test]
+async fn the_recording_sees_every_effect_of_a_volume_s_life_state_and_secrets_included() {
+    let e = Env::new();
+    let key = volume_key(VOL);
+    let state = e.config.state_dir.clone();
+    let (cache, run) = (state.join(format!("cache/volumes/{key}")), state.join(format!("run/{key}")));
+    let (record, kept) = (state.join(format!("volumes/{key}.json")), state.join(format!("secrets/{key}.json")));
+    let a = e.target("pod-a");
+    let mut stage = weed_stage_req(&e);
+    stage.secrets = [("jwtSigningKey".to_string(), "s3cr3t-signing-key".to_string())].into();
+    e.node.stage(stage).await.unwrap();
+    let pid = e.node.store().load(VOL).unwrap().unwrap().process.unwrap().pid;
+    e.node.publish(e.publish_req(&a, true)).await.unwrap();
+    e.node.unpublish(e.unpublish_req(&a)).await.unwrap();
+    e.node.unstage(e.unstage_req()).await.unwrap();
+    let weed = crate::config::DEFAULT_WEED;
+    let staging = e.staging();
+    let d = |p: &Path| p.display().to_string();
+    let calls = e.rec.calls();
+    let spawn = calls.iter().find(|c| c.starts_with("spawn-fuse")).expect("a spawn").clone();
+    assert!(spawn.starts_with(&format!("spawn-fuse {weed} ")) && spawn.ends_with(&format!("-> {}", d(&staging))), "{spawn}");
+    assert!(!calls.iter().any(|c| c.contains("s3cr3t")), "no secret value in any recorded effect: {calls:#?}");
+    let want = vec![
+        // NodeStageVolume: the record and the kept secret before the first syscall.
+        format!("write {}", d(&record)),
+        format!("private-dir {}", d(&state.join("secrets"))),
+        format!("write {}", d(&kept)),
+        format!("mkdir {}", d(&staging)),
+        format!("private-dir {}", d(&cache)),
+        format!("private-dir {}", d(&run)),
+        format!("write {}", d(&run.join("weed.log"))),
+        spawn,
+        format!("write {}", d(&record)),
+        // NodePublishVolume: one bind, one write.
+        format!("mkdir {}", d(&a)),
+        format!("bind {} {} ro", d(&staging), d(&a)),
+        format!("write {}", d(&record)),
+        // NodeUnpublishVolume.
+        format!("unmount {}", d(&a)),
+        format!("remove {}", d(&a)),
+        format!("write {}", d(&record)),
+        // NodeUnstageVolume: `unstaging` first, then the tear-down, then the record and secrets go.
+        format!("write {}", d(&record)),
+        format!("stop {pid}"),
+        format!("release-group {key}"),
+        format!("unmount {}", d(&staging)),
+        format!("remove-tree {}", d(&cache)),
+        format!("remove-tree {}", d(&run)),
+        format!("remove {}", d(&kept)),
+        format!("remove {}", d(&record)),
+    ];
+    assert_eq!(calls, want);
+    // And nothing is left of the volume in the simulated node.
+    for p in [&cache, &run, &record, &kept, &a] {
+        assert!(!e.rec.exists(p), "{} is gone", p.display());
+    }
+    assert!(mount_points(&e.rec).is_empty() && e.rec.groups().unwrap().is_empty());
+}

@@ -490,6 +490,10 @@ impl Mounts for Recording {
 impl Processes for Recording {
     fn spawn_fuse(&self, fuse: &Fuse<'_>) -> Result<ProcessId, FuseError> {
         let mut s = self.sim();
+        // The program's log, opened (created 0600) before the spawn, as the real executor does.
+        let modified = s.tick();
+        s.calls.push(format!("write {}", fuse.spec.log.display()));
+        s.fs.insert(fuse.spec.log.to_path_buf(), Inode::File { bytes: Vec::new(), mode: 0o600, modified });
         s.calls.push(format!(
             "spawn-fuse {} {} -> {}",
             fuse.spec.executable.display(),
@@ -506,10 +510,6 @@ impl Processes for Recording {
         if !s.is_dir(fuse.mountpoint) {
             return Err(FuseError::Io(not_found(fuse.mountpoint)));
         }
-        // The program's log, as the real executor opens it.
-        let modified = s.tick();
-        s.calls.push(format!("write {}", fuse.spec.log.display()));
-        s.fs.insert(fuse.spec.log.to_path_buf(), Inode::File { bytes: Vec::new(), mode: 0o600, modified });
         s.next += 1;
         let pid = 10_000 + s.next as i32;
         s.alive.insert(pid);
