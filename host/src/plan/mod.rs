@@ -7,6 +7,7 @@
 //! and diffed as is.
 
 pub mod policy;
+pub mod url;
 
 use std::path::{Path, PathBuf};
 

@@ -10,7 +10,8 @@
 //!   not this pure check.)
 //! - Environment variable names are validated and the loader's (`LD_*`) refused; secrets may
 //!   appear only as references, and a literal holding a secret's value is refused.
-//! - URLs only to hosts granted by config or by the StorageClass's endpoint parameters.
+//! - URLs only to hosts granted by config or by the StorageClass's endpoint parameters, judged
+//!   by [`super::url`], the same parser the HTTP client builds its requests with.
 //! - Each operation allows only the steps and directories that make sense for it.
 //!
 //! A refused plan is an InvalidArgument-class error naming the step and the reason.
@@ -25,6 +26,7 @@ use crate::secrets::Secrets;
 use crate::volume::VolumeDirs;
 use crate::volume::dirs::root_name;
 
+use super::url::{HostGrant, Target, parse as parse_url};
 use super::{Archive, EnvVar, Header, MountOption, Plan, Step, Value};
 
 /// The CSI operation a plan is for.
@@ -152,14 +154,16 @@ pub fn check(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> {
 }
 
 /// Hosts granted by endpoint parameters: every `host:port` in the values of parameters the
-/// plugin documents as `endpoint`. Only pass parameters that come from a StorageClass.
+/// plugin documents as `endpoint`, normalised like URL hosts ([`HostGrant`]); a value that is
+/// not a plain `host[:port]` grants nothing. Only pass parameters that come from a
+/// StorageClass.
 pub fn endpoint_hosts<'a>(info: &PluginInfo, params: impl IntoIterator<Item = (&'a str, &'a str)>) -> BTreeSet<String> {
     params
         .into_iter()
         .filter(|(k, _)| info.parameters.iter().any(|p| p.name == *k && p.is_endpoint()))
         .flat_map(|(_, v)| v.split(','))
-        .map(|h| h.trim().to_ascii_lowercase())
-        .filter(|h| !h.is_empty())
+        .filter_map(|h| HostGrant::parse(h.trim()).ok())
+        .map(|g| g.to_string())
         .collect()
 }
 
@@ -451,36 +455,21 @@ fn headers(ctx: &Context<'_>, hs: Vec<wit::Header>) -> R<Vec<Header>> {
         .collect()
 }
 
-/// `http(s)://host[:port]/...` to a granted host, without credentials in the URL.
-fn url(ctx: &Context<'_>, u: &str) -> R<()> {
+/// `http(s)://host[:port]/...` to a granted host. The URL is parsed by
+/// [`super::url::parse`], the parser the HTTP client builds its request with, so the approved
+/// host and port are the ones connected to. Grants are normalised the same way; one that does
+/// not parse grants nothing.
+fn url(ctx: &Context<'_>, u: &str) -> R<Target> {
     text(ctx, u, "URL")?;
-    let rest = u
-        .strip_prefix("http://")
-        .or_else(|| u.strip_prefix("https://"))
-        .ok_or_else(|| format!("URL {u:?} must start with http:// or https://"))?;
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default().to_ascii_lowercase();
-    if authority.contains('@') {
-        return Err(format!("URL {u:?} carries credentials; use a header with a secret reference"));
-    }
-    if authority.is_empty() || u.contains(char::is_whitespace) {
-        return Err(format!("URL {u:?} has no host or contains whitespace"));
-    }
-    let host = match authority.rsplit_once(':') {
-        Some((h, port)) if !h.ends_with(']') || authority.starts_with('[') => {
-            if !port.bytes().all(|b| b.is_ascii_digit()) || port.is_empty() {
-                return Err(format!("URL {u:?} has an invalid port"));
-            }
-            h.to_string()
-        }
-        _ => authority.clone(),
-    };
-    let granted = |set: &BTreeSet<String>| set.contains(&authority) || set.contains(&host);
+    let target = parse_url(u).map_err(|e| e.to_string())?;
+    let granted =
+        |set: &BTreeSet<String>| set.iter().filter_map(|g| HostGrant::parse(g).ok()).any(|g| g.allows(&target));
     if granted(&ctx.endpoint_hosts) || granted(&ctx.grant.hosts) {
-        Ok(())
+        Ok(target)
     } else {
         let mut all: BTreeSet<String> = ctx.grant.hosts.clone();
         all.extend(ctx.endpoint_hosts.iter().cloned());
-        Err(format!("host {authority} is not granted to plugin {} (granted: {})", ctx.plugin, list(&all)))
+        Err(format!("host {} is not granted to plugin {} (granted: {})", target.authority(), ctx.plugin, list(&all)))
     }
 }
 

@@ -1,6 +1,10 @@
 //! HTTP calls of controller plans (`http` steps): the controller executes them itself, with
 //! no privilege. Each URL is tried in order (a plan lists every filer of a volume); a
 //! connection failure moves on to the next, an answer ends the step.
+//!
+//! Every URL is parsed by [`crate::plan::url::parse`], the parser the policy approved it
+//! with, and the request URI is built from that [`Target`] alone (explicit port included), so
+//! the client connects to exactly the host and port the policy judged.
 
 use std::time::Duration;
 
@@ -9,6 +13,8 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+
+use crate::plan::url::{Scheme, Target, parse as parse_url};
 
 /// Longest time one attempt may take.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -58,18 +64,12 @@ impl HttpClient {
             .map_err(|_| HttpError::Invalid(format!("invalid HTTP method {:?}", call.method)))?;
         let mut attempts = Vec::new();
         for url in &call.urls {
-            let uri: hyper::Uri = url.parse().map_err(|e| HttpError::Invalid(format!("invalid URL {url:?}: {e}")))?;
-            if uri.scheme_str() != Some("http") {
+            let target = parse_url(url).map_err(|e| HttpError::Invalid(format!("invalid URL: {e}")))?;
+            if target.scheme() != Scheme::Http {
                 attempts.push(format!("{url}: only http:// URLs are supported by this controller version"));
                 continue;
             }
-            let mut req = hyper::Request::builder().method(method.clone()).uri(uri);
-            for (k, v) in &call.headers {
-                req = req.header(k, v);
-            }
-            let req = req
-                .body(Full::new(Bytes::from(call.body.clone())))
-                .map_err(|e| HttpError::Invalid(format!("building the request to {url}: {e}")))?;
+            let req = request(&method, &target, &call.headers, &call.body)?;
             let resp = match tokio::time::timeout(ATTEMPT_TIMEOUT, self.client.request(req)).await {
                 Ok(Ok(r)) => r,
                 Ok(Err(e)) => {
@@ -99,4 +99,20 @@ impl HttpClient {
         }
         Err(HttpError::Unreachable { method: call.method.clone(), attempts })
     }
+}
+
+/// The request for one target. Its URI comes from the target alone, with the port explicit:
+/// hyper's connector takes the address to connect to from exactly this URI's host and port.
+pub(crate) fn request(
+    method: &hyper::Method,
+    target: &Target,
+    headers: &[(String, String)],
+    body: &str,
+) -> Result<hyper::Request<Full<Bytes>>, HttpError> {
+    let mut req = hyper::Request::builder().method(method.clone()).uri(target.uri());
+    for (k, v) in headers {
+        req = req.header(k, v);
+    }
+    req.body(Full::new(Bytes::from(body.to_owned())))
+        .map_err(|e| HttpError::Invalid(format!("building the request to {target}: {e}")))
 }

@@ -166,7 +166,7 @@ fn mount(fstype: &str, source: w::MountSource, options: Vec<w::Arg>) -> w::Step 
 #[case::remove_staging(w::Step::Remove(p(DirRoot::Staging, "")), "CO's job")]
 #[case::unpack_unfetched(w::Step::Unpack(w::Unpack { digest: format!("sha256:{}", "a".repeat(64)), format: w::Archive::Tar, dest: p(DirRoot::Staging, "m") }), "not fetched by an earlier step")]
 #[case::fetch_bad_digest(w::Step::Fetch(w::Fetch { url: "https://registry.local/v2/x".into(), headers: vec![], digest: "md5:x".into(), size: 1 }), "is not sha256")]
-#[case::fetch_ungranted(w::Step::Fetch(w::Fetch { url: "https://evil.example/x".into(), headers: vec![], digest: format!("sha256:{}", "a".repeat(64)), size: 1 }), "host evil.example is not granted")]
+#[case::fetch_ungranted(w::Step::Fetch(w::Fetch { url: "https://evil.example/x".into(), headers: vec![], digest: format!("sha256:{}", "a".repeat(64)), size: 1 }), "host evil.example:443 is not granted")]
 #[case::http_in_stage(http("http://filer:8888/x"), "not allowed in a Stage plan")]
 fn node_steps_are_policed(#[case] step: w::Step, #[case] reason: &str) {
     let f = Fixture::new();
@@ -248,4 +248,177 @@ fn a_relative_host_directory_is_an_error_not_a_panic() {
     f.dirs.cache = Some("relative/cache".into());
     let err = f.check(Operation::Stage, vec![w::Step::Mkdir(p(DirRoot::Cache, "x"))]).unwrap_err();
     assert!(err.reason.contains("cache directory relative/cache is not absolute"), "{err}");
+}
+
+/// The address hyper-util's `HttpConnector` connects to for `uri` (its `get_host_port`: the
+/// URI's host, and its port or else the scheme's default), written `host:port`.
+fn hyper_connects_to(uri: &hyper::Uri) -> String {
+    let default = if uri.scheme_str() == Some("https") { 443 } else { 80 };
+    format!("{}:{}", uri.host().expect("a request URI has a host"), uri.port_u16().unwrap_or(default))
+}
+
+/// The fixture, granting by config `granted` (any port), `host:80`, `secure:443`, `[::1]:8888`,
+/// `[::1]:80` and `dotted.example.` (with its dot); the endpoint parameter grants `filer:8888`.
+fn tricky_fixture() -> Fixture {
+    let mut f = Fixture::new();
+    f.grant.hosts = ["granted", "host:80", "secure:443", "[::1]:8888", "[::1]:80", "dotted.example."]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    f
+}
+
+/// Each URL is either refused by the policy, or approved for a `host:port` that is exactly
+/// where the HTTP client's request would connect.
+#[rstest]
+// userinfo, however it is spelled
+#[case::userinfo_a_b_c("http://a@b@c/", None)]
+#[case::userinfo_granted_then_evil("http://granted@evil/", None)]
+#[case::userinfo_before_granted("http://evil@granted/", None)]
+#[case::userinfo_user_host("http://user@host/", None)]
+#[case::userinfo_password("http://user:pw@granted/", None)]
+#[case::userinfo_empty("http://@granted/", None)]
+#[case::userinfo_port_trick("http://filer:8888@evil/x", None)]
+// IPv6
+#[case::ipv6_port("http://[::1]:8888/x", Some("[::1]:8888"))]
+#[case::ipv6_default_port("http://[::1]/", Some("[::1]:80"))]
+#[case::ipv6_long_form("http://[0:0:0:0:0:0:0:1]:8888/", Some("[::1]:8888"))]
+#[case::ipv6_other_port("http://[::1]:9999/", None)]
+#[case::ipv6_zone_id("http://[::1%25lo]:8888/", None)]
+#[case::ipv6_unbracketed("http://::1:8888/", None)]
+#[case::ipv6_junk_after("http://[::1]x:8888/", None)]
+// percent-encoded and upper-case hosts
+#[case::percent_host("http://gr%61nted/", None)]
+#[case::percent_whole_host("http://%67%72%61%6e%74%65%64/", None)]
+#[case::upper_case_host("http://GRANTED/x", Some("granted:80"))]
+#[case::upper_case_everything("HTTP://FILER:8888/X", Some("filer:8888"))]
+// trailing dots are significant
+#[case::trailing_dot_not_granted("http://granted./", None)]
+#[case::trailing_dot_granted("http://dotted.example./", Some("dotted.example.:80"))]
+#[case::dot_missing("http://dotted.example/", None)]
+#[case::ipv4_trailing_dot("http://127.0.0.1./", None)]
+// backslashes anywhere
+#[case::backslash_before_at("http://granted\\@evil/", None)]
+#[case::backslash_as_slash("http://evil\\granted/", None)]
+#[case::backslash_in_path("http://granted/a\\b", None)]
+// default and explicit ports
+#[case::default_port_granted("http://host/", Some("host:80"))]
+#[case::explicit_default_port("http://host:80/", Some("host:80"))]
+#[case::explicit_port_zeros("http://host:0080/", Some("host:80"))]
+#[case::other_port_refused("http://host:8080/", None)]
+#[case::https_default("https://secure/", Some("secure:443"))]
+#[case::https_explicit("https://secure:443/", Some("secure:443"))]
+#[case::http_to_https_port_grant("http://secure/", None)]
+#[case::https_to_http_port_grant("https://host/", None)]
+#[case::any_port_grant("http://granted:12345/", Some("granted:12345"))]
+#[case::port_out_of_range("http://granted:99999/", None)]
+#[case::port_signed("http://granted:+80/", None)]
+#[case::port_empty("http://granted:/", None)]
+#[case::endpoint("http://filer:8888/buckets/x/?op=mkdir", Some("filer:8888"))]
+#[case::endpoint_default_port("http://filer/", None)]
+// `@` and `:` after the authority are path, query or fragment
+#[case::query_at("http://granted/?next=@evil", Some("granted:80"))]
+#[case::query_without_path("http://granted?x=evil:80@evil", Some("granted:80"))]
+#[case::fragment_at("http://granted#@evil/", Some("granted:80"))]
+#[case::path_at_colon("http://granted/a:b@evil:80/", Some("granted:80"))]
+// missing or other schemes
+#[case::no_scheme("granted/x", None)]
+#[case::no_scheme_port("granted:80/x", None)]
+#[case::scheme_relative("//granted/x", None)]
+#[case::single_slash("http:/granted/", None)]
+#[case::no_slashes("http:granted", None)]
+#[case::ftp("ftp://granted/", None)]
+#[case::file("file:///etc/passwd", None)]
+#[case::look_alike_scheme("httpx://granted/", None)]
+// hosts that are not what they look like
+#[case::empty_host("http:///x", None)]
+#[case::empty_host_port("http://:80/", None)]
+#[case::short_ipv4("http://127.1:8888/", None)]
+#[case::whitespace("http://granted /", None)]
+#[case::newline("http://granted\n.evil/", None)]
+#[case::non_ascii("http://gr\u{e4}nted/", None)]
+fn tricky_urls_go_only_where_approved(#[case] url: &str, #[case] approved: Option<&str>) {
+    let f = tricky_fixture();
+    let plan = f.check(Operation::Provision, vec![http(url)]);
+    let Some(approved) = approved else {
+        assert!(plan.is_err(), "{url:?} must be refused: {plan:?}");
+        return;
+    };
+    let plan = plan.unwrap_or_else(|e| panic!("{url:?} must be approved: {e}"));
+    let Step::Http { urls, .. } = &plan.steps[0] else { panic!("{plan:?}") };
+    let target = super::url(&f.ctx(Operation::Provision), url).unwrap();
+    assert_eq!(target.authority(), approved, "{url:?}");
+    // What the client does with the URL the checked plan carries.
+    let client_target = crate::plan::url::parse(&urls[0]).unwrap();
+    let req = crate::unpriv::http::request(&hyper::Method::POST, &client_target, &[], "").unwrap();
+    assert_eq!(hyper_connects_to(req.uri()), approved, "{url:?}: the client would connect elsewhere");
+}
+
+/// Reads one request head and answers 200; returns the head.
+async fn answer_once(listener: tokio::net::TcpListener) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut conn, _) = listener.accept().await.unwrap();
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = conn.read(&mut buf).await.unwrap();
+        assert!(n > 0, "connection closed before the request head ended");
+        head.extend_from_slice(&buf[..n]);
+    }
+    conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await.unwrap();
+    String::from_utf8(head).unwrap()
+}
+
+fn call(urls: Vec<String>) -> crate::unpriv::http::Call {
+    crate::unpriv::http::Call {
+        method: "POST".into(),
+        urls,
+        headers: vec![],
+        body: String::new(),
+        ok_status: vec![200],
+    }
+}
+
+#[tokio::test]
+async fn the_client_connects_where_the_policy_approved() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // A granted port nothing listens on, tried first: alternatives still go in order.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut f = Fixture::new();
+    f.grant.hosts = [format!("127.0.0.1:{port}"), format!("127.0.0.1:{closed}")].into();
+    let server = tokio::spawn(answer_once(listener));
+    let urls = [format!("http://127.0.0.1:{closed}/"), format!("HTTP://127.0.0.1:{port}/x?to=@evil:80#@evil")];
+    let step = w::Step::Http(w::HttpCall {
+        method: "POST".into(),
+        urls: urls.to_vec(),
+        headers: vec![],
+        body: vec![],
+        ok_status: vec![200],
+    });
+    let plan = f.check(Operation::Provision, vec![step]).unwrap();
+    let Step::Http { urls, .. } = &plan.steps[0] else { panic!("{plan:?}") };
+    let status = crate::unpriv::http::HttpClient::default().call(&call(urls.clone())).await.unwrap();
+    assert_eq!(status, 200);
+    let head = tokio::time::timeout(std::time::Duration::from_secs(10), server).await.unwrap().unwrap();
+    assert!(head.starts_with("POST /x?to=@evil:80 HTTP/1.1\r\n"), "{head}");
+    assert!(head.to_ascii_lowercase().contains(&format!("\r\nhost: 127.0.0.1:{port}\r\n")), "{head}");
+}
+
+#[tokio::test]
+async fn a_refused_url_never_connects() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut f = Fixture::new();
+    f.grant.hosts = ["granted".to_string(), format!("127.0.0.1:{port}")].into();
+    // hyper alone would connect to 127.0.0.1:port for the first, and did before this parser.
+    for url in [format!("http://granted@127.0.0.1:{port}/"), format!("http://127.0.0.1:{port}\\@granted/")] {
+        let err = f.check(Operation::Provision, vec![http(&url)]).unwrap_err();
+        assert_eq!(err.kind, "http", "{err}");
+        // Even handed straight to the client, bypassing the policy, it is not requested.
+        let err = crate::unpriv::http::HttpClient::default().call(&call(vec![url.clone()])).await.unwrap_err();
+        assert!(matches!(err, crate::unpriv::http::HttpError::Invalid(_)), "{url}: {err}");
+    }
+    let accepted = tokio::time::timeout(std::time::Duration::from_millis(300), listener.accept()).await;
+    assert!(accepted.is_err(), "something connected to the listener: {accepted:?}");
 }
