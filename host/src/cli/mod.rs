@@ -189,6 +189,10 @@ fn parse_grant(s: &str) -> Result<GrantArg, String> {
     if plugin.is_empty() || value.is_empty() {
         return Err(err());
     }
+    if what == GrantKind::Host {
+        // Parsed as the policy parses it, so a grant that could never match is refused here.
+        crate::plan::url::HostGrant::parse(value).map_err(|e| format!("{s:?}: {e}"))?;
+    }
     Ok(GrantArg { plugin: plugin.into(), what, value: value.to_ascii_lowercase() })
 }
 
@@ -207,6 +211,14 @@ fn parse_limit(s: &str) -> Result<(String, Limits), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_grants_are_parsed_as_the_policy_parses_them() {
+        assert_eq!(parse_grant("seaweedfs:host=Filer.Example:8888").unwrap().value, "filer.example:8888");
+        for bad in ["s:host=a@b", "s:host=h:99999", "s:host=%31", "s:host=h:+80", "s:host=a b"] {
+            assert!(parse_grant(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn flags_build_the_config() {

@@ -124,6 +124,10 @@ const MAX_ATTRIBUTES: usize = 64;
 const MAX_HTTP_BODY: usize = 64 << 10;
 /// Bind flags a plan may ask for.
 const BIND_OPTIONS: &[&str] = &["nosuid", "nodev", "noexec", "noatime", "nodiratime", "relatime", "strictatime"];
+/// Headers a plan may not set: they would name another virtual host than the approved URL or
+/// reframe the request.
+const CONNECTION_HEADERS: &[&str] =
+    &["host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer", "keep-alive"];
 /// Environment variables a plan may never set: they change what the dynamic loader runs.
 const DENIED_ENV_PREFIXES: &[&str] = &["LD_", "GCONV_PATH", "MALLOC_", "GLIBC_TUNABLES"];
 
@@ -443,6 +447,10 @@ fn headers(ctx: &Context<'_>, hs: Vec<wit::Header>) -> R<Vec<Header>> {
                 && h.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
             if !valid {
                 return Err(format!("header name {:?} is not an HTTP token", h.name));
+            }
+            // The host names the connection (the approved URL) and frames the message itself.
+            if CONNECTION_HEADERS.iter().any(|c| h.name.eq_ignore_ascii_case(c)) {
+                return Err(format!("header {} is set by the host from the approved URL and body", h.name));
             }
             if let wit::Value::Literal(v) = &h.value
                 && v.contains(['\r', '\n'])

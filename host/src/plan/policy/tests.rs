@@ -166,6 +166,7 @@ fn mount(fstype: &str, source: w::MountSource, options: Vec<w::Arg>) -> w::Step 
 #[case::remove_staging(w::Step::Remove(p(DirRoot::Staging, "")), "CO's job")]
 #[case::unpack_unfetched(w::Step::Unpack(w::Unpack { digest: format!("sha256:{}", "a".repeat(64)), format: w::Archive::Tar, dest: p(DirRoot::Staging, "m") }), "not fetched by an earlier step")]
 #[case::fetch_bad_digest(w::Step::Fetch(w::Fetch { url: "https://registry.local/v2/x".into(), headers: vec![], digest: "md5:x".into(), size: 1 }), "is not sha256")]
+#[case::host_header(w::Step::Fetch(w::Fetch { url: "https://registry.local/v2/x".into(), headers: vec![w::Header { name: "Host".into(), value: w::Value::Literal("evil.example".into()) }], digest: format!("sha256:{}", "a".repeat(64)), size: 1 }), "header Host is set by the host")]
 #[case::fetch_ungranted(w::Step::Fetch(w::Fetch { url: "https://evil.example/x".into(), headers: vec![], digest: format!("sha256:{}", "a".repeat(64)), size: 1 }), "host evil.example:443 is not granted")]
 #[case::http_in_stage(http("http://filer:8888/x"), "not allowed in a Stage plan")]
 fn node_steps_are_policed(#[case] step: w::Step, #[case] reason: &str) {
