@@ -18,8 +18,11 @@
 //! - a refused RPC answers FAILED_PRECONDITION with a message naming the link; an RPC that
 //!   answers OK did so without following the link (it removed the link, or never used the path).
 //!
-//! A race test swaps `data/sub` with a link (`renameat2(RENAME_EXCHANGE)`) while publishing and
-//! unpublishing in a loop: each publish is refused, or shows the volume's own file.
+//! Two race tests swap a directory with a link (`renameat2(RENAME_EXCHANGE)`) as fast as they
+//! can while publishing and unpublishing in a loop: `data/sub` with a link to `outside/etc` (each
+//! publish is refused, or shows the volume's own file), and the target's parent with a link to
+//! the neighbour's (whose published target is never unmounted, stacked on or removed). A third
+//! test of the second race fails on a bug in the error class (see its comment).
 //!
 //! Each test runs in its own private mount namespace (`common::in_private_namespace`).
 
