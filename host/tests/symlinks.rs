@@ -531,7 +531,7 @@ fn sweep(legacy: bool) {
     }
     let count = |rpc| cases.iter().filter(|c| c.rpc == rpc).count();
     println!(
-        "checked: {api}: {} links ({} paths: stage {}, publish {}, unpublish {}, unstage {}; x2: to outside/etc, to the neighbour): \
+        "checked: {api}: {} links ({} cases of a path and an RPC: stage {}, publish {}, unpublish {}, unstage {}; x2: to outside/etc, to the neighbour): \
          {} refused naming the link, {} removed (never followed), {} left unused; outside and neighbour unchanged, \
          no stray mount; {:.1}s",
         2 * cases.len(),
