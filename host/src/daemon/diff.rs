@@ -39,6 +39,10 @@ pub enum Action {
     RemoveTree(PathBuf),
     /// Remove a file, link or empty directory.
     RemoveEntry(PathBuf),
+    /// A plugin's clean-up action at unstage: a failure is logged, not fatal (the host's own
+    /// tear-down that follows removes the volume's directories anyway, and a backend must not be
+    /// able to keep a volume staged by planting a link in its way).
+    BestEffort(Box<Action>),
 }
 
 /// What the node has, read once per operation.
@@ -218,7 +222,9 @@ pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Co
         Desired::Teardown { staging, host_dirs, steps, process } => {
             let roots: Vec<Root> =
                 std::iter::once(staging).chain(host_dirs).map(|d| Root { path: d.clone(), below: d.clone() }).collect();
-            walk(steps, &roots, Mode::Replace, &mut t, &mut out)?;
+            let mut plugin = Vec::new();
+            walk(steps, &roots, Mode::Replace, &mut t, &mut plugin)?;
+            out.extend(plugin.into_iter().map(|a| Action::BestEffort(Box::new(a))));
             if let Some(p) = process.filter(|_| observed.process_alive) {
                 out.push(Action::Stop(p));
             }
@@ -522,7 +528,7 @@ mod tests {
         assert_eq!(
             run(&d, &mounts, true).unwrap(),
             vec![
-                Action::RemoveTree(p(&format!("{RUN}/sock"))),
+                Action::BestEffort(Box::new(Action::RemoveTree(p(&format!("{RUN}/sock"))))),
                 Action::Stop(PID),
                 Action::ReleaseGroup,
                 Action::Unmount(p(STAGING)),

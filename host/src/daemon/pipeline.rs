@@ -52,7 +52,7 @@ pub(super) struct Applied {
 /// The state transition after the actions.
 pub(super) enum Persist {
     /// Write this record.
-    Save(VolumeState),
+    Save(Box<VolumeState>),
     /// Forget the volume (record and kept secrets).
     Remove,
     /// Leave the record as it is.
@@ -159,27 +159,37 @@ impl Node {
 
     /// Apply `actions` in order through the executor, noting what was started in `applied`.
     fn apply(&self, id: &str, actions: &[Action], secrets: &Secrets, applied: &mut Applied) -> Result<(), Error> {
-        let exec = &self.inner.exec;
         for action in actions {
-            match action {
-                Action::Unmount(path) => self.unmount(path)?,
-                Action::Mkdir { path, below } => exec.mkdir(path, below, 0o750).map_err(|e| io_error(e, path))?,
-                Action::PrivateDir(path) => exec.private_dir(path).map_err(|e| io_error(e, path))?,
-                Action::Run(step) => {
-                    if let Some(pid) = self.run_step(id, step, secrets)? {
-                        applied.spawned = Some(pid);
-                    }
+            self.apply_one(id, action, secrets, applied)?;
+        }
+        Ok(())
+    }
+
+    fn apply_one(&self, id: &str, action: &Action, secrets: &Secrets, applied: &mut Applied) -> Result<(), Error> {
+        let exec = &self.inner.exec;
+        match action {
+            Action::Unmount(path) => self.unmount(path)?,
+            Action::Mkdir { path, below } => exec.mkdir(path, below, 0o750).map_err(|e| io_error(e, path))?,
+            Action::PrivateDir(path) => exec.private_dir(path).map_err(|e| io_error(e, path))?,
+            Action::Run(step) => {
+                if let Some(pid) = self.run_step(id, step, secrets)? {
+                    applied.spawned = Some(pid);
                 }
-                Action::Stop(p) => {
-                    exec.stop(p, self.inner.config.fuse_stop_grace)?;
+            }
+            Action::Stop(p) => {
+                exec.stop(p, self.inner.config.fuse_stop_grace)?;
+            }
+            Action::ReleaseGroup => match exec.release_group(&volume_key(id)) {
+                Ok(0) => {}
+                Ok(n) => warn!(volume.id = %id, killed = n, "killed processes left in the volume's cgroup"),
+                Err(e) => return Err(Error::internal(format!("releasing the cgroup of volume {id}: {e}"))),
+            },
+            Action::RemoveTree(path) => exec.remove_tree(path).map_err(|e| io_error(e, path))?,
+            Action::RemoveEntry(path) => exec.remove_entry(path).map_err(|e| io_error(e, path))?,
+            Action::BestEffort(a) => {
+                if let Err(e) = self.apply_one(id, a, secrets, applied) {
+                    warn!(volume.id = %id, error = %e.message, "a plugin's clean-up step failed; the host's tear-down goes on");
                 }
-                Action::ReleaseGroup => match exec.release_group(&volume_key(id)) {
-                    Ok(0) => {}
-                    Ok(n) => warn!(volume.id = %id, killed = n, "killed processes left in the volume's cgroup"),
-                    Err(e) => return Err(Error::internal(format!("releasing the cgroup of volume {id}: {e}"))),
-                },
-                Action::RemoveTree(path) => exec.remove_tree(path).map_err(|e| io_error(e, path))?,
-                Action::RemoveEntry(path) => exec.remove_entry(path).map_err(|e| io_error(e, path))?,
             }
         }
         Ok(())
@@ -248,7 +258,7 @@ impl Node {
 }
 
 /// An executor error about `path`, classed: a symbolic link on the way or a missing parent is
-/// the caller's (or a pod's) doing, anything else is ours.
+/// the caller's (or a pod's) doing, a busy mount point is worth a retry, anything else is ours.
 pub(super) fn io_error(e: std::io::Error, path: &Path) -> Error {
     let message = if e.to_string().contains(&path.display().to_string()) {
         e.to_string()
@@ -257,6 +267,10 @@ pub(super) fn io_error(e: std::io::Error, path: &Path) -> Error {
     };
     if is_link_refused(&e) || e.kind() == std::io::ErrorKind::NotFound {
         Error::precondition(message)
+    } else if e.kind() == std::io::ErrorKind::ResourceBusy {
+        // Something is mounted where the host must remove (a mount moved under the name while
+        // the call ran): a retry finds the mount table as it is now.
+        Error::unavailable(message)
     } else {
         Error::internal(message)
     }

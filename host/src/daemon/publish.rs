@@ -136,7 +136,7 @@ impl Node {
                 }
                 let mut st = state;
                 st.published.insert(target, publication);
-                Persist::Save(st)
+                Persist::Save(Box::new(st))
             }),
             undo: Undo::Nothing,
         };
@@ -176,7 +176,7 @@ impl Node {
             keep_secrets: None,
             then: Box::new(move |_| match state {
                 Some(mut st) => match st.published.remove(&target) {
-                    Some(_) => Persist::Save(st),
+                    Some(_) => Persist::Save(Box::new(st)),
                     None => Persist::Keep,
                 },
                 None => Persist::Keep,

@@ -208,7 +208,7 @@ impl Node {
                 st.phase = Phase::Staged;
                 // The old process was stopped; the plan's own is the one that runs now (if any).
                 st.process = applied.spawned;
-                Persist::Save(st)
+                Persist::Save(Box::new(st))
             }),
             undo: Undo::Stage { state: Box::new(state), keep_record },
         }

@@ -844,7 +844,10 @@ async fn the_recording_sees_every_effect_of_a_volume_s_life_state_and_secrets_in
     let d = |p: &Path| p.display().to_string();
     let calls = e.rec.calls();
     let spawn = calls.iter().find(|c| c.starts_with("spawn-fuse")).expect("a spawn").clone();
-    assert!(spawn.starts_with(&format!("spawn-fuse {weed} ")) && spawn.ends_with(&format!("-> {}", d(&staging))), "{spawn}");
+    assert!(
+        spawn.starts_with(&format!("spawn-fuse {weed} ")) && spawn.ends_with(&format!("-> {}", d(&staging))),
+        "{spawn}"
+    );
     assert!(!calls.iter().any(|c| c.contains("s3cr3t")), "no secret value in any recorded effect: {calls:#?}");
     let want = vec![
         // NodeStageVolume: the record and the kept secret before the first syscall.

@@ -19,7 +19,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -112,25 +112,35 @@ impl Anchors {
         Ok((fd, name.to_os_string()))
     }
 
-    /// Resolve `rel` below the directory `at`.
+    /// Resolve `rel` below the directory `at`. The path is resolved to an `O_PATH` descriptor
+    /// first and judged on it (a final link is refused as a link, a non-directory where one is
+    /// asked for is ENOTDIR); other access is a reopen of that very inode through
+    /// `/proc/self/fd`, so nothing swapped in between can change what was judged.
     fn resolve(&self, at: &OwnedFd, rel: &Path, flags: OFlags, extra: ResolveFlags) -> io::Result<OwnedFd> {
-        let flags = flags | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        let path_only = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let fd = 'open: {
             if !self.walk {
                 let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS | extra;
-                match rustix::fs::openat2(at, rel, flags, Mode::empty(), how) {
+                match rustix::fs::openat2(at, rel, path_only, Mode::empty(), how) {
                     Err(Errno::NOSYS) => {}
                     other => break 'open other?,
                 }
             }
-            walk(at, rel, flags, extra.contains(ResolveFlags::NO_XDEV))?
+            walk(at, rel, extra.contains(ResolveFlags::NO_XDEV))?
         };
-        // `O_PATH | O_NOFOLLOW` opens a final link itself instead of failing: refuse it too.
-        if flags.contains(OFlags::PATH) && FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) == FileType::Symlink
-        {
+        // `O_PATH | O_NOFOLLOW` opens a final link itself instead of failing: refuse it here.
+        let kind = FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode);
+        if kind == FileType::Symlink {
             return Err(Errno::LOOP.into());
         }
-        Ok(fd)
+        if flags.contains(OFlags::DIRECTORY) && kind != FileType::Directory {
+            return Err(Errno::NOTDIR.into());
+        }
+        if flags.contains(OFlags::PATH) {
+            return Ok(fd);
+        }
+        let again = flags & !(OFlags::NOFOLLOW) | OFlags::CLOEXEC;
+        Ok(rustix::fs::open(format!("/proc/self/fd/{}", fd.as_raw_fd()), again, Mode::empty())?)
     }
 
     /// Create the directory `path` (mode `mode`) and any missing directories between `below`
@@ -364,14 +374,12 @@ fn open_anchor(anchor: &Path, flags: OFlags) -> io::Result<OwnedFd> {
 }
 
 /// The component walk: one `openat(O_PATH | O_NOFOLLOW)` per component, refusing links.
-fn walk(at: &OwnedFd, rel: &Path, flags: OFlags, no_xdev: bool) -> io::Result<OwnedFd> {
-    let parts: Vec<&OsStr> = rel.iter().collect();
+/// Returns an `O_PATH` descriptor of the last component.
+fn walk(at: &OwnedFd, rel: &Path, no_xdev: bool) -> io::Result<OwnedFd> {
     let mut cur: Option<OwnedFd> = None;
-    for (i, part) in parts.iter().enumerate() {
+    for part in rel.iter() {
         let dir = cur.as_ref().map(AsFd::as_fd).unwrap_or(at.as_fd());
-        let last = i + 1 == parts.len();
-        let step = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(dir, *part, step, Mode::empty())?;
+        let fd = rustix::fs::openat(dir, part, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
         let st = rustix::fs::fstat(&fd)?;
         if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {
             return Err(Errno::LOOP.into());
@@ -379,10 +387,9 @@ fn walk(at: &OwnedFd, rel: &Path, flags: OFlags, no_xdev: bool) -> io::Result<Ow
         if no_xdev && st.st_dev != rustix::fs::fstat(dir)?.st_dev {
             return Err(Errno::XDEV.into());
         }
-        let fd = if last && flags != step { rustix::fs::openat(dir, *part, flags, Mode::empty())? } else { fd };
         cur = Some(fd);
     }
-    Ok(cur.expect("rel has at least one component"))
+    cur.ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))
 }
 
 fn list_fd(fd: &OwnedFd) -> io::Result<Vec<Entry>> {
