@@ -78,9 +78,12 @@ fn conflict(e: Conflict) -> Error {
 impl Node {
     /// Run `job`. Blocking.
     pub(super) fn run_job(&self, job: Job) -> Result<Applied, Error> {
+        let t0 = std::time::Instant::now();
         let mounts = self.mounts()?;
+        let t_mounts = t0.elapsed();
         let process_alive = job.process.is_some_and(|p| self.inner.exec.is_alive(&p));
         let actions = diff::diff(&job.desired, Observed { mounts: &mounts, process_alive }).map_err(conflict)?;
+        let t_diff = t0.elapsed();
         if let Some(first) = &job.first {
             self.inner.store.save(first)?;
         }
@@ -88,13 +91,24 @@ impl Node {
             self.inner.store.save_secrets(&job.id, keep)?;
         }
         let mut applied = Applied::default();
+        let t_first = t0.elapsed();
         match self.apply(&job.id, &actions, &job.secrets, &mut applied) {
             Ok(()) => {
+                let t_apply = t0.elapsed();
                 match (job.then)(&applied) {
                     Persist::Save(st) => self.inner.store.save(&st)?,
                     Persist::Remove => self.inner.store.remove(&job.id)?,
                     Persist::Keep => {}
                 }
+                tracing::debug!(
+                    mounts = mounts.len(),
+                    read_us = t_mounts.as_micros() as u64,
+                    diff_us = (t_diff - t_mounts).as_micros() as u64,
+                    first_us = (t_first - t_diff).as_micros() as u64,
+                    actions_us = (t_apply - t_first).as_micros() as u64,
+                    persist_us = (t0.elapsed() - t_apply).as_micros() as u64,
+                    "job timing"
+                );
                 Ok(applied)
             }
             Err(e) => {

@@ -30,11 +30,18 @@ use crate::volume::request;
 use crate::volume::state::{Phase, Publication, VolumeState};
 
 impl Node {
-    /// NodePublishVolume (to completion, see [`Node::detached`]).
+    /// NodePublishVolume, the hot path: one blocking section from the lock to the reply (the
+    /// plugin call runs on it through the runtime's handle), so a publish costs one hop to the
+    /// blocking pool. Like every node operation it runs to completion even if the caller goes
+    /// away (a blocking task is never cancelled), holding the volume's lock until it is done.
     pub async fn publish(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Error> {
-        self.detached(|n| async move { n.publish_now(req).await }).await
+        let (this, rt) = (self.clone(), tokio::runtime::Handle::current());
+        tokio::task::spawn_blocking(move || rt.block_on(this.publish_now(req)))
+            .await
+            .map_err(|e| Error::internal(format!("a node operation panicked: {e}")))?
     }
 
+    /// Runs on a blocking thread: the state file and the syscalls run here directly.
     async fn publish_now(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Error> {
         let t0 = std::time::Instant::now();
         let id = request::volume_id(&req.volume_id)?;
@@ -141,7 +148,7 @@ impl Node {
             undo: Undo::Nothing,
         };
         let t2 = std::time::Instant::now();
-        self.blocking(move |n| n.run_job(job)).await?;
+        self.run_job(job)?;
         tracing::debug!(
             load_us = t_load.as_micros() as u64,
             resolve_us = t_resolve.as_micros() as u64,

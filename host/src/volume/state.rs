@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::dirs::volume_key;
 use crate::exec::Files;
-use crate::exec::beneath::TMP_MARK;
+use crate::exec::beneath::{SPARE_MARK, TMP_MARK};
 use crate::exec::process::ProcessId;
 use crate::plan::Plan;
 
@@ -199,7 +199,7 @@ impl StateStore {
     /// Write `state` atomically.
     pub fn save(&self, state: &VolumeState) -> Result<(), StateError> {
         let path = self.path(&state.volume_id);
-        let json = serde_json::to_vec_pretty(state).expect("state always serializes");
+        let json = serde_json::to_vec(state).expect("state always serializes");
         self.files.write_file(&path, &json, 0o600).map_err(|source| StateError::Io { path: path.clone(), source })?;
         self.indexed(|i| i.insert(stem(&path), Ok(state.clone())))?;
         Ok(())
@@ -275,9 +275,15 @@ impl StateStore {
         let mut removed = 0;
         for dir in [&self.dir, &self.secrets_dir] {
             let entries = self.files.list_dir(dir).map_err(|source| StateError::Io { path: dir.clone(), source })?;
-            for e in entries {
+            let names: BTreeSet<String> = entries.iter().map(|e| e.name.to_string_lossy().into_owned()).collect();
+            for e in &entries {
                 let name = e.name.to_string_lossy();
-                if name.starts_with('.') && name.contains(TMP_MARK) && e.is_file {
+                // A spare whose file is gone (a crash between removing the two).
+                let orphan_spare = name
+                    .strip_prefix('.')
+                    .and_then(|n| n.strip_suffix(SPARE_MARK))
+                    .is_some_and(|live| !names.contains(live));
+                if name.starts_with('.') && (name.contains(TMP_MARK) || orphan_spare) && e.is_file {
                     let path = dir.join(&e.name);
                     self.files.remove_entry(&path).map_err(|source| StateError::Io { path, source })?;
                     removed += 1;
