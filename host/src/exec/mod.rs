@@ -7,6 +7,7 @@
 pub mod cgroup;
 pub mod executor;
 pub mod fs;
+pub mod fuse_log;
 pub mod mount;
 pub mod mountinfo;
 pub mod process;
