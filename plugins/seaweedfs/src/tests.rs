@@ -803,8 +803,10 @@ fn other_static_paths_are_fine(#[case] path: &str) {
 fn a_provisioned_volume_stages_whatever_its_name() {
     // Made by an earlier version from the name "Data": its id is <filers><path>.
     let ctx = context(&[("path", "/buckets/Data")]);
-    let req = StageRequest { volume_id: "127.0.0.1:8888/buckets/Data".into(), ..stage_req(ctx.clone(), vec![], rw()) };
-    assert!(Seaweedfs::stage(req).is_ok());
+    for id in ["127.0.0.1:8888/buckets/Data", "seaweedfs~127.0.0.1:8888/buckets/Data"] {
+        let req = StageRequest { volume_id: id.into(), ..stage_req(ctx.clone(), vec![], rw()) };
+        assert!(Seaweedfs::stage(req).is_ok(), "{id}");
+    }
     let req = StageRequest { volume_id: "static-data".into(), ..stage_req(ctx, vec![], rw()) };
     assert!(Seaweedfs::stage(req).is_err(), "a static volume with that path is refused");
 }
