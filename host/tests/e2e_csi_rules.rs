@@ -417,6 +417,8 @@ fn a_weed_mount_failure_shows_its_cause() {
             .arg("-filer.path=/buckets/v1")
             .arg(format!("-dir={}", mnt.display()))
             .arg(format!("-cacheDir={}", cache.display()))
+            // Otherwise it leaves /tmp/seaweedfs-mount-<hash>.sock behind.
+            .arg(format!("-localSocket={}", work.join("weed.sock").display()))
             .stdin(std::process::Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
