@@ -26,7 +26,7 @@ fn plan_seaweedfs_prints_the_weed_mount_step() {
     let state = tempfile::tempdir().unwrap();
     let out = mounthost(
         state.path(),
-        &["plugin", "plan", "seaweedfs", "--param", "filer=127.0.0.1:8888", "--param", "path=/buckets/v1"],
+        &["plugin", "plan", "seaweedfs", "--param", "filer=127.0.0.1:8888", "--param", "path=/buckets/vol1"],
     );
     let plan = json(&out);
     assert_eq!(plan["plugin"], "seaweedfs");
@@ -40,7 +40,7 @@ fn plan_seaweedfs_prints_the_weed_mount_step() {
     let args: Vec<&str> = spawn["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
     assert_eq!(args[..2], ["-logtostderr", "mount"], "weed logs to stderr, never to the node's /tmp");
     assert!(args.contains(&"-filer=127.0.0.1:8888"), "{args:?}");
-    assert!(args.contains(&"-filer.path=/buckets/v1"), "{args:?}");
+    assert!(args.contains(&"-filer.path=/buckets/vol1"), "{args:?}");
     // Paths are resolved inside the volume's directories.
     let staging = spawn["mountpoint"].as_str().unwrap();
     assert!(staging.starts_with("/var/lib/kubelet/plugins/kubernetes.io/csi/csi.mounthost.dev/"), "{staging}");
@@ -55,7 +55,7 @@ fn the_readme_command_works_with_a_relative_state_dir() {
     let out = Command::new(env!("CARGO_BIN_EXE_mounthost"))
         .current_dir(cwd.path())
         .args(["--state-dir", ".local", "plugin", "plan", "seaweedfs"])
-        .args(["--param", "filer=127.0.0.1:8888", "--param", "path=/buckets/v1"])
+        .args(["--param", "filer=127.0.0.1:8888", "--param", "path=/buckets/vol1"])
         .output()
         .unwrap();
     let plan = json(&out);

@@ -656,7 +656,7 @@ fn heal_all(node: &Node) -> (usize, usize) {
 /// A seaweedfs volume: its plan spawns `weed mount` (simulated by the recording executor).
 fn weed_stage_req(e: &Env) -> csi::NodeStageVolumeRequest {
     csi::NodeStageVolumeRequest {
-        volume_context: ctx(&[("plugin", "seaweedfs"), ("filer", "127.0.0.1:8888"), ("path", "/buckets/v")]),
+        volume_context: ctx(&[("plugin", "seaweedfs"), ("filer", "127.0.0.1:8888"), ("path", "/buckets/vol")]),
         ..e.stage_req()
     }
 }

@@ -161,19 +161,18 @@ pub trait Executor: Files + Mounts + Processes + Groups + Send + Sync + 'static 
     fn listen(&self, path: &Path) -> io::Result<tokio::net::UnixListener>;
 }
 
-/// The last lines of a log (up to 2 KiB), for error messages. The caller scrubs secrets.
+/// What the end of a log (its last 64 KiB) says went wrong, for error messages: see
+/// [`super::fuse_log::summary`]. The caller scrubs secrets.
 pub fn log_tail(path: &Path) -> String {
     use std::io::{Read, Seek, SeekFrom};
     let Ok(mut f) = std::fs::File::open(path) else { return "(no log)".into() };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = f.seek(SeekFrom::Start(len.saturating_sub(2048)));
+    let start = len.saturating_sub(super::fuse_log::TAIL_BYTES);
+    let _ = f.seek(SeekFrom::Start(start));
     let mut buf = Vec::new();
-    let _ = f.read_to_end(&mut buf);
+    let _ = f.take(super::fuse_log::TAIL_BYTES).read_to_end(&mut buf);
     let text = String::from_utf8_lossy(&buf);
-    let text = text.trim();
-    if text.is_empty() {
-        "(empty log)".into()
-    } else {
-        text.lines().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ")
-    }
+    // A tail that starts mid-file starts mid-line: drop that fragment.
+    let text = if start > 0 { text.split_once('\n').map_or("", |(_, rest)| rest) } else { &text };
+    super::fuse_log::summary(text)
 }

@@ -6,6 +6,19 @@
 //! which plugin to ask. The hosts a delete plan may reach are those granted by config plus
 //! those named in the id: mounthost minted that id at CreateVolume, from an endpoint the
 //! StorageClass granted.
+//!
+//! CSI answers this pipeline owes the CO beyond "it worked":
+//! - CreateVolume of an existing name with other properties is ALREADY_EXISTS. The controller
+//!   keeps no state, so the plugin plans a conditional request against what the backend
+//!   recorded, and an `http` step answered **412 Precondition Failed** (not in its accepted
+//!   statuses) means exactly that; later steps do not run.
+//! - DeleteVolume of a volume that does not exist is OK: an id not of the `<plugin>~<id>` form
+//!   (or naming something that cannot be a plugin) was never ours, and a plugin's `not-found`
+//!   for its part of the id means the same. An id naming a valid plugin name that is not loaded
+//!   is FAILED_PRECONDITION: it may well be ours with its plugin missing, and answering OK would
+//!   make the CO forget a volume whose data is still there.
+//! - One operation per volume id at a time in this process (a second is ABORTED), so two
+//!   CreateVolume calls for one name cannot interleave their check and their write.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -18,12 +31,17 @@ use crate::plan::policy::{self, Context, Operation};
 use crate::plan::{Plan, Step};
 use crate::plan::{resolve, secret_refs};
 use crate::plugin::bindings::types as wit;
-use crate::plugin::{LoadedPlugin, PluginRuntime};
+use crate::plugin::{BackendError, LoadedPlugin, PluginError, PluginRuntime};
 use crate::proto::csi;
 use crate::secrets::Secrets;
 use crate::unpriv::http::{Call, HttpClient, HttpError};
 use crate::volume::VolumeDirs;
+use crate::volume::lock::VolumeLocks;
 use crate::volume::request;
+
+/// The status an `http` step of a provision plan answers when the backend already holds the
+/// volume with other properties (a failed `If-Match`): CreateVolume answers ALREADY_EXISTS.
+pub const CONFLICT_STATUS: u16 = 412;
 
 /// The controller service's logic.
 #[derive(Clone)]
@@ -31,12 +49,14 @@ pub struct Controller {
     config: Config,
     runtime: Arc<PluginRuntime>,
     http: HttpClient,
+    /// Volume ids with a CreateVolume or DeleteVolume in flight.
+    locks: Arc<VolumeLocks>,
 }
 
 impl Controller {
     /// A controller over `runtime`.
     pub fn new(config: Config, runtime: Arc<PluginRuntime>) -> Self {
-        Controller { config, runtime, http: HttpClient::default() }
+        Controller { config, runtime, http: HttpClient::default(), locks: VolumeLocks::new() }
     }
 
     /// CreateVolume.
@@ -80,7 +100,15 @@ impl Controller {
         request::volume_id(&volume_id).map_err(|e| {
             Error::internal(format!("plugin {} made an unusable volume id: {}", plugin.info.name, e.message))
         })?;
-        self.execute(&plan, &secrets).await?;
+        let _guard = self.locks.try_lock(&volume_id)?;
+        self.execute(&plan, &secrets).await.map_err(|e| match e {
+            Failure::Conflict(e) => Error::exists(format!(
+                "a volume named {name:?} already exists ({volume_id}) but not as this request asks, \
+                 for example with another capacity; the backend refused the plugin's conditional \
+                 request: {e}"
+            )),
+            Failure::Other(e) => e,
+        })?;
         let mut context: HashMap<String, String> = params.into_iter().collect();
         context.extend(out.context.into_iter().map(|kv| (kv.key, kv.value)));
         context.insert(request::PLUGIN_KEY.into(), plugin.info.name.clone());
@@ -96,18 +124,34 @@ impl Controller {
         })
     }
 
-    /// DeleteVolume.
+    /// DeleteVolume. Ids this driver cannot have made, and ids the plugin does not know, are
+    /// volumes that do not exist: OK.
     pub async fn delete(&self, req: csi::DeleteVolumeRequest) -> Result<(), Error> {
         let id = request::volume_id(&req.volume_id)?;
         let secrets = request::secrets(&req.secrets)?;
-        let (plugin_name, inner) = split_id(&id)?;
+        let Some((plugin_name, inner)) = split_id(&id).ok().filter(|(p, _)| crate::plugin::info::valid_name(p)) else {
+            info!(volume.id = %id, "DeleteVolume of an id mounthost never makes (<plugin>~<id>): nothing to delete");
+            return Ok(());
+        };
         let plugin = self.runtime.resolve(plugin_name, None).await.map_err(|e| {
-            Error::precondition(format!("volume {id} belongs to plugin {plugin_name}, which cannot be loaded: {e}"))
+            Error::precondition(format!(
+                "volume {id} belongs to plugin {plugin_name}, which cannot be loaded, so its data cannot be \
+                 deleted: {e}; install the plugin again, or delete the data by hand and remove the \
+                 PersistentVolume with reclaimPolicy Retain"
+            ))
         })?;
         let wreq = wit::DeleteRequest { volume_id: inner.to_string(), secrets: request::secret_kvs(&secrets) };
-        let wplan = self.runtime.call(&plugin, &id, wreq).await?;
+        let wplan = match self.runtime.call(&plugin, &id, wreq).await {
+            Ok(plan) => plan,
+            Err(PluginError::Backend { error: BackendError::NotFound(why), .. }) => {
+                info!(volume.id = %id, %why, "the plugin does not know this volume id: nothing to delete");
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
         let plan = self.check(&plugin, Operation::Delete, hosts_in_id(inner), &secrets, wplan)?;
-        self.execute(&plan, &secrets).await?;
+        let _guard = self.locks.try_lock(&id)?;
+        self.execute(&plan, &secrets).await.map_err(Failure::into_error)?;
         info!(volume.id = %id, "volume deleted");
         Ok(())
     }
@@ -200,10 +244,11 @@ impl Controller {
         Ok(plan)
     }
 
-    async fn execute(&self, plan: &Plan, secrets: &Secrets) -> Result<(), Error> {
+    /// Run a plan's `http` steps in order; the first refused one ends it.
+    async fn execute(&self, plan: &Plan, secrets: &Secrets) -> Result<(), Failure> {
         for step in &plan.steps {
             let Step::Http { method, urls, headers, body, ok_status } = step else {
-                return Err(Error::internal(format!("a {} step reached the controller", step.kind())));
+                return Err(Failure::Other(Error::internal(format!("a {} step reached the controller", step.kind()))));
             };
             let call = Call {
                 method: method.clone(),
@@ -215,14 +260,33 @@ impl Controller {
             self.http.call(&call).await.map_err(|e| {
                 let message = secrets.scrub(&format!("plugin {}: {e}", plan.plugin));
                 match e {
-                    HttpError::Unreachable { .. } => Error::unavailable(message),
-                    HttpError::Status { status, .. } if status >= 500 => Error::unavailable(message),
-                    HttpError::Status { .. } => Error::precondition(message),
-                    HttpError::Invalid(_) => Error::internal(message),
+                    HttpError::Status { status: CONFLICT_STATUS, .. } => Failure::Conflict(message),
+                    HttpError::Unreachable { .. } => Failure::Other(Error::unavailable(message)),
+                    HttpError::Status { status, .. } if status >= 500 => Failure::Other(Error::unavailable(message)),
+                    HttpError::Status { .. } => Failure::Other(Error::precondition(message)),
+                    HttpError::Invalid(_) => Failure::Other(Error::internal(message)),
                 }
             })?;
         }
         Ok(())
+    }
+}
+
+/// How executing a plan failed.
+enum Failure {
+    /// A step was answered 412: the backend holds the volume with other properties.
+    Conflict(String),
+    /// Anything else, already classified.
+    Other(Error),
+}
+
+impl Failure {
+    /// Outside CreateVolume a 412 is just a status the plan did not accept.
+    fn into_error(self) -> Error {
+        match self {
+            Failure::Conflict(message) => Error::precondition(message),
+            Failure::Other(e) => e,
+        }
     }
 }
 
@@ -265,5 +329,13 @@ mod tests {
         let hosts = hosts_in_id("a:1,Filer.example:8888/k8s/pvc-2");
         assert_eq!(hosts.into_iter().collect::<Vec<_>>(), vec!["a:1".to_string(), "filer.example:8888".to_string()]);
         assert!(hosts_in_id("/buckets/pvc:x").is_empty());
+    }
+
+    #[test]
+    fn a_412_is_already_exists_only_for_create_volume() {
+        // CreateVolume maps Failure::Conflict itself; everywhere else it is a refused status.
+        assert_eq!(Failure::Conflict("412".into()).into_error().kind, ErrorKind::FailedPrecondition);
+        let other = Error::unavailable("down");
+        assert_eq!(Failure::Other(other.clone()).into_error(), other);
     }
 }

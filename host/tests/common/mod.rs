@@ -406,3 +406,47 @@ pub fn guarded(dirs: &NodeDirs, body: impl FnOnce()) {
         std::panic::resume_unwind(e);
     }
 }
+
+/// One entry of a filer directory listing: full path, modification time, size.
+pub type FilerEntry = (String, String, u64);
+
+impl Seaweed {
+    /// A filer directory's entries (full path, mtime, size), sorted by path; empty when the
+    /// directory does not exist. Two equal listings mean nothing in it was created, removed
+    /// or rewritten in between.
+    pub fn listing(&self, dir: &str) -> Vec<FilerEntry> {
+        let dir = dir.trim_end_matches('/');
+        let (status, body) =
+            http("GET", &self.filer, &format!("{dir}/?limit=10000"), &[("Accept", "application/json")], b"").unwrap();
+        if status == 404 {
+            return Vec::new();
+        }
+        assert_eq!(status, 200, "listing {dir}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("listing {dir}: {e}: {body}"));
+        let mut out: Vec<FilerEntry> = v["Entries"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|e| {
+                        (
+                            e["FullPath"].as_str().unwrap_or_default().to_string(),
+                            e["Mtime"].as_str().unwrap_or_default().to_string(),
+                            e["FileSize"].as_u64().unwrap_or_default(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort();
+        out
+    }
+
+    /// A file's content read through the filer, `None` when there is no such file.
+    pub fn file(&self, path: &str) -> Option<String> {
+        match self.read(path) {
+            (200, body) => Some(body),
+            (404, _) => None,
+            (status, body) => panic!("reading {path}: {status} {body}"),
+        }
+    }
+}

@@ -3,32 +3,60 @@
 //! CSI DeleteVolume gets nothing but the volume id and secrets ("The CO MUST NOT pass volume
 //! context to DeleteVolume"), so the id itself says where the volume lives: `<filers><dir>`,
 //! for example `127.0.0.1:8888/buckets/pvc-1`. The plugin's part of an id is at most 100 bytes
-//! of printable ASCII without spaces.
+//! of printable ASCII without spaces. The directory's name comes from the CSI name through
+//! [`names::directory_name`], so every name the CO may send gives a directory SeaweedFS takes.
 //!
-//! Both planners emit one `http` step against the filer's HTTP API, measured on SeaweedFS 4.48:
-//! `POST /dir/` (trailing slash, empty body) creates a directory and its parents, answering 201,
-//! or 409 when the path already exists; `DELETE /dir?recursive=true` answers 204 whether or not
-//! the directory existed.
+//! The controller keeps no state, so a volume's capacity is recorded where the volume lives: a
+//! small file per volume in the filer, `/.mounthost/capacity<dir>`, outside the volume's own
+//! directory. Its content is fixed by the capacity, and the filer's ETag of a file written in
+//! one request is the MD5 of its content, so CreateVolume can ask "is the recorded capacity
+//! this one?" with a conditional request and nothing but status codes:
+//!
+//! 1. `HEAD <record>` with `If-Match: "<md5 of the expected content>"`: 200 same capacity,
+//!    404 no record yet (a new volume, or one made before records existed), **412 another
+//!    capacity**, which the host answers with ALREADY_EXISTS before any later step runs;
+//! 2. `PUT <record>` with that content (201): writing the same content again is harmless;
+//! 3. `POST <dir>/?mode=0777`: 201 created, 409 already there.
+//!
+//! A request without `required_bytes` skips steps 1 and 2: any capacity is compatible with it.
+//! Two CreateVolume calls for one name with different capacities racing each other through
+//! steps 1 and 2 can both succeed (the last `PUT` wins): the host takes a per-volume lock, so
+//! this needs two controller processes at once. DeleteVolume removes the directory, then the
+//! record. Every step was measured on SeaweedFS 4.48: `DELETE /dir?recursive=true` answers 204
+//! whether or not the directory existed, `DELETE <file>` 204 likewise.
 
 use mounthost_plugin_sdk::params::invalid;
 use mounthost_plugin_sdk::{
-    BackendError, DeleteRequest, HttpCall, Kv, ParamSource, Plan, ProvisionPlan, ProvisionRequest, Step, kv,
+    BackendError, DeleteRequest, Header, HttpCall, Kv, ParamSource, Plan, ProvisionPlan, ProvisionRequest, Step, Value,
+    kv,
 };
 
+use md5::{Digest, Md5};
+
 use crate::mount_options;
+use crate::names;
 use crate::params::{self, SPECS, Settings};
 use crate::values;
 
 /// Longest plugin part of a volume id (WIT `provision-plan.volume-id`).
 pub const MAX_VOLUME_ID: usize = 100;
 
-/// Longest volume name accepted (one path component).
+/// Longest last component of a directory in a volume id: the CSI name limit, so ids made by
+/// earlier versions (which used the name as it came, `[A-Za-z0-9._-]`) still parse.
 const MAX_NAME: usize = 128;
 
 /// Status codes that mean "the directory is there now": created, or already existed.
 const CREATE_OK: &[u16] = &[201, 409];
-/// Status codes that mean "the directory is gone now".
+/// Status codes that mean "the directory (or record) is gone now".
 const DELETE_OK: &[u16] = &[200, 202, 204, 404];
+/// `If-Match` on the record: same capacity, or no record yet. 412 (another capacity) is not
+/// accepted; the host maps it to ALREADY_EXISTS.
+const RECORD_CHECK_OK: &[u16] = &[200, 404];
+/// The record was stored (4.48 answers 201 to a new file and to an overwrite).
+const RECORD_WRITE_OK: &[u16] = &[200, 201, 204];
+
+/// Where capacity records live in the filer: `<RECORD_ROOT><volume directory>`.
+pub const RECORD_ROOT: &str = "/.mounthost/capacity";
 
 /// Mode of the volume's root directory. SeaweedFS's own `Mkdir` helper (used by `weed shell` and
 /// the upstream CSI driver) uses 0777; the filer's HTTP default for a POSTed directory is 0660,
@@ -44,13 +72,12 @@ pub fn provision(req: &ProvisionRequest) -> Result<ProvisionPlan, BackendError> 
         let flags = mount_options::check_capability(cap)?;
         mount_options::merge(settings.mount_options.clone(), flags.options)?;
     }
-    check_name(&req.name)?;
+    if req.name.is_empty() {
+        return Err(invalid("the volume name is empty"));
+    }
+    values::check_bucket_path(&values::label("parentDir"), settings.parent_dir)?;
 
-    let dir = if settings.parent_dir == "/" {
-        format!("/{}", req.name)
-    } else {
-        format!("{}/{}", settings.parent_dir, req.name)
-    };
+    let dir = volume_dir(settings.parent_dir, &req.name);
     let collection = settings.collection_for(&dir)?;
     let volume_id = format!("{}{dir}", settings.filer_list());
     check_volume_id(&volume_id, settings.parent_dir)?;
@@ -66,50 +93,86 @@ pub fn provision(req: &ProvisionRequest) -> Result<ProvisionPlan, BackendError> 
         context.push(kv("collection", c.as_str()));
     }
 
-    let encoded = encode_path(&dir);
-    Ok(ProvisionPlan {
-        volume_id,
-        capacity_bytes: req.required_bytes,
-        context,
-        steps: vec![Step::Http(HttpCall {
-            method: "POST".into(),
-            urls: settings.filers.iter().map(|f| format!("http://{f}{encoded}/?mode={DIR_MODE}")).collect(),
-            headers: Vec::new(),
-            body: Vec::new(),
-            ok_status: CREATE_OK.to_vec(),
-        })],
-    })
+    let urls = |path: &str, query: &str| -> Vec<String> {
+        let encoded = encode_path(path);
+        settings.filers.iter().map(|f| format!("http://{f}{encoded}{query}")).collect()
+    };
+    let mut steps = Vec::new();
+    // Without a required size there is nothing to compare (any capacity is compatible) and
+    // nothing to record.
+    if req.required_bytes > 0 {
+        let record = record_path(&dir);
+        let content = record_content(req.required_bytes);
+        steps.push(http("HEAD", urls(&record, ""), vec![header("If-Match", &etag(&content))], "", RECORD_CHECK_OK));
+        steps.push(http(
+            "PUT",
+            urls(&record, ""),
+            vec![header("Content-Type", "application/json")],
+            &content,
+            RECORD_WRITE_OK,
+        ));
+    }
+    steps.push(http("POST", urls(&dir, &format!("/?mode={DIR_MODE}")), Vec::new(), "", CREATE_OK));
+    Ok(ProvisionPlan { volume_id, capacity_bytes: req.required_bytes, context, steps })
 }
 
-/// Plan DeleteVolume: remove the volume's directory tree; an absent one counts as deleted.
+/// Plan DeleteVolume: remove the volume's directory tree, then its capacity record; absent
+/// ones count as deleted. An id this plugin could not have made is `not-found`: the host
+/// answers OK, as CSI asks for a volume that does not exist.
 pub fn delete(req: &DeleteRequest) -> Result<Plan, BackendError> {
     params::secret_env(&req.secrets)?;
     let (filers, dir) = parse_volume_id(&req.volume_id)?;
-    let encoded = encode_path(dir);
+    let urls = |path: &str, query: &str| -> Vec<String> {
+        let encoded = encode_path(path);
+        filers.iter().map(|f| format!("http://{f}{encoded}{query}")).collect()
+    };
     Ok(Plan {
-        steps: vec![Step::Http(HttpCall {
-            method: "DELETE".into(),
-            urls: filers.iter().map(|f| format!("http://{f}{encoded}?recursive=true")).collect(),
-            headers: Vec::new(),
-            body: Vec::new(),
-            ok_status: DELETE_OK.to_vec(),
-        })],
+        steps: vec![
+            http("DELETE", urls(dir, "?recursive=true"), Vec::new(), "", DELETE_OK),
+            http("DELETE", urls(&record_path(dir), ""), Vec::new(), "", DELETE_OK),
+        ],
         attributes: Vec::new(),
     })
 }
 
-/// A volume name must be one safe path component.
-fn check_name(name: &str) -> Result<(), BackendError> {
-    if is_component(name) {
-        Ok(())
-    } else {
-        Err(invalid(format!(
-            "volume name {name:?} cannot be a directory name: use [A-Za-z0-9._-], at most \
-             {MAX_NAME} characters, not . or .."
-        )))
-    }
+/// `<parentDir>/<directory name of the CSI name>`.
+pub fn volume_dir(parent_dir: &str, name: &str) -> String {
+    let leaf = names::directory_name(name);
+    if parent_dir == "/" { format!("/{leaf}") } else { format!("{parent_dir}/{leaf}") }
 }
 
+/// Where the capacity record of the volume at `dir` lives.
+pub fn record_path(dir: &str) -> String {
+    format!("{RECORD_ROOT}{dir}")
+}
+
+/// A capacity record's content: one line of JSON, always the same bytes for one capacity.
+pub fn record_content(capacity_bytes: u64) -> String {
+    format!("{{\"capacityBytes\":{capacity_bytes}}}\n")
+}
+
+/// The filer's ETag of a file with this content: its MD5 in hex, quoted.
+pub fn etag(content: &str) -> String {
+    let digest = Md5::digest(content.as_bytes());
+    format!("\"{}\"", digest.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+fn header(name: &str, value: &str) -> Header {
+    Header { name: name.into(), value: Value::Literal(value.into()) }
+}
+
+fn http(method: &str, urls: Vec<String>, headers: Vec<Header>, body: &str, ok: &[u16]) -> Step {
+    Step::Http(HttpCall {
+        method: method.into(),
+        urls,
+        headers,
+        body: body.as_bytes().to_vec(),
+        ok_status: ok.to_vec(),
+    })
+}
+
+/// A directory name some version of this plugin made: `[A-Za-z0-9._-]`, 1 to 128 bytes, not
+/// `.` or `..` (today's names are a subset of that).
 fn is_component(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= MAX_NAME
@@ -136,24 +199,25 @@ fn check_volume_id(id: &str, parent_dir: &str) -> Result<(), BackendError> {
 }
 
 /// Split a volume id into its filers and directory. The directory must be one the provisioner
-/// could have made: absolute, not `/`, its last component a valid volume name.
+/// could have made: absolute, not `/`, its last component a directory name it makes. Anything
+/// else is `not-found`: no volume of this plugin has that id.
 pub fn parse_volume_id(id: &str) -> Result<(Vec<&str>, &str), BackendError> {
-    let bad = |why: &str| {
-        invalid(format!(
-            "volume id {id:?} is not one this plugin made ({why}); expected \
+    let unknown = |why: &str| {
+        BackendError::NotFound(format!(
+            "volume id {id:?} is not one this plugin made ({why}); its ids are \
              <filer host:port>[,<filer>...]/<parentDir>/<name>, such as 127.0.0.1:8888/buckets/pvc-1"
         ))
     };
     if id.len() > MAX_VOLUME_ID || !id.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(bad("longer than 100 bytes or not printable ASCII"));
+        return Err(unknown("longer than 100 bytes or not printable ASCII"));
     }
-    let slash = id.find('/').ok_or_else(|| bad("no directory"))?;
+    let slash = id.find('/').ok_or_else(|| unknown("no directory"))?;
     let (filers, dir) = id.split_at(slash);
-    let filers = values::parse_filers("volume id", filers).map_err(|_| bad("bad filer list"))?;
-    values::check_remote_path("volume id", dir).map_err(|_| bad("bad directory"))?;
+    let filers = values::parse_filers("volume id", filers).map_err(|_| unknown("bad filer list"))?;
+    values::check_remote_path("volume id", dir).map_err(|_| unknown("bad directory"))?;
     match dir.rsplit('/').next() {
         Some(last) if is_component(last) => Ok((filers, dir)),
-        _ => Err(bad("bad volume name")),
+        _ => Err(unknown("bad volume name")),
     }
 }
 

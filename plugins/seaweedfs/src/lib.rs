@@ -4,8 +4,9 @@
 //! the mounthost host checks against its policy and executes:
 //!
 //! - `validate` checks parameters, secrets and capabilities;
-//! - `provision` plans one filer directory per volume (`<parentDir>/<name>`) and an id that
-//!   tells `delete` where it is ([`controller`]);
+//! - `provision` plans one filer directory per volume (`<parentDir>/<directory name>`, the
+//!   CSI name mapped to a name SeaweedFS takes by [`names`]), a capacity record next to it, and
+//!   an id that tells `delete` where both are ([`controller`]);
 //! - `stage` plans one `weed mount` FUSE process at the staging path ([`node`]);
 //! - `publish` is the SDK's bind mount of the staging path onto the target, read-only when asked;
 //! - `unstage` adds nothing: the host stops what stage started and removes the cache directory.
@@ -16,6 +17,7 @@
 
 pub mod controller;
 pub mod mount_options;
+pub mod names;
 pub mod node;
 pub mod params;
 pub mod values;
@@ -41,9 +43,15 @@ impl Plugin for Seaweedfs {
         }
     }
 
+    /// ValidateVolumeCapabilities: the host sends the volume's context and parameters in one
+    /// list, so `path` is accepted here (CreateVolume still refuses it as a parameter).
     fn validate(req: ValidateRequest) -> Result<(), BackendError> {
-        let p = params::open(&req.parameters, ParamSource::Parameter)?;
+        let p = params::open(&req.parameters, ParamSource::Context)?;
         let settings = params::Settings::parse(&p)?;
+        values::check_bucket_path(&values::label("parentDir"), settings.parent_dir)?;
+        if let Some(path) = settings.path {
+            values::check_bucket_path(&values::label("path"), path)?;
+        }
         params::secret_env(&req.secrets)?;
         for cap in &req.capabilities {
             let flags = mount_options::check_capability(cap)?;

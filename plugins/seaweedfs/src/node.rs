@@ -15,6 +15,7 @@ use mounthost_plugin_sdk::{
 
 use crate::mount_options;
 use crate::params::{self, Settings};
+use crate::values;
 
 /// The program name the host maps to its `weed` binary.
 pub const PROGRAM: &str = "weed";
@@ -37,6 +38,14 @@ pub fn stage(req: &StageRequest) -> Result<Plan, BackendError> {
              remote directory to mount (such as /buckets/data)",
         )
     })?;
+    // A static volume under /buckets must name a bucket SeaweedFS takes. A volume this plugin
+    // provisioned (its id is `<filers><path>`) is exempt: its directory exists, and one made by
+    // an earlier version from a name like `Data` must keep mounting. (The host has been seen to
+    // pass the whole CSI id, `seaweedfs~<filers><path>`, where the WIT promises our part.)
+    let id = req.volume_id.strip_prefix("seaweedfs~").unwrap_or(&req.volume_id);
+    if id != format!("{}{path}", settings.filer_list()) {
+        values::check_bucket_path(&values::label("path"), path)?;
+    }
     let collection = settings.collection_for(path)?;
 
     let mut args: Vec<Arg> = vec![

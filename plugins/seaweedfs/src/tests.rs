@@ -569,13 +569,21 @@ fn validate_accepts_a_full_storage_class() {
 
 #[test]
 fn path_is_not_a_storage_class_parameter() {
-    let req = ValidateRequest {
-        parameters: kvs(&[("filer", "127.0.0.1:8888"), ("path", "/x")]),
-        secrets: vec![],
-        capabilities: vec![],
-    };
-    let err = message(Seaweedfs::validate(req).unwrap_err());
+    let err = message(
+        Seaweedfs::provision(provision_req("pvc-1", &[("filer", "127.0.0.1:8888"), ("path", "/x")])).unwrap_err(),
+    );
     assert!(err.contains("\"path\"") && err.contains("static PersistentVolume"), "{err}");
+}
+
+/// ValidateVolumeCapabilities sends a volume's context (with `path`) and parameters together.
+#[test]
+fn validate_accepts_a_volume_context() {
+    let req = ValidateRequest {
+        parameters: kvs(&[("filer", "127.0.0.1:8888"), ("path", "/buckets/pvc-1"), ("collection", "pvc-1")]),
+        secrets: vec![],
+        capabilities: vec![rw()],
+    };
+    Seaweedfs::validate(req).unwrap();
 }
 
 fn provision_req(name: &str, params: &[(&str, &str)]) -> ProvisionRequest {
@@ -589,8 +597,16 @@ fn provision_req(name: &str, params: &[(&str, &str)]) -> ProvisionRequest {
     }
 }
 
+/// The one `POST` that creates the directory.
+fn mkdir_of(plan: &ProvisionPlan) -> &HttpCall {
+    match plan.steps.as_slice() {
+        [.., Step::Http(call)] if call.method == "POST" => call,
+        other => panic!("expected the directory's POST last, got {other:?}"),
+    }
+}
+
 #[test]
-fn provision_plans_one_directory() {
+fn provision_plans_the_capacity_check_its_record_and_one_directory() {
     let plan = Seaweedfs::provision(provision_req(
         "pvc-1",
         &[("replication", "001"), ("filer", "127.0.0.1:8888"), ("csi.storage.k8s.io/pvc/name", "data")],
@@ -607,16 +623,55 @@ fn provision_plans_one_directory() {
             kv("collection", "pvc-1"),
         ]
     );
+    let record = "http://127.0.0.1:8888/.mounthost/capacity/buckets/pvc-1";
+    let content = "{\"capacityBytes\":5368709120}\n";
+    // md5 of the content, as `printf '{"capacityBytes":5368709120}\n' | md5sum` prints it.
+    let etag = "\"beb64068111de617fe79591162f50522\"";
     assert_eq!(
         plan.steps,
-        vec![Step::Http(HttpCall {
-            method: "POST".into(),
-            urls: vec!["http://127.0.0.1:8888/buckets/pvc-1/?mode=0777".into()],
-            headers: vec![],
-            body: vec![],
-            ok_status: vec![201, 409],
-        })]
+        vec![
+            Step::Http(HttpCall {
+                method: "HEAD".into(),
+                urls: vec![record.into()],
+                headers: vec![Header { name: "If-Match".into(), value: Value::Literal(etag.into()) }],
+                body: vec![],
+                ok_status: vec![200, 404],
+            }),
+            Step::Http(HttpCall {
+                method: "PUT".into(),
+                urls: vec![record.into()],
+                headers: vec![Header { name: "Content-Type".into(), value: Value::Literal("application/json".into()) }],
+                body: content.as_bytes().to_vec(),
+                ok_status: vec![200, 201, 204],
+            }),
+            Step::Http(HttpCall {
+                method: "POST".into(),
+                urls: vec!["http://127.0.0.1:8888/buckets/pvc-1/?mode=0777".into()],
+                headers: vec![],
+                body: vec![],
+                ok_status: vec![201, 409],
+            }),
+        ]
     );
+}
+
+#[test]
+fn the_record_depends_on_the_capacity_only() {
+    let plan = |name: &str, bytes: u64| {
+        let mut req = provision_req(name, &[("filer", "127.0.0.1:8888")]);
+        req.required_bytes = bytes;
+        Seaweedfs::provision(req).unwrap()
+    };
+    let etag_of = |p: &ProvisionPlan| match &p.steps[0] {
+        Step::Http(call) => call.headers.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(etag_of(&plan("pvc-1", 1 << 30)), etag_of(&plan("pvc-2", 1 << 30)));
+    assert_ne!(etag_of(&plan("pvc-1", 1 << 30)), etag_of(&plan("pvc-1", 2 << 30)));
+    // No capacity asked for: nothing to compare, nothing recorded, only the directory.
+    let sizeless = plan("pvc-1", 0);
+    assert_eq!(sizeless.capacity_bytes, 0);
+    assert!(matches!(sizeless.steps.as_slice(), [Step::Http(c)] if c.method == "POST"), "{:?}", sizeless.steps);
 }
 
 #[test]
@@ -629,8 +684,12 @@ fn provision_with_several_filers_and_an_explicit_collection() {
     assert_eq!(plan.volume_id, "a:1,[::1]:2/k8s/pvc-2");
     assert!(plan.context.contains(&kv("collection", "shared")));
     assert!(plan.context.contains(&kv("parentDir", "/k8s")));
-    let Step::Http(call) = &plan.steps[0] else { panic!("{:?}", plan.steps) };
-    assert_eq!(call.urls, vec!["http://a:1/k8s/pvc-2/?mode=0777", "http://[::1]:2/k8s/pvc-2/?mode=0777"]);
+    assert_eq!(mkdir_of(&plan).urls, vec!["http://a:1/k8s/pvc-2/?mode=0777", "http://[::1]:2/k8s/pvc-2/?mode=0777"]);
+    let Step::Http(check) = &plan.steps[0] else { panic!() };
+    assert_eq!(
+        check.urls,
+        vec!["http://a:1/.mounthost/capacity/k8s/pvc-2", "http://[::1]:2/.mounthost/capacity/k8s/pvc-2"]
+    );
 }
 
 #[test]
@@ -646,31 +705,110 @@ fn provisioned_context_stages_and_is_deterministic() {
     assert!(args.contains(&"-ttl=86400".to_string()));
 }
 
+/// Names a CO may send (CSI allows any string of up to 128 bytes) that SeaweedFS would refuse
+/// as a bucket: each gets a valid directory, collection and id, and stages.
 #[rstest]
-#[case("")]
-#[case(".")]
-#[case("..")]
-#[case("a/b")]
-#[case("a b")]
-#[case("pvc:1")]
-fn bad_volume_names_are_refused(#[case] name: &str) {
-    let err = message(Seaweedfs::provision(provision_req(name, &[("filer", "a:1")])).unwrap_err());
+#[case("Mixed-Case-PVC", "mixed-case-pvc-")]
+#[case("v1", "v1-")]
+#[case("a b", "a-b-")]
+#[case("pvc:1", "pvc-1-")]
+#[case("a/b", "a-b-")]
+#[case("..", "vol-")]
+#[case("üñí", "vol-")]
+fn names_seaweedfs_refuses_map_to_valid_directories(#[case] name: &str, #[case] prefix: &str) {
+    let plan = Seaweedfs::provision(provision_req(name, &[("filer", "127.0.0.1:8888")])).unwrap();
+    let dir = plan.context.iter().find(|kv| kv.key == "path").unwrap().value.clone();
+    let leaf = dir.strip_prefix("/buckets/").unwrap();
+    assert!(leaf.starts_with(prefix), "{name} -> {leaf}");
+    assert!(crate::names::bucket_rule(leaf).is_ok(), "{name} -> {leaf}");
+    assert!(plan.context.contains(&kv("collection", leaf)), "the collection is the directory name");
+    assert_eq!(plan.volume_id, format!("127.0.0.1:8888{dir}"));
+    assert_eq!(Seaweedfs::provision(provision_req(name, &[("filer", "127.0.0.1:8888")])).unwrap(), plan);
+    let (_, parsed) = crate::controller::parse_volume_id(&plan.volume_id).unwrap();
+    assert_eq!(parsed, dir, "delete finds the same directory");
+    let staged = Seaweedfs::stage(StageRequest {
+        volume_id: plan.volume_id.clone(),
+        ..stage_req(plan.context.clone(), vec![], rw())
+    });
+    assert!(staged.is_ok(), "{staged:?}");
+}
+
+#[test]
+fn a_128_byte_name_fits_in_the_volume_id() {
+    let name = format!("PVC-{}", "x".repeat(124));
+    assert_eq!(name.len(), 128);
+    let plan = Seaweedfs::provision(provision_req(&name, &[("filer", "seaweedfs-filer.storage:8888")])).unwrap();
+    assert!(plan.volume_id.len() <= 100, "{}", plan.volume_id);
+    assert!(
+        plan.volume_id.starts_with("seaweedfs-filer.storage:8888/buckets/pvc-xxxxxxxxxxxxxxxxxxx-"),
+        "{}",
+        plan.volume_id
+    );
+    // Names that are already valid bucket names keep their directory.
+    let plan =
+        Seaweedfs::provision(provision_req("pvc-5f0c1d2e-3a4b-4c5d-8e9f-0a1b2c3d4e5f", &[("filer", "a:1")])).unwrap();
+    assert_eq!(plan.volume_id, "a:1/buckets/pvc-5f0c1d2e-3a4b-4c5d-8e9f-0a1b2c3d4e5f");
+}
+
+#[test]
+fn an_empty_name_is_refused() {
+    let err = message(Seaweedfs::provision(provision_req("", &[("filer", "a:1")])).unwrap_err());
     assert!(err.contains("volume name"), "{err}");
 }
 
 #[test]
-fn overlong_names_are_refused() {
+fn overlong_collections_are_refused() {
     let err = message(stage(&[("collection", &"c".repeat(65))]).unwrap_err());
     assert!(err.contains("\"collection\""), "{err}");
     assert!(stage(&[("collection", &"c".repeat(64))]).is_ok());
-    let err = message(
-        Seaweedfs::provision(provision_req(&"n".repeat(129), &[("filer", "a:1"), ("parentDir", "/")])).unwrap_err(),
-    );
-    assert!(err.contains("volume name"), "{err}");
-    let err = message(
-        Seaweedfs::provision(provision_req(&"n".repeat(65), &[("filer", "a:1"), ("parentDir", "/")])).unwrap_err(),
-    );
-    assert!(err.contains("\"collection\""), "a 65-byte name cannot be the default collection: {err}");
+}
+
+/// A static volume (or a StorageClass's parentDir) under /buckets must name a bucket SeaweedFS
+/// takes; validate and stage refuse it before anything runs, naming the rule.
+#[rstest]
+#[case("/buckets/v1", "between [3, 63]")]
+#[case("/buckets/Data/sub", "lower case")]
+#[case("/buckets/my_data", "lower case")]
+#[case("/buckets/10.0.0.1", "ip addresses")]
+fn static_paths_in_buckets_seaweedfs_refuses(#[case] path: &str, #[case] rule: &str) {
+    let err = message(stage(&[("path", path)]).unwrap_err());
+    assert!(err.contains("\"path\"") && err.contains(rule) && err.contains("S3 bucket"), "{err}");
+    let validate = |key: &str| {
+        Seaweedfs::validate(ValidateRequest {
+            parameters: kvs(&[("filer", "127.0.0.1:8888"), (key, path)]),
+            secrets: vec![],
+            capabilities: vec![rw()],
+        })
+    };
+    let err = message(validate("path").unwrap_err());
+    assert!(err.contains(rule), "{err}");
+    let err = message(validate("parentDir").unwrap_err());
+    assert!(err.contains("\"parentDir\"") && err.contains(rule), "{err}");
+    let err =
+        message(Seaweedfs::provision(provision_req("pvc-1", &[("filer", "a:1"), ("parentDir", path)])).unwrap_err());
+    assert!(err.contains("\"parentDir\""), "{err}");
+}
+
+#[rstest]
+#[case("/buckets")]
+#[case("/buckets/data")]
+#[case("/buckets/data/Sub_Dir")]
+#[case("/buckets/.hidden")]
+#[case("/Data/v1")]
+fn other_static_paths_are_fine(#[case] path: &str) {
+    assert!(stage(&[("path", path)]).is_ok());
+}
+
+#[test]
+fn a_provisioned_volume_stages_whatever_its_name() {
+    // Made by an earlier version from the name "Data": its id is <filers><path>.
+    let ctx = context(&[("path", "/buckets/Data")]);
+    for id in ["127.0.0.1:8888/buckets/Data", "seaweedfs~127.0.0.1:8888/buckets/Data"] {
+        let req = StageRequest { volume_id: id.into(), ..stage_req(ctx.clone(), vec![], rw()) };
+        assert!(Seaweedfs::stage(req).is_ok(), "{id}");
+    }
+    let req = StageRequest { volume_id: "static-data".into(), ..stage_req(ctx, vec![], rw()) };
+    assert!(Seaweedfs::stage(req).is_err(), "a static volume with that path is refused");
 }
 
 #[test]
@@ -709,24 +847,43 @@ fn delete(id: &str) -> Result<Plan, BackendError> {
 }
 
 #[rstest]
-#[case("127.0.0.1:8888/buckets/pvc-1", &["http://127.0.0.1:8888/buckets/pvc-1?recursive=true"])]
-#[case("a:1,[::1]:2/k8s/pvc-2", &["http://a:1/k8s/pvc-2?recursive=true", "http://[::1]:2/k8s/pvc-2?recursive=true"])]
-#[case("a:1/pvc-3", &["http://a:1/pvc-3?recursive=true"])]
-#[case("a:1/odd?dir%/pvc-4", &["http://a:1/odd%3Fdir%25/pvc-4?recursive=true"])]
-fn delete_removes_the_directory(#[case] id: &str, #[case] urls: &[&str]) {
+#[case("127.0.0.1:8888/buckets/pvc-1", &["http://127.0.0.1:8888/buckets/pvc-1"])]
+#[case("a:1,[::1]:2/k8s/pvc-2", &["http://a:1/k8s/pvc-2", "http://[::1]:2/k8s/pvc-2"])]
+#[case("a:1/pvc-3", &["http://a:1/pvc-3"])]
+#[case("a:1/odd?dir%/pvc-4", &["http://a:1/odd%3Fdir%25/pvc-4"])]
+#[case("a:1/buckets/Old_Name", &["http://a:1/buckets/Old_Name"])]
+fn delete_removes_the_directory_then_the_record(#[case] id: &str, #[case] dirs: &[&str]) {
     let plan = delete(id).unwrap();
+    let records: Vec<String> = dirs
+        .iter()
+        .map(|d| {
+            let (origin, path) = d.split_at(d[7..].find('/').unwrap() + 7);
+            format!("{origin}/.mounthost/capacity{path}")
+        })
+        .collect();
     assert_eq!(
         plan.steps,
-        vec![Step::Http(HttpCall {
-            method: "DELETE".into(),
-            urls: urls.iter().map(|u| u.to_string()).collect(),
-            headers: vec![],
-            body: vec![],
-            ok_status: vec![200, 202, 204, 404],
-        })]
+        vec![
+            Step::Http(HttpCall {
+                method: "DELETE".into(),
+                urls: dirs.iter().map(|u| format!("{u}?recursive=true")).collect(),
+                headers: vec![],
+                body: vec![],
+                ok_status: vec![200, 202, 204, 404],
+            }),
+            Step::Http(HttpCall {
+                method: "DELETE".into(),
+                urls: records,
+                headers: vec![],
+                body: vec![],
+                ok_status: vec![200, 202, 204, 404],
+            }),
+        ]
     );
 }
 
+/// Ids this plugin could not have made: `not-found`, which the host answers with OK (CSI:
+/// DeleteVolume of a volume that does not exist succeeds).
 #[rstest]
 #[case("")]
 #[case("noslash")]
@@ -740,30 +897,40 @@ fn delete_removes_the_directory(#[case] id: &str, #[case] urls: &[&str]) {
 #[case("a:1/buckets/a b")]
 #[case("a:1/buckets/pvc:1")]
 #[case("/buckets/pvc-1")]
-fn malformed_volume_ids_are_refused(#[case] id: &str) {
-    let err = message(delete(id).unwrap_err());
-    assert!(err.contains("volume id"), "{err}");
+fn ids_this_plugin_did_not_make_are_not_found(#[case] id: &str) {
+    match delete(id) {
+        Err(BackendError::NotFound(m)) => assert!(m.contains("volume id"), "{m}"),
+        other => panic!("{id:?}: {other:?}"),
+    }
 }
 
 #[test]
-fn a_volume_id_longer_than_100_bytes_is_refused_on_delete() {
+fn a_volume_id_longer_than_100_bytes_is_not_found_on_delete() {
     let id = format!("a:1/{}", "x".repeat(97));
     assert_eq!(id.len(), 101);
-    assert!(delete(&id).is_err());
+    assert!(matches!(delete(&id), Err(BackendError::NotFound(_))));
     assert!(delete(&id[..100]).is_ok());
 }
 
 #[test]
-fn provision_and_delete_agree_on_the_directory() {
+fn provision_and_delete_agree_on_the_directory_and_the_record() {
     let plan =
         Seaweedfs::provision(provision_req("pvc-9", &[("filer", "f1:8888,f2:8888"), ("parentDir", "/a/b")])).unwrap();
-    let Step::Http(create) = &plan.steps[0] else { panic!() };
-    let Step::Http(remove) = &delete(&plan.volume_id).unwrap().steps[0] else { panic!() };
-    let strip = |u: &str| u.split('?').next().unwrap_or_default().trim_end_matches('/').to_string();
-    let created: Vec<String> = create.urls.iter().map(|u| strip(u)).collect();
-    let removed: Vec<String> = remove.urls.iter().map(|u| strip(u)).collect();
-    assert_eq!(created, removed);
+    let removal = delete(&plan.volume_id).unwrap();
+    let urls = |step: &Step| match step {
+        Step::Http(call) => call
+            .urls
+            .iter()
+            .map(|u| u.split('?').next().unwrap_or_default().trim_end_matches('/').to_string())
+            .collect(),
+        other => panic!("{other:?}"),
+    };
+    let created: Vec<String> = urls(&plan.steps[2]);
+    let record: Vec<String> = urls(&plan.steps[1]);
+    assert_eq!(created, urls(&removal.steps[0]));
+    assert_eq!(record, urls(&removal.steps[1]));
     assert_eq!(created[0], "http://f1:8888/a/b/pvc-9");
+    assert_eq!(record[0], "http://f1:8888/.mounthost/capacity/a/b/pvc-9");
 }
 
 #[test]

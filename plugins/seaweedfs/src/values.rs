@@ -90,6 +90,21 @@ pub fn check_remote_path<'v>(what: &str, v: &'v str) -> Result<&'v str, BackendE
     if ok { Ok(v) } else { Err(invalid(format!("{what} must be {accepted}, not {v:?}"))) }
 }
 
+/// Refuse a remote path whose bucket (the component right under `/buckets`) SeaweedFS refuses
+/// ([`crate::names::bucket_rule`]): `weed mount` would exit with the filer's 500, or the
+/// directory could not be created. `what` names the parameter.
+pub fn check_bucket_path(what: &str, path: &str) -> Result<(), BackendError> {
+    let Some(bucket) = crate::names::bucket_of(path) else { return Ok(()) };
+    crate::names::bucket_rule(bucket).map_err(|why| {
+        invalid(format!(
+            "{what} is {path:?}, which makes {bucket:?} an S3 bucket of SeaweedFS, and SeaweedFS \
+             refuses that name ({why}): a directory directly under /buckets needs 3 to 63 lower-case \
+             letters, digits, dots or hyphens, starting and ending with a letter or digit, no \"..\", \
+             not an IP address, no xn-- prefix or -s3alias suffix"
+        ))
+    })
+}
+
 /// A SeaweedFS collection name: `[A-Za-z0-9_.-]`, 1 to 64 bytes.
 pub fn check_collection<'v>(key: &str, v: &'v str) -> Result<&'v str, BackendError> {
     check_token(key, v, 64, "a collection name of [A-Za-z0-9_.-]", true)
