@@ -4,7 +4,8 @@
 //! Each file of `host/src` is a node; its `use` lines and inline `crate::`/`super::` paths are
 //! edges to the module files they name (the part after a `#[cfg(test)]` line is the file's
 //! tests and does not count). A file *has effects* when it names an effectful crate or module
-//! (`std::fs`, `std::process`, `nix`, `rustix`, `libc`, `tokio::fs`, `tokio::net`, ...).
+//! (`std::fs`, `std::process`, sockets, `nix`, `rustix`, `libc`, `tokio::fs`, `tokio::net`, ...;
+//! address and error-number types are data).
 //!
 //! - The CSI front (`front/`) never reaches the host daemon (`daemon/`) or the privileged room
 //!   (`exec/`), not even through a shared module.
@@ -23,7 +24,10 @@ const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
 const EFFECTS: &[&str] = &[
     "std::fs",
     "std::process",
-    "std::net",
+    "std::net::TcpStream",
+    "std::net::TcpListener",
+    "std::net::UdpSocket",
+    "std::net::ToSocketAddrs",
     "std::os::unix::net",
     "std::os::unix::fs",
     "std::os::fd",
@@ -100,15 +104,20 @@ fn expand(prefix: &str, body: &str, out: &mut Vec<String>) {
 /// Every path the code names: expanded `use` items and inline `crate::`/`super::`/`std::` paths.
 fn paths(code: &str) -> Vec<String> {
     let mut out = Vec::new();
+    // `use` items start a line (possibly `pub use`, `pub(crate) use`) and end at `;`.
     let mut rest = code;
     while let Some(i) = rest.find("use ") {
-        let at_word = i == 0 || !rest.as_bytes()[i - 1].is_ascii_alphanumeric() && rest.as_bytes()[i - 1] != b'_';
+        let line_start = rest[..i].rfind('\n').map(|n| n + 1).unwrap_or(0);
+        let before = rest[line_start..i].trim();
+        let starts_item = before.is_empty() || before == "pub" || before.starts_with("pub(");
         let tail = &rest[i + 4..];
         let Some(end) = tail.find(';') else { break };
-        if at_word {
+        if starts_item {
             expand("", &tail[..end], &mut out);
+            rest = &tail[end..];
+        } else {
+            rest = tail;
         }
-        rest = &tail[if at_word { end } else { 0 }..];
     }
     for word in code.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')) {
         if word.contains("::") {

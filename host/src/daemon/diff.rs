@@ -90,6 +90,54 @@ pub enum Desired {
     Removed { dirs: Vec<PathBuf> },
 }
 
+impl Desired {
+    /// Every path the operation can look at or act on: the mount table is read for these only.
+    pub fn paths(&self) -> Vec<&Path> {
+        let mut out: Vec<&Path> = Vec::new();
+        let steps = match self {
+            Desired::Stage { staging, host_dirs, steps, published, .. } => {
+                out.push(&staging.path);
+                out.extend(host_dirs.iter().map(PathBuf::as_path));
+                out.extend(published.keys().map(PathBuf::as_path));
+                out.extend(published.values().flat_map(|p| p.steps.iter().flat_map(step_paths)));
+                steps
+            }
+            Desired::Publish { staging, target, steps } => {
+                out.extend([staging.as_path(), target.path.as_path()]);
+                steps
+            }
+            Desired::Unpublish { target } => return vec![target],
+            Desired::Teardown { staging, host_dirs, steps, .. } => {
+                out.push(staging);
+                out.extend(host_dirs.iter().map(PathBuf::as_path));
+                steps
+            }
+            Desired::Removed { dirs } => return dirs.iter().map(PathBuf::as_path).collect(),
+        };
+        out.extend(steps.iter().flat_map(step_paths));
+        out
+    }
+}
+
+/// The paths one step names.
+fn step_paths(step: &Step) -> Vec<&Path> {
+    match step {
+        Step::Mkdir { path } | Step::Remove { path } => vec![path],
+        Step::SpawnFuse { mountpoint, .. } => vec![mountpoint],
+        Step::Mount { target, source, .. } => {
+            let mut v = vec![target.as_path()];
+            if source.starts_with('/') {
+                v.push(Path::new(source));
+            }
+            v
+        }
+        Step::Bind { source, target, .. } => vec![source, target],
+        Step::Unpack { dest, .. } => vec![dest],
+        Step::Socket { path } => vec![path],
+        Step::Fetch { .. } | Step::Http { .. } => vec![],
+    }
+}
+
 /// Something else is in the way of a publish.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Conflict {

@@ -62,6 +62,8 @@ struct Inner {
     backoff: heal::Backoff,
     /// Signalled whenever a FUSE process is started, so the supervisor watches it at once.
     spawned: tokio::sync::Notify,
+    /// Publish plans by a digest of their inputs (see `publish.rs`).
+    plans: std::sync::Mutex<std::collections::HashMap<[u8; 32], wit::Plan>>,
 }
 
 impl Node {
@@ -82,6 +84,7 @@ impl Node {
                 boot_id,
                 backoff: Default::default(),
                 spawned: Default::default(),
+                plans: Default::default(),
             }),
         })
     }

@@ -79,7 +79,7 @@ impl Node {
     /// Run `job`. Blocking.
     pub(super) fn run_job(&self, job: Job) -> Result<Applied, Error> {
         let t0 = std::time::Instant::now();
-        let mounts = self.mounts()?;
+        let mounts = self.mounts_touching(&job.desired.paths())?;
         let t_mounts = t0.elapsed();
         let process_alive = job.process.is_some_and(|p| self.inner.exec.is_alive(&p));
         let actions = diff::diff(&job.desired, Observed { mounts: &mounts, process_alive }).map_err(conflict)?;
@@ -140,7 +140,10 @@ impl Node {
         if st.ephemeral {
             host_dirs.push(st.staging_path.parent().unwrap_or(&st.staging_path).to_path_buf());
         }
-        let mounts = self.mounts()?;
+        let mut paths: Vec<&Path> = vec![&st.staging_path];
+        paths.extend(targets.iter().map(PathBuf::as_path));
+        paths.extend(host_dirs.iter().map(PathBuf::as_path));
+        let mounts = self.mounts_touching(&paths)?;
         let mut actions = Vec::new();
         for t in targets {
             actions.extend(
@@ -268,6 +271,11 @@ impl Node {
     /// The mount table as the kernel shows it now.
     pub(super) fn mounts(&self) -> Result<Vec<crate::exec::mountinfo::MountEntry>, Error> {
         self.inner.exec.mounts().map_err(|e| Error::internal(format!("reading the mount table: {e}")))
+    }
+
+    /// The entries of the mount table at, above or below `paths`, read once.
+    fn mounts_touching(&self, paths: &[&Path]) -> Result<Vec<crate::exec::mountinfo::MountEntry>, Error> {
+        self.inner.exec.mounts_touching(paths).map_err(|e| Error::internal(format!("reading the mount table: {e}")))
     }
 }
 

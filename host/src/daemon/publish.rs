@@ -30,10 +30,12 @@ use crate::volume::request;
 use crate::volume::state::{Phase, Publication, VolumeState};
 
 impl Node {
-    /// NodePublishVolume, the hot path: one blocking section from the lock to the reply (the
-    /// plugin call runs on it through the runtime's handle), so a publish costs one hop to the
-    /// blocking pool. Like every node operation it runs to completion even if the caller goes
-    /// away (a blocking task is never cancelled), holding the volume's lock until it is done.
+    /// NodePublishVolume, the hot path: the state comes from memory, the plugin is found by its
+    /// pinned digest without a folder scan, its plan usually from the memo, and everything from
+    /// the lock to the reply runs as one blocking task (the rare plugin call runs on it through
+    /// the runtime's handle): one hop, where an async task plus a blocking section would cost
+    /// two wake-ups more. Like every node operation it runs to completion even if the caller
+    /// goes away (a blocking task is never cancelled), holding the volume's lock until done.
     pub async fn publish(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Error> {
         let (this, rt) = (self.clone(), tokio::runtime::Handle::current());
         tokio::task::spawn_blocking(move || rt.block_on(this.publish_now(req)))
@@ -41,7 +43,8 @@ impl Node {
             .map_err(|e| Error::internal(format!("a node operation panicked: {e}")))?
     }
 
-    /// Runs on a blocking thread: the state file and the syscalls run here directly.
+    /// Runs on a blocking thread (see [`Node::publish`]): the state file and the syscalls run
+    /// here directly.
     async fn publish_now(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Error> {
         let t0 = std::time::Instant::now();
         let id = request::volume_id(&req.volume_id)?;
@@ -111,7 +114,7 @@ impl Node {
             readonly: req.readonly,
             recorded: state.plan.attributes.iter().map(|(k, v)| wit::Kv { key: k.clone(), value: v.clone() }).collect(),
         };
-        let wplan = self.inner.runtime.call(&plugin, &id, wit_req).await?;
+        let wplan = self.publish_plan(&plugin, &id, wit_req).await?;
         let dirs = self.dirs(&id, Some(&staging), Some(&target));
         let plan = self.check(&plugin, Operation::Publish, &dirs, &state.context, &secrets, wplan)?;
         let t_plan = t1.elapsed();
@@ -198,6 +201,64 @@ impl Node {
     }
 }
 
+/// Plans kept at most (then the memo starts afresh).
+const MAX_MEMO: usize = 4096;
+
+impl Node {
+    /// The plugin's publish plan. Planners are pure functions of their request (the contract:
+    /// no clock, no randomness, no I/O), and a publish request names no path (the target is
+    /// a root the policy resolves afterwards), so every publish of a volume with the same flags
+    /// (another pod, kubelet's retry) gets the same plan: it is kept, by a digest of the plugin
+    /// build and every field of the request, secrets included, and reused without a call.
+    async fn publish_plan(
+        &self,
+        plugin: &crate::plugin::LoadedPlugin,
+        id: &str,
+        req: wit::PublishRequest,
+    ) -> Result<wit::Plan, Error> {
+        let key = publish_key(&plugin.digest.to_string(), &req);
+        if let Some(plan) = self.inner.plans.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return Ok(plan.clone());
+        }
+        let plan = self.inner.runtime.call(plugin, id, req).await?;
+        let mut memo = self.inner.plans.lock().unwrap_or_else(|p| p.into_inner());
+        if memo.len() >= MAX_MEMO {
+            memo.clear();
+        }
+        memo.insert(key, plan.clone());
+        Ok(plan)
+    }
+}
+
+/// A digest of everything a publish planner sees, each field length-prefixed.
+fn publish_key(digest: &str, req: &wit::PublishRequest) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let mut put = |s: &[u8]| {
+        h.update((s.len() as u64).to_le_bytes());
+        h.update(s);
+    };
+    put(digest.as_bytes());
+    put(req.volume_id.as_bytes());
+    for kvs in [&req.context, &req.secrets, &req.recorded] {
+        let mut sorted: Vec<&wit::Kv> = kvs.iter().collect();
+        sorted.sort_by(|a, b| (&a.key, &a.value).cmp(&(&b.key, &b.value)));
+        put(&(sorted.len() as u64).to_le_bytes());
+        for kv in sorted {
+            put(kv.key.as_bytes());
+            put(kv.value.as_bytes());
+        }
+    }
+    put(request::access_mode_name(req.capability.access_mode).as_bytes());
+    put(req.capability.fs_type.as_bytes());
+    put(&(req.capability.mount_flags.len() as u64).to_le_bytes());
+    for f in &req.capability.mount_flags {
+        put(f.as_bytes());
+    }
+    put(&[u8::from(req.readonly)]);
+    h.finalize().into()
+}
+
 /// SINGLE_NODE_WRITER and SINGLE_NODE_SINGLE_WRITER: "can only be published once as read/write
 /// on a single node, at any given time". A second target is refused when either it or one
 /// already there is read-write.
@@ -221,5 +282,58 @@ fn single_writer(
             other.display()
         ))),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> wit::PublishRequest {
+        let kv = |k: &str, v: &str| wit::Kv { key: k.into(), value: v.into() };
+        wit::PublishRequest {
+            volume_id: "v".into(),
+            context: vec![kv("a", "1"), kv("b", "2")],
+            secrets: vec![kv("s", "secret")],
+            capability: wit::VolumeCapability {
+                access_mode: wit::AccessMode::SingleNodeMultiWriter,
+                fs_type: String::new(),
+                mount_flags: vec![],
+            },
+            readonly: false,
+            recorded: vec![],
+        }
+    }
+
+    #[test]
+    fn the_plan_memo_key_covers_every_input_and_ignores_order() {
+        let base = publish_key("sha256:x", &req());
+        let mut reordered = req();
+        reordered.context.reverse();
+        assert_eq!(publish_key("sha256:x", &reordered), base, "map order does not matter");
+        let changes: Vec<(&str, Box<dyn Fn(&mut wit::PublishRequest)>)> = vec![
+            ("volume", Box::new(|r| r.volume_id = "w".into())),
+            ("context", Box::new(|r| r.context[0].value = "9".into())),
+            ("secret", Box::new(|r| r.secrets[0].value = "other".into())),
+            ("recorded", Box::new(|r| r.recorded.push(wit::Kv { key: "k".into(), value: "v".into() }))),
+            ("mode", Box::new(|r| r.capability.access_mode = wit::AccessMode::SingleNodeWriter)),
+            ("fs type", Box::new(|r| r.capability.fs_type = "ext4".into())),
+            ("flags", Box::new(|r| r.capability.mount_flags.push("noatime".into()))),
+            ("readonly", Box::new(|r| r.readonly = true)),
+            // A value moved from one field into the next must not collide.
+            (
+                "boundary",
+                Box::new(|r| {
+                    r.context[0].key = "a1".into();
+                    r.context[0].value = String::new();
+                }),
+            ),
+        ];
+        for (what, change) in changes {
+            let mut r = req();
+            change(&mut r);
+            assert_ne!(publish_key("sha256:x", &r), base, "{what}");
+        }
+        assert_ne!(publish_key("sha256:y", &req()), base, "another build of the plugin");
     }
 }

@@ -35,6 +35,8 @@ const MAX_DEPTH: usize = 256;
 #[derive(Debug, Clone)]
 pub struct Anchors {
     dirs: Vec<PathBuf>,
+    /// Each anchor's directory, opened once (`O_PATH`) at its first use.
+    fds: std::sync::Arc<Vec<std::sync::OnceLock<OwnedFd>>>,
     /// Resolve by walking components even where `openat2` exists (tests of the fallback).
     walk: bool,
 }
@@ -54,7 +56,9 @@ impl Anchors {
     /// Paths must lie below one of `dirs` (absolute, canonical: the caller resolves links in
     /// the anchors themselves, which are trusted configuration).
     pub fn new(dirs: impl IntoIterator<Item = PathBuf>) -> Self {
-        Anchors { dirs: dirs.into_iter().collect(), walk: false }
+        let dirs: Vec<PathBuf> = dirs.into_iter().collect();
+        let fds = std::sync::Arc::new(dirs.iter().map(|_| std::sync::OnceLock::new()).collect());
+        Anchors { dirs, fds, walk: false }
     }
 
     /// Use the component walk instead of `openat2` (what kernels before 5.6 get).
@@ -71,8 +75,18 @@ impl Anchors {
     /// The anchor holding `path` (the longest one) and the rest of the path, checked
     /// lexically: absolute, no `.`, `..` or empty components.
     fn split<'a>(&self, path: &'a Path) -> io::Result<(&Path, &'a Path)> {
-        let anchor =
-            self.dirs.iter().filter(|a| path.starts_with(a)).max_by_key(|a| a.as_os_str().len()).ok_or_else(|| {
+        self.split_at(path).map(|(_, a, r)| (a, r))
+    }
+
+    /// [`Anchors::split`], with the anchor's index.
+    fn split_at<'a>(&self, path: &'a Path) -> io::Result<(usize, &Path, &'a Path)> {
+        let (i, anchor) = self
+            .dirs
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| path.starts_with(a))
+            .max_by_key(|(_, a)| a.as_os_str().len())
+            .ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::PermissionDenied,
                     format!("{} is outside the directories this host manages", path.display()),
@@ -85,18 +99,27 @@ impl Anchors {
                 format!("{} is not a normalised path", path.display()),
             ));
         }
-        Ok((anchor, rel))
+        Ok((i, anchor, rel))
+    }
+
+    /// The anchor's directory, opened at its first use (it is trusted configuration and stays).
+    fn root(&self, i: usize, anchor: &Path) -> io::Result<&OwnedFd> {
+        if let Some(fd) = self.fds[i].get() {
+            return Ok(fd);
+        }
+        let fd = open_anchor(anchor, OFlags::PATH | OFlags::DIRECTORY)?;
+        Ok(self.fds[i].get_or_init(|| fd))
     }
 
     /// Open `path` with `flags` (plus `O_CLOEXEC | O_NOFOLLOW`), resolved below its anchor
     /// without following any symbolic link.
     pub fn open(&self, path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
-        let (anchor, rel) = self.split(path)?;
+        let (i, anchor, rel) = self.split_at(path)?;
         if rel.as_os_str().is_empty() {
             return open_anchor(anchor, flags);
         }
-        let root = open_anchor(anchor, OFlags::PATH | OFlags::DIRECTORY)?;
-        self.resolve(&root, rel, flags, ResolveFlags::empty()).map_err(|e| explain(e, anchor, rel, path))
+        let root = self.root(i, anchor)?;
+        self.resolve(root, rel, flags, ResolveFlags::empty()).map_err(|e| explain(e, anchor, rel, path))
     }
 
     /// The parent directory of `path` (opened `O_PATH`) and its final name. The parent is
@@ -169,6 +192,7 @@ impl Anchors {
                 ));
             };
             done.push(name);
+            let last = done == path;
             let open = |at: &OwnedFd| {
                 self.resolve(at, Path::new(name), OFlags::PATH | OFlags::DIRECTORY, ResolveFlags::empty())
             };
@@ -176,6 +200,8 @@ impl Anchors {
                 Ok(fd) => fd,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     match rustix::fs::mkdirat(&at, name, mode) {
+                        // Made by us, in the directory we hold: nothing to look at again.
+                        Ok(()) if last => return Ok(()),
                         Ok(()) | Err(Errno::EXIST) => {}
                         Err(e) => return Err(with_path(e.into(), &done)),
                     }

@@ -64,6 +64,11 @@ pub enum FuseError {
     Cgroup(io::Error),
 }
 
+/// Is the mount point `point` at, above or below one of `paths`?
+pub fn touches(point: &Path, paths: &[&Path]) -> bool {
+    paths.iter().any(|p| p.starts_with(point) || point.starts_with(p))
+}
+
 /// When the node booted, so records of an earlier boot can be told apart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Boot {
@@ -105,6 +110,11 @@ pub trait Files {
 pub trait Mounts {
     /// The mount table as the kernel shows it now.
     fn mounts(&self) -> io::Result<Vec<MountEntry>>;
+    /// The entries of the mount table at, above or below any of `paths` (what an operation on
+    /// those paths can see or change), read once.
+    fn mounts_touching(&self, paths: &[&Path]) -> io::Result<Vec<MountEntry>> {
+        Ok(self.mounts()?.into_iter().filter(|m| touches(&m.mount_point, paths)).collect())
+    }
     /// mount(2) of a filesystem onto `target`; a `source` starting with `/` is a path below
     /// the anchors.
     fn mount(

@@ -84,6 +84,10 @@ impl Mounts for Linux {
         mountinfo::read()
     }
 
+    fn mounts_touching(&self, paths: &[&Path]) -> io::Result<Vec<MountEntry>> {
+        mountinfo::read_where(|point| super::executor::touches(point, paths))
+    }
+
     fn mount(
         &self,
         fstype: &str,

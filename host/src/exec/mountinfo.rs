@@ -76,6 +76,9 @@ fn parse_line(line: &str) -> Option<MountEntry> {
 
 /// Undo the kernel's octal escapes (`\040` space, `\011` tab, `\012` newline, `\134` backslash).
 fn unescape(s: &str) -> String {
+    if !s.contains('\\') {
+        return s.to_string();
+    }
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -94,8 +97,41 @@ fn unescape(s: &str) -> String {
 
 /// Read this process's mount table.
 pub fn read() -> std::io::Result<Vec<MountEntry>> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
-    parse(&text).map_err(std::io::Error::other)
+    read_where(|_| true)
+}
+
+/// Read the entries whose mount point `keep` accepts; the others are skipped before they are
+/// parsed (a node with thousands of pod mounts costs an operation only the lines it needs).
+pub fn read_where(keep: impl Fn(&Path) -> bool) -> std::io::Result<Vec<MountEntry>> {
+    use std::io::Read;
+    // A proc file reports no size: read it in large chunks, not the growing small reads a size
+    // hint of zero would give (each one makes the kernel walk the table again).
+    let mut f = std::fs::File::open("/proc/self/mountinfo")?;
+    let mut buf = Vec::with_capacity(64 << 10);
+    loop {
+        buf.reserve(64 << 10);
+        let spare = buf.spare_capacity_mut().len();
+        let n = f.by_ref().take(spare as u64).read_to_end(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+    }
+    let text = String::from_utf8(buf).map_err(std::io::Error::other)?;
+    parse_where(&text, keep).map_err(std::io::Error::other)
+}
+
+/// [`parse`], keeping only the entries whose mount point `keep` accepts.
+pub fn parse_where(text: &str, keep: impl Fn(&Path) -> bool) -> Result<Vec<MountEntry>, ParseError> {
+    let mut out = Vec::new();
+    for (i, l) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let bad = || ParseError { line: i + 1, text: l.to_string() };
+        let point = l.split(' ').nth(4).ok_or_else(bad)?;
+        let point = if point.contains('\\') { PathBuf::from(unescape(point)) } else { PathBuf::from(point) };
+        if keep(&point) {
+            out.push(parse_line(l).ok_or_else(bad)?);
+        }
+    }
+    Ok(out)
 }
 
 /// The topmost mount at exactly `path` (the last one listed there), if any.
