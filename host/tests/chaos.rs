@@ -729,9 +729,13 @@ fn run(dirs: &NodeDirs, seed: u64, host_args: &[String], front_args: &[String], 
     let keys: BTreeSet<String> = published.iter().map(|v| volume_key(v.id())).collect();
     let groups: BTreeSet<String> = cgroups_left(&dirs.cgroups).into_iter().collect();
     assert_eq!(groups, keys, "{}", ctx("cgroups are exactly the published volumes'".into()));
-    let records: BTreeSet<String> = entries(&dirs.state.join("volumes")).into_iter().collect();
+    // Records, and each record's spare (the executor swaps state in through it), nothing else.
+    let (spares, records): (BTreeSet<String>, BTreeSet<String>) =
+        entries(&dirs.state.join("volumes")).into_iter().partition(|n| n.starts_with('.'));
     let expected: BTreeSet<String> = keys.iter().map(|k| format!("{k}.json")).collect();
     assert_eq!(records, expected, "{}", ctx("state files are exactly the published volumes'".into()));
+    let spares_of: BTreeSet<String> = expected.iter().map(|r| format!(".{r}.spare")).collect();
+    assert!(spares.is_subset(&spares_of), "{}", ctx(format!("only spares of live records: {spares:?}")));
     // The host's own directories: the same listings that must be empty after the tear-down.
     let runtime: BTreeSet<String> = entries(&dirs.state.join("run")).into_iter().collect();
     assert_eq!(runtime, keys, "{}", ctx("runtime dirs are exactly the published volumes'".into()));

@@ -106,7 +106,12 @@ fn after_a_reboot_kubelet_calls_rebuild_every_volume() {
             }
             let volumes = dirs.state.join("volumes");
             let mut rewritten = 0;
-            for entry in std::fs::read_dir(&volumes).unwrap().flatten() {
+            // The records (each may have a spare beside it, `.<record>.spare`, swapped in on writes).
+            for entry in std::fs::read_dir(&volumes)
+                .unwrap()
+                .flatten()
+                .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            {
                 let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(entry.path()).unwrap()).unwrap();
                 v["bootId"] = "00000000-0000-0000-0000-000000000000".into();
                 std::fs::write(entry.path(), v.to_string()).unwrap();
