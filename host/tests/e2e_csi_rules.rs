@@ -16,12 +16,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{NodeDirs, Seaweed, guarded, in_private_namespace, mounts_below, pids_of, weed_binary};
+use common::{NodeDirs, Seaweed, in_private_namespace, mounts_below, pids_of, weed_binary, with_seaweed_node};
 use mounthost::proto::csi;
 use mounthost::proto::csi::controller_client::ControllerClient;
-use mounthost::proto::csi::identity_client::IdentityClient;
 use mounthost::proto::csi::node_client::NodeClient;
-use mounthost::unpriv::grpc::channel;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -96,30 +94,7 @@ struct Node<'a> {
 /// Start SeaweedFS, the host and the front (real processes), wait until the front is ready, and
 /// run `body`; on a panic everything of the node is killed and the daemons' logs are printed.
 fn with_node(body: impl AsyncFnOnce(&mut Node<'_>)) {
-    let weed = Seaweed::start();
-    let dirs = NodeDirs::new();
-    let program = format!("--program=weed={}", weed_binary().display());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let _host = dirs.start_host(std::slice::from_ref(&program));
-    let _front = dirs.start_front(std::slice::from_ref(&program));
-    guarded(&dirs, || {
-        rt.block_on(async {
-            let ch = channel(&dirs.csi_sock);
-            let mut identity = IdentityClient::new(ch.clone());
-            let until = Instant::now() + Duration::from_secs(10);
-            while !identity.probe(csi::ProbeRequest {}).await.is_ok_and(|r| r.into_inner().ready == Some(true)) {
-                assert!(Instant::now() < until, "the front never became ready");
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-            let mut node = Node {
-                weed: &weed,
-                dirs: &dirs,
-                node: NodeClient::new(ch.clone()),
-                controller: ControllerClient::new(ch),
-            };
-            body(&mut node).await
-        })
-    });
+    with_seaweed_node(async |weed, dirs, (node, controller)| body(&mut Node { weed, dirs, node, controller }).await);
 }
 
 impl Node<'_> {

@@ -19,7 +19,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use common::{NodeDirs, Seaweed, guarded, in_private_namespace, mounts_below, pids_of, weed_binary};
+use common::{NodeDirs, Seaweed, in_private_namespace, mounts_below, pids_of, with_seaweed_node};
 use mounthost::proto::csi;
 use mounthost::proto::csi::controller_client::ControllerClient;
 use mounthost::proto::csi::node_client::NodeClient;
@@ -110,19 +110,15 @@ fn node_rpcs_answer_the_spec_codes_and_change_nothing() {
     if !in_private_namespace("node_rpcs_answer_the_spec_codes_and_change_nothing") {
         return;
     }
-    let weed = Seaweed::start();
-    let dirs = NodeDirs::new();
-    let program = format!("--program=weed={}", weed_binary().display());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let _host = dirs.start_host(std::slice::from_ref(&program));
-    let _front = dirs.start_front(std::slice::from_ref(&program));
-    guarded(&dirs, || rt.block_on(rules(&weed, &dirs)));
+    with_seaweed_node(async |weed, dirs, (node, controller)| rules(weed, dirs, node, controller).await);
 }
 
-async fn rules(weed: &Seaweed, dirs: &NodeDirs) {
-    let ch = channel(&dirs.csi_sock);
-    let mut controller = ControllerClient::new(ch.clone());
-    let mut node = NodeClient::new(ch);
+async fn rules(
+    weed: &Seaweed,
+    dirs: &NodeDirs,
+    mut node: NodeClient<Channel>,
+    mut controller: ControllerClient<Channel>,
+) {
     let mut checked = Vec::new();
 
     // One volume staged SINGLE_NODE_WRITER and published read-write in pod a.

@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{NodeDirs, Seaweed, guarded, in_private_namespace, mounts_below, pids_with, weed_binary};
+use common::{
+    NodeDirs, Seaweed, guarded, in_private_namespace, mounts_below, pids_with, weed_binary, with_seaweed_node,
+};
 use mounthost::proto::csi;
 use mounthost::proto::csi::controller_client::ControllerClient;
 use mounthost::proto::csi::identity_client::IdentityClient;
@@ -492,29 +494,6 @@ fn host_kill9_keeps_mounts_and_readopts_them() {
 
 /// Start SeaweedFS, the host and the front (real processes), wait until the front is ready, and
 /// run `body` with CSI node and controller clients; on a panic everything of the node is killed.
-fn with_running_node(
-    body: impl AsyncFnOnce(
-        &Seaweed,
-        &NodeDirs,
-        NodeClient<tonic::transport::Channel>,
-        ControllerClient<tonic::transport::Channel>,
-    ),
-) {
-    let weed = Seaweed::start();
-    let dirs = NodeDirs::new();
-    let program = format!("--program=weed={}", weed_binary().display());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let _host = dirs.start_host(std::slice::from_ref(&program));
-    let _front = dirs.start_front(std::slice::from_ref(&program));
-    guarded(&dirs, || {
-        rt.block_on(async {
-            let ch = channel(&dirs.csi_sock);
-            wait_ready(&mut IdentityClient::new(ch.clone())).await;
-            body(&weed, &dirs, NodeClient::new(ch.clone()), ControllerClient::new(ch)).await
-        })
-    });
-}
-
 /// kill -9 of one `weed mount`: the host restarts it with the recorded plan, detaches the dead
 /// mount and re-binds the pod targets; they work again within 5 s with the same data, the other
 /// volume is untouched, and the restart is counted.
@@ -523,7 +502,7 @@ fn a_killed_weed_mount_is_restarted_and_its_targets_rebound() {
     if !in_private_namespace("a_killed_weed_mount_is_restarted_and_its_targets_rebound") {
         return;
     }
-    with_running_node(async |weed, dirs, mut node, mut controller| {
+    with_seaweed_node(async |weed, dirs, (mut node, mut controller)| {
         let mut vols = Vec::new();
         for i in 0..2 {
             vols.push(
@@ -575,7 +554,7 @@ fn an_oom_kill_stays_inside_its_volume() {
     if !in_private_namespace("an_oom_kill_stays_inside_its_volume") {
         return;
     }
-    with_running_node(async |weed, dirs, mut node, mut controller| {
+    with_seaweed_node(async |weed, dirs, (mut node, mut controller)| {
         let limit_mb = 64;
         let limited = create_stage_publish(
             &mut controller,

@@ -311,7 +311,8 @@ mod tests {
         let mut reordered = req();
         reordered.context.reverse();
         assert_eq!(publish_key("sha256:x", &reordered), base, "map order does not matter");
-        let changes: Vec<(&str, Box<dyn Fn(&mut wit::PublishRequest)>)> = vec![
+        type Change = Box<dyn Fn(&mut wit::PublishRequest)>;
+        let changes: Vec<(&str, Change)> = vec![
             ("volume", Box::new(|r| r.volume_id = "w".into())),
             ("context", Box::new(|r| r.context[0].value = "9".into())),
             ("secret", Box::new(|r| r.secrets[0].value = "other".into())),

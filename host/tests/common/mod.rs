@@ -450,3 +450,47 @@ impl Seaweed {
         }
     }
 }
+
+/// Wait until the CSI front at `ch` reports ready (Probe), at most 10 s.
+pub async fn wait_ready(ch: &tonic::transport::Channel) {
+    let mut identity = mounthost::proto::csi::identity_client::IdentityClient::new(ch.clone());
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(r) = identity.probe(mounthost::proto::csi::ProbeRequest {}).await
+            && r.into_inner().ready == Some(true)
+        {
+            return;
+        }
+        assert!(Instant::now() < until, "the front never became ready");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The CSI clients of a running node.
+pub type Clients = (
+    mounthost::proto::csi::node_client::NodeClient<tonic::transport::Channel>,
+    mounthost::proto::csi::controller_client::ControllerClient<tonic::transport::Channel>,
+);
+
+/// Start a real SeaweedFS, `mounthost host` and `mounthost csi --mode all`, wait until the front
+/// is ready, and run `body` with its node and controller clients; on a panic every process of
+/// the node is killed and the daemons' logs are printed.
+pub fn with_seaweed_node(body: impl AsyncFnOnce(&Seaweed, &NodeDirs, Clients)) {
+    let weed = Seaweed::start();
+    let dirs = NodeDirs::new();
+    let program = format!("--program=weed={}", weed_binary().display());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _host = dirs.start_host(std::slice::from_ref(&program));
+    let _front = dirs.start_front(std::slice::from_ref(&program));
+    guarded(&dirs, || {
+        rt.block_on(async {
+            let ch = mounthost::unpriv::grpc::channel(&dirs.csi_sock);
+            wait_ready(&ch).await;
+            let clients = (
+                mounthost::proto::csi::node_client::NodeClient::new(ch.clone()),
+                mounthost::proto::csi::controller_client::ControllerClient::new(ch),
+            );
+            body(&weed, &dirs, clients).await
+        })
+    });
+}
