@@ -39,6 +39,9 @@ pub enum Action {
     RemoveTree(PathBuf),
     /// Remove a file, link or empty directory.
     RemoveEntry(PathBuf),
+    /// Bind a recorded target again (a restage): the group's actions, unless the target's
+    /// parent is gone (the pod went away), in which case the target is forgotten.
+    Rebind { target: PathBuf, parent: PathBuf, actions: Vec<Action> },
     /// A plugin's clean-up action at unstage: a failure is logged, not fatal (the host's own
     /// tear-down that follows removes the volume's directories anyway, and a backend must not be
     /// able to keep a volume staged by planting a link in its way).
@@ -168,10 +171,11 @@ impl Table {
     /// The mount `path` lies on, and the path's place inside it (as mountinfo's `root` shows a
     /// bind of it).
     fn containing(&self, path: &Path) -> Option<(&MountEntry, PathBuf)> {
+        // The deepest mount point containing `path`; of several stacked there, the top one
+        // (`max_by_key` keeps the last of equals, and the table lists the top last).
         let m = self
             .mounts
             .iter()
-            .rev()
             .filter(|m| path.starts_with(&m.mount_point))
             .max_by_key(|m| m.mount_point.as_os_str().len())?;
         let rel = path.strip_prefix(&m.mount_point).expect("filtered by starts_with");
@@ -182,6 +186,10 @@ impl Table {
     fn clear(&mut self, path: &Path, out: &mut Vec<Action>) {
         for _ in 0..self.stacked(path) {
             out.push(Action::Unmount(path.to_path_buf()));
+        }
+        if self.stacked(path) > 0 {
+            // What was made on the mount is gone with it.
+            self.made.retain(|p| !p.starts_with(path) || p == path);
         }
         self.mounts.retain(|m| m.mount_point != path);
     }
@@ -198,6 +206,8 @@ impl Table {
     }
 
     fn push(&mut self, at: &Path, fstype: &str, source: &str, device: Option<(String, PathBuf)>, readonly: bool) {
+        // Directories made below `at` are hidden by the new mount: make them again if asked.
+        self.made.retain(|p| !p.starts_with(at) || p == at);
         self.fresh += 1;
         let (device, root) = device.unwrap_or_else(|| (format!("new:{}", self.fresh), PathBuf::from("/")));
         self.mounts.push(MountEntry {
@@ -237,26 +247,31 @@ pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Co
             let mut roots = vec![staging.clone()];
             roots.extend(host_dirs.iter().map(|d| Root { path: d.clone(), below: d.clone() }));
             walk(steps, &roots, Mode::Replace, &mut t, &mut out)?;
-            // Targets still showing the staged mount keep it; the others are bound again.
+            // Targets still showing the staged mount keep it; the others are bound again, each as
+            // a group the executor skips (and the record forgets) when the pod's directory is
+            // gone: one pod that went away must not keep the volume from being staged.
             let staged = t.at(&staging.path).map(|m| m.device.clone());
             for (target, p) in published {
                 if staged.is_some() && t.at(target).map(|m| &m.device) == staged.as_ref() {
                     continue;
                 }
-                t.clear(target, &mut out);
-                let root = Root { path: target.clone(), below: parent(target) };
-                let roots = [root, staging.clone()];
-                if p.steps.is_empty() {
-                    let bind = Step::Bind {
+                let mut group = Vec::new();
+                t.clear(target, &mut group);
+                let roots = [Root { path: target.clone(), below: parent(target) }, staging.clone()];
+                let default_bind;
+                let steps = if p.steps.is_empty() {
+                    default_bind = [Step::Bind {
                         source: staging.path.clone(),
                         target: target.clone(),
                         readonly: p.readonly,
                         options: Vec::new(),
-                    };
-                    walk(&[bind], &roots, Mode::Replace, &mut t, &mut out)?;
+                    }];
+                    &default_bind[..]
                 } else {
-                    walk(&p.steps, &roots, Mode::Replace, &mut t, &mut out)?;
-                }
+                    &p.steps[..]
+                };
+                walk(steps, &roots, Mode::Replace, &mut t, &mut group)?;
+                out.push(Action::Rebind { target: target.clone(), parent: parent(target), actions: group });
             }
         }
         Desired::Publish { staging, target, steps } => {
@@ -293,7 +308,7 @@ pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Co
     Ok(out)
 }
 
-/// Create `path` unless an earlier action already did (and nothing was mounted over it since).
+/// Create `path` unless an earlier action already did (and no mount has hidden it since).
 fn mkdir(t: &mut Table, path: &Path, below: PathBuf, out: &mut Vec<Action>) {
     if t.made.insert(path.to_path_buf()) {
         out.push(Action::Mkdir { path: path.to_path_buf(), below });
@@ -488,8 +503,9 @@ mod tests {
         vec![mount(STAGING, "0:9", "/", "fuse.seaweedfs", false), mount(TARGET, "0:9", "/", "fuse.seaweedfs", true)], false,
         cat(vec![stage_prefix(false), vec![Action::Unmount(p(STAGING))], dirs(), vec![
             Action::Run(spawn()),
-            Action::Unmount(p(TARGET)), Action::Mkdir { path: p(TARGET), below: p("/k/pods/p") },
-            Action::Run(bind(STAGING, TARGET, true))]]))]
+            Action::Rebind { target: p(TARGET), parent: p("/k/pods/p"), actions: vec![
+                Action::Unmount(p(TARGET)), Action::Mkdir { path: p(TARGET), below: p("/k/pods/p") },
+                Action::Run(bind(STAGING, TARGET, true))] }]]))]
     fn stage_table(
         #[case] desired: Desired,
         #[case] mounts: Vec<MountEntry>,
@@ -529,6 +545,26 @@ mod tests {
         assert_eq!(run(&publish(vec![bind(&sub, TARGET, true)]), &mounts, false).unwrap(), vec![]);
         let want_rw = run(&publish(vec![bind(&sub, TARGET, false)]), &mounts, false).unwrap_err();
         assert!(want_rw.to_string().contains("other flags"), "{want_rw}");
+    }
+
+    #[test]
+    fn a_directory_hidden_by_a_new_mount_is_made_again() {
+        let sub = format!("{TARGET}/a");
+        let d = publish(vec![Step::Mkdir { path: p(&sub) }, tmpfs(TARGET, false), Step::Mkdir { path: p(&sub) }]);
+        let got = run(&d, &[], false).unwrap();
+        let mkdirs = got.iter().filter(|a| matches!(a, Action::Mkdir { path, .. } if path == &p(&sub))).count();
+        assert_eq!(mkdirs, 2, "{got:?}");
+    }
+
+    #[test]
+    fn the_top_of_a_stack_is_what_a_bind_of_it_shows() {
+        // Two mounts stacked at staging; the target shows the top one: a republish is a no-op.
+        let mounts = [
+            mount(STAGING, "0:8", "/", "tmpfs", false),
+            mount(STAGING, "0:9", "/", "tmpfs", false),
+            mount(TARGET, "0:9", "/", "tmpfs", false),
+        ];
+        assert_eq!(run(&publish(vec![bind(STAGING, TARGET, false)]), &mounts, false).unwrap(), vec![]);
     }
 
     #[test]

@@ -47,6 +47,8 @@ pub(super) struct Job {
 pub(super) struct Applied {
     /// The FUSE process started, if one was.
     pub spawned: Option<ProcessId>,
+    /// Recorded targets not bound again because their pod's directory is gone.
+    pub gone_targets: Vec<PathBuf>,
 }
 
 /// The state transition after the actions.
@@ -203,6 +205,16 @@ impl Node {
             },
             Action::RemoveTree(path) => exec.remove_tree(path).map_err(|e| io_error(e, path))?,
             Action::RemoveEntry(path) => exec.remove_entry(path).map_err(|e| io_error(e, path))?,
+            Action::Rebind { target, parent, actions } => {
+                if !exec.exists(parent).map_err(|e| io_error(e, parent))? {
+                    warn!(volume.id = %id, target = %target.display(), "the pod's directory is gone: forgetting the target");
+                    applied.gone_targets.push(target.clone());
+                    return Ok(());
+                }
+                for a in actions {
+                    self.apply_one(id, a, secrets, applied)?;
+                }
+            }
             Action::BestEffort(a) => {
                 if let Err(e) = self.apply_one(id, a, secrets, applied) {
                     warn!(volume.id = %id, error = %e.message, "a plugin's clean-up step failed; the host's tear-down goes on");

@@ -120,17 +120,19 @@ impl Node {
         let t_plan = t1.elapsed();
         // Compatible with what is recorded? Compare what the plan makes, not the CO's flag.
         let readonly = planned_readonly(&plan, &target).unwrap_or(req.readonly);
+        let publication = Publication { readonly, steps: plan.steps.clone() };
+        // Recorded with other flags or other steps (read-only, noexec, ...): the kernel keeps
+        // what it has, so it is not the same publication.
         if let Some(p) = state.published.get(&target)
-            && p.readonly != readonly
+            && *p != publication
         {
             return Err(Error::exists(format!(
-                "volume {id} is already published at {} {}; unpublish it first",
+                "volume {id} is already published at {} {}, with other flags than asked; unpublish it first",
                 target.display(),
                 if p.readonly { "read-only" } else { "read-write" }
             )));
         }
         single_writer(&state, &capability, &target, readonly)?;
-        let publication = Publication { readonly, steps: plan.steps.clone() };
         let unchanged = state.published.get(&target) == Some(&publication);
         let below = target.parent().unwrap_or(&target).to_path_buf();
         let job = Job {

@@ -65,7 +65,7 @@ impl Node {
                 }
             }
         }
-        // The keys of the records that survived the pass (names only: nothing is parsed twice).
+        // The keys of the records that survived the pass (read from the directory's names).
         let claimed = self.inner.store.keys()?;
         report.orphans = self.sweep_orphans(&claimed)?;
         report.orphan_processes = self.sweep_orphan_groups(&claimed)?;
@@ -143,6 +143,14 @@ impl Node {
         match st.phase {
             Phase::Unstaging => {
                 warn!(volume.id = %id, "finishing an interrupted unstage");
+                self.teardown(&st, &[])?;
+                self.inner.store.remove(&id)?;
+                Ok(Outcome::Cleaned)
+            }
+            // An inline volume is staged by the host for its targets and unstaged with the last
+            // one; none left means the daemon died between its last unpublish and that unstage.
+            Phase::Staged if st.ephemeral && st.published.is_empty() => {
+                warn!(volume.id = %id, "finishing the unstage of an ephemeral volume without targets");
                 self.teardown(&st, &[])?;
                 self.inner.store.remove(&id)?;
                 Ok(Outcome::Cleaned)

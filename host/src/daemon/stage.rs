@@ -208,6 +208,9 @@ impl Node {
                 st.phase = Phase::Staged;
                 // The old process was stopped; the plan's own is the one that runs now (if any).
                 st.process = applied.spawned;
+                for gone in &applied.gone_targets {
+                    st.published.remove(gone);
+                }
                 Persist::Save(Box::new(st))
             }),
             undo: Undo::Stage { state: Box::new(state), keep_record },

@@ -885,3 +885,29 @@ async fn the_recording_sees_every_effect_of_a_volume_s_life_state_and_secrets_in
     }
     assert!(mount_points(&e.rec).is_empty() && e.rec.groups().unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn an_ephemeral_volume_left_without_targets_by_a_crash_is_unstaged_at_start() {
+    let e = Env::new();
+    let target = e.target("pod-e");
+    let id = "csi-crashed";
+    let req = csi::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: s(&target),
+        volume_capability: Some(mount_cap()),
+        volume_context: ctx(&[("plugin", "tmpfs"), ("csi.storage.k8s.io/ephemeral", "true")]),
+        ..Default::default()
+    };
+    e.node.publish(req).await.unwrap();
+    // The last unpublish recorded no targets, then the daemon died before its unstage.
+    Mounts::unmount(&*e.rec, &target, false).unwrap();
+    let mut st = e.node.store().load(id).unwrap().unwrap();
+    st.published.clear();
+    e.node.store().save(&st).unwrap();
+    let node = e.restarted();
+    let report = node.reconcile().unwrap();
+    assert_eq!((report.adopted, report.cleaned), (0, 1));
+    assert!(node.store().load(id).unwrap().is_none());
+    assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new(), "its staging mount is gone");
+    assert!(!e.rec.exists(&e.config.state_dir.join("ephemeral").join(volume_key(id))));
+}

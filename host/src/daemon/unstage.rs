@@ -99,12 +99,18 @@ impl Node {
                         .map(|(k, v)| wit::Kv { key: k.clone(), value: v.clone() })
                         .collect(),
                 };
-                match self.inner.runtime.call(&plugin, id, req).await {
+                let planned = match self.inner.runtime.call(&plugin, id, req).await {
                     Ok(wplan) => {
-                        self.check(&plugin, Operation::Unstage, &dirs, &st.context, &Secrets::default(), wplan)?.steps
+                        self.check(&plugin, Operation::Unstage, &dirs, &st.context, &Secrets::default(), wplan)
                     }
+                    Err(e) => Err(e.into()),
+                };
+                match planned {
+                    Ok(plan) => plan.steps,
+                    // A planner that fails, or a plan the policy refuses, never keeps a volume
+                    // staged: the host's own tear-down removes what the volume has anyway.
                     Err(e) => {
-                        warn!(volume.id = %id, error = %e, "the plugin's unstage planner failed; the host tears down alone");
+                        warn!(volume.id = %id, error = %e.message, "the plugin's unstage plan failed or was refused; the host tears down alone");
                         Vec::new()
                     }
                 }
