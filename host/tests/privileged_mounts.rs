@@ -178,3 +178,34 @@ fn links_on_the_way_are_refused_at_the_syscall() {
     }
     assert_eq!(std::fs::read(outside.join("passwd")).unwrap(), b"root");
 }
+
+#[test]
+fn every_bind_flag_the_policy_allows_works_with_both_mount_apis() {
+    if !in_private_namespace("every_bind_flag_the_policy_allows_works_with_both_mount_apis") {
+        return;
+    }
+    let (_d, root) = root();
+    let source = root.join("source");
+    std::fs::create_dir(&source).unwrap();
+    let mut checked = 0;
+    for (api, x) in executors(&root) {
+        for flag in mounthost::plan::policy::BIND_OPTIONS {
+            for readonly in [false, true] {
+                let target = root.join(format!("t-{api}-{flag}-{readonly}"));
+                std::fs::create_dir(&target).unwrap();
+                x.bind(&source, &target, readonly, &[flag.to_string()]).unwrap_or_else(|e| panic!("{api} {flag}: {e}"));
+                let opts = mounted(&target).unwrap().mount_options;
+                let has = |o: &str| opts.split(',').any(|p| p == o);
+                assert_eq!(has("ro"), readonly, "{api} {flag}: {opts}");
+                assert!(has("nosuid") && has("nodev"), "{api} {flag}: {opts}");
+                match *flag {
+                    "strictatime" => assert!(!has("noatime") && !has("relatime"), "{api}: {opts}"),
+                    other => assert!(has(other), "{api} {flag}: {opts}"),
+                }
+                x.unmount(&target, false).unwrap();
+                checked += 1;
+            }
+        }
+    }
+    println!("checked: {checked} binds, every allowed flag, read-only and read-write, both mount APIs");
+}

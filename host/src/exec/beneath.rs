@@ -12,7 +12,11 @@
 //!
 //! Tear-down never descends through a symlink (it unlinks the link) nor into a mount: every
 //! directory is opened with `RESOLVE_NO_XDEV`, and a mount point below the tree stops it with an
-//! error instead of emptying someone's filesystem.
+//! error instead of emptying someone's filesystem. (The walk fallback compares `st_dev` only,
+//! so there a bind mount from the same filesystem is not seen as a mount point.)
+//!
+//! Each anchor directory is opened once, at its first use, and kept: the anchors are trusted
+//! configuration, and replacing one of them (not something below it) needs a daemon restart.
 //!
 //! A refused symlink is a [`LinkRefused`] error naming the link ([`is_link_refused`] tells it
 //! apart); a missing parent is [`io::ErrorKind::NotFound`] naming the parent.
@@ -65,11 +69,6 @@ impl Anchors {
     pub fn with_walk(mut self) -> Self {
         self.walk = true;
         self
-    }
-
-    /// The anchors.
-    pub fn dirs(&self) -> &[PathBuf] {
-        &self.dirs
     }
 
     /// The anchor holding `path` (the longest one) and the rest of the path, checked
@@ -321,7 +320,11 @@ impl Anchors {
         let parent = self.open(parent_path, OFlags::RDONLY | OFlags::DIRECTORY)?;
         if !sync {
             match exchange(&parent, name, bytes, mode) {
-                Err(e) if e.raw_os_error() == Some(Errno::INVAL.raw_os_error()) => {}
+                // The filesystem cannot exchange: a temporary file instead.
+                Err(e)
+                    if [Errno::INVAL, Errno::OPNOTSUPP, Errno::NOSYS]
+                        .iter()
+                        .any(|n| e.raw_os_error() == Some(n.raw_os_error())) => {}
                 other => return other.map_err(|e| with_path(e, path)),
             }
         }
@@ -355,12 +358,17 @@ impl Anchors {
         result.map_err(|e| with_path(e, path))
     }
 
-    /// Open `path` for appending (created with `mode` if missing), e.g. a program's log.
+    /// Open the regular file `path` for appending and reading (created with `mode` if
+    /// missing), e.g. a program's log.
     pub fn append(&self, path: &Path, mode: u32) -> io::Result<std::fs::File> {
         let (parent, name) = self.open_parent(path)?;
-        let flags = OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let flags =
+            OFlags::RDWR | OFlags::APPEND | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
         let fd = rustix::fs::openat(&parent, &name, flags, Mode::from_raw_mode(mode))
             .map_err(|e| explain_one(e.into(), path))?;
+        regular(&fd, path)?;
+        // Non-blocking only to open (a FIFO planted there must not hang the daemon).
+        rustix::fs::fcntl_setfl(&fd, rustix::fs::fcntl_getfl(&fd)? & !OFlags::NONBLOCK)?;
         Ok(std::fs::File::from(fd))
     }
 
@@ -368,10 +376,11 @@ impl Anchors {
     /// shared lock: the inode a reader holds may become the spare of a later
     /// [`Anchors::write_atomic`], whose writer waits for the lock before rewriting it.
     pub fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
-        let fd = match self.open(path, OFlags::RDONLY) {
+        let fd = match self.open(path, OFlags::RDONLY | OFlags::NONBLOCK) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             other => other?,
         };
+        regular(&fd, path)?;
         rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockShared)?;
         let mut out = Vec::new();
         io::Read::read_to_end(&mut std::fs::File::from(fd), &mut out)?;
@@ -429,13 +438,27 @@ pub const SPARE_MARK: &str = ".spare";
 
 /// Write `bytes` into `name`'s spare in place and swap it with `name`. Writers of one
 /// directory take turns on its lock (held for the few microseconds of a write); the spare's own
-/// lock waits for a reader still holding that inode. EINVAL: the filesystem cannot exchange (the
-/// caller falls back).
+/// lock waits for a reader still holding that inode. A spare that is not a regular file with one
+/// link is replaced. EINVAL, EOPNOTSUPP or ENOSYS: the filesystem cannot exchange (the caller
+/// falls back).
 fn exchange(parent: &OwnedFd, name: &OsStr, bytes: &[u8], mode: u32) -> io::Result<()> {
     rustix::fs::flock(parent, rustix::fs::FlockOperation::LockExclusive)?;
     let spare = spare_name(name);
     let flags = OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let fd = rustix::fs::openat(parent, &spare, flags, Mode::from_raw_mode(mode))?;
+    let lone = |fd: &OwnedFd| {
+        let st = rustix::fs::fstat(fd)?;
+        Ok::<_, Errno>(FileType::from_raw_mode(st.st_mode) == FileType::RegularFile && st.st_nlink == 1)
+    };
+    let fd = match rustix::fs::openat(parent, &spare, flags | OFlags::NONBLOCK, Mode::from_raw_mode(mode)) {
+        Ok(fd) if lone(&fd)? => fd,
+        // Not a spare this writer made (a link, a FIFO, a second name for another file that
+        // would be rewritten through it): start a fresh one.
+        Ok(_) | Err(Errno::LOOP) | Err(Errno::NXIO) => {
+            rustix::fs::unlinkat(parent, &spare, AtFlags::empty())?;
+            rustix::fs::openat(parent, &spare, flags | OFlags::EXCL, Mode::from_raw_mode(mode))?
+        }
+        Err(e) => return Err(e.into()),
+    };
     rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockExclusive)?;
     if rustix::fs::fstat(&fd)?.st_mode & 0o7777 != mode {
         rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
@@ -450,6 +473,15 @@ fn exchange(parent: &OwnedFd, name: &OsStr, bytes: &[u8], mode: u32) -> io::Resu
         // No file yet: the spare becomes it (the next write makes a new spare).
         Err(Errno::NOENT) => Ok(rustix::fs::renameat(parent, &spare, parent, name)?),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Refuse anything but a regular file (a FIFO or device planted where a file is expected).
+fn regular(fd: &OwnedFd, path: &Path) -> io::Result<()> {
+    if FileType::from_raw_mode(rustix::fs::fstat(fd)?.st_mode) == FileType::RegularFile {
+        Ok(())
+    } else {
+        Err(io::Error::new(io::ErrorKind::InvalidData, format!("{} is not a regular file", path.display())))
     }
 }
 
@@ -650,6 +682,27 @@ mod tests {
         a.remove_entry(&p).expect("gone is fine");
         a.remove_entry(&root.join("a/evil")).unwrap();
         assert!(outside.join("secret").exists(), "removing a link leaves its target");
+    }
+
+    #[test]
+    fn a_spare_that_is_not_a_lone_regular_file_is_replaced_not_written_through() {
+        let (_d, root, outside) = setup();
+        let a = &both(&root)[0];
+        let p = root.join("a/state.json");
+        let spare = root.join("a/.state.json.spare");
+        a.write_atomic(&p, b"one", 0o600, false).unwrap();
+        // A second name for a file elsewhere in the tree, and a link out: neither is written.
+        std::fs::write(root.join("a/b/other"), b"other").unwrap();
+        std::fs::hard_link(root.join("a/b/other"), &spare).unwrap();
+        a.write_atomic(&p, b"two", 0o600, false).unwrap();
+        assert_eq!(std::fs::read(root.join("a/b/other")).unwrap(), b"other");
+        assert_eq!(a.read(&p).unwrap().unwrap(), b"two");
+        std::fs::remove_file(&spare).unwrap();
+        symlink(outside.join("secret"), &spare).unwrap();
+        a.write_atomic(&p, b"three", 0o600, false).unwrap();
+        assert_eq!(std::fs::read(outside.join("secret")).unwrap(), b"s");
+        assert_eq!(a.read(&p).unwrap().unwrap(), b"three");
+        assert!(std::fs::symlink_metadata(&spare).unwrap().is_file(), "a fresh spare");
     }
 
     #[test]

@@ -51,10 +51,10 @@ pub enum FuseError {
     #[error(transparent)]
     Process(#[from] ProcessError),
     /// It exited before its mount appeared.
-    #[error("{program} exited before mounting {}{oom}; its log ends with: {log_tail}", mountpoint.display())]
+    #[error("{program} exited before mounting {}{oom}; its log says: {log_tail}", mountpoint.display())]
     Exited { program: PathBuf, mountpoint: PathBuf, oom: String, log_tail: String },
     /// Its mount did not appear in time (it was stopped).
-    #[error("{program} did not mount {} within {timeout:?}; its log ends with: {log_tail}", mountpoint.display())]
+    #[error("{program} did not mount {} within {timeout:?}; its log says: {log_tail}", mountpoint.display())]
     Timeout { program: PathBuf, mountpoint: PathBuf, timeout: Duration, log_tail: String },
     /// The mount table could not be read.
     #[error("reading the mount table: {0}")]
@@ -95,8 +95,8 @@ pub trait Files {
     fn remove_tree(&self, path: &Path) -> io::Result<()>;
     /// Remove a file, link or empty directory; a missing one is fine.
     fn remove_entry(&self, path: &Path) -> io::Result<()>;
-    /// Replace a file atomically (temporary file, rename) with mode `mode`, without fsync
-    /// (state files: see `volume::state`).
+    /// Replace a file atomically with mode `mode`, without fsync (state files: a spare swapped
+    /// in with `RENAME_EXCHANGE`, see `exec::beneath` and `volume::state`).
     fn write_file(&self, path: &Path, bytes: &[u8], mode: u32) -> io::Result<()>;
     /// A file's content, or `None` if it does not exist.
     fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
@@ -104,6 +104,8 @@ pub trait Files {
     fn list_dir(&self, path: &Path) -> io::Result<Vec<Entry>>;
     /// When a file was last modified.
     fn modified(&self, path: &Path) -> io::Result<SystemTime>;
+    /// Does `path` exist (not following a link at its end; a link on the way is an error)?
+    fn exists(&self, path: &Path) -> io::Result<bool>;
 }
 
 /// Mounts: the table as the kernel shows it, and changes to it.
@@ -169,20 +171,4 @@ pub trait Executor: Files + Mounts + Processes + Groups + Send + Sync + 'static 
     fn boot(&self) -> io::Result<Boot>;
     /// Listen on a unix socket (0600; a stale socket file is replaced, a live one refused).
     fn listen(&self, path: &Path) -> io::Result<tokio::net::UnixListener>;
-}
-
-/// What the end of a log (its last 64 KiB) says went wrong, for error messages: see
-/// [`super::fuse_log::summary`]. The caller scrubs secrets.
-pub fn log_tail(path: &Path) -> String {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else { return "(no log)".into() };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let start = len.saturating_sub(super::fuse_log::TAIL_BYTES);
-    let _ = f.seek(SeekFrom::Start(start));
-    let mut buf = Vec::new();
-    let _ = f.take(super::fuse_log::TAIL_BYTES).read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf);
-    // A tail that starts mid-file starts mid-line: drop that fragment.
-    let text = if start > 0 { text.split_once('\n').map_or("", |(_, rest)| rest) } else { &text };
-    super::fuse_log::summary(text)
 }

@@ -144,6 +144,28 @@ fn cut(s: &str, max: usize) -> String {
     out
 }
 
+/// What the end of a log (its last [`TAIL_BYTES`]) says went wrong, for error messages: see
+/// [`summary`]. Read through the descriptor the executor opened the log with (below the state
+/// directory, without following links), never by its name again. The caller scrubs secrets.
+pub fn tail_of(log: &std::fs::File) -> String {
+    use std::os::unix::fs::FileExt;
+    let len = log.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(TAIL_BYTES);
+    let mut buf = vec![0; (len - start) as usize];
+    let mut done = 0;
+    while done < buf.len() {
+        match log.read_at(&mut buf[done..], start + done as u64) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => done += n,
+        }
+    }
+    buf.truncate(done);
+    let text = String::from_utf8_lossy(&buf);
+    // A tail that starts mid-file starts mid-line: drop that fragment.
+    let text = if start > 0 { text.split_once('\n').map_or("", |(_, rest)| rest) } else { &text };
+    summary(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

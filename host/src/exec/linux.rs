@@ -10,7 +10,8 @@ use rustix::fs::OFlags;
 
 use super::beneath::{Anchors, Entry};
 use super::cgroup::Cgroups;
-use super::executor::{Boot, Executor, Exit, Files, Fuse, FuseError, Groups, Mounts, Processes, Usage, log_tail};
+use super::executor::{Boot, Executor, Exit, Files, Fuse, FuseError, Groups, Mounts, Processes, Usage};
+use super::fuse_log;
 use super::mount::{self, Api, MountError, Opt};
 use super::mountinfo::{self, MountEntry};
 use super::process::{self, ProcessError, ProcessId, Stopped};
@@ -37,11 +38,6 @@ impl Linux {
         self.anchors = self.anchors.with_walk();
         self.api = Api::Legacy;
         self
-    }
-
-    /// The anchors.
-    pub fn anchors(&self) -> &Anchors {
-        &self.anchors
     }
 }
 
@@ -76,6 +72,14 @@ impl Files for Linux {
 
     fn modified(&self, path: &Path) -> io::Result<SystemTime> {
         self.anchors.modified(path)
+    }
+
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        match self.anchors.open(path, OFlags::PATH) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -134,10 +138,10 @@ impl Mounts for Linux {
 
 impl Processes for Linux {
     fn spawn_fuse(&self, fuse: &Fuse<'_>) -> Result<ProcessId, FuseError> {
-        let log = self
-            .anchors
-            .append(fuse.spec.log, 0o600)
-            .map_err(|source| FuseError::Process(ProcessError::Log { path: fuse.spec.log.to_path_buf(), source }))?;
+        let log_error = |source| FuseError::Process(ProcessError::Log { path: fuse.spec.log.to_path_buf(), source });
+        let log = self.anchors.append(fuse.spec.log, 0o600).map_err(log_error)?;
+        // Kept to read the log's tail on failure, through the descriptor, never by name.
+        let reader = log.try_clone().map_err(log_error)?;
         let group = self.cgroups.prepare(fuse.group, fuse.memory_limit).map_err(FuseError::Cgroup)?;
         let id = process::spawn_logged(&fuse.spec, log, group.as_ref());
         drop(group);
@@ -169,7 +173,7 @@ impl Processes for Linux {
                     _ => String::new(),
                 };
                 let _ = self.cgroups.release(fuse.group);
-                return Err(FuseError::Exited { program, mountpoint, oom, log_tail: log_tail(fuse.spec.log) });
+                return Err(FuseError::Exited { program, mountpoint, oom, log_tail: fuse_log::tail_of(&reader) });
             }
             if started.elapsed() >= fuse.ready_timeout {
                 let _ = process::stop(&id, Duration::from_secs(2));
@@ -178,7 +182,7 @@ impl Processes for Linux {
                     program,
                     mountpoint,
                     timeout: fuse.ready_timeout,
-                    log_tail: log_tail(fuse.spec.log),
+                    log_tail: fuse_log::tail_of(&reader),
                 });
             }
             std::thread::sleep(Duration::from_millis(10));

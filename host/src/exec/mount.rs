@@ -80,8 +80,8 @@ pub enum Opt<'a> {
     Path { prefix: &'a str, path: &'a Path },
 }
 
-/// Per-mount flags a plan may put on a bind (see the policy's allow-list), as `MOUNT_ATTR_*`
-/// bits and as legacy `MS_*` flags.
+/// Per-mount flags a plan may put on a bind (the policy's `BIND_OPTIONS`), as
+/// `MOUNT_ATTR_*` bits and as legacy `MS_*` flags. The atime ones are a choice of one.
 fn bind_flag(name: &str) -> Option<(u64, MountFlags)> {
     Some(match name {
         "nosuid" => (MOUNT_ATTR_NOSUID, MountFlags::NOSUID),
@@ -95,11 +95,6 @@ fn bind_flag(name: &str) -> Option<(u64, MountFlags)> {
     })
 }
 
-/// Is `name` a bind flag this module knows?
-pub fn is_bind_flag(name: &str) -> bool {
-    bind_flag(name).is_some()
-}
-
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
@@ -108,6 +103,8 @@ const MOUNT_ATTR_RELATIME: u64 = 0x0;
 const MOUNT_ATTR_NOATIME: u64 = 0x10;
 const MOUNT_ATTR_STRICTATIME: u64 = 0x20;
 const MOUNT_ATTR_NODIRATIME: u64 = 0x80;
+/// The atime field of `mount_attr`: cleared before one of its values is set.
+const MOUNT_ATTR__ATIME: u64 = 0x70;
 
 /// `struct mount_attr` of mount_setattr(2).
 #[repr(C)]
@@ -185,9 +182,18 @@ pub fn bind(
     flags: &[String],
 ) -> Result<(), MountError> {
     let source_fd = anchors.open(source, OFlags::PATH).map_err(|e| MountError::resolving(source, e))?;
+    // The target's parent and the target, resolved once, before anything is mounted: every
+    // later step names these descriptors, never the path again.
+    let (parent, name) = anchors.open_parent(target).map_err(|e| MountError::resolving(target, e))?;
     let target_fd = anchors.open(target, OFlags::PATH).map_err(|e| MountError::resolving(target, e))?;
     let (mut attrs, mut legacy) = (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, MountFlags::NOSUID | MountFlags::NODEV);
+    let mut clear = 0;
     for (a, l) in flags.iter().filter_map(|f| bind_flag(f)) {
+        if matches!(a, MOUNT_ATTR_NOATIME | MOUNT_ATTR_RELATIME | MOUNT_ATTR_STRICTATIME) {
+            // One atime value replaces another: the field is cleared, then set.
+            clear |= MOUNT_ATTR__ATIME;
+            attrs &= !MOUNT_ATTR__ATIME;
+        }
         attrs |= a;
         legacy |= l;
     }
@@ -201,21 +207,19 @@ pub fn bind(
             "",
             OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_EMPTY_PATH,
         ) {
-            Ok(tree) => return attach(tree, &target_fd, target, attrs, legacy),
+            Ok(tree) => return attach(tree, &target_fd, target, attrs, clear, legacy),
             Err(rustix::io::Errno::NOSYS) => {}
             Err(e) => return Err(MountError::new("bind", target, errno(e))),
         }
     }
-    // Legacy: bind between descriptors, then remount the new mount through its own path.
+    // Legacy: bind between descriptors, then remount the new mount through the held parent and
+    // the final name, which now holds it (a mount point cannot be renamed away in this namespace
+    // while mounted); on any failure, detach it the same way.
     rustix::mount::mount_bind(fd_path(&source_fd).as_str(), fd_path(&target_fd).as_str())
         .map_err(|e| MountError::new("bind", target, errno(e)))?;
-    let (parent, name) = anchors.open_parent(target).map_err(|e| MountError::resolving(target, e))?;
-    // `name` in the resolved parent now holds the new mount (a mount point cannot be renamed
-    // away in this namespace while mounted).
     let at = PathBuf::from(fd_path(&parent)).join(&name);
-    let remount = MountFlags::BIND | legacy;
-    if let Err(e) = rustix::mount::mount_remount(&at, remount, "") {
-        // Never leave a writable bind behind when a read-only one was asked for.
+    if let Err(e) = rustix::mount::mount_remount(&at, MountFlags::BIND | legacy, "") {
+        // Never leave a writable bind, or one without nosuid/nodev, behind.
         let _ = rustix::mount::unmount(&at, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW);
         return Err(MountError::new("remount read-only", target, errno(e)));
     }
@@ -223,8 +227,15 @@ pub fn bind(
 }
 
 /// Set the flags on a detached tree, then attach it onto the target.
-fn attach(tree: OwnedFd, target_fd: &OwnedFd, target: &Path, attrs: u64, legacy: MountFlags) -> Result<(), MountError> {
-    let attr = MountAttr { attr_set: attrs, attr_clr: 0, propagation: 0, userns_fd: 0 };
+fn attach(
+    tree: OwnedFd,
+    target_fd: &OwnedFd,
+    target: &Path,
+    attrs: u64,
+    clear: u64,
+    legacy: MountFlags,
+) -> Result<(), MountError> {
+    let attr = MountAttr { attr_set: attrs, attr_clr: clear, propagation: 0, userns_fd: 0 };
     // SAFETY: mount_setattr(2) reads `size_of::<MountAttr>()` bytes from `&attr`, a live,
     // properly laid out `struct mount_attr`; the path is a NUL-terminated empty string and
     // `tree` an open descriptor. It writes no memory of ours.
@@ -279,6 +290,16 @@ impl From<MountError> for crate::error::Error {
             crate::error::Error::precondition(e.to_string())
         } else {
             crate::error::Error::internal(e.to_string())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_bind_option_the_policy_allows_is_a_flag_here() {
+        for o in crate::plan::policy::BIND_OPTIONS {
+            assert!(super::bind_flag(o).is_some(), "{o}");
         }
     }
 }

@@ -280,7 +280,6 @@ fn resolving(path: &Path, e: io::Error) -> MountError {
 fn containing<'a>(mounts: &'a [MountEntry], path: &Path) -> Option<(&'a MountEntry, PathBuf)> {
     mounts
         .iter()
-        .rev()
         .filter(|m| path.starts_with(&m.mount_point))
         .max_by_key(|m| m.mount_point.as_os_str().len())
         .map(|m| (m, path.strip_prefix(&m.mount_point).unwrap_or(Path::new("")).to_path_buf()))
@@ -371,6 +370,12 @@ impl Files for Recording {
                 is_file: matches!(n, Inode::File { .. }),
             })
             .collect())
+    }
+
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        let s = self.sim();
+        s.check(path, false)?;
+        Ok(s.fs.contains_key(path))
     }
 
     fn modified(&self, path: &Path) -> io::Result<SystemTime> {

@@ -122,8 +122,8 @@ const MAX_READY_TIMEOUT_MS: u32 = 600_000;
 const MIN_MEMORY_LIMIT: u64 = 16 << 20;
 const MAX_ATTRIBUTES: usize = 64;
 const MAX_HTTP_BODY: usize = 64 << 10;
-/// Bind flags a plan may ask for.
-const BIND_OPTIONS: &[&str] = &["nosuid", "nodev", "noexec", "noatime", "nodiratime", "relatime", "strictatime"];
+/// Bind flags a plan may ask for (the executor maps each, a test in `exec/mount.rs` checks).
+pub const BIND_OPTIONS: &[&str] = &["nosuid", "nodev", "noexec", "noatime", "nodiratime", "relatime", "strictatime"];
 /// Headers a plan may not set: they would name another virtual host than the approved URL or
 /// reframe the request.
 const CONNECTION_HEADERS: &[&str] =
