@@ -22,7 +22,7 @@
 //! can while publishing and unpublishing in a loop: `data/sub` with a link to `outside/etc` (each
 //! publish is refused, or shows the volume's own file), and the target's parent with a link to
 //! the neighbour's (whose published target is never unmounted, stacked on or removed). A third
-//! test of the second race fails on a bug in the error class (see its comment).
+//! test of the second race checks the error class: a link met mid-race is refused as a link.
 //!
 //! Each test runs in its own private mount namespace (`common::in_private_namespace`).
 

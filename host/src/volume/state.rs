@@ -1,14 +1,15 @@
 //! One state file per volume: what the kernel cannot tell the daemon after a restart.
 //!
-//! Durability: a file is replaced atomically (temporary file, rename) before the operation
+//! Durability: a file is replaced atomically (its spare `.<key>.json.spare` rewritten in place
+//! and swapped in with `RENAME_EXCHANGE`, see [`crate::exec::beneath`]) before the operation
 //! replies, so it survives any crash of the daemon. It is not fsync'd: everything it describes
 //! (mounts, processes) dies with the kernel, and a daemon starting in a new boot discards every
-//! record of an earlier boot, including one a kernel crash left torn (see `node::reconcile`).
+//! record of an earlier boot, including one a kernel crash left torn (see `daemon::reconcile`).
 //! An fsync would buy nothing and cost a journal commit per call.
 //!
 //! `<state-dir>/volumes/<key>.json`, where `key` is a hash of the volume id (ids may hold any
-//! character); the id is stored inside and checked on load. Written atomically (temporary file,
-//! rename) with mode 0600, with a schema `version`. It records
+//! character); the id is stored inside and checked on load. Mode 0600, with a schema
+//! `version`. It records
 //! the plugin and digest the volume was staged with, the checked plan (which holds no secret
 //! values), the FUSE process's identity, the published targets and the boot id, and nothing the
 //! kernel already knows better (mounts are always read back from mountinfo).
