@@ -71,7 +71,9 @@ impl Node {
     /// kubelet directories must be absolute and canonical (the CLI makes them so).
     pub fn new(config: Config, runtime: Arc<PluginRuntime>, exec: Arc<dyn Executor>) -> Result<Self, Error> {
         let store = StateStore::open(&config.state_dir, exec.clone())?;
-        let roots = Roots::new([config.kubelet_dir.clone(), config.state_dir.join("ephemeral")]);
+        // Callers name paths below kubelet's directory only; ephemeral volumes' staging directories
+        // under the state directory are computed by the daemon itself.
+        let roots = Roots::new([config.kubelet_dir.clone()]);
         let boot_id = exec.boot().map_err(|e| Error::internal(format!("reading the boot id: {e}")))?.id;
         Ok(Node {
             inner: Arc::new(Inner {

@@ -240,9 +240,13 @@ fn publish_key(digest: &str, req: &wit::PublishRequest) -> [u8; 32] {
         h.update((s.len() as u64).to_le_bytes());
         h.update(s);
     };
+    // Destructured whole: a field added to the request must be added to the key (or the memo
+    // would answer a request that differs in it with another request's plan).
+    let wit::PublishRequest { volume_id, context, secrets, capability, readonly, recorded } = req;
+    let wit::VolumeCapability { access_mode, fs_type, mount_flags } = capability;
     put(digest.as_bytes());
-    put(req.volume_id.as_bytes());
-    for kvs in [&req.context, &req.secrets, &req.recorded] {
+    put(volume_id.as_bytes());
+    for kvs in [context, secrets, recorded] {
         let mut sorted: Vec<&wit::Kv> = kvs.iter().collect();
         sorted.sort_by(|a, b| (&a.key, &a.value).cmp(&(&b.key, &b.value)));
         put(&(sorted.len() as u64).to_le_bytes());
@@ -251,13 +255,13 @@ fn publish_key(digest: &str, req: &wit::PublishRequest) -> [u8; 32] {
             put(kv.value.as_bytes());
         }
     }
-    put(request::access_mode_name(req.capability.access_mode).as_bytes());
-    put(req.capability.fs_type.as_bytes());
-    put(&(req.capability.mount_flags.len() as u64).to_le_bytes());
-    for f in &req.capability.mount_flags {
+    put(request::access_mode_name(*access_mode).as_bytes());
+    put(fs_type.as_bytes());
+    put(&(mount_flags.len() as u64).to_le_bytes());
+    for f in mount_flags {
         put(f.as_bytes());
     }
-    put(&[u8::from(req.readonly)]);
+    put(&[u8::from(*readonly)]);
     h.finalize().into()
 }
 

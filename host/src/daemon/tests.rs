@@ -312,6 +312,17 @@ async fn bad_requests_are_refused_before_anything_runs() {
         assert_eq!(e.rec.calls(), Vec::<String>::new(), "{what}");
     }
 
+    // The host's own ephemeral staging directories are not a caller's to name.
+    let own = e.config.state_dir.join("ephemeral").join(volume_key("pvc-1")).join("mount");
+    let mut req = e.stage_req();
+    req.staging_target_path = own.to_str().unwrap().into();
+    let err = err_of(e.node.stage(req).await, ErrorKind::InvalidArgument);
+    assert!(err.message.contains("outside the directories"), "{}", err.message);
+    let mut req = e.publish_req(&own, false);
+    req.staging_target_path = own.to_str().unwrap().into();
+    err_of(e.node.publish(req).await, ErrorKind::InvalidArgument);
+    assert_eq!(e.rec.calls(), Vec::<String>::new());
+
     let mut req = e.stage_req();
     req.volume_context = ctx(&[("plugin", "nope")]);
     let err = err_of(e.node.stage(req).await, ErrorKind::InvalidArgument);
