@@ -16,7 +16,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{NodeDirs, Seaweed, in_private_namespace, mounts_below, pids_of, weed_binary, with_seaweed_node};
+use common::{
+    NodeDirs, Seaweed, in_private_namespace, mounts_below, multi_writer, pids_of, stage_req, weed_binary,
+    with_seaweed_node,
+};
 use mounthost::proto::csi;
 use mounthost::proto::csi::controller_client::ControllerClient;
 use mounthost::proto::csi::node_client::NodeClient;
@@ -25,31 +28,12 @@ use tonic::transport::Channel;
 
 const GIB: i64 = 1 << 30;
 
-fn multi_writer() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(csi::volume_capability::AccessMode {
-            mode: csi::volume_capability::access_mode::Mode::SingleNodeMultiWriter as i32,
-        }),
-        access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
-    }
-}
-
 fn create_req(weed: &Seaweed, name: &str, bytes: i64) -> csi::CreateVolumeRequest {
     csi::CreateVolumeRequest {
         name: name.into(),
         parameters: [("plugin".to_string(), "seaweedfs".to_string()), ("filer".into(), weed.filer.clone())].into(),
         volume_capabilities: vec![multi_writer()],
         capacity_range: Some(csi::CapacityRange { required_bytes: bytes, limit_bytes: 0 }),
-        ..Default::default()
-    }
-}
-
-fn stage_req(id: &str, staging: &Path, ctx: &HashMap<String, String>) -> csi::NodeStageVolumeRequest {
-    csi::NodeStageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: Some(multi_writer()),
-        volume_context: ctx.clone(),
         ..Default::default()
     }
 }

@@ -9,7 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{
-    NodeDirs, Seaweed, guarded, in_private_namespace, mounts_below, pids_with, weed_binary, with_seaweed_node,
+    NodeDirs, Seaweed, guarded, in_private_namespace, mounts_below, multi_writer, pids_with, stage_req, weed_binary,
+    with_seaweed_node,
 };
 use mounthost::proto::csi;
 use mounthost::proto::csi::controller_client::ControllerClient;
@@ -17,27 +18,6 @@ use mounthost::proto::csi::identity_client::IdentityClient;
 use mounthost::proto::csi::node_client::NodeClient;
 use mounthost::unpriv::grpc::channel;
 use tonic::Code;
-
-fn capability(mode: csi::volume_capability::access_mode::Mode) -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
-        access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
-    }
-}
-
-fn multi_writer() -> csi::VolumeCapability {
-    capability(csi::volume_capability::access_mode::Mode::SingleNodeMultiWriter)
-}
-
-fn stage_req(id: &str, staging: &Path, ctx: &HashMap<String, String>) -> csi::NodeStageVolumeRequest {
-    csi::NodeStageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: Some(multi_writer()),
-        volume_context: ctx.clone(),
-        ..Default::default()
-    }
-}
 
 fn publish_req(
     id: &str,

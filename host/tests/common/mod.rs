@@ -2,11 +2,14 @@
 //! real SeaweedFS server, and the `mounthost` daemons run as real processes.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use mounthost::proto::csi;
 
 /// Set in the re-executed test to the mount namespace it was launched from.
 const OUTER_NAMESPACE: &str = "MOUNTHOST_TEST_OUTER_MNT_NS";
@@ -493,4 +496,28 @@ pub fn with_seaweed_node(body: impl AsyncFnOnce(&Seaweed, &NodeDirs, Clients)) {
             body(&weed, &dirs, clients).await
         })
     });
+}
+
+/// A mount-type capability with `mode`.
+pub fn capability(mode: csi::volume_capability::access_mode::Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
+        access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
+    }
+}
+
+/// SINGLE_NODE_MULTI_WRITER, mount type.
+pub fn multi_writer() -> csi::VolumeCapability {
+    capability(csi::volume_capability::access_mode::Mode::SingleNodeMultiWriter)
+}
+
+/// NodeStageVolume of `id` at `staging` with context `ctx`, multi-writer.
+pub fn stage_req(id: &str, staging: &Path, ctx: &HashMap<String, String>) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(multi_writer()),
+        volume_context: ctx.clone(),
+        ..Default::default()
+    }
 }
