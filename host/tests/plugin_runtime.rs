@@ -294,6 +294,7 @@ async fn the_folder_is_watched_and_digests_can_be_pinned() {
     let err = e.runtime.resolve("misbehave", Some(&other)).await.unwrap_err();
     assert!(matches!(err, PluginError::UnknownDigest { .. }), "{err}");
     assert!(err.to_string().contains(&second.digest.to_string()), "lists the loaded digests: {err}");
+    assert_eq!(err.kind(), ErrorKind::FailedPrecondition);
     let err = e.runtime.resolve("misbehave", Some("sha256:xyz")).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
 

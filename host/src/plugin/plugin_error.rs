@@ -29,7 +29,9 @@ pub enum PluginError {
     #[error("unknown plugin {name:?}; known plugins: {known}")]
     UnknownPlugin { name: String, known: String },
     /// The name exists but not at this digest.
-    #[error("plugin {name:?} is not loaded at digest {digest}; loaded digests: {known}")]
+    #[error(
+        "plugin {name:?} is not loaded at digest {digest} (the build a volume was staged with); loaded digests: {known}; put that build back into the plugin folder, or unstage the volume"
+    )]
     UnknownDigest { name: String, digest: String, known: String },
     /// A digest that is not `sha256:<64 hex>`.
     #[error("invalid plugin digest {0:?}: expected sha256:<64 lowercase hex digits>")]
@@ -62,7 +64,10 @@ impl PluginError {
     /// The gRPC class of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            PluginError::UnknownPlugin { .. } | PluginError::UnknownDigest { .. } => ErrorKind::NotFound,
+            PluginError::UnknownPlugin { .. } => ErrorKind::NotFound,
+            // The node lacks what a staged volume needs: not the caller's mistake, nor a missing
+            // volume.
+            PluginError::UnknownDigest { .. } => ErrorKind::FailedPrecondition,
             PluginError::BadDigest(_) => ErrorKind::InvalidArgument,
             PluginError::Load { .. } | PluginError::ForbiddenImports { .. } => ErrorKind::FailedPrecondition,
             PluginError::Deadline { .. } => ErrorKind::DeadlineExceeded,
