@@ -1,0 +1,239 @@
+use rstest::rstest;
+
+use super::*;
+
+const STAGING: &str = "/k/plugins/v/globalmount";
+const TARGET: &str = "/k/pods/p/mount";
+const CACHE: &str = "/s/cache/volumes/k";
+const RUN: &str = "/s/run/k";
+
+fn p(s: &str) -> PathBuf {
+    PathBuf::from(s)
+}
+
+fn mount(at: &str, dev: &str, root: &str, fstype: &str, ro: bool) -> MountEntry {
+    MountEntry {
+        mount_id: 1,
+        parent_id: 1,
+        device: dev.into(),
+        root: root.into(),
+        mount_point: p(at),
+        mount_options: if ro { "ro".into() } else { "rw".into() },
+        fstype: fstype.into(),
+        source: "src".into(),
+        super_options: String::new(),
+    }
+}
+
+fn spawn() -> Step {
+    Step::SpawnFuse {
+        program: "weed".into(),
+        executable: p("/bin/weed"),
+        args: vec![],
+        env: vec![],
+        mountpoint: p(STAGING),
+        fstype: "fuse.seaweedfs".into(),
+        ready_timeout_ms: 1000,
+        memory_limit_bytes: None,
+    }
+}
+
+fn bind(source: &str, target: &str, readonly: bool) -> Step {
+    Step::Bind { source: p(source), target: p(target), readonly, options: vec![] }
+}
+
+fn tmpfs(at: &str, ro: bool) -> Step {
+    Step::Mount { fstype: "tmpfs".into(), source: "src".into(), target: p(at), options: vec![], readonly: ro }
+}
+
+fn stage(steps: Vec<Step>, published: &[(&str, bool)], process: Option<ProcessId>) -> Desired {
+    Desired::Stage {
+        staging: Root { path: p(STAGING), below: p("/k/plugins/v") },
+        host_dirs: vec![p(CACHE), p(RUN)],
+        steps,
+        published: published
+            .iter()
+            .map(|(t, ro)| (p(t), Publication { readonly: *ro, steps: vec![bind(STAGING, t, *ro)] }))
+            .collect(),
+        process,
+    }
+}
+
+fn publish(steps: Vec<Step>) -> Desired {
+    Desired::Publish { staging: p(STAGING), target: Root { path: p(TARGET), below: p("/k/pods/p") }, steps }
+}
+
+const PID: ProcessId = ProcessId { pid: 7, start_time: 1 };
+
+fn run(d: &Desired, mounts: &[MountEntry], alive: bool) -> Result<Vec<Action>, Conflict> {
+    diff(d, Observed { mounts, process_alive: alive })
+}
+
+fn stage_prefix(stop: bool) -> Vec<Action> {
+    let mut v = Vec::new();
+    if stop {
+        v.push(Action::Stop(PID));
+    }
+    v.push(Action::ReleaseGroup);
+    v
+}
+
+fn dirs() -> Vec<Action> {
+    vec![
+        Action::Mkdir { path: p(STAGING), below: p("/k/plugins/v") },
+        Action::PrivateDir(p(CACHE)),
+        Action::PrivateDir(p(RUN)),
+    ]
+}
+
+fn cat(parts: Vec<Vec<Action>>) -> Vec<Action> {
+    parts.into_iter().flatten().collect()
+}
+
+#[rstest]
+#[case::fresh_fuse_stage(
+    stage(vec![spawn()], &[], None), vec![], false,
+    cat(vec![stage_prefix(false), dirs(), vec![Action::Run(spawn())]]))]
+#[case::dead_mount_and_live_process_are_replaced(
+    stage(vec![spawn()], &[], Some(PID)), vec![mount(STAGING, "0:9", "/", "fuse.seaweedfs", false)], true,
+    cat(vec![stage_prefix(true), vec![Action::Unmount(p(STAGING))], dirs(), vec![Action::Run(spawn())]]))]
+#[case::a_dead_process_is_not_stopped(
+    stage(vec![spawn()], &[], Some(PID)), vec![], false,
+    cat(vec![stage_prefix(false), dirs(), vec![Action::Run(spawn())]]))]
+#[case::stacked_mounts_all_go(
+    stage(vec![tmpfs(STAGING, false)], &[], None),
+    vec![mount(STAGING, "0:9", "/", "tmpfs", false), mount(STAGING, "0:10", "/", "tmpfs", false)], false,
+    cat(vec![stage_prefix(false), vec![Action::Unmount(p(STAGING)), Action::Unmount(p(STAGING))], dirs(), vec![
+        Action::Run(tmpfs(STAGING, false))]]))]
+#[case::restage_rebinds_targets_left_on_the_dead_mount(
+    stage(vec![spawn()], &[(TARGET, true)], Some(PID)),
+    vec![mount(STAGING, "0:9", "/", "fuse.seaweedfs", false), mount(TARGET, "0:9", "/", "fuse.seaweedfs", true)], false,
+    cat(vec![stage_prefix(false), vec![Action::Unmount(p(STAGING))], dirs(), vec![
+        Action::Run(spawn()),
+        Action::Rebind { target: p(TARGET), parent: p("/k/pods/p"), actions: vec![
+            Action::Unmount(p(TARGET)), Action::Mkdir { path: p(TARGET), below: p("/k/pods/p") },
+            Action::Run(bind(STAGING, TARGET, true))] }]]))]
+fn stage_table(
+    #[case] desired: Desired,
+    #[case] mounts: Vec<MountEntry>,
+    #[case] alive: bool,
+    #[case] want: Vec<Action>,
+) {
+    assert_eq!(run(&desired, &mounts, alive).unwrap(), want);
+}
+
+#[rstest]
+#[case::fresh_target(vec![mount(STAGING, "0:9", "/", "tmpfs", false)],
+    Ok(vec![Action::Mkdir { path: p(TARGET), below: p("/k/pods/p") }, Action::Run(bind(STAGING, TARGET, false))]))]
+#[case::already_there_is_a_no_op(
+    vec![mount(STAGING, "0:9", "/", "tmpfs", false), mount(TARGET, "0:9", "/", "tmpfs", false)], Ok(vec![]))]
+#[case::same_volume_other_flags(
+    vec![mount(STAGING, "0:9", "/", "tmpfs", false), mount(TARGET, "0:9", "/", "tmpfs", true)],
+    Err("this volume with other flags"))]
+#[case::another_mount(
+    vec![mount(STAGING, "0:9", "/", "tmpfs", false), mount(TARGET, "0:3", "/", "ext4", false)],
+    Err("another mount"))]
+#[case::a_sub_path_of_another_bind_is_not_the_same(
+    vec![mount(STAGING, "0:9", "/", "tmpfs", false), mount(TARGET, "0:9", "/other", "tmpfs", false)],
+    Err("another mount"))]
+fn publish_table(#[case] mounts: Vec<MountEntry>, #[case] want: Result<Vec<Action>, &str>) {
+    let got = run(&publish(vec![bind(STAGING, TARGET, false)]), &mounts, false);
+    match (got, want) {
+        (Ok(g), Ok(w)) => assert_eq!(g, w),
+        (Err(e), Err(w)) => assert!(e.to_string().contains(w), "{e}"),
+        (g, w) => panic!("got {g:?}, want {w:?}"),
+    }
+}
+
+#[test]
+fn a_sub_path_bind_is_recognised_by_its_mount_root() {
+    let sub = format!("{STAGING}/models/a");
+    let mounts = [mount(STAGING, "0:9", "/", "fuse.x", false), mount(TARGET, "0:9", "/models/a", "fuse.x", true)];
+    assert_eq!(run(&publish(vec![bind(&sub, TARGET, true)]), &mounts, false).unwrap(), vec![]);
+    let want_rw = run(&publish(vec![bind(&sub, TARGET, false)]), &mounts, false).unwrap_err();
+    assert!(want_rw.to_string().contains("other flags"), "{want_rw}");
+}
+
+#[test]
+fn a_directory_hidden_by_a_new_mount_is_made_again() {
+    let sub = format!("{TARGET}/a");
+    let d = publish(vec![Step::Mkdir { path: p(&sub) }, tmpfs(TARGET, false), Step::Mkdir { path: p(&sub) }]);
+    let got = run(&d, &[], false).unwrap();
+    let mkdirs = got.iter().filter(|a| matches!(a, Action::Mkdir { path, .. } if path == &p(&sub))).count();
+    assert_eq!(mkdirs, 2, "{got:?}");
+}
+
+#[test]
+fn the_top_of_a_stack_is_what_a_bind_of_it_shows() {
+    // Two mounts stacked at staging; the target shows the top one: a republish is a no-op.
+    let mounts = [
+        mount(STAGING, "0:8", "/", "tmpfs", false),
+        mount(STAGING, "0:9", "/", "tmpfs", false),
+        mount(TARGET, "0:9", "/", "tmpfs", false),
+    ];
+    assert_eq!(run(&publish(vec![bind(STAGING, TARGET, false)]), &mounts, false).unwrap(), vec![]);
+}
+
+#[test]
+fn plan_mkdirs_start_below_their_root_and_targets_below_their_parent() {
+    let d = publish(vec![
+        Step::Mkdir { path: p(TARGET) },
+        Step::Mkdir { path: p(&format!("{TARGET}/a/b")) },
+        tmpfs(&format!("{TARGET}/a/b"), true),
+    ]);
+    let got = run(&d, &[], false).unwrap();
+    assert_eq!(
+        got,
+        vec![
+            Action::Mkdir { path: p(TARGET), below: p("/k/pods/p") },
+            Action::Mkdir { path: p(&format!("{TARGET}/a/b")), below: p(TARGET) },
+            Action::Run(tmpfs(&format!("{TARGET}/a/b"), true)),
+        ]
+    );
+}
+
+#[test]
+fn unpublish_unmounts_every_stacked_mount_then_removes_the_target() {
+    let mounts = [mount(TARGET, "0:9", "/", "tmpfs", false), mount(TARGET, "0:9", "/", "tmpfs", true)];
+    let d = Desired::Unpublish { target: p(TARGET) };
+    assert_eq!(
+        run(&d, &mounts, false).unwrap(),
+        vec![Action::Unmount(p(TARGET)), Action::Unmount(p(TARGET)), Action::RemoveEntry(p(TARGET))]
+    );
+    assert_eq!(run(&d, &[], false).unwrap(), vec![Action::RemoveEntry(p(TARGET))], "already gone: remove only");
+}
+
+#[test]
+fn teardown_clears_below_host_dirs_deepest_first() {
+    let mounts = [
+        mount(STAGING, "0:9", "/", "fuse.x", false),
+        mount(&format!("{CACHE}/a"), "0:5", "/", "tmpfs", false),
+        mount(&format!("{CACHE}/a/b"), "0:6", "/", "tmpfs", false),
+    ];
+    let d = Desired::Teardown {
+        staging: p(STAGING),
+        host_dirs: vec![p(CACHE), p(RUN)],
+        steps: vec![Step::Remove { path: p(&format!("{RUN}/sock")) }],
+        process: Some(PID),
+    };
+    assert_eq!(
+        run(&d, &mounts, true).unwrap(),
+        vec![
+            Action::BestEffort(Box::new(Action::RemoveTree(p(&format!("{RUN}/sock"))))),
+            Action::Stop(PID),
+            Action::ReleaseGroup,
+            Action::Unmount(p(STAGING)),
+            Action::Unmount(p(&format!("{CACHE}/a/b"))),
+            Action::Unmount(p(&format!("{CACHE}/a"))),
+            Action::RemoveTree(p(CACHE)),
+            Action::RemoveTree(p(RUN)),
+        ]
+    );
+}
+
+#[test]
+fn steps_this_host_cannot_run_are_refused_before_anything() {
+    let fetch = Step::Fetch { url: "https://r/x".into(), headers: vec![], digest: "sha256:0".into(), size: 1 };
+    let e = run(&publish(vec![fetch]), &[], false).unwrap_err();
+    assert_eq!(e, Conflict::Unsupported { kind: "fetch" });
+}

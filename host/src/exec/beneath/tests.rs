@@ -1,0 +1,180 @@
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::sync::atomic::Ordering;
+
+use super::*;
+
+fn both(root: &Path) -> [Anchors; 2] {
+    let a = Anchors::new([root.to_path_buf()]);
+    [a.clone(), a.with_walk()]
+}
+
+fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let base = std::fs::canonicalize(dir.path()).unwrap();
+    let root = base.join("root");
+    let outside = base.join("outside");
+    std::fs::create_dir_all(root.join("a/b")).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret"), b"s").unwrap();
+    symlink(&outside, root.join("a/evil")).unwrap();
+    symlink("b", root.join("a/rel")).unwrap();
+    (dir, root, outside)
+}
+
+#[test]
+fn links_are_refused_at_every_component_with_the_link_named() {
+    let (_d, root, _outside) = setup();
+    for a in both(&root) {
+        for p in ["a/evil", "a/evil/secret", "a/rel", "a/rel/x"] {
+            let e = a.open(&root.join(p), OFlags::PATH).unwrap_err();
+            assert!(is_link_refused(&e), "{p}: {e}");
+            assert!(e.to_string().contains("is a symbolic link"), "{e}");
+        }
+        a.open(&root.join("a/b"), OFlags::PATH).expect("plain directories resolve");
+        let e = a.open(Path::new("/etc"), OFlags::PATH).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+    }
+}
+
+#[test]
+fn mkdir_creates_below_only_and_never_through_links() {
+    let (_d, root, outside) = setup();
+    for (i, a) in both(&root).into_iter().enumerate() {
+        let p = root.join(format!("a/b/new{i}/deeper"));
+        a.mkdir(&p, &root.join("a/b"), 0o750).unwrap();
+        assert!(p.is_dir());
+        a.mkdir(&p, &root.join("a/b"), 0o750).expect("existing is fine");
+        let e = a.mkdir(&root.join("a/evil/x"), &root.join("a"), 0o750).unwrap_err();
+        assert!(is_link_refused(&e), "{e}");
+        let e = a.mkdir(&root.join("missing/x"), &root.join("missing"), 0o750).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert!(e.to_string().contains("missing does not exist"), "{e}");
+    }
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1, "nothing created outside");
+}
+
+#[test]
+fn remove_tree_unlinks_links_and_stops_at_nothing_outside() {
+    let (_d, root, outside) = setup();
+    for a in both(&root) {
+        std::fs::create_dir_all(root.join("t/x/y")).unwrap();
+        std::fs::write(root.join("t/x/y/f"), b"1").unwrap();
+        symlink(&outside, root.join("t/x/out")).unwrap();
+        a.remove_tree(&root.join("t")).unwrap();
+        assert!(!root.join("t").exists());
+        a.remove_tree(&root.join("t")).expect("missing is fine");
+        assert!(outside.join("secret").exists(), "a link's target is never touched");
+        // A link as the tree itself is removed, not followed.
+        symlink(&outside, root.join("t")).unwrap();
+        a.remove_tree(&root.join("t")).unwrap();
+        assert!(outside.join("secret").exists() && std::fs::symlink_metadata(root.join("t")).is_err());
+        // Through a link on the way: refused.
+        let e = a.remove_tree(&root.join("a/evil/secret")).unwrap_err();
+        assert!(is_link_refused(&e), "{e}");
+        assert!(outside.join("secret").exists());
+    }
+}
+
+#[test]
+fn atomic_writes_are_private_and_leave_no_temporary() {
+    let (_d, root, outside) = setup();
+    let a = &both(&root)[0];
+    let p = root.join("a/state.json");
+    a.write_atomic(&p, b"one", 0o600, false).unwrap();
+    a.write_atomic(&p, b"two", 0o600, true).unwrap();
+    assert_eq!(a.read(&p).unwrap().unwrap(), b"two");
+    // The exchange: longer, then shorter content; the spare keeps the old one, never torn.
+    a.write_atomic(&p, b"three-longer", 0o600, false).unwrap();
+    a.write_atomic(&p, b"four", 0o600, false).unwrap();
+    assert_eq!(a.read(&p).unwrap().unwrap(), b"four");
+    let spare = root.join("a/.state.json.spare");
+    assert_eq!(std::fs::read(&spare).unwrap(), b"three-longer", "the previous content, swapped out whole");
+    assert_eq!(std::fs::metadata(&spare).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(a.read(&root.join("a/none")).unwrap(), None);
+    let names: Vec<_> = a.list(&root.join("a")).unwrap().into_iter().map(|e| e.name).collect();
+    assert_eq!(names, [".state.json.spare", "b", "evil", "rel", "state.json"].map(OsString::from));
+    let e = a.write_atomic(&root.join("a/evil/planted"), b"x", 0o600, false).unwrap_err();
+    assert!(is_link_refused(&e), "{e}");
+    assert!(!outside.join("planted").exists());
+    let e = a.read(&root.join("a/evil/secret")).unwrap_err();
+    assert!(is_link_refused(&e), "{e}");
+    a.remove_entry(&p).unwrap();
+    assert!(!spare.exists(), "the spare goes with its file");
+    a.remove_entry(&p).expect("gone is fine");
+    a.remove_entry(&root.join("a/evil")).unwrap();
+    assert!(outside.join("secret").exists(), "removing a link leaves its target");
+}
+
+#[test]
+fn a_spare_that_is_not_a_lone_regular_file_is_replaced_not_written_through() {
+    let (_d, root, outside) = setup();
+    let a = &both(&root)[0];
+    let p = root.join("a/state.json");
+    let spare = root.join("a/.state.json.spare");
+    a.write_atomic(&p, b"one", 0o600, false).unwrap();
+    // A second name for a file elsewhere in the tree, and a link out: neither is written.
+    std::fs::write(root.join("a/b/other"), b"other").unwrap();
+    std::fs::hard_link(root.join("a/b/other"), &spare).unwrap();
+    a.write_atomic(&p, b"two", 0o600, false).unwrap();
+    assert_eq!(std::fs::read(root.join("a/b/other")).unwrap(), b"other");
+    assert_eq!(a.read(&p).unwrap().unwrap(), b"two");
+    std::fs::remove_file(&spare).unwrap();
+    symlink(outside.join("secret"), &spare).unwrap();
+    a.write_atomic(&p, b"three", 0o600, false).unwrap();
+    assert_eq!(std::fs::read(outside.join("secret")).unwrap(), b"s");
+    assert_eq!(a.read(&p).unwrap().unwrap(), b"three");
+    assert!(std::fs::symlink_metadata(&spare).unwrap().is_file(), "a fresh spare");
+}
+
+#[test]
+fn concurrent_writers_and_readers_never_see_a_torn_file() {
+    let (_d, root, _) = setup();
+    let a = std::sync::Arc::new(both(&root)[0].clone());
+    let p = root.join("a/contended.json");
+    let value = |w: usize, i: usize| format!("{w}:{i}:{}", "x".repeat((w * 37 + i * 11) % 3000)).into_bytes();
+    a.write_atomic(&p, &value(0, 0), 0o600, false).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (a, p, stop) = (a.clone(), p.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let got = a.read(&p).unwrap().expect("the file is never missing");
+                let text = String::from_utf8(got).unwrap();
+                let mut parts = text.splitn(3, ':');
+                let (w, i) = (parts.next().unwrap().parse::<usize>().unwrap(), parts.next().unwrap().parse().unwrap());
+                assert_eq!(text.into_bytes(), value(w, i), "a whole value");
+                reads += 1;
+            }
+            reads
+        })
+    };
+    let writers: Vec<_> = (1..=4)
+        .map(|w| {
+            let (a, p) = (a.clone(), p.clone());
+            std::thread::spawn(move || {
+                for i in 0..300 {
+                    a.write_atomic(&p, &value(w, i), 0o600, false).unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 0);
+}
+
+#[test]
+fn private_dirs_are_tightened() {
+    let (_d, root, _) = setup();
+    let a = &both(&root)[0];
+    std::fs::create_dir_all(root.join("s/v")).unwrap();
+    std::fs::set_permissions(root.join("s/v"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    a.private_dir(&root.join("s/v")).unwrap();
+    assert_eq!(std::fs::metadata(root.join("s/v")).unwrap().permissions().mode() & 0o777, 0o700);
+    a.private_dir(&root.join("s/w/x")).unwrap();
+    assert_eq!(std::fs::metadata(root.join("s/w/x")).unwrap().permissions().mode() & 0o777, 0o700);
+}
