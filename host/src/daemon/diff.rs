@@ -12,7 +12,7 @@
 //! what it finds there (leftovers of a crashed attempt); a publish must not take over a target
 //! that holds something else, and answers with a [`Conflict`] (gRPC ALREADY_EXISTS).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use crate::exec::mountinfo::MountEntry;
@@ -39,9 +39,6 @@ pub enum Action {
     RemoveTree(PathBuf),
     /// Remove a file, link or empty directory.
     RemoveEntry(PathBuf),
-    /// Bind a recorded target again (a restage): the group's actions, unless the target's
-    /// parent is gone (the pod went away), in which case the target is forgotten.
-    Rebind { target: PathBuf, parent: PathBuf, actions: Vec<Action> },
     /// A plugin's clean-up action at unstage: a failure is logged, not fatal (the host's own
     /// tear-down that follows removes the volume's directories anyway, and a backend must not be
     /// able to keep a volume staged by planting a link in its way).
@@ -55,6 +52,9 @@ pub struct Observed<'a> {
     pub mounts: &'a [MountEntry],
     /// Whether the volume's recorded process is alive.
     pub process_alive: bool,
+    /// Recorded targets whose parent directory is gone (the pod went away): a restage does not
+    /// bind them again, and the record forgets them.
+    pub gone_targets: &'a BTreeSet<PathBuf>,
 }
 
 /// A directory a plan may act in, and where creating it may start.
@@ -119,6 +119,16 @@ impl Desired {
         };
         out.extend(steps.iter().flat_map(step_paths));
         out
+    }
+
+    /// Recorded targets a restage binds again, each with its parent directory (whose presence
+    /// is part of the snapshot).
+    pub fn recorded_targets(&self) -> impl Iterator<Item = (&Path, PathBuf)> {
+        let published = match self {
+            Desired::Stage { published, .. } => Some(published.keys()),
+            _ => None,
+        };
+        published.into_iter().flatten().map(|t| (t.as_path(), parent(t)))
     }
 }
 
@@ -247,16 +257,18 @@ pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Co
             let mut roots = vec![staging.clone()];
             roots.extend(host_dirs.iter().map(|d| Root { path: d.clone(), below: d.clone() }));
             walk(steps, &roots, Mode::Replace, &mut t, &mut out)?;
-            // Targets still showing the staged mount keep it; the others are bound again, each as
-            // a group the executor skips (and the record forgets) when the pod's directory is
-            // gone: one pod that went away must not keep the volume from being staged.
+            // Targets still showing the staged mount keep it; the others are bound again, except
+            // those whose pod directory is gone (one pod that went away must not keep the volume
+            // from being staged).
             let staged = t.at(&staging.path).map(|m| m.device.clone());
             for (target, p) in published {
+                if observed.gone_targets.contains(target) {
+                    continue;
+                }
                 if staged.is_some() && t.at(target).map(|m| &m.device) == staged.as_ref() {
                     continue;
                 }
-                let mut group = Vec::new();
-                t.clear(target, &mut group);
+                t.clear(target, &mut out);
                 let roots = [Root { path: target.clone(), below: parent(target) }, staging.clone()];
                 let default_bind;
                 let steps = if p.steps.is_empty() {
@@ -270,8 +282,7 @@ pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Co
                 } else {
                     &p.steps[..]
                 };
-                walk(steps, &roots, Mode::Replace, &mut t, &mut group)?;
-                out.push(Action::Rebind { target: target.clone(), parent: parent(target), actions: group });
+                walk(steps, &roots, Mode::Replace, &mut t, &mut out)?;
             }
         }
         Desired::Publish { staging, target, steps } => {

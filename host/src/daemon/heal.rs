@@ -139,6 +139,16 @@ impl Node {
             Ok(_) => {
                 self.inner.backoff.clear(id);
                 info!(volume.id = %id, "restarted and re-bound");
+                // An inline volume lives for its targets: if every pod went away, it goes too.
+                if let Ok(Some(st)) = self.inner.store.load(id)
+                    && st.ephemeral
+                    && st.published.is_empty()
+                {
+                    warn!(volume.id = %id, "no target of the ephemeral volume is left; unstaging it");
+                    if let Err(e) = self.teardown(&st, &[]).and_then(|()| Ok(self.inner.store.remove(id)?)) {
+                        error!(volume.id = %id, error = %e.message, "unstaging an ephemeral volume without targets");
+                    }
+                }
                 Some(true)
             }
             Err(e) => {

@@ -47,7 +47,9 @@ pub(super) struct Job {
 pub(super) struct Applied {
     /// The FUSE process started, if one was.
     pub spawned: Option<ProcessId>,
-    /// Recorded targets not bound again because their pod's directory is gone.
+    /// Recorded targets not bound again because their pod's directory is gone (seen in the
+    /// snapshot before the diff; a pod that goes away later fails this attempt, and the retry
+    /// sees it gone).
     pub gone_targets: Vec<PathBuf>,
 }
 
@@ -84,7 +86,15 @@ impl Node {
         let mounts = self.mounts_touching(&job.desired.paths())?;
         let t_mounts = t0.elapsed();
         let process_alive = job.process.is_some_and(|p| self.inner.exec.is_alive(&p));
-        let actions = diff::diff(&job.desired, Observed { mounts: &mounts, process_alive }).map_err(conflict)?;
+        let mut gone_targets = std::collections::BTreeSet::new();
+        for (target, parent) in job.desired.recorded_targets() {
+            if !self.inner.exec.exists(&parent).map_err(|e| io_error(e, &parent))? {
+                warn!(volume.id = %job.id, target = %target.display(), "the pod's directory is gone: forgetting the target");
+                gone_targets.insert(target.to_path_buf());
+            }
+        }
+        let observed = Observed { mounts: &mounts, process_alive, gone_targets: &gone_targets };
+        let actions = diff::diff(&job.desired, observed).map_err(conflict)?;
         let t_diff = t0.elapsed();
         if let Some(first) = &job.first {
             self.inner.store.save(first)?;
@@ -92,7 +102,7 @@ impl Node {
         if let Some(keep) = &job.keep_secrets {
             self.inner.store.save_secrets(&job.id, keep)?;
         }
-        let mut applied = Applied::default();
+        let mut applied = Applied { gone_targets: gone_targets.into_iter().collect(), ..Applied::default() };
         let t_first = t0.elapsed();
         match self.apply(&job.id, &actions, &job.secrets, &mut applied) {
             Ok(()) => {
@@ -151,7 +161,7 @@ impl Node {
             actions.extend(
                 diff::diff(
                     &Desired::Unpublish { target: t.clone() },
-                    Observed { mounts: &mounts, process_alive: false },
+                    Observed { mounts: &mounts, process_alive: false, gone_targets: &Default::default() },
                 )
                 .map_err(conflict)?
                 .into_iter()
@@ -161,7 +171,10 @@ impl Node {
         let desired =
             Desired::Teardown { staging: st.staging_path.clone(), host_dirs, steps: Vec::new(), process: st.process };
         let alive = st.process.is_some_and(|p| self.inner.exec.is_alive(&p));
-        actions.extend(diff::diff(&desired, Observed { mounts: &mounts, process_alive: alive }).map_err(conflict)?);
+        actions.extend(
+            diff::diff(&desired, Observed { mounts: &mounts, process_alive: alive, gone_targets: &Default::default() })
+                .map_err(conflict)?,
+        );
         self.apply(&st.volume_id, &actions, &Secrets::default(), &mut Applied::default())
     }
 
@@ -171,8 +184,11 @@ impl Node {
             return Ok(());
         }
         let mounts = self.mounts()?;
-        let actions = diff::diff(&Desired::Removed { dirs }, Observed { mounts: &mounts, process_alive: false })
-            .map_err(conflict)?;
+        let actions = diff::diff(
+            &Desired::Removed { dirs },
+            Observed { mounts: &mounts, process_alive: false, gone_targets: &Default::default() },
+        )
+        .map_err(conflict)?;
         self.apply("", &actions, &Secrets::default(), &mut Applied::default())
     }
 
@@ -205,16 +221,6 @@ impl Node {
             },
             Action::RemoveTree(path) => exec.remove_tree(path).map_err(|e| io_error(e, path))?,
             Action::RemoveEntry(path) => exec.remove_entry(path).map_err(|e| io_error(e, path))?,
-            Action::Rebind { target, parent, actions } => {
-                if !exec.exists(parent).map_err(|e| io_error(e, parent))? {
-                    warn!(volume.id = %id, target = %target.display(), "the pod's directory is gone: forgetting the target");
-                    applied.gone_targets.push(target.clone());
-                    return Ok(());
-                }
-                for a in actions {
-                    self.apply_one(id, a, secrets, applied)?;
-                }
-            }
             Action::BestEffort(a) => {
                 if let Err(e) = self.apply_one(id, a, secrets, applied) {
                     warn!(volume.id = %id, error = %e.message, "a plugin's clean-up step failed; the host's tear-down goes on");

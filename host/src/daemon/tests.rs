@@ -922,3 +922,53 @@ async fn an_ephemeral_volume_left_without_targets_by_a_crash_is_unstaged_at_star
     assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new(), "its staging mount is gone");
     assert!(!e.rec.exists(&e.config.state_dir.join("ephemeral").join(volume_key(id))));
 }
+
+#[tokio::test]
+async fn a_restart_skips_and_forgets_targets_whose_pod_is_gone() {
+    let e = Env::new();
+    let (a, b) = (e.target("pod-a"), e.target("pod-b"));
+    e.node.stage(weed_stage_req(&e)).await.unwrap();
+    e.node.publish(e.publish_req(&a, false)).await.unwrap();
+    e.node.publish(e.publish_req(&b, false)).await.unwrap();
+    e.rec.kill(e.node.store().load(VOL).unwrap().unwrap().process.unwrap().pid);
+    // Pod a went away while the FUSE process was dead: kubelet unmounted and removed its dir.
+    Mounts::unmount(&*e.rec, &a, false).unwrap();
+    let pod_a = e.kubelet.join("pods/pod-a");
+    crate::exec::Files::remove_tree(&*e.rec, &pod_a).unwrap();
+    assert_eq!(heal_all(&e.node), (1, 0), "pod a's absence does not keep the volume broken");
+    let st = e.node.store().load(VOL).unwrap().unwrap();
+    assert_eq!(st.phase, Phase::Staged);
+    assert_eq!(st.published.keys().collect::<Vec<_>>(), vec![&b], "a is forgotten");
+    assert!(mount_points(&e.rec).contains(&b), "b is bound to the new mount");
+    assert!(!e.rec.exists(&pod_a), "nothing is made again for the gone pod");
+    assert!(e.node.health(&st).healthy);
+}
+
+#[tokio::test]
+async fn an_ephemeral_volume_whose_pods_are_all_gone_is_unstaged_by_its_restart() {
+    let e = Env::new();
+    let target = e.target("pod-e");
+    let id = "csi-weed-inline";
+    let req = csi::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: s(&target),
+        volume_capability: Some(mount_cap()),
+        volume_context: ctx(&[
+            ("plugin", "seaweedfs"),
+            ("filer", "127.0.0.1:8888"),
+            ("path", "/buckets/inline"),
+            ("csi.storage.k8s.io/ephemeral", "true"),
+        ]),
+        ..Default::default()
+    };
+    e.node.publish(req).await.unwrap();
+    let pid = e.node.store().load(id).unwrap().unwrap().process.unwrap();
+    e.rec.kill(pid.pid);
+    Mounts::unmount(&*e.rec, &target, false).unwrap();
+    crate::exec::Files::remove_tree(&*e.rec, &e.kubelet.join("pods/pod-e")).unwrap();
+    assert_eq!(heal_all(&e.node), (1, 0));
+    assert!(e.node.store().load(id).unwrap().is_none(), "the record goes");
+    assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new(), "its staging mount is gone");
+    assert!(e.rec.groups().unwrap().is_empty(), "its cgroup and the restarted process are gone");
+    assert!(!e.rec.exists(&e.config.state_dir.join("ephemeral").join(volume_key(id))));
+}

@@ -214,11 +214,23 @@ pub fn bind(
     }
     // Legacy: bind between descriptors, then remount the new mount through the held parent and
     // the final name, which now holds it (a mount point cannot be renamed away in this namespace
-    // while mounted); on any failure, detach it the same way.
+    // while mounted); on any failure, detach it the same way. (Left open on these kernels: a
+    // directory renamed away between its resolution and the bind gets the bind where it went,
+    // and the remount then fails on whatever took its name.)
     rustix::mount::mount_bind(fd_path(&source_fd).as_str(), fd_path(&target_fd).as_str())
         .map_err(|e| MountError::new("bind", target, errno(e)))?;
+    // mount(2) follows a link in its last component, so the remount goes through a descriptor
+    // of what the name holds now, opened without following (a link planted there is refused;
+    // anything else that is not the new mount's root makes the remount fail with EINVAL).
     let at = PathBuf::from(fd_path(&parent)).join(&name);
-    if let Err(e) = rustix::mount::mount_remount(&at, MountFlags::BIND | legacy, "") {
+    let remount = rustix::fs::openat(&parent, &name, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, 0.into())
+        .and_then(|fd| {
+            if rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode).is_symlink() {
+                return Err(rustix::io::Errno::LOOP);
+            }
+            rustix::mount::mount_remount(fd_path(&fd).as_str(), MountFlags::BIND | legacy, "")
+        });
+    if let Err(e) = remount {
         // Never leave a writable bind, or one without nosuid/nodev, behind.
         let _ = rustix::mount::unmount(&at, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW);
         return Err(MountError::new("remount read-only", target, errno(e)));

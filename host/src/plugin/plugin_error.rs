@@ -30,7 +30,7 @@ pub enum PluginError {
     UnknownPlugin { name: String, known: String },
     /// The name exists but not at this digest.
     #[error(
-        "plugin {name:?} is not loaded at digest {digest} (the build a volume was staged with); loaded digests: {known}; put that build back into the plugin folder, or unstage the volume"
+        "plugin {name:?} is not loaded at digest {digest}; loaded digests: {known}; put that build into the plugin folder (a staged volume keeps planning with the build it was staged with)"
     )]
     UnknownDigest { name: String, digest: String, known: String },
     /// A digest that is not `sha256:<64 hex>`.
@@ -65,8 +65,8 @@ impl PluginError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             PluginError::UnknownPlugin { .. } => ErrorKind::NotFound,
-            // The node lacks what a staged volume needs: not the caller's mistake, nor a missing
-            // volume.
+            // The node lacks the build a volume is pinned to (by its context, or by the build it
+            // was staged with): not a missing volume.
             PluginError::UnknownDigest { .. } => ErrorKind::FailedPrecondition,
             PluginError::BadDigest(_) => ErrorKind::InvalidArgument,
             PluginError::Load { .. } | PluginError::ForbiddenImports { .. } => ErrorKind::FailedPrecondition,

@@ -66,7 +66,7 @@ fn publish(steps: Vec<Step>) -> Desired {
 const PID: ProcessId = ProcessId { pid: 7, start_time: 1 };
 
 fn run(d: &Desired, mounts: &[MountEntry], alive: bool) -> Result<Vec<Action>, Conflict> {
-    diff(d, Observed { mounts, process_alive: alive })
+    diff(d, Observed { mounts, process_alive: alive, gone_targets: &Default::default() })
 }
 
 fn stage_prefix(stop: bool) -> Vec<Action> {
@@ -110,9 +110,8 @@ fn cat(parts: Vec<Vec<Action>>) -> Vec<Action> {
     vec![mount(STAGING, "0:9", "/", "fuse.seaweedfs", false), mount(TARGET, "0:9", "/", "fuse.seaweedfs", true)], false,
     cat(vec![stage_prefix(false), vec![Action::Unmount(p(STAGING))], dirs(), vec![
         Action::Run(spawn()),
-        Action::Rebind { target: p(TARGET), parent: p("/k/pods/p"), actions: vec![
-            Action::Unmount(p(TARGET)), Action::Mkdir { path: p(TARGET), below: p("/k/pods/p") },
-            Action::Run(bind(STAGING, TARGET, true))] }]]))]
+        Action::Unmount(p(TARGET)), Action::Mkdir { path: p(TARGET), below: p("/k/pods/p") },
+        Action::Run(bind(STAGING, TARGET, true))]]))]
 fn stage_table(
     #[case] desired: Desired,
     #[case] mounts: Vec<MountEntry>,
@@ -236,4 +235,37 @@ fn steps_this_host_cannot_run_are_refused_before_anything() {
     let fetch = Step::Fetch { url: "https://r/x".into(), headers: vec![], digest: "sha256:0".into(), size: 1 };
     let e = run(&publish(vec![fetch]), &[], false).unwrap_err();
     assert_eq!(e, Conflict::Unsupported { kind: "fetch" });
+}
+
+#[test]
+fn a_target_whose_pod_is_gone_is_skipped_and_the_others_get_everything_they_need() {
+    // Two targets replay a plan that makes a sub-directory of staging and binds it. The first
+    // (in the record's order) belongs to a pod that went away: the second must still get the
+    // staging mkdir, which the first would have made.
+    let sub = format!("{STAGING}/sub");
+    let (gone, kept) = ("/k/pods/a/mount", "/k/pods/b/mount");
+    let steps = |t: &str| vec![Step::Mkdir { path: p(&sub) }, bind(&sub, t, false)];
+    let d = Desired::Stage {
+        staging: Root { path: p(STAGING), below: p("/k/plugins/v") },
+        host_dirs: vec![],
+        steps: vec![tmpfs(STAGING, false)],
+        published: [gone, kept].map(|t| (p(t), Publication { readonly: false, steps: steps(t) })).into(),
+        process: None,
+    };
+    let gone_targets = [p(gone)].into();
+    let got = diff(&d, Observed { mounts: &[], process_alive: false, gone_targets: &gone_targets }).unwrap();
+    let names = |path: &str| got.iter().any(|a| format!("{a:?}").contains(path));
+    assert!(!names("/k/pods/a"), "nothing for the gone pod's target: {got:?}");
+    let i_mkdir = got.iter().position(|a| matches!(a, Action::Mkdir { path, .. } if *path == p(&sub)));
+    let i_bind = got.iter().position(|a| *a == Action::Run(bind(&sub, kept, false)));
+    assert!(i_mkdir.is_some() && i_bind.is_some() && i_mkdir < i_bind, "{got:?}");
+    // Without the gone pod, the same record gives the same actions for the kept target.
+    let alone = Desired::Stage {
+        staging: Root { path: p(STAGING), below: p("/k/plugins/v") },
+        host_dirs: vec![],
+        steps: vec![tmpfs(STAGING, false)],
+        published: [(p(kept), Publication { readonly: false, steps: steps(kept) })].into(),
+        process: None,
+    };
+    assert_eq!(run(&alone, &[], false).unwrap(), got);
 }

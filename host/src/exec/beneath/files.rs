@@ -121,16 +121,18 @@ fn exchange(parent: &OwnedFd, name: &OsStr, bytes: &[u8], mode: u32) -> io::Resu
     rustix::fs::flock(parent, rustix::fs::FlockOperation::LockExclusive)?;
     let spare = spare_name(name);
     let flags = OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let lone = |fd: &OwnedFd| {
-        let st = rustix::fs::fstat(fd)?;
-        Ok::<_, Errno>(FileType::from_raw_mode(st.st_mode) == FileType::RegularFile && st.st_nlink == 1)
-    };
-    let fd = match rustix::fs::openat(parent, &spare, flags | OFlags::NONBLOCK, Mode::from_raw_mode(mode)) {
-        Ok(fd) if lone(&fd)? => fd,
-        // Not a spare this writer made (a link, a FIFO, a second name for another file that
-        // would be rewritten through it): start a fresh one.
-        Ok(_) | Err(Errno::LOOP) | Err(Errno::NXIO) => {
-            rustix::fs::unlinkat(parent, &spare, AtFlags::empty())?;
+    // Looked at before it is opened (a device node must not be opened at all); the directory's
+    // lock keeps other writers from changing it in between.
+    let fd = match rustix::fs::statat(parent, &spare, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile && st.st_nlink == 1 => {
+            rustix::fs::openat(parent, &spare, flags, Mode::from_raw_mode(mode))?
+        }
+        Err(Errno::NOENT) => rustix::fs::openat(parent, &spare, flags | OFlags::EXCL, Mode::from_raw_mode(mode))?,
+        // Not a spare this writer made (a link, a FIFO, a device, an empty directory, a second
+        // name for another file that would be rewritten through it): start a fresh one.
+        Ok(st) => {
+            let dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
+            rustix::fs::unlinkat(parent, &spare, if dir { AtFlags::REMOVEDIR } else { AtFlags::empty() })?;
             rustix::fs::openat(parent, &spare, flags | OFlags::EXCL, Mode::from_raw_mode(mode))?
         }
         Err(e) => return Err(e.into()),

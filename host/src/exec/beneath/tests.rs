@@ -125,6 +125,15 @@ fn a_spare_that_is_not_a_lone_regular_file_is_replaced_not_written_through() {
     assert_eq!(std::fs::read(outside.join("secret")).unwrap(), b"s");
     assert_eq!(a.read(&p).unwrap().unwrap(), b"three");
     assert!(std::fs::symlink_metadata(&spare).unwrap().is_file(), "a fresh spare");
+    // A FIFO (opening it would block) and an empty directory: replaced too.
+    std::fs::remove_file(&spare).unwrap();
+    rustix::fs::mknodat(rustix::fs::CWD, &spare, FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+    a.write_atomic(&p, b"four", 0o600, false).unwrap();
+    std::fs::remove_file(&spare).unwrap();
+    std::fs::create_dir(&spare).unwrap();
+    a.write_atomic(&p, b"five", 0o600, false).unwrap();
+    assert_eq!(a.read(&p).unwrap().unwrap(), b"five");
+    assert!(std::fs::symlink_metadata(&spare).unwrap().is_file(), "a fresh spare");
 }
 
 #[test]
