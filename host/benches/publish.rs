@@ -7,7 +7,8 @@
 //! backend. Printed, each against baselines measured in the same run:
 //! 1. publish latency p50/p99 over 500 publishes of one staged volume into fresh targets,
 //!    vs the raw bind syscall and vs `mount --bind` run as a child process (what drivers built
-//!    on the common Go mount library do);
+//!    on the common Go mount library do), with and without the `mkdir` of the target; the child
+//!    baselines are measured in a helper process, interleaved with the publishes;
 //! 2. 200 concurrent publishes of 200 distinct staged volumes (errors, wall time) vs the same
 //!    publishes one by one.
 
@@ -31,8 +32,14 @@ fn iterations() -> usize {
     std::env::var("MOUNTHOST_BENCH_PUBLISHES").ok().and_then(|v| v.parse().ok()).unwrap_or(500)
 }
 
+/// Set in the helper process that runs the child-process baselines (see [`ChildBaselines`]).
+const HELPER: &str = "MOUNTHOST_BENCH_CHILD_HELPER";
+
 fn main() {
     common::enter_private_namespace();
+    if let Some(base) = std::env::var_os(HELPER) {
+        return child_helper(Path::new(&base));
+    }
     if let Ok(filter) = std::env::var("MOUNTHOST_BENCH_LOG") {
         mounthost::telemetry::init(mounthost::telemetry::LogFormat::Text, &filter);
     }
@@ -86,9 +93,12 @@ async fn run() {
     std::fs::create_dir_all(&plugins).unwrap();
     std::fs::copy(mounthost::stock::fixtures::path("tmpfs"), plugins.join("tmpfs.wasm")).unwrap();
     let n = iterations();
-    // Baselines first, before the daemon runs in this process (its reaper waits for every child
-    // of the process, `mount` included): a bind of a tmpfs like the one the plugin stages.
-    let (raw, child, floor) = baselines(&base, n);
+    // In-process baselines first: a bind of a tmpfs like the one the plugin stages. The
+    // child-process baselines run in a helper process started now, before the daemon runs in
+    // this one (its reaper waits for every child of the process, `mount` included), and are
+    // measured interleaved with the publishes, so both see the same machine.
+    let (raw, floor) = baselines(&base, n);
+    let mut helper = ChildBaselines::start(&base.join("baseline"));
     let mut cfg = Config::new(state.clone());
     cfg.kubelet_dir = kubelet.clone();
     cfg.plugin_dir = plugins;
@@ -169,7 +179,10 @@ async fn run() {
     }
     println!("NodePublishVolume after stage, {n} publishes (front → host → plugin → bind → state file replaced)");
     let mut ours = Vec::with_capacity(n);
+    let (mut child, mut mkdir_child) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for i in 0..n {
+        child.push(helper.time("bind", i));
+        mkdir_child.push(helper.time("mkdir-bind", i));
         let t = target(i);
         let started = Instant::now();
         client.clone().node_publish_volume(publish("bench-0", &staging, &t)).await.unwrap();
@@ -189,10 +202,15 @@ async fn run() {
     let p_floor = summary("reference: fsync'd atomic write of 2 KiB", floor);
     let p_raw = summary("baseline: bind syscall", raw);
     let p_child = summary("baseline: `mount --bind` child process", child);
+    let p_mkdir_child = summary("baseline: mkdir + `mount --bind` child", mkdir_child);
     println!(
         "ratio p50 mounthost / child process = {:.2} (target ≤ 0.4); mounthost / raw syscall = {:.0}x",
         p_ours.as_secs_f64() / p_child.as_secs_f64(),
         p_ours.as_secs_f64() / p_raw.as_secs_f64()
+    );
+    println!(
+        "ratio p50 mounthost / (mkdir + child process) = {:.2} (both create the target)",
+        p_ours.as_secs_f64() / p_mkdir_child.as_secs_f64()
     );
     println!(
         "an fsync'd state write would add about {:.1} µs to the p50 (ratio then {:.2})",
@@ -270,27 +288,21 @@ async fn run() {
     common::unmount_below(root.path());
 }
 
-/// The raw bind syscall and `mount --bind` as a child process, each `n` times onto fresh
-/// targets from a tmpfs; and, for reference, what one fsync'd atomic write of a state-sized file
-/// (temporary file, fsync, rename, fsync of the directory) costs on the state directory's
-/// filesystem. The state is not fsync'd (docs/node-lifecycle.md says why); this shows what doing
-/// so would add.
-fn baselines(base: &Path, n: usize) -> (Vec<Duration>, Vec<Duration>, Vec<Duration>) {
-    let source = base.join("baseline/source");
+/// The raw bind syscall, `n` times onto fresh targets from a tmpfs; and, for reference, what
+/// one fsync'd atomic write of a state-sized file (temporary file, fsync, rename, fsync of the
+/// directory) costs on the state directory's filesystem. The state is not fsync'd
+/// (docs/node-lifecycle.md says why); this shows what doing so would add.
+fn baselines(base: &Path, n: usize) -> (Vec<Duration>, Vec<Duration>) {
+    let source = base.join("baseline/raw-source");
     std::fs::create_dir_all(&source).unwrap();
     nix::mount::mount(Some("tmpfs"), &source, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=1m")).unwrap();
-    let (mut raw, mut child, mut floor) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut raw, mut floor) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for i in 0..n {
-        let t = base.join(format!("baseline/pods/pod-{i}/mount"));
+        let t = base.join(format!("baseline/raw/pod-{i}/mount"));
         std::fs::create_dir_all(&t).unwrap();
         let started = Instant::now();
         nix::mount::mount(Some(&source), &t, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>).unwrap();
         raw.push(started.elapsed());
-        nix::mount::umount2(&t, nix::mount::MntFlags::empty()).unwrap();
-        let started = Instant::now();
-        let st = Command::new("mount").arg("--bind").arg(&source).arg(&t).status().unwrap();
-        child.push(started.elapsed());
-        assert!(st.success());
         nix::mount::umount2(&t, nix::mount::MntFlags::empty()).unwrap();
     }
     let blob = vec![b'x'; 2048];
@@ -300,7 +312,77 @@ fn baselines(base: &Path, n: usize) -> (Vec<Duration>, Vec<Duration>, Vec<Durati
         floor.push(started.elapsed());
     }
     nix::mount::umount2(&source, nix::mount::MntFlags::empty()).unwrap();
-    (raw, child, floor)
+    (raw, floor)
+}
+
+/// The child-process baselines, timed in a helper process (this benchmark re-run with
+/// [`HELPER`] set; same mount namespace) that reaps its own children:
+/// - `bind`: `mount --bind` as a child process onto an existing target (what drivers built on
+///   the common Go mount library exec);
+/// - `mkdir-bind`: `mkdir` of the target plus that child, with the target's parents made untimed
+///   just before, as the publish loop does (CSI makes creating the target the driver's job, and
+///   mounthost's publish includes it).
+struct ChildBaselines {
+    child: std::process::Child,
+    to: std::process::ChildStdin,
+    from: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl ChildBaselines {
+    fn start(dir: &Path) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .env(HELPER, dir)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let to = child.stdin.take().unwrap();
+        let from = std::io::BufReader::new(child.stdout.take().unwrap());
+        ChildBaselines { child, to, from }
+    }
+
+    /// One measurement, as the helper timed it.
+    fn time(&mut self, what: &str, i: usize) -> Duration {
+        use std::io::{BufRead, Write};
+        writeln!(self.to, "{what} {i}").unwrap();
+        let mut line = String::new();
+        self.from.read_line(&mut line).unwrap();
+        Duration::from_nanos(line.trim().parse().unwrap_or_else(|_| panic!("helper said {line:?}")))
+    }
+}
+
+impl Drop for ChildBaselines {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+/// The helper's side of [`ChildBaselines`]: a tmpfs source, then one timed child per request.
+fn child_helper(dir: &Path) {
+    use std::io::BufRead;
+    let source = dir.join("source");
+    std::fs::create_dir_all(&source).unwrap();
+    nix::mount::mount(Some("tmpfs"), &source, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=1m")).unwrap();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.unwrap();
+        let (what, i) = line.split_once(' ').unwrap();
+        let t = dir.join(format!("{what}/pod-{i}/volumes/kubernetes.io~csi/pv/mount"));
+        std::fs::create_dir_all(t.parent().unwrap()).unwrap();
+        let mkdir = what == "mkdir-bind";
+        if !mkdir {
+            std::fs::create_dir(&t).unwrap();
+        }
+        let started = Instant::now();
+        if mkdir {
+            std::fs::create_dir(&t).unwrap();
+        }
+        let st = Command::new("mount").arg("--bind").arg(&source).arg(&t).status().unwrap();
+        let took = started.elapsed();
+        assert!(st.success());
+        nix::mount::umount2(&t, nix::mount::MntFlags::empty()).unwrap();
+        println!("{}", took.as_nanos());
+    }
+    nix::mount::umount2(&source, nix::mount::MntFlags::MNT_DETACH).unwrap();
 }
 
 async fn wait(p: &Path) {

@@ -121,6 +121,19 @@ impl Desired {
         out
     }
 
+    /// A publish whose plan is a single bind onto its target: when the target does not exist,
+    /// the diff needs no mount table (a path that does not exist holds no mount, and nothing
+    /// else in the plan is compared with the table), so the pipeline skips reading it.
+    pub fn lone_bind_target(&self) -> Option<&Path> {
+        match self {
+            Desired::Publish { target, steps, .. } => match steps.as_slice() {
+                [Step::Bind { target: t, .. }] if *t == target.path => Some(&target.path),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
     /// Recorded targets a restage binds again, each with its parent directory (whose presence
     /// is part of the snapshot).
     pub fn recorded_targets(&self) -> impl Iterator<Item = (&Path, PathBuf)> {

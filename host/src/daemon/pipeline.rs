@@ -83,7 +83,9 @@ impl Node {
     /// Run `job`. Blocking.
     pub(super) fn run_job(&self, job: Job) -> Result<Applied, Error> {
         let t0 = std::time::Instant::now();
-        let mounts = self.mounts_touching(&job.desired.paths())?;
+        let fresh_target =
+            job.desired.lone_bind_target().is_some_and(|t| matches!(self.inner.exec.exists(t), Ok(false)));
+        let mounts = if fresh_target { Vec::new() } else { self.mounts_touching(&job.desired.paths())? };
         let t_mounts = t0.elapsed();
         let process_alive = job.process.is_some_and(|p| self.inner.exec.is_alive(&p));
         let mut gone_targets = std::collections::BTreeSet::new();

@@ -38,6 +38,12 @@ impl Node {
     /// goes away (a blocking task is never cancelled), holding the volume's lock until done.
     pub async fn publish(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Error> {
         let (this, rt) = (self.clone(), tokio::runtime::Handle::current());
+        if rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+            // On this worker, which hands its other tasks to another one first: no wake-up of a
+            // blocking thread and back. Synchronous inside one poll, so it runs to completion
+            // even if the caller goes away.
+            return tokio::task::block_in_place(|| rt.block_on(this.publish_now(req)));
+        }
         tokio::task::spawn_blocking(move || rt.block_on(this.publish_now(req)))
             .await
             .map_err(|e| Error::internal(format!("a node operation panicked: {e}")))?

@@ -269,3 +269,34 @@ fn a_target_whose_pod_is_gone_is_skipped_and_the_others_get_everything_they_need
     };
     assert_eq!(run(&alone, &[], false).unwrap(), got);
 }
+
+#[test]
+fn a_lone_bind_onto_a_missing_target_needs_no_mount_table() {
+    // What the pipeline relies on to skip reading mountinfo: with nothing at the target (it
+    // does not exist), the table around it changes nothing in the actions.
+    for readonly in [false, true] {
+        let d = publish(vec![bind(STAGING, TARGET, readonly)]);
+        assert_eq!(d.lone_bind_target(), Some(p(TARGET).as_path()));
+        let around = [
+            mount("/", "254:0", "/", "ext4", false),
+            mount(STAGING, "0:9", "/", "fuse.seaweedfs", false),
+            mount(STAGING, "0:10", "/", "tmpfs", true),
+            mount("/k/pods/other/mount", "0:10", "/", "tmpfs", true),
+        ];
+        let want = run(&d, &[], false).unwrap();
+        assert_eq!(run(&d, &around, false).unwrap(), want);
+        assert_eq!(
+            want,
+            vec![
+                Action::Mkdir { path: p(TARGET), below: p("/k/pods/p") },
+                Action::Run(bind(STAGING, TARGET, readonly))
+            ]
+        );
+    }
+    // Anything more than that one bind reads the table.
+    assert_eq!(
+        publish(vec![bind(STAGING, TARGET, false), tmpfs(&format!("{TARGET}/x"), false)]).lone_bind_target(),
+        None
+    );
+    assert_eq!(publish(vec![bind(&format!("{STAGING}/sub"), &format!("{TARGET}/x"), false)]).lone_bind_target(), None);
+}
