@@ -190,6 +190,8 @@ impl Recording {
     /// Put a mount in the table as if someone else had made it.
     pub fn add_mount(&self, fstype: &str, source: &str, target: &Path) {
         let mut s = self.sim();
+        // A mount point exists, as in the kernel.
+        s.mkdirs(target, Path::new("/"), 0o755).expect("no links on the way");
         push_mount(&mut s, fstype, source, "/", target, false);
     }
 
