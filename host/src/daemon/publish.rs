@@ -32,24 +32,26 @@ use crate::volume::state::{Phase, Publication, VolumeState};
 impl Node {
     /// NodePublishVolume, the hot path: the state comes from memory, the plugin is found by its
     /// pinned digest without a folder scan, its plan usually from the memo, and everything from
-    /// the lock to the reply runs as one blocking task (the rare plugin call runs on it through
-    /// the runtime's handle): one hop, where an async task plus a blocking section would cost
-    /// two wake-ups more. Like every node operation it runs to completion even if the caller
-    /// goes away (a blocking task is never cancelled), holding the volume's lock until done.
+    /// the lock to the reply runs as one blocking section (the rare plugin call runs in it
+    /// through the runtime's handle). On a multi-thread runtime (the daemon's) that section is
+    /// `block_in_place` on the request's own worker, which first hands its other tasks to
+    /// another: no wake-up of a blocking thread and back. Like every node operation it runs to
+    /// completion even if the caller goes away (it is synchronous inside one poll), holding the
+    /// volume's lock until done; a panic is an INTERNAL error, as for every operation.
     pub async fn publish(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Error> {
         let (this, rt) = (self.clone(), tokio::runtime::Handle::current());
         if rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
-            // On this worker, which hands its other tasks to another one first: no wake-up of a
-            // blocking thread and back. Synchronous inside one poll, so it runs to completion
-            // even if the caller goes away.
-            return tokio::task::block_in_place(|| rt.block_on(this.publish_now(req)));
+            let run =
+                std::panic::AssertUnwindSafe(|| tokio::task::block_in_place(|| rt.block_on(this.publish_now(req))));
+            return std::panic::catch_unwind(run)
+                .unwrap_or_else(|_| Err(Error::internal("a node operation panicked".to_string())));
         }
         tokio::task::spawn_blocking(move || rt.block_on(this.publish_now(req)))
             .await
             .map_err(|e| Error::internal(format!("a node operation panicked: {e}")))?
     }
 
-    /// Runs on a blocking thread (see [`Node::publish`]): the state file and the syscalls run
+    /// Runs in a blocking section (see [`Node::publish`]): the state file and the syscalls run
     /// here directly.
     async fn publish_now(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Error> {
         let t0 = std::time::Instant::now();
