@@ -136,6 +136,13 @@ impl Anchors {
         Ok((fd, name.to_os_string()))
     }
 
+    /// Open the entry `name` of the directory `parent` (from [`Anchors::open_parent`] of
+    /// `path`) like [`Anchors::open`]: a link there is refused naming `path`. The parent is not
+    /// resolved again, so the entry is the one in the directory already held.
+    pub fn open_in(&self, parent: &OwnedFd, name: &OsStr, path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+        self.resolve(parent, Path::new(name), flags, ResolveFlags::empty()).map_err(|e| explain_one(e, path))
+    }
+
     /// Resolve `rel` below the directory `at`. The path is resolved to an `O_PATH` descriptor
     /// first and judged on it (a final link is refused as a link, a non-directory where one is
     /// asked for is ENOTDIR); other access is a reopen of that very inode through

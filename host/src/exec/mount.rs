@@ -71,6 +71,14 @@ fn errno(e: rustix::io::Errno) -> Errno {
     Errno::from_raw(e.raw_os_error())
 }
 
+/// The errno of an I/O error (a refused link is ELOOP; anything without one, EIO).
+fn errno_of(e: &std::io::Error) -> Errno {
+    if crate::exec::beneath::is_link_refused(e) {
+        return Errno::ELOOP;
+    }
+    e.raw_os_error().map_or(Errno::EIO, Errno::from_raw)
+}
+
 /// A mount option: text, or a path below the anchors handed to the kernel as a descriptor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Opt<'a> {
@@ -185,7 +193,8 @@ pub fn bind(
     // The target's parent and the target, resolved once, before anything is mounted: every
     // later step names these descriptors, never the path again.
     let (parent, name) = anchors.open_parent(target).map_err(|e| MountError::resolving(target, e))?;
-    let target_fd = anchors.open(target, OFlags::PATH).map_err(|e| MountError::resolving(target, e))?;
+    let target_fd =
+        anchors.open_in(&parent, &name, target, OFlags::PATH).map_err(|e| MountError::resolving(target, e))?;
     let (mut attrs, mut legacy) = (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, MountFlags::NOSUID | MountFlags::NODEV);
     let mut clear = 0;
     for (a, l) in flags.iter().filter_map(|f| bind_flag(f)) {
@@ -223,17 +232,13 @@ pub fn bind(
     // of what the name holds now, opened without following (a link planted there is refused;
     // anything else that is not the new mount's root makes the remount fail with EINVAL).
     let at = PathBuf::from(fd_path(&parent)).join(&name);
-    let remount = rustix::fs::openat(&parent, &name, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, 0.into())
-        .and_then(|fd| {
-            if rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode).is_symlink() {
-                return Err(rustix::io::Errno::LOOP);
-            }
-            rustix::mount::mount_remount(fd_path(&fd).as_str(), MountFlags::BIND | legacy, "")
-        });
+    let remount = anchors.open_in(&parent, &name, target, OFlags::PATH).map_err(|e| errno_of(&e)).and_then(|fd| {
+        rustix::mount::mount_remount(fd_path(&fd).as_str(), MountFlags::BIND | legacy, "").map_err(errno)
+    });
     if let Err(e) = remount {
         // Never leave a writable bind, or one without nosuid/nodev, behind.
         let _ = rustix::mount::unmount(&at, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW);
-        return Err(MountError::new("remount read-only", target, errno(e)));
+        return Err(MountError::new("remount read-only", target, e));
     }
     Ok(())
 }
