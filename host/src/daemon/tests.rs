@@ -399,23 +399,27 @@ async fn a_second_call_on_a_busy_volume_is_aborted() {
     e.node.stage(e.stage_req()).await.unwrap();
 }
 
+/// NodePublishVolume of an inline (ephemeral) volume `id` at `target`, with context `attrs` and
+/// the ephemeral flag.
+fn ephemeral_req(id: &str, target: &Path, attrs: &[(&str, &str)]) -> csi::NodePublishVolumeRequest {
+    let mut volume_context = ctx(attrs);
+    volume_context.insert("csi.storage.k8s.io/ephemeral".into(), "true".into());
+    csi::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: s(target),
+        volume_capability: Some(mount_cap()),
+        volume_context,
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
 async fn an_ephemeral_volume_lives_from_publish_to_unpublish() {
     let e = Env::new();
     let target = e.target("pod-e");
     let id = "csi-4f2a9c";
-    let req = csi::NodePublishVolumeRequest {
-        volume_id: id.into(),
-        target_path: s(&target),
-        volume_capability: Some(mount_cap()),
-        volume_context: ctx(&[
-            ("plugin", "tmpfs"),
-            ("sizeMiB", "4"),
-            ("csi.storage.k8s.io/ephemeral", "true"),
-            ("csi.storage.k8s.io/pod.name", "pod-e"),
-        ]),
-        ..Default::default()
-    };
+    let req =
+        ephemeral_req(id, &target, &[("plugin", "tmpfs"), ("sizeMiB", "4"), ("csi.storage.k8s.io/pod.name", "pod-e")]);
     e.node.publish(req.clone()).await.unwrap();
     let dir = e.config.state_dir.join("ephemeral").join(volume_key(id));
     let staging = dir.join("mount");
@@ -902,13 +906,7 @@ async fn an_ephemeral_volume_left_without_targets_by_a_crash_is_unstaged_at_star
     let e = Env::new();
     let target = e.target("pod-e");
     let id = "csi-crashed";
-    let req = csi::NodePublishVolumeRequest {
-        volume_id: id.into(),
-        target_path: s(&target),
-        volume_capability: Some(mount_cap()),
-        volume_context: ctx(&[("plugin", "tmpfs"), ("csi.storage.k8s.io/ephemeral", "true")]),
-        ..Default::default()
-    };
+    let req = ephemeral_req(id, &target, &[("plugin", "tmpfs")]);
     e.node.publish(req).await.unwrap();
     // The last unpublish recorded no targets, then the daemon died before its unstage.
     Mounts::unmount(&*e.rec, &target, false).unwrap();
@@ -949,18 +947,11 @@ async fn an_ephemeral_volume_whose_pods_are_all_gone_is_unstaged_by_its_restart(
     let e = Env::new();
     let target = e.target("pod-e");
     let id = "csi-weed-inline";
-    let req = csi::NodePublishVolumeRequest {
-        volume_id: id.into(),
-        target_path: s(&target),
-        volume_capability: Some(mount_cap()),
-        volume_context: ctx(&[
-            ("plugin", "seaweedfs"),
-            ("filer", "127.0.0.1:8888"),
-            ("path", "/buckets/inline"),
-            ("csi.storage.k8s.io/ephemeral", "true"),
-        ]),
-        ..Default::default()
-    };
+    let req = ephemeral_req(
+        id,
+        &target,
+        &[("plugin", "seaweedfs"), ("filer", "127.0.0.1:8888"), ("path", "/buckets/inline")],
+    );
     e.node.publish(req).await.unwrap();
     let pid = e.node.store().load(id).unwrap().unwrap().process.unwrap();
     e.rec.kill(pid.pid);
