@@ -145,7 +145,7 @@ impl Node {
                     && st.published.is_empty()
                 {
                     warn!(volume.id = %id, "no target of the ephemeral volume is left; unstaging it");
-                    if let Err(e) = self.teardown(&st, &[]).and_then(|()| Ok(self.inner.store.remove(id)?)) {
+                    if let Err(e) = self.tear_down_and_forget(&st) {
                         error!(volume.id = %id, error = %e.message, "unstaging an ephemeral volume without targets");
                     }
                 }

@@ -147,6 +147,13 @@ impl Node {
         }
     }
 
+    /// Tear down everything `st` has and forget the volume (record and kept secrets): an
+    /// unstage the daemon finishes by itself. Blocking.
+    pub(super) fn tear_down_and_forget(&self, st: &VolumeState) -> Result<(), Error> {
+        self.teardown(st, &[])?;
+        Ok(self.inner.store.remove(&st.volume_id)?)
+    }
+
     /// Stop the volume's process, kill what is left in its cgroup, clear its staging mount
     /// (and `targets`), remove the host's directories of the volume. Blocking.
     pub(super) fn teardown(&self, st: &VolumeState, targets: &[PathBuf]) -> Result<(), Error> {

@@ -140,38 +140,29 @@ impl Node {
             self.inner.store.remove(&id)?;
             return Ok(Outcome::Cleaned);
         }
-        match st.phase {
-            Phase::Unstaging => {
-                warn!(volume.id = %id, "finishing an interrupted unstage");
-                self.teardown(&st, &[])?;
-                self.inner.store.remove(&id)?;
-                Ok(Outcome::Cleaned)
-            }
+        let unfinished = match st.phase {
+            Phase::Unstaging => Some("finishing an interrupted unstage"),
             // An inline volume is staged by the host for its targets and unstaged with the last
             // one; none left means the daemon died between its last unpublish and that unstage.
             Phase::Staged if st.ephemeral && st.published.is_empty() => {
-                warn!(volume.id = %id, "finishing the unstage of an ephemeral volume without targets");
-                self.teardown(&st, &[])?;
-                self.inner.store.remove(&id)?;
-                Ok(Outcome::Cleaned)
+                Some("finishing the unstage of an ephemeral volume without targets")
             }
-            Phase::Staging if st.published.is_empty() => {
-                warn!(volume.id = %id, "rolling back an interrupted stage; kubelet retries it");
-                self.teardown(&st, &[])?;
-                self.inner.store.remove(&id)?;
-                Ok(Outcome::Cleaned)
-            }
-            _ => {
-                self.verify_program(&mut st)?;
-                let health = self.health_in(&st, mounts);
-                if health.healthy {
-                    info!(volume.id = %id, pid = ?st.process.map(|p| p.pid), "adopted");
-                    Ok(Outcome::Adopted)
-                } else {
-                    warn!(volume.id = %id, condition = %health.condition, "volume is not healthy; the next NodeStageVolume rebuilds it");
-                    Ok(Outcome::Unhealthy)
-                }
-            }
+            Phase::Staging if st.published.is_empty() => Some("rolling back an interrupted stage; kubelet retries it"),
+            _ => None,
+        };
+        if let Some(why) = unfinished {
+            warn!(volume.id = %id, "{why}");
+            self.tear_down_and_forget(&st)?;
+            return Ok(Outcome::Cleaned);
+        }
+        self.verify_program(&mut st)?;
+        let health = self.health_in(&st, mounts);
+        if health.healthy {
+            info!(volume.id = %id, pid = ?st.process.map(|p| p.pid), "adopted");
+            Ok(Outcome::Adopted)
+        } else {
+            warn!(volume.id = %id, condition = %health.condition, "volume is not healthy; the next NodeStageVolume rebuilds it");
+            Ok(Outcome::Unhealthy)
         }
     }
 }
