@@ -43,6 +43,11 @@ pub struct Config {
     pub fuse_stop_grace: std::time::Duration,
     /// The host daemon's socket (front ↔ host).
     pub host_socket: PathBuf,
+    /// The group of the host daemon's socket: with one, the socket is 0660 in that group (a
+    /// non-root front in the group may connect); without, 0600.
+    pub host_socket_group: Option<u32>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (none: not served).
+    pub metrics_address: Option<std::net::SocketAddr>,
     /// The cgroup (relative to the hierarchy's root) under which each volume's FUSE processes
     /// get a group of their own.
     pub cgroup_parent: String,
@@ -62,6 +67,8 @@ impl Config {
         );
         Config {
             host_socket: state_dir.join("host.sock"),
+            host_socket_group: None,
+            metrics_address: None,
             plugin_dir: state_dir.join("plugins"),
             state_dir,
             programs: [("weed".to_string(), PathBuf::from(DEFAULT_WEED))].into(),

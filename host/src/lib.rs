@@ -12,6 +12,7 @@ pub mod daemon;
 pub mod error;
 pub mod exec;
 pub mod front;
+pub mod metrics;
 pub mod plan;
 pub mod plugin;
 pub mod proto;

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{
-    NodeDirs, Seaweed, guarded, in_private_namespace, mounts_below, multi_writer, pids_with, stage_req, weed_binary,
-    with_seaweed_node,
+    NodeDirs, Scrape, Seaweed, guarded, in_private_namespace, mounts_below, multi_writer, pids_with, stage_req,
+    weed_binary, with_seaweed_node,
 };
 use mounthost::proto::csi;
 use mounthost::proto::csi::controller_client::ControllerClient;
@@ -515,6 +515,10 @@ fn a_killed_weed_mount_is_restarted_and_its_targets_rebound() {
         let restarts: Vec<(String, u32)> = listed.iter().map(|v| (v.volume_id.clone(), v.restarts)).collect();
         assert!(restarts.contains(&(vols[0].0.volume_id.clone(), 1)), "{restarts:?}");
         assert!(restarts.contains(&(vols[1].0.volume_id.clone(), 0)), "{restarts:?}");
+        // One refused call, so the error counts have something to show.
+        let refused = node.node_stage_volume(stage_req("", &vols[0].1, &HashMap::new())).await.unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument);
+        check_metrics(dirs);
         for (vol, staging, target) in &vols {
             unpublish_and_unstage(&mut node, &vol.volume_id, staging, target).await;
         }
@@ -524,6 +528,62 @@ fn a_killed_weed_mount_is_restarted_and_its_targets_rebound() {
         assert!(entries(&dirs.state.join("secrets")).is_empty(), "kept secrets are removed with the volume");
         println!("checked: target back after {back:?} with the same data, restart counted, bystander untouched");
     });
+}
+
+/// What the host's and the front's `/metrics` show after two volumes were created, staged and
+/// published, one `weed mount` was killed and restarted, and one call was refused.
+fn check_metrics(dirs: &NodeDirs) {
+    let host = Scrape::of(&dirs.host_metrics);
+    let front = Scrape::of(&dirs.front_metrics);
+    let ops = "mounthost_host_operations_total";
+    let sw = ("plugin", "seaweedfs");
+    let checks: Vec<(&str, f64, f64)> = vec![
+        ("host: stages OK", host.value(ops, &[("rpc", "NodeStageVolume"), sw, ("code", "OK")]), 2.0),
+        ("host: publishes OK", host.value(ops, &[("rpc", "NodePublishVolume"), sw, ("code", "OK")]), 2.0),
+        (
+            "host: the refused stage",
+            host.value(ops, &[("rpc", "NodeStageVolume"), ("plugin", "unknown"), ("code", "INVALID_ARGUMENT")]),
+            1.0,
+        ),
+        (
+            "host: timed stages",
+            host.value("mounthost_host_operation_duration_seconds_count", &[("rpc", "NodeStageVolume"), sw]),
+            2.0,
+        ),
+        ("host: FUSE restarts", host.value("mounthost_fuse_restarts_total", &[sw]), 1.0),
+        ("host: OOM kills (none here)", host.value("mounthost_fuse_oom_kills_total", &[sw]), 0.0),
+        ("host: live volumes", host.value("mounthost_volumes", &[sw, ("phase", "staged"), ("health", "healthy")]), 2.0),
+        (
+            "front: CreateVolume OK",
+            front.value("mounthost_csi_requests_total", &[("rpc", "CreateVolume"), ("code", "OK")]),
+            2.0,
+        ),
+        (
+            "front: the refused stage",
+            front.value("mounthost_csi_requests_total", &[("rpc", "NodeStageVolume"), ("code", "INVALID_ARGUMENT")]),
+            1.0,
+        ),
+        (
+            "front: timed publishes",
+            front.value("mounthost_csi_request_duration_seconds_count", &[("rpc", "NodePublishVolume")]),
+            2.0,
+        ),
+    ];
+    for (what, got, want) in &checks {
+        assert_eq!(got, want, "{what}\n--- host\n{}--- front\n{}", host.dump(), front.dump());
+    }
+    // Plugin calls: every stage planned by the stock plugin (the restart replays the recorded
+    // plan), the front's controller planned the two provisions.
+    let planned = host.value("mounthost_plugin_calls_total", &[sw, ("call", "stage"), ("outcome", "ok")]);
+    assert!(planned >= 2.0, "host: stage plans {planned}\n{}", host.dump());
+    let provisions = front.value("mounthost_plugin_calls_total", &[sw, ("call", "provision"), ("outcome", "ok")]);
+    assert_eq!(provisions, 2.0, "front: provision plans\n{}", front.dump());
+    assert!(host.value("mounthost_plugin_call_duration_seconds_count", &[sw]) >= 2.0);
+    assert!(host.value("mounthost_plugin_compile_cache_total", &[]) >= 1.0);
+    for addr in [&dirs.host_metrics, &dirs.front_metrics] {
+        assert_eq!(common::http("GET", addr, "/healthz", &[], b"").unwrap().0, 200);
+        assert_eq!(common::http("GET", addr, "/readyz", &[], b"").unwrap(), (200, "ready\n".to_string()));
+    }
 }
 
 /// A volume whose `weed mount` outgrows its memory limit is OOM-killed inside its own cgroup:
@@ -594,6 +654,9 @@ fn an_oom_kill_stays_inside_its_volume() {
         assert_eq!((o.oom_kills, o.restarts, o.healthy), (0, 0, true), "{o:?}");
         assert_eq!(pids_with(&other.1.display().to_string()), other_pid, "the other volume's weed lives on");
         assert_eq!(std::fs::read_to_string(other.2.join("data.txt")).unwrap(), "untouched");
+        let scrape = Scrape::of(&dirs.host_metrics);
+        let counted = scrape.value("mounthost_fuse_oom_kills_total", &[("plugin", "seaweedfs")]);
+        assert!(counted >= f64::from(oom.oom_kills), "OOM kills in /metrics: {counted}\n{}", scrape.dump());
         for (vol, staging, target) in [&limited, &other] {
             unpublish_and_unstage(&mut node, &vol.volume_id, staging, target).await;
         }

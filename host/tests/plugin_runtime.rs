@@ -73,6 +73,14 @@ async fn assert_healthy(rt: &PluginRuntime, p: &LoadedPlugin) {
     assert_eq!(plan.attributes, vec![wit::Kv { key: "mode".into(), value: "planned".into() }]);
 }
 
+/// `mounthost_plugin_calls_total` of the misbehave plugin's stage calls ending in `outcome`, from
+/// this process's registry (tests run in parallel: counts only grow).
+fn counted(outcome: &str) -> u64 {
+    let line = format!("mounthost_plugin_calls_total{{plugin=\"misbehave\",call=\"stage\",outcome=\"{outcome}\"}} ");
+    let text = mounthost::metrics::global().encode();
+    text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |n| n.parse().unwrap())
+}
+
 #[tokio::test]
 async fn an_endless_loop_is_stopped_at_its_deadline() {
     let e = env(fast());
@@ -84,6 +92,7 @@ async fn an_endless_loop_is_stopped_at_its_deadline() {
     assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
     assert!(err.to_string().contains("within its deadline of 300ms"), "{err}");
     assert!(took >= Duration::from_millis(300), "stopped before its deadline: {took:?}");
+    assert!(counted("deadline") >= 1, "deadline hits are counted");
     assert_healthy(&e.runtime, &p).await;
 }
 
@@ -94,6 +103,7 @@ async fn a_one_gib_allocation_is_refused() {
     let err = stage(&e.runtime, &p, "alloc").await.unwrap_err();
     assert!(matches!(err, PluginError::Memory { .. }), "{err}");
     assert!(err.to_string().contains("its limit is 67108864 bytes"), "{err}");
+    assert!(counted("memory") >= 1, "memory cap hits are counted");
     assert_healthy(&e.runtime, &p).await;
 }
 
@@ -105,6 +115,7 @@ async fn a_trap_fails_only_its_call() {
     assert!(matches!(err, PluginError::Trap { .. }), "{err}");
     assert_eq!(err.kind(), ErrorKind::Internal);
     assert!(err.to_string().contains("unreachable"), "{err}");
+    assert!(counted("trap") >= 1, "traps are counted");
     assert_healthy(&e.runtime, &p).await;
 }
 

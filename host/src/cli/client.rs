@@ -256,7 +256,7 @@ pub async fn run(socket: PathBuf, host_socket: PathBuf, cmd: ClientCommand) -> R
             Value::Array(
                 r.volumes
                     .into_iter()
-                    .map(|v| json!({"volumeId": v.volume_id, "plugin": v.plugin, "digest": v.digest, "phase": v.phase, "stagingPath": v.staging_path, "targets": v.targets, "pid": v.pid, "healthy": v.healthy, "condition": v.condition}))
+                    .map(|v| json!({"volumeId": v.volume_id, "plugin": v.plugin, "digest": v.digest, "phase": v.phase, "stagingPath": v.staging_path, "targets": v.targets, "pid": v.pid, "healthy": v.healthy, "condition": v.condition, "restarts": v.restarts, "oomKills": v.oom_kills}))
                     .collect(),
             )
         }

@@ -1,10 +1,11 @@
-//! Self-heal: a supervisor pass, run every second by the daemon, restarts the FUSE process of
+//! Self-heal: a supervisor pass (on a process exit at once, else every 5 s; see
+//! [`super::supervise`]) restarts the FUSE process of
 //! any volume whose process died or whose staging mount vanished, with the plan recorded at
 //! stage (plans are data; the plugin is not asked again) and the secrets kept for it. The
 //! restage detaches the dead mount (lazily if busy), mounts again and re-binds every published
 //! target, so pods with `mountPropagation: HostToContainer` see a working path again.
 //!
-//! Retries back off (1 s, 2 s, 4 s, ... up to 60 s); after [`MAX_FAILURES`] failures in a row
+//! Retries back off (2 s, 4 s, 8 s, ... up to 60 s); after [`MAX_FAILURES`] failures in a row
 //! the host stops trying and the volume's condition stays abnormal with the reason, until
 //! kubelet's next NodeStageVolume.
 
@@ -129,6 +130,7 @@ impl Node {
         st.restarts += 1;
         // The restage replaces the cgroup, and its counter with it: keep the count.
         st.oom_kills += u32::try_from(oom.unwrap_or(0)).unwrap_or(u32::MAX);
+        crate::metrics::global().fuse_restart(&st.plugin, oom.unwrap_or(0));
         let below = if st.ephemeral {
             self.state_dir().to_path_buf()
         } else {

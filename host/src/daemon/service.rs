@@ -30,9 +30,12 @@ fn span(method: &'static str, volume: &str) -> tracing::Span {
     tracing::info_span!("rpc", method, volume.id = %volume)
 }
 
+/// Run one operation in a span carrying the volume id, log how it ended, and count it by RPC,
+/// plugin and gRPC code.
 async fn traced<T>(
     method: &'static str,
     volume: &str,
+    plugin: Option<String>,
     f: impl Future<Output = Result<T, crate::error::Error>>,
 ) -> Result<Response<T>, Status> {
     let span = span(method, volume);
@@ -43,10 +46,28 @@ async fn traced<T>(
             Ok(_) => tracing::debug!(elapsed_us = started.elapsed().as_micros() as u64, "ok"),
             Err(e) => tracing::warn!(code = ?e.kind, error = %e.message, "failed"),
         }
-        result.map(Response::new).map_err(Status::from)
+        let result = result.map(Response::new).map_err(Status::from);
+        let code = result.as_ref().err().map_or(tonic::Code::Ok, Status::code);
+        // Checked after the call: its plugin may have been loaded by it.
+        let metrics = crate::metrics::global();
+        metrics.host_operation(method, &metrics.plugin_label(plugin.as_deref()), code, started.elapsed());
+        result
     }
     .instrument(span)
     .await
+}
+
+impl HostService {
+    /// The plugin an operation on `volume` names: its `plugin` attribute, else the plugin its
+    /// state file records, else its id's `<plugin>~` prefix (the label is `unknown` unless that
+    /// plugin is loaded).
+    fn plugin_of(&self, volume: &str, attrs: Option<&std::collections::HashMap<String, String>>) -> Option<String> {
+        attrs
+            .and_then(|a| a.get(crate::volume::request::PLUGIN_KEY))
+            .cloned()
+            .or_else(|| self.node.store().load(volume).ok().flatten().map(|st| st.plugin))
+            .or_else(|| volume.split_once('~').map(|(p, _)| p.to_string()))
+    }
 }
 
 #[tonic::async_trait]
@@ -66,8 +87,11 @@ impl Host for HostService {
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
         let req = req.into_inner();
         let id = req.volume_id.clone();
-        traced("NodeStageVolume", &id, async { self.node.stage(req).await.map(|()| csi::NodeStageVolumeResponse {}) })
-            .await
+        let plugin = self.plugin_of(&id, Some(&req.volume_context));
+        traced("NodeStageVolume", &id, plugin, async {
+            self.node.stage(req).await.map(|()| csi::NodeStageVolumeResponse {})
+        })
+        .await
     }
 
     async fn node_unstage_volume(
@@ -76,7 +100,8 @@ impl Host for HostService {
     ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
         let req = req.into_inner();
         let id = req.volume_id.clone();
-        traced("NodeUnstageVolume", &id, async {
+        let plugin = self.plugin_of(&id, None);
+        traced("NodeUnstageVolume", &id, plugin, async {
             self.node.unstage(req).await.map(|()| csi::NodeUnstageVolumeResponse {})
         })
         .await
@@ -88,7 +113,8 @@ impl Host for HostService {
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
         let req = req.into_inner();
         let id = req.volume_id.clone();
-        traced("NodePublishVolume", &id, async {
+        let plugin = self.plugin_of(&id, Some(&req.volume_context));
+        traced("NodePublishVolume", &id, plugin, async {
             self.node.publish(req).await.map(|()| csi::NodePublishVolumeResponse {})
         })
         .await
@@ -100,7 +126,8 @@ impl Host for HostService {
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
         let req = req.into_inner();
         let id = req.volume_id.clone();
-        traced("NodeUnpublishVolume", &id, async {
+        let plugin = self.plugin_of(&id, None);
+        traced("NodeUnpublishVolume", &id, plugin, async {
             self.node.unpublish(req).await.map(|()| csi::NodeUnpublishVolumeResponse {})
         })
         .await
@@ -112,7 +139,8 @@ impl Host for HostService {
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
         let req = req.into_inner();
         let id = req.volume_id.clone();
-        traced("NodeGetVolumeStats", &id, self.node.stats(req)).await
+        let plugin = self.plugin_of(&id, None);
+        traced("NodeGetVolumeStats", &id, plugin, self.node.stats(req)).await
     }
 
     async fn list_volumes(&self, _: Request<ListVolumesRequest>) -> Result<Response<ListVolumesResponse>, Status> {
@@ -142,12 +170,35 @@ pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()>
     // Listening first refuses to start beside a live daemon (its socket answers), so nothing
     // below runs while another writer of the same state is alive. Calls wait in the backlog
     // until reconciliation is done.
-    let listener = node.executor().listen(socket)?;
+    let listener = node.executor().listen(socket, node.config().host_socket_group)?;
+    let metrics = crate::metrics::global();
+    metrics.expect_role("host");
+    let n = node.clone();
+    metrics.on_scrape(
+        "host",
+        std::sync::Arc::new(move || {
+            let n = n.clone();
+            Box::pin(async move {
+                if let Ok(list) = n.list().await {
+                    let live: Vec<crate::metrics::LiveVolume> = list
+                        .into_iter()
+                        .map(|(st, h)| crate::metrics::LiveVolume {
+                            plugin: st.plugin,
+                            phase: format!("{:?}", st.phase).to_lowercase(),
+                            healthy: h.healthy,
+                        })
+                        .collect();
+                    crate::metrics::global().set_volumes(&live);
+                }
+            })
+        }),
+    );
     let n = node.clone();
     let report = tokio::task::spawn_blocking(move || n.reconcile()).await??;
     // Watches, reaps and restarts FUSE processes (daemon/supervise.rs, daemon/heal.rs).
     let supervisor = tokio::spawn(crate::daemon::supervise::run(node.clone()));
     tracing::info!(socket = %socket.display(), adopted = report.adopted, cleaned = report.cleaned, unhealthy = report.unhealthy, "host daemon ready");
+    metrics.set_ready("host");
     tonic::transport::Server::builder()
         .add_service(HostServer::new(HostService::new(node)))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)

@@ -169,6 +169,7 @@ pub trait Groups {
 pub trait Executor: Files + Mounts + Processes + Groups + Send + Sync + 'static {
     /// This boot.
     fn boot(&self) -> io::Result<Boot>;
-    /// Listen on a unix socket (0600; a stale socket file is replaced, a live one refused).
-    fn listen(&self, path: &Path) -> io::Result<tokio::net::UnixListener>;
+    /// Listen on a unix socket (0600, or 0660 in `group`; a stale socket file is replaced, a
+    /// live one refused).
+    fn listen(&self, path: &Path, group: Option<u32>) -> io::Result<tokio::net::UnixListener>;
 }

@@ -234,7 +234,7 @@ impl Executor for Linux {
         Ok(Boot { id, started: std::time::UNIX_EPOCH + Duration::from_secs(btime) })
     }
 
-    fn listen(&self, path: &Path) -> io::Result<tokio::net::UnixListener> {
-        crate::unpriv::socket::listen(path)
+    fn listen(&self, path: &Path, group: Option<u32>) -> io::Result<tokio::net::UnixListener> {
+        crate::unpriv::socket::listen_for(path, group)
     }
 }

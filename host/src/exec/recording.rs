@@ -578,7 +578,7 @@ impl Executor for Recording {
         Ok(self.sim().boot.clone())
     }
 
-    fn listen(&self, path: &Path) -> io::Result<tokio::net::UnixListener> {
+    fn listen(&self, path: &Path, _group: Option<u32>) -> io::Result<tokio::net::UnixListener> {
         self.sim().calls.push(format!("listen {}", path.display()));
         Err(io::Error::new(io::ErrorKind::Unsupported, "the recording executor serves no sockets"))
     }

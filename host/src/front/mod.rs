@@ -5,6 +5,7 @@
 
 pub mod controller;
 pub mod identity;
+pub mod metered;
 pub mod node;
 pub mod provision;
 
@@ -50,10 +51,13 @@ pub async fn serve(
     controller: Option<crate::front::provision::Controller>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
+    let metrics = crate::metrics::global();
+    metrics.expect_role("csi");
     let listener = crate::unpriv::socket::listen(socket)?;
     let identity = identity::IdentityService { mode, host: host.clone() };
-    let mut router =
-        tonic::transport::Server::builder().add_service(csi::identity_server::IdentityServer::new(identity));
+    let mut router = tonic::transport::Server::builder()
+        .layer(tower::layer::layer_fn(metered::layer))
+        .add_service(csi::identity_server::IdentityServer::new(identity));
     if mode.node() {
         let host = host.clone().ok_or_else(|| anyhow::anyhow!("node mode needs the host daemon's socket"))?;
         router = router.add_service(csi::node_server::NodeServer::new(node::NodeService { host }));
@@ -65,6 +69,7 @@ pub async fn serve(
         }));
     }
     tracing::info!(socket = %socket.display(), ?mode, "CSI front ready");
+    metrics.set_ready("csi");
     router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown).await?;
     Ok(())
 }

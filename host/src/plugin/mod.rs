@@ -36,6 +36,8 @@ use limits::{DeadlineExceeded, Limiter, MemoryCapExceeded};
 pub use plugin_error::{BackendError, PluginError};
 use store::CallState;
 
+use crate::metrics::CallOutcome;
+
 /// A plugin compiled into the binary.
 #[derive(Debug, Clone, Copy)]
 pub struct StockPlugin {
@@ -186,12 +188,13 @@ impl PluginRuntime {
             let instance = pre.instantiate_async(&mut store).await?;
             req.invoke(instance.mounthost_plugin_planner(), &mut store).await
         };
+        let started = Instant::now();
         let outcome = match tokio::time::timeout(limits.deadline + BACKSTOP, run).await {
             Ok(outcome) => outcome,
             Err(_) => Err(DeadlineExceeded(limits.deadline).into()),
         };
         let secrets = &store.data().secrets;
-        match outcome {
+        let result = match outcome {
             Ok(Ok(out)) => Ok(out),
             Ok(Err(e)) => Err(PluginError::Backend {
                 plugin: plugin.to_string(),
@@ -199,7 +202,18 @@ impl PluginRuntime {
                 error: calls::backend_error(e, secrets),
             }),
             Err(e) => Err(classify(e, plugin, C::NAME, limits)),
-        }
+        };
+        let counted = match &result {
+            Ok(_) => CallOutcome::Ok,
+            Err(PluginError::Backend { .. }) => CallOutcome::BackendError,
+            Err(PluginError::Deadline { .. }) => CallOutcome::Deadline,
+            Err(PluginError::Memory { .. }) => CallOutcome::Memory,
+            Err(_) => CallOutcome::Trap,
+        };
+        // `plugin` is a loaded plugin's name, or the file it is being loaded from (info call).
+        let label = if info::valid_name(plugin) { plugin } else { "loading" };
+        crate::metrics::global().plugin_call(label, C::NAME, counted, started.elapsed());
+        result
     }
 }
 

@@ -206,6 +206,7 @@ impl PluginRuntime {
             )));
         }
         let limits = self.config.limits.get(&info.name).copied().unwrap_or(defaults);
+        crate::metrics::global().plugin_loaded(&info.name, matches!(obtained, super::cache::Obtained::Cached));
         let plugin = Arc::new(LoadedPlugin { info, digest: digest.clone(), origin, limits, obtained, pre });
         index.by_digest.insert(digest, plugin.clone());
         Ok(plugin)

@@ -11,6 +11,12 @@ use tokio::net::UnixListener;
 
 /// Bind a listener at `path` with mode 0600 (its directory is created 0700 if missing).
 pub fn listen(path: &Path) -> io::Result<UnixListener> {
+    listen_for(path, None)
+}
+
+/// Bind a listener at `path`: mode 0600, or 0660 in `group` when one is given (its directory,
+/// if missing, is created 0700, or 0750 in `group`), so only root and that group may connect.
+pub fn listen_for(path: &Path, group: Option<u32>) -> io::Result<UnixListener> {
     if path.as_os_str().len() >= 108 {
         return Err(io::Error::other(format!(
             "socket path {} is longer than the 107 bytes unix sockets allow",
@@ -21,6 +27,10 @@ pub fn listen(path: &Path) -> io::Result<UnixListener> {
         && !dir.exists()
     {
         crate::unpriv::private_files::private_dir(dir)?;
+        if let Some(gid) = group {
+            std::os::unix::fs::chown(dir, None, Some(gid))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))?;
+        }
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
@@ -42,7 +52,14 @@ pub fn listen(path: &Path) -> io::Result<UnixListener> {
         Err(e) => return Err(e),
     }
     let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    match group {
+        None => std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?,
+        Some(gid) => {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            std::os::unix::fs::chown(path, None, Some(gid))?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+        }
+    }
     Ok(listener)
 }
 
@@ -65,5 +82,18 @@ mod tests {
         std::fs::write(&f, b"x").unwrap();
         assert_eq!(listen(&f).unwrap_err().kind(), io::ErrorKind::AlreadyExists);
         assert!(f.exists());
+    }
+
+    #[tokio::test]
+    async fn a_socket_for_a_group_is_0660_in_that_group() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("run/host.sock");
+        let gid = 4242;
+        let _l = listen_for(&p, Some(gid)).unwrap();
+        let sock = std::fs::metadata(&p).unwrap();
+        assert_eq!((sock.mode() & 0o777, sock.gid()), (0o660, gid));
+        let parent = std::fs::metadata(p.parent().unwrap()).unwrap();
+        assert_eq!((parent.mode() & 0o777, parent.gid()), (0o750, gid));
     }
 }

@@ -2,7 +2,7 @@
 //! real SeaweedFS server, and the `mounthost` daemons run as real processes.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -53,6 +53,28 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// Six distinct free ports for `weed server`: master, master gRPC, volume, volume gRPC, filer
+/// and filer gRPC, which must be filer + 10000 (`weed mount` derives it). All are held open
+/// until all are picked, so none is handed out twice.
+fn distinct_free_ports() -> Vec<u16> {
+    fn hold(held: &mut Vec<TcpListener>, port: u16) -> Option<u16> {
+        let l = TcpListener::bind(("127.0.0.1", port)).ok()?;
+        let p = l.local_addr().unwrap().port();
+        held.push(l);
+        Some(p)
+    }
+    let mut held = Vec::new();
+    let mut ports: Vec<u16> = (0..4).map(|_| hold(&mut held, 0).unwrap()).collect();
+    let filer = loop {
+        let p = hold(&mut held, 0).unwrap();
+        if p < 55_000 && hold(&mut held, p + 10_000).is_some() {
+            break p;
+        }
+    };
+    ports.extend([filer, filer + 10_000]);
+    ports
+}
+
 /// The `weed` binary: `$MOUNTHOST_WEED`, the venv `.ci/run` makes (`.local/venv/bin/weed`), or PATH.
 pub fn weed_binary() -> PathBuf {
     if let Some(p) = std::env::var_os("MOUNTHOST_WEED") {
@@ -93,6 +115,52 @@ pub fn http(
     Ok((status, body))
 }
 
+/// The samples of one `/metrics` scrape at `addr`, parsed by the Prometheus project's own
+/// OpenMetrics parser (Python's prometheus_client in `.local/venv`, installed by
+/// scripts/test.sh), which refuses anything malformed.
+pub struct Scrape(Vec<(String, BTreeMap<String, String>, f64)>);
+
+impl Scrape {
+    pub fn of(addr: &str) -> Scrape {
+        let (status, text) = http("GET", addr, "/metrics", &[], b"").expect("scraping /metrics");
+        assert_eq!(status, 200, "GET /metrics at {addr}: {text}");
+        let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.local/venv/bin/python");
+        assert!(python.exists(), "{} is missing: run scripts/test.sh", python.display());
+        let parse = "import sys, json\n\
+            from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\n\
+            print(json.dumps([[s.name, s.labels, s.value] for f in parse(sys.stdin.read()) for s in f.samples]))";
+        let mut child = Command::new(python)
+            .args(["-c", parse])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "the OpenMetrics parser refused the scrape: {}\n{text}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Scrape(serde_json::from_slice(&out.stdout).unwrap())
+    }
+
+    /// The sum of the samples called `name` whose labels include `labels`.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.0
+            .iter()
+            .filter(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).is_some_and(|x| x == v)))
+            .map(|(_, _, v)| v)
+            .sum()
+    }
+
+    /// Every sample, for failure messages.
+    pub fn dump(&self) -> String {
+        self.0.iter().map(|(n, l, v)| format!("{n}{l:?} {v}\n")).collect()
+    }
+}
+
 /// A multipart upload of one small file to the filer (how weed's HTTP API takes writes).
 pub fn filer_put(filer: &str, path: &str, content: &str) -> std::io::Result<u16> {
     let boundary = "mounthostboundary";
@@ -112,8 +180,24 @@ pub struct Seaweed {
 }
 
 impl Seaweed {
-    /// Start it and wait until a write through the filer succeeds.
+    /// Start it and wait until a write through the filer succeeds. Ports are picked free just
+    /// before weed binds them, so a parallel test can take one in between: weed then exits
+    /// with "address already in use" and it is started again on other ports.
     pub fn start() -> Seaweed {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Seaweed::try_start() {
+                Ok(weed) => return weed,
+                Err(log) if attempt < 4 && log.contains("address already in use") => {
+                    eprintln!("weed server lost a port race (attempt {attempt}); starting it on other ports");
+                }
+                Err(log) => panic!("weed server did not start: {log}"),
+            }
+        }
+    }
+
+    fn try_start() -> Result<Seaweed, String> {
         let dir = tempfile::tempdir().unwrap();
         let conf = dir.path().join("conf");
         let data = dir.path().join("data");
@@ -125,15 +209,7 @@ impl Seaweed {
             "[master.volume_growth]\ncopy_1 = 1\ncopy_2 = 2\ncopy_3 = 3\ncopy_other = 1\n",
         )
         .unwrap();
-        // `weed mount` finds the filer's gRPC port as its HTTP port + 10000.
-        let filer = loop {
-            let p = free_port();
-            if p < 55_000 && TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok() {
-                break p;
-            }
-        };
-        let mut ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
-        ports.extend([filer, filer + 10_000]);
+        let ports = distinct_free_ports();
         let log = std::fs::File::create(dir.path().join("weed.log")).unwrap();
         let child = Command::new(weed_binary())
             .arg(format!("-config_dir={}", conf.display()))
@@ -149,7 +225,9 @@ impl Seaweed {
             ])
             .arg(format!("-volume.port={}", ports[2]))
             .arg(format!("-volume.port.grpc={}", ports[3]))
-            .args(["-volume.max=0", "-volume.preStopSeconds=0", "-filer"])
+            // The default (1% of the disk) turns every volume read-only on a big, nearly full
+            // CI disk although the tests write a few MiB.
+            .args(["-volume.max=0", "-volume.preStopSeconds=0", "-volume.minFreeSpace=64MiB", "-filer"])
             .arg(format!("-filer.port={}", ports[4]))
             .arg(format!("-filer.port.grpc={}", ports[5]))
             .stdin(Stdio::null())
@@ -161,13 +239,15 @@ impl Seaweed {
         let mut weed = Seaweed { child, filer, ports, _dir: dir };
         let until = Instant::now() + Duration::from_secs(60);
         while !matches!(filer_put(&weed.filer, "/mounthost-probe/ready", "ok"), Ok(201)) {
-            assert!(Instant::now() < until, "weed server not ready in 60 s: {}", weed.log());
             if let Ok(Some(status)) = weed.child.try_wait() {
-                panic!("weed server exited ({status}): {}", weed.log());
+                return Err(format!("weed server exited ({status}): {}", weed.log()));
+            }
+            if Instant::now() > until {
+                return Err(format!("weed server not ready in 60 s: {}", weed.log()));
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        weed
+        Ok(weed)
     }
 
     fn log(&self) -> String {
@@ -276,6 +356,9 @@ pub struct NodeDirs {
     pub state: PathBuf,
     pub host_sock: PathBuf,
     pub csi_sock: PathBuf,
+    /// Where `mounthost host` and `mounthost csi` serve `/metrics` (`--metrics-address`).
+    pub host_metrics: String,
+    pub front_metrics: String,
     /// The host's cgroup parent, unique to this test (removed on drop).
     pub cgroups: mounthost::exec::cgroup::Cgroups,
     cgroup_parent: String,
@@ -292,7 +375,9 @@ impl NodeDirs {
         let unique = root.path().file_name().unwrap().to_string_lossy().trim_start_matches('.').to_string();
         let cgroup_parent = format!("mounthost-test-{}-{unique}", std::process::id());
         let cgroups = mounthost::exec::cgroup::Cgroups::detect(&cgroup_parent);
-        NodeDirs { kubelet, state, host_sock, csi_sock, root, cgroups, cgroup_parent }
+        let host_metrics = format!("127.0.0.1:{}", free_port());
+        let front_metrics = format!("127.0.0.1:{}", free_port());
+        NodeDirs { kubelet, state, host_sock, csi_sock, host_metrics, front_metrics, root, cgroups, cgroup_parent }
     }
 
     /// The per-volume cgroups that exist now under this test's parent.
@@ -344,7 +429,7 @@ impl NodeDirs {
 
     /// Start `mounthost host` and wait for its socket.
     pub fn start_host(&self, extra: &[String]) -> Proc {
-        let p = self.spawn("host", &["host"], extra);
+        let p = self.spawn("host", &["host", "--metrics-address", &self.host_metrics], extra);
         wait_socket(&self.host_sock);
         p
     }
@@ -352,7 +437,11 @@ impl NodeDirs {
     /// Start `mounthost csi --mode all` and wait for its socket.
     pub fn start_front(&self, extra: &[String]) -> Proc {
         let endpoint = format!("unix://{}", self.csi_sock.display());
-        let p = self.spawn("front", &["csi", "--mode", "all", "--endpoint", &endpoint], extra);
+        let p = self.spawn(
+            "front",
+            &["csi", "--mode", "all", "--endpoint", &endpoint, "--metrics-address", &self.front_metrics],
+            extra,
+        );
         wait_socket(&self.csi_sock);
         p
     }

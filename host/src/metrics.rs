@@ -1,0 +1,423 @@
+//! Prometheus metrics of this process: one registry, filled by the host daemon, the CSI front
+//! and the plugin runtime, encoded in the OpenMetrics text format by
+//! [`crate::unpriv::metrics_http`]. Pure data: recording a value has no effect on the node.
+//!
+//! Label values come only from the code (RPC names, gRPC codes, outcomes) or from what the host
+//! has already checked (the name of a loaded plugin), never from a raw request field, so a
+//! client cannot blow up the number of series.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+/// The content type of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// One host daemon operation: which RPC, for which plugin, answered with which gRPC code.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub rpc: String,
+    pub plugin: String,
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcPlugin {
+    rpc: String,
+    plugin: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcCode {
+    rpc: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Rpc {
+    rpc: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginLabel {
+    plugin: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginCall {
+    plugin: String,
+    call: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginOutcome {
+    plugin: String,
+    call: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VolumeLabels {
+    plugin: String,
+    phase: String,
+    health: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheResult {
+    result: String,
+}
+
+/// How a plugin call ended, as counted by `mounthost_plugin_calls_total{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// The planner answered.
+    Ok,
+    /// The planner answered with an error of its own (bad parameters, ...).
+    BackendError,
+    /// The guest trapped (a panic, an out-of-bounds access, ...).
+    Trap,
+    /// The guest hit its memory cap.
+    Memory,
+    /// The guest ran past its deadline.
+    Deadline,
+}
+
+impl CallOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            CallOutcome::Ok => "ok",
+            CallOutcome::BackendError => "backend_error",
+            CallOutcome::Trap => "trap",
+            CallOutcome::Memory => "memory",
+            CallOutcome::Deadline => "deadline",
+        }
+    }
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Latency buckets from 0.5 ms to ~16 s: a publish is sub-millisecond, a stage waits for a FUSE
+/// mount for seconds.
+fn latency() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// One live volume as the host reports it at a scrape.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LiveVolume {
+    pub plugin: String,
+    /// `staging`, `staged`, `unstaging`, ... (the state file's phase).
+    pub phase: String,
+    pub healthy: bool,
+}
+
+/// Work a scrape awaits before encoding, such as reading the live volumes.
+pub type Refresh = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// The process's metrics.
+pub struct Metrics {
+    registry: Registry,
+    host_operations: Family<OperationLabels, Counter>,
+    host_duration: Histograms<RpcPlugin>,
+    csi_requests: Family<RpcCode, Counter>,
+    csi_duration: Histograms<Rpc>,
+    fuse_restarts: Family<PluginLabel, Counter>,
+    fuse_oom_kills: Family<PluginLabel, Counter>,
+    volumes: Family<VolumeLabels, Gauge>,
+    plugin_calls: Family<PluginOutcome, Counter>,
+    plugin_duration: Histograms<PluginCall>,
+    plugin_compiles: Family<CacheResult, Counter>,
+    /// Roles this process serves (`host`, `csi`) and whether each is ready.
+    ready: Mutex<BTreeMap<&'static str, bool>>,
+    /// One refresh per role, run before each scrape.
+    refresh: Mutex<BTreeMap<&'static str, Refresh>>,
+    /// Names of the plugins loaded so far: the values a `plugin` label may take.
+    plugins: Mutex<BTreeSet<String>>,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// This process's metrics.
+pub fn global() -> &'static Metrics {
+    &METRICS
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let host_operations = Family::<OperationLabels, Counter>::default();
+        registry.register(
+            "mounthost_host_operations",
+            "Host daemon operations by RPC, plugin and gRPC code (code != OK is an error)",
+            host_operations.clone(),
+        );
+        let host_duration: Histograms<RpcPlugin> = Family::new_with_constructor(latency);
+        registry.register_with_unit(
+            "mounthost_host_operation_duration",
+            "Time the host daemon spent on one operation, by RPC and plugin",
+            Unit::Seconds,
+            host_duration.clone(),
+        );
+        let csi_requests = Family::<RpcCode, Counter>::default();
+        registry.register(
+            "mounthost_csi_requests",
+            "CSI calls answered by the front, by RPC and gRPC code",
+            csi_requests.clone(),
+        );
+        let csi_duration: Histograms<Rpc> = Family::new_with_constructor(latency);
+        registry.register_with_unit(
+            "mounthost_csi_request_duration",
+            "Time the CSI front spent on one call, host daemon included, by RPC",
+            Unit::Seconds,
+            csi_duration.clone(),
+        );
+        let fuse_restarts = Family::<PluginLabel, Counter>::default();
+        registry.register(
+            "mounthost_fuse_restarts",
+            "FUSE processes the host restarted after they died or lost their mount",
+            fuse_restarts.clone(),
+        );
+        let fuse_oom_kills = Family::<PluginLabel, Counter>::default();
+        registry.register(
+            "mounthost_fuse_oom_kills",
+            "OOM kills in a volume's cgroup, seen when its FUSE process was restarted",
+            fuse_oom_kills.clone(),
+        );
+        let volumes = Family::<VolumeLabels, Gauge>::default();
+        registry.register(
+            "mounthost_volumes",
+            "Volumes the host daemon holds, by plugin, phase and health",
+            volumes.clone(),
+        );
+        let plugin_calls = Family::<PluginOutcome, Counter>::default();
+        registry.register(
+            "mounthost_plugin_calls",
+            "Plugin planner calls by plugin, export and outcome (ok, backend_error, trap, memory, deadline)",
+            plugin_calls.clone(),
+        );
+        let plugin_duration: Histograms<PluginCall> = Family::new_with_constructor(latency);
+        registry.register_with_unit(
+            "mounthost_plugin_call_duration",
+            "Wall time of one plugin planner call, instantiation included",
+            Unit::Seconds,
+            plugin_duration.clone(),
+        );
+        let plugin_compiles = Family::<CacheResult, Counter>::default();
+        registry.register(
+            "mounthost_plugin_compile_cache",
+            "Plugin loads by compile cache result (hit: loaded compiled code; miss: compiled)",
+            plugin_compiles.clone(),
+        );
+        Metrics {
+            registry,
+            host_operations,
+            host_duration,
+            csi_requests,
+            csi_duration,
+            fuse_restarts,
+            fuse_oom_kills,
+            volumes,
+            plugin_calls,
+            plugin_duration,
+            plugin_compiles,
+            ready: Mutex::new(BTreeMap::new()),
+            refresh: Mutex::new(BTreeMap::new()),
+            plugins: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// A host daemon operation finished.
+    pub fn host_operation(&self, rpc: &str, plugin: &str, code: tonic::Code, took: Duration) {
+        self.host_operations
+            .get_or_create(&OperationLabels { rpc: rpc.into(), plugin: plugin.into(), code: code_name(code) })
+            .inc();
+        self.host_duration
+            .get_or_create(&RpcPlugin { rpc: rpc.into(), plugin: plugin.into() })
+            .observe(took.as_secs_f64());
+    }
+
+    /// A CSI call finished at the front.
+    pub fn csi_request(&self, rpc: &str, code: tonic::Code, took: Duration) {
+        self.csi_requests.get_or_create(&RpcCode { rpc: rpc.into(), code: code_name(code) }).inc();
+        self.csi_duration.get_or_create(&Rpc { rpc: rpc.into() }).observe(took.as_secs_f64());
+    }
+
+    /// The host restarted a volume's FUSE process; `oom_kills` new OOM kills were seen.
+    pub fn fuse_restart(&self, plugin: &str, oom_kills: u64) {
+        let label = PluginLabel { plugin: plugin.into() };
+        self.fuse_restarts.get_or_create(&label).inc();
+        if oom_kills > 0 {
+            self.fuse_oom_kills.get_or_create(&label).inc_by(oom_kills);
+        } else {
+            // The series exists (at 0) once its plugin has had a restart.
+            let _ = self.fuse_oom_kills.get_or_create(&label);
+        }
+    }
+
+    /// A plugin planner call finished.
+    pub fn plugin_call(&self, plugin: &str, call: &str, outcome: CallOutcome, took: Duration) {
+        self.plugin_calls
+            .get_or_create(&PluginOutcome { plugin: plugin.into(), call: call.into(), outcome: outcome.label().into() })
+            .inc();
+        self.plugin_duration
+            .get_or_create(&PluginCall { plugin: plugin.into(), call: call.into() })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Plugin `name` was loaded, from compiled code (`cached`) or compiled now. Its name becomes
+    /// a `plugin` label value.
+    pub fn plugin_loaded(&self, name: &str, cached: bool) {
+        self.plugin_compiles.get_or_create(&CacheResult { result: if cached { "hit" } else { "miss" }.into() }).inc();
+        self.plugins.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string());
+    }
+
+    /// `candidate` if it names a plugin this process has loaded, else `unknown`: a request
+    /// naming a made-up plugin adds no series.
+    pub fn plugin_label(&self, candidate: Option<&str>) -> String {
+        let plugins = self.plugins.lock().unwrap_or_else(|e| e.into_inner());
+        match candidate {
+            Some(p) if plugins.contains(p) => p.to_string(),
+            _ => "unknown".to_string(),
+        }
+    }
+
+    /// Replace the live-volume gauge with what the host holds now.
+    pub fn set_volumes(&self, volumes: &[LiveVolume]) {
+        let mut counts: BTreeMap<&LiveVolume, i64> = BTreeMap::new();
+        for v in volumes {
+            *counts.entry(v).or_default() += 1;
+        }
+        self.volumes.clear();
+        for (v, n) in counts {
+            let health = if v.healthy { "healthy" } else { "unhealthy" };
+            self.volumes
+                .get_or_create(&VolumeLabels {
+                    plugin: v.plugin.clone(),
+                    phase: v.phase.clone(),
+                    health: health.into(),
+                })
+                .set(n);
+        }
+    }
+
+    /// This process serves `role` (`host` or `csi`); it is not ready until [`Self::set_ready`].
+    pub fn expect_role(&self, role: &'static str) {
+        self.ready.lock().unwrap_or_else(|e| e.into_inner()).entry(role).or_insert(false);
+    }
+
+    /// `role` is ready (the host daemon after reconciling, the front once it listens).
+    pub fn set_ready(&self, role: &'static str) {
+        self.ready.lock().unwrap_or_else(|e| e.into_inner()).insert(role, true);
+    }
+
+    /// Roles not ready yet (empty: ready).
+    pub fn not_ready(&self) -> Vec<&'static str> {
+        let ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+        ready.iter().filter(|(_, ok)| !**ok).map(|(role, _)| *role).collect()
+    }
+
+    /// Run `refresh` before every scrape (one per role; a later one replaces it).
+    pub fn on_scrape(&self, role: &'static str, refresh: Refresh) {
+        self.refresh.lock().unwrap_or_else(|e| e.into_inner()).insert(role, refresh);
+    }
+
+    /// Refresh what is read at scrape time, then encode.
+    pub async fn scrape(&self) -> String {
+        let refresh: Vec<Refresh> = self.refresh.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        for r in refresh {
+            r().await;
+        }
+        self.encode()
+    }
+
+    /// The registry in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String never fails");
+        out
+    }
+}
+
+/// `OK`, `NOT_FOUND`, ...: the names the gRPC spec gives the codes.
+pub fn code_name(code: tonic::Code) -> String {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_openmetrics_with_the_recorded_values() {
+        let m = Metrics::new();
+        m.host_operation("NodeStageVolume", "seaweedfs", tonic::Code::Ok, Duration::from_millis(3));
+        m.host_operation("NodeStageVolume", "seaweedfs", tonic::Code::InvalidArgument, Duration::from_millis(1));
+        m.plugin_call("seaweedfs", "stage", CallOutcome::Deadline, Duration::from_secs(1));
+        m.set_volumes(&[
+            LiveVolume { plugin: "seaweedfs".into(), phase: "staged".into(), healthy: true },
+            LiveVolume { plugin: "seaweedfs".into(), phase: "staged".into(), healthy: true },
+        ]);
+        let text = m.encode();
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(
+            text.contains(
+                "mounthost_host_operations_total{rpc=\"NodeStageVolume\",plugin=\"seaweedfs\",code=\"INVALID_ARGUMENT\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("# UNIT mounthost_host_operation_duration_seconds seconds"), "{text}");
+        assert!(
+            text.contains("mounthost_plugin_calls_total{plugin=\"seaweedfs\",call=\"stage\",outcome=\"deadline\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mounthost_volumes{plugin=\"seaweedfs\",phase=\"staged\",health=\"healthy\"} 2"),
+            "{text}"
+        );
+        // A new snapshot replaces the old one: gone volumes leave no stale series.
+        m.set_volumes(&[]);
+        assert!(!m.encode().contains("mounthost_volumes{"));
+    }
+
+    #[test]
+    fn readiness_waits_for_every_role() {
+        let m = Metrics::new();
+        assert!(m.not_ready().is_empty());
+        m.expect_role("host");
+        m.expect_role("csi");
+        m.set_ready("csi");
+        assert_eq!(m.not_ready(), ["host"]);
+        m.set_ready("host");
+        assert!(m.not_ready().is_empty());
+    }
+}
