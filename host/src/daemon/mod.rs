@@ -31,6 +31,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use tracing::warn;
+
 pub use health::Health;
 
 use crate::config::Config;
@@ -39,7 +41,7 @@ use crate::exec::Executor;
 use crate::plan::Plan;
 use crate::plan::policy::{self, Context, Operation};
 use crate::plugin::bindings::types as wit;
-use crate::plugin::{LoadedPlugin, PluginRuntime};
+use crate::plugin::{LoadedPlugin, PluginError, PluginRuntime};
 use crate::secrets::Secrets;
 use crate::volume::request::Roots;
 use crate::volume::state::StateStore;
@@ -135,6 +137,45 @@ impl Node {
         dirs.staging = staging.map(Path::to_path_buf);
         dirs.target = target.map(Path::to_path_buf);
         dirs
+    }
+
+    /// The build of plugin `name` a call on volume `id` uses (every lookup of a volume's
+    /// plugin goes through here: stage, restage, publish, unstage). Without a digest: the
+    /// current build. With one: that build while this node has it. When it has not (an image
+    /// upgrade replaced a stock plugin, a `.wasm` was removed from the plugin folder):
+    /// - a digest the user `pinned` (the `pluginDigest` volume attribute) is FAILED_PRECONDITION
+    ///   saying how to install that build;
+    /// - a digest merely recorded at stage gives way to the current build of the same plugin,
+    ///   with a warning; the caller records the new digest when it saves the state anyway.
+    ///
+    /// Whatever build is returned, its plans go through the policy as always.
+    async fn resolve_build(
+        &self,
+        id: &str,
+        name: &str,
+        digest: Option<&str>,
+        pinned: bool,
+    ) -> Result<Arc<LoadedPlugin>, Error> {
+        let runtime = &self.inner.runtime;
+        let Some(digest) = digest else {
+            return Ok(runtime.resolve(name, None).await?);
+        };
+        match runtime.resolve(name, Some(digest)).await {
+            Err(PluginError::UnknownDigest { known, .. }) if pinned => Err(Error::precondition(format!(
+                "volume {id} is pinned (volume attribute {}) to build {digest} of plugin {name}, which is not \
+                 installed on this node (installed builds: {known}); put the .wasm whose sha256 is that digest \
+                 into the plugin folder {} (it is picked up without a restart) and retry",
+                crate::volume::request::DIGEST_KEY,
+                self.inner.config.plugin_dir.display()
+            ))),
+            Err(PluginError::UnknownDigest { .. }) => {
+                let current = runtime.resolve(name, None).await?;
+                warn!(volume.id = %id, plugin = %name, digest.old = %digest, digest.new = %current.digest,
+                    "the build the volume was staged with is not installed any more and the volume does not pin it: using the current build");
+                Ok(current)
+            }
+            other => Ok(other?),
+        }
     }
 
     /// Policy over a plugin's plan, plus: every secret it references must be in the request.

@@ -1,14 +1,15 @@
 //! NodePublishVolume and NodeUnpublishVolume: what differs from the other RPCs.
 //!
 //! Publish (the hot path: one blocking section, one mount-table read, at most one state write,
-//! no plugin-folder scan):
+//! no plugin-folder scan unless the volume's recorded build is gone):
 //! - the volume must be staged at the given staging path (FAILED_PRECONDITION otherwise); an
 //!   ephemeral inline volume is staged here first, by the host itself;
 //! - a SINGLE_NODE_WRITER or SINGLE_NODE_SINGLE_WRITER volume may be published read-write at
 //!   one target only (FAILED_PRECONDITION: "exceeds capabilities");
-//! - the plugin's publish planner plans, the policy checks, the diff skips what the target
-//!   already holds and refuses another mount there, or this volume with other flags
-//!   (ALREADY_EXISTS);
+//! - the volume's build of its plugin plans (the current build when the recorded one is gone
+//!   and the volume does not pin it; see `Node::resolve_build`), the policy checks, the diff
+//!   skips what the target already holds and refuses another mount there, or this volume with
+//!   other flags (ALREADY_EXISTS);
 //! - the target's parent must exist (the CO creates it); the target itself is created.
 //!
 //! Unpublish: nothing mounted at the target and no target afterwards (a target already gone is
@@ -112,7 +113,10 @@ impl Node {
         }
         let t_load = t0.elapsed();
         let t1 = std::time::Instant::now();
-        let plugin = self.inner.runtime.resolve(&state.plugin, Some(&state.digest)).await?;
+        // Pinned by the record, or by the attribute itself (records older than the flag).
+        let pinned = state.pinned || req.volume_context.contains_key(request::DIGEST_KEY);
+        let plugin = self.resolve_build(&id, &state.plugin, Some(&state.digest), pinned).await?;
+        let digest = plugin.digest.to_string();
         let t_resolve = t1.elapsed();
         let wit_req = wit::PublishRequest {
             volume_id: id.clone(),
@@ -156,6 +160,9 @@ impl Node {
                 }
                 let mut st = state;
                 st.published.insert(target, publication);
+                // The build used now (another one when the recorded build is gone and not pinned).
+                st.digest = digest;
+                st.pinned = pinned;
                 Persist::Save(Box::new(st))
             }),
             undo: Undo::Nothing,

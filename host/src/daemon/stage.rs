@@ -4,10 +4,12 @@
 //!   OK, nothing done. With a different context or an incompatible capability: ALREADY_EXISTS
 //!   (CSI: "volume_id has already been staged ... but is incompatible"). At another staging
 //!   path: FAILED_PRECONDITION.
-//! - Otherwise the plugin's stage planner plans, the policy checks, and the pipeline makes it
-//!   from scratch: the `staging` record (with the plan and the process it replaces) and the
-//!   referenced secrets are written before the first action, `staged` with the new process
-//!   after the last. A failure tears down what the attempt made.
+//! - Otherwise the plugin's stage planner plans (a restage with the recorded build, or the
+//!   current one when that is gone and the volume does not pin it), the policy checks, and the
+//!   pipeline makes it from scratch: the `staging` record (with the plan, the process it
+//!   replaces and the build used) and the referenced secrets are written before the first
+//!   action, `staged` with the new process after the last. A failure tears down what the
+//!   attempt made.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -92,15 +94,13 @@ impl Node {
                 warn!(volume.id = %ask.id, condition = %health.condition, "restaging an unhealthy volume");
             }
         }
-        let name = match &existing {
-            Some(st) => st.plugin.clone(),
-            None => request::plugin_name(&ask.id, &ask.context)?,
+        // A restage uses the recorded build (or, when it is gone and not pinned, the current one).
+        let asked_digest = ask.context.get(request::DIGEST_KEY);
+        let (name, digest, pinned) = match &existing {
+            Some(st) => (st.plugin.clone(), Some(st.digest.clone()), st.pinned || asked_digest.is_some()),
+            None => (request::plugin_name(&ask.id, &ask.context)?, asked_digest.cloned(), asked_digest.is_some()),
         };
-        let digest = match &existing {
-            Some(st) => Some(st.digest.clone()),
-            None => ask.context.get(request::DIGEST_KEY).cloned(),
-        };
-        let plugin = self.inner.runtime.resolve(&name, digest.as_deref()).await?;
+        let plugin = self.resolve_build(&ask.id, &name, digest.as_deref(), pinned).await?;
         let attrs = request::plugin_attrs(&ask.context);
         let wit_req = wit::StageRequest {
             volume_id: ask.id.clone(),
@@ -117,6 +117,7 @@ impl Node {
             volume_id: ask.id.clone(),
             plugin: plugin.info.name.clone(),
             digest: plugin.digest.to_string(),
+            pinned,
             boot_id: self.inner.boot_id.clone(),
             phase: Phase::Staging,
             staging_path: ask.staging.clone(),

@@ -963,3 +963,142 @@ async fn an_ephemeral_volume_whose_pods_are_all_gone_is_unstaged_by_its_restart(
     assert!(e.rec.groups().unwrap().is_empty(), "its cgroup and the restarted process are gone");
     assert!(!e.rec.exists(&e.config.state_dir.join("ephemeral").join(volume_key(id))));
 }
+
+/// A digest no plugin on the node has.
+fn gone_digest() -> String {
+    format!("sha256:{}", "0".repeat(64))
+}
+
+impl Env {
+    /// The digest of the tmpfs build the node has now.
+    async fn current_digest(&self) -> String {
+        self.runtime.resolve("tmpfs", None).await.unwrap().digest.to_string()
+    }
+
+    /// What an image upgrade that rebuilt the plugin looks like to a staged volume: its record
+    /// names a build the node no longer has.
+    fn forget_recorded_build(&self) -> VolumeState {
+        let mut st = self.node.store().load(VOL).unwrap().unwrap();
+        st.digest = gone_digest();
+        st.plan.digest = gone_digest();
+        self.node.store().save(&st).unwrap();
+        st
+    }
+}
+
+#[tokio::test]
+async fn a_volume_whose_recorded_build_is_gone_publishes_with_the_current_build_unless_pinned() {
+    let e = Env::new();
+    let (a, b) = (e.target("pod-a"), e.target("pod-b"));
+    let current = e.current_digest().await;
+    e.node.stage(e.stage_req()).await.unwrap();
+    let st = e.node.store().load(VOL).unwrap().unwrap();
+    assert_eq!((st.digest.as_str(), st.pinned), (current.as_str(), false), "recorded, not pinned");
+    e.node.publish(e.publish_req(&a, false)).await.unwrap();
+    e.forget_recorded_build();
+
+    // A second pod after the upgrade: the current build plans, and its digest is recorded with
+    // the new target (the one state write publish makes anyway).
+    e.rec.clear_calls();
+    e.node.publish(e.publish_req(&b, false)).await.unwrap();
+    assert_eq!(e.calls("bind"), vec![format!("bind {} {}", e.staging().display(), b.display())]);
+    let st = e.on_disk().unwrap();
+    assert_eq!((st.digest.as_str(), st.pinned), (current.as_str(), false));
+    assert_eq!(st.published.keys().collect::<Vec<_>>(), vec![&a, &b]);
+    assert_eq!(st.plan.digest, gone_digest(), "the stage plan is what the old build made");
+
+    // Unstage after the upgrade asks the current build too (the lookup it makes), and tears
+    // everything down.
+    let st = e.forget_recorded_build();
+    let build = e.node.resolve_build(VOL, &st.plugin, Some(&st.digest), st.pinned).await.unwrap();
+    assert_eq!(build.digest.to_string(), current);
+    for t in [&a, &b] {
+        e.node.unpublish(e.unpublish_req(t)).await.unwrap();
+    }
+    e.node.unstage(e.unstage_req()).await.unwrap();
+    assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new());
+    assert!(e.node.store().load(VOL).unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_volume_pinned_to_a_build_the_node_lacks_is_refused_and_left_as_it_is() {
+    let e = Env::new();
+    let a = e.target("pod-a");
+    let current = e.current_digest().await;
+    let pin = |mut req: csi::NodeStageVolumeRequest| {
+        req.volume_context.insert("pluginDigest".into(), current.clone());
+        req
+    };
+    e.node.stage(pin(e.stage_req())).await.unwrap();
+    assert!(e.node.store().load(VOL).unwrap().unwrap().pinned, "the attribute pins the build");
+    let before = e.forget_recorded_build();
+
+    e.rec.clear_calls();
+    let mut publish = e.publish_req(&a, false);
+    publish.volume_context.insert("pluginDigest".into(), gone_digest());
+    for req in [e.publish_req(&a, false), publish] {
+        let err = err_of(e.node.publish(req).await, ErrorKind::FailedPrecondition);
+        for part in [VOL, "pinned", &gone_digest(), "not installed on this node", &current, &s(&e.config.plugin_dir)] {
+            assert!(err.message.contains(part), "{part:?} missing in {}", err.message);
+        }
+    }
+    assert_eq!(e.rec.calls(), Vec::<String>::new(), "nothing mounted, nothing written");
+    assert_eq!(e.on_disk(), Some(before.clone()));
+
+    // A record from before the flag existed is pinned by the attribute kubelet sends again.
+    let mut legacy = before.clone();
+    legacy.pinned = false;
+    e.node.store().save(&legacy).unwrap();
+    let mut publish = e.publish_req(&a, false);
+    publish.volume_context.insert("pluginDigest".into(), gone_digest());
+    err_of(e.node.publish(publish).await, ErrorKind::FailedPrecondition);
+    assert_eq!(e.on_disk(), Some(legacy));
+
+    // Unstage never depends on a plugin: the host tears down alone.
+    e.node.unstage(e.unstage_req()).await.unwrap();
+    assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new());
+    assert!(e.node.store().load(VOL).unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_restage_after_the_recorded_build_is_gone_uses_the_current_build() {
+    let e = Env::new();
+    let a = e.target("pod-a");
+    let current = e.current_digest().await;
+    e.node.stage(e.stage_req()).await.unwrap();
+    e.node.publish(e.publish_req(&a, false)).await.unwrap();
+    e.forget_recorded_build();
+
+    // Healthy: kubelet's restage is a no-op and asks no plugin.
+    e.rec.clear_calls();
+    e.node.stage(e.stage_req()).await.unwrap();
+    assert_eq!(e.rec.calls(), Vec::<String>::new());
+    assert_eq!(e.on_disk().unwrap().digest, gone_digest());
+
+    // Broken (its mount went): the restage plans with the current build and records it.
+    Mounts::unmount(&*e.rec, &e.staging(), false).unwrap();
+    e.rec.clear_calls();
+    e.node.stage(e.stage_req()).await.unwrap();
+    assert_eq!(e.calls("mount"), vec![tmpfs_mount(&e.staging(), 16)]);
+    assert_eq!(e.calls("bind"), vec![format!("bind {} {}", e.staging().display(), a.display())]);
+    let st = e.on_disk().unwrap();
+    assert_eq!(
+        (st.phase, st.digest.as_str(), st.plan.digest.as_str(), st.pinned),
+        (Phase::Staged, current.as_str(), current.as_str(), false)
+    );
+
+    // The same restage of a pinned volume is refused and changes nothing.
+    let e = Env::new();
+    let mut pinned = e.stage_req();
+    pinned.volume_context.insert("pluginDigest".into(), current.clone());
+    e.node.stage(pinned).await.unwrap();
+    let before = e.forget_recorded_build();
+    Mounts::unmount(&*e.rec, &e.staging(), false).unwrap();
+    e.rec.clear_calls();
+    let mut restage = e.stage_req();
+    restage.volume_context.insert("pluginDigest".into(), gone_digest());
+    let err = err_of(e.node.stage(restage).await, ErrorKind::FailedPrecondition);
+    assert!(err.message.contains("not installed on this node"), "{}", err.message);
+    assert_eq!(e.rec.calls(), Vec::<String>::new());
+    assert_eq!(e.on_disk(), Some(before));
+}

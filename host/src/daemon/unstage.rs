@@ -5,9 +5,10 @@
 //! - Staged elsewhere: FAILED_PRECONDITION. Still published (targets that kubelet has not
 //!   unmounted yet): FAILED_PRECONDITION naming them; targets kubelet already removed are
 //!   forgotten first.
-//! - Otherwise the plugin's unstage planner adds its clean-up steps (unstage works even if the
-//!   plugin no longer loads or its planner fails), `unstaging` is recorded before the first
-//!   action, and the volume is forgotten after the last.
+//! - Otherwise the plugin's unstage planner adds its clean-up steps (the recorded build, or the
+//!   current one when that is gone and the volume does not pin it; unstage works even if no
+//!   build loads or its planner fails), `unstaging` is recorded before the first action, and
+//!   the volume is forgotten after the last.
 
 use std::path::Path;
 
@@ -87,7 +88,7 @@ impl Node {
             )));
         }
         let dirs = self.dirs(id, Some(&st.staging_path), None);
-        let steps = match self.inner.runtime.resolve(&st.plugin, Some(&st.digest)).await {
+        let steps = match self.resolve_build(id, &st.plugin, Some(&st.digest), st.pinned).await {
             Ok(plugin) => {
                 let req = wit::UnstageRequest {
                     volume_id: id.to_string(),
@@ -116,7 +117,7 @@ impl Node {
                 }
             }
             Err(e) => {
-                warn!(volume.id = %id, error = %e, "the volume's plugin does not load; the host tears down alone");
+                warn!(volume.id = %id, error = %e.message, "the volume's plugin does not load; the host tears down alone");
                 Vec::new()
             }
         };

@@ -30,7 +30,7 @@ pub enum PluginError {
     UnknownPlugin { name: String, known: String },
     /// The name exists but not at this digest.
     #[error(
-        "plugin {name:?} is not loaded at digest {digest}; loaded digests: {known}; put that build into the plugin folder (a staged volume keeps planning with the build it was staged with)"
+        "plugin {name:?} is not loaded at digest {digest}; loaded digests: {known}; put that build into the plugin folder"
     )]
     UnknownDigest { name: String, digest: String, known: String },
     /// A digest that is not `sha256:<64 hex>`.

@@ -9,10 +9,10 @@
 //!
 //! `<state-dir>/volumes/<key>.json`, where `key` is a hash of the volume id (ids may hold any
 //! character); the id is stored inside and checked on load. Mode 0600, with a schema
-//! `version`. It records
-//! the plugin and digest the volume was staged with, the checked plan (which holds no secret
-//! values), the FUSE process's identity, the published targets and the boot id, and nothing the
-//! kernel already knows better (mounts are always read back from mountinfo).
+//! `version`. It records the plugin and digest the volume was staged with (and whether the user
+//! pinned that digest), the checked plan (which holds no secret values), the FUSE process's
+//! identity, the published targets and the boot id, and nothing the kernel already knows better
+//! (mounts are always read back from mountinfo).
 //!
 //! Every read and write goes through the executor's [`Files`] (paths resolved below the state
 //! directory without following links), so the recording executor sees them in unit tests.
@@ -64,10 +64,18 @@ pub struct VolumeState {
     pub version: u32,
     /// The CSI volume id.
     pub volume_id: String,
-    /// Plugin name and digest the volume was staged with (later calls pin this digest).
+    /// Plugin name and digest of the build the volume was staged with; later calls use this
+    /// build while the node has it (see `pinned` for when it does not).
     pub plugin: String,
     /// See `plugin`.
     pub digest: String,
+    /// The digest was pinned by the user (the `pluginDigest` volume attribute at stage): later
+    /// calls use exactly that build or fail. When not pinned and the recorded build no longer
+    /// loads (an image upgrade replaced a stock plugin), they use the current build of the same
+    /// plugin and the digest is updated at the next save. Records written before this field
+    /// existed read as not pinned.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pinned: bool,
     /// `/proc/sys/kernel/random/boot_id` when the state was written: after a reboot nothing
     /// recorded here is running or mounted any more.
     pub boot_id: String,
@@ -371,6 +379,7 @@ mod tests {
             volume_id: id.into(),
             plugin: "seaweedfs".into(),
             digest: format!("sha256:{}", "a".repeat(64)),
+            pinned: false,
             boot_id: "boot-1".into(),
             phase: Phase::Staging,
             staging_path: "/var/lib/kubelet/plugins/kubernetes.io/csi/csi.mounthost.dev/h/globalmount".into(),
@@ -500,5 +509,19 @@ mod tests {
         old.as_object_mut().unwrap().remove("capability");
         rec.add_file(&store.path("old"), old.to_string().as_bytes(), None);
         assert_eq!(store.load("old").unwrap().unwrap().capability, None);
+    }
+
+    #[test]
+    fn records_without_the_pinned_flag_read_as_not_pinned_and_unpinned_ones_omit_it() {
+        let (rec, store) = store();
+        let old = serde_json::to_value(state("old")).unwrap();
+        assert!(old.get("pinned").is_none(), "an unpinned record stays as earlier daemons wrote it");
+        rec.add_file(&store.path("old"), old.to_string().as_bytes(), None);
+        assert!(!store.load("old").unwrap().unwrap().pinned);
+        let mut pinned = state("pinned");
+        pinned.pinned = true;
+        store.save(&pinned).unwrap();
+        assert!(text(&rec, &store.path("pinned")).contains("\"pinned\":true"));
+        assert!(store.load("pinned").unwrap().unwrap().pinned);
     }
 }
