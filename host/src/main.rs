@@ -1,5 +1,6 @@
 //! `mounthost` binary: parse flags, set up logging, run the subcommand.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -20,10 +21,7 @@ async fn main() -> ExitCode {
     let served = match cli.command {
         Command::Plugin(cmd) => {
             return match plugin::run(&cfg, cmd).await {
-                Ok(out) => {
-                    println!("{out}");
-                    ExitCode::SUCCESS
-                }
+                Ok(out) => print_out(&out),
                 Err(e) => {
                     eprintln!("error ({:?}): {e}", e.kind());
                     ExitCode::from(2)
@@ -40,10 +38,7 @@ async fn main() -> ExitCode {
                 None => cfg.state_dir.join("csi.sock"),
             };
             return match client::run(socket, cfg.host_socket.clone(), args.command).await {
-                Ok(out) => {
-                    println!("{out}");
-                    ExitCode::SUCCESS
-                }
+                Ok(out) => print_out(&out),
                 Err(e) => {
                     eprintln!("error ({:?}): {}", e.code, e.message);
                     ExitCode::from(2)
@@ -63,6 +58,21 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Print a command's output and end. A reader that went away (`mounthost plugin info x | head
+/// -1`) ends the output, exit 0, as `rg` and other Unix tools do: Rust ignores SIGPIPE, so the
+/// write fails with EPIPE, where `println!` would panic. Any other write error is reported.
+fn print_out(out: &str) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match writeln!(stdout, "{out}").and_then(|()| stdout.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: writing the output: {e}");
             ExitCode::FAILURE
         }
     }

@@ -189,3 +189,30 @@ fn provision_and_delete_plan_filer_calls() {
     ));
     assert_eq!(del["steps"][0]["method"], "DELETE");
 }
+
+#[test]
+fn a_reader_that_goes_away_ends_the_output_quietly() {
+    // `mounthost plugin info seaweedfs | head -1`, with the reader gone before anything is
+    // written: the write meets EPIPE (Rust ignores SIGPIPE), which ends the output, exit 0,
+    // like a reader that stopped early expects; no panic, no backtrace.
+    let state = tempfile::tempdir().unwrap();
+    for args in [&["plugin", "info", "seaweedfs"][..], &["plugin", "list"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mounthost"))
+            .arg("--state-dir")
+            .arg(state.path())
+            .args(["--log", "warn"])
+            .args(args)
+            .env_remove("MOUNTHOST_PLUGIN_DIR")
+            .env("RUST_BACKTRACE", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("running mounthost");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{args:?}: {stderr}");
+        assert!(stderr.is_empty(), "{args:?}: nothing to say on stderr either: {stderr}");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+    }
+}
