@@ -139,8 +139,11 @@ pub struct Metrics {
     plugin_compiles: Family<CacheResult, Counter>,
     /// Roles this process serves (`host`, `csi`) and whether each is ready.
     ready: Mutex<BTreeMap<&'static str, bool>>,
-    /// One refresh per role, run before each scrape.
+    /// One refresh per role, run before a scrape.
     refresh: Mutex<BTreeMap<&'static str, Refresh>>,
+    /// When the refreshes last ran: scrapes run one at a time, and refresh at most once a
+    /// second (a flood of scrapes reads the node's volumes once a second, not once each).
+    refreshed: tokio::sync::Mutex<Option<std::time::Instant>>,
     /// Names of the plugins loaded so far: the values a `plugin` label may take.
     plugins: Mutex<BTreeSet<String>>,
 }
@@ -232,6 +235,7 @@ impl Metrics {
             plugin_compiles,
             ready: Mutex::new(BTreeMap::new()),
             refresh: Mutex::new(BTreeMap::new()),
+            refreshed: tokio::sync::Mutex::new(None),
             plugins: Mutex::new(BTreeSet::new()),
         }
     }
@@ -331,11 +335,17 @@ impl Metrics {
         self.refresh.lock().unwrap_or_else(|e| e.into_inner()).insert(role, refresh);
     }
 
-    /// Refresh what is read at scrape time, then encode.
+    /// Refresh what is read at scrape time (unless that happened within the last second),
+    /// then encode; one scrape at a time.
     pub async fn scrape(&self) -> String {
-        let refresh: Vec<Refresh> = self.refresh.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
-        for r in refresh {
-            r().await;
+        let mut refreshed = self.refreshed.lock().await;
+        if refreshed.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+            let refresh: Vec<Refresh> =
+                self.refresh.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+            for r in refresh {
+                r().await;
+            }
+            *refreshed = Some(std::time::Instant::now());
         }
         self.encode()
     }
@@ -407,6 +417,39 @@ mod tests {
         // A new snapshot replaces the old one: gone volumes leave no stale series.
         m.set_volumes(&[]);
         assert!(!m.encode().contains("mounthost_volumes{"));
+    }
+
+    /// docs/metrics.md lists exactly the metrics the registry has, with their types.
+    #[test]
+    fn the_docs_list_every_metric() {
+        let m = Metrics::new();
+        m.host_operation("NodeStageVolume", "p", tonic::Code::Ok, Duration::ZERO);
+        m.csi_request("Probe", tonic::Code::Ok, Duration::ZERO);
+        m.fuse_restart("p", 1);
+        m.plugin_call("p", "stage", CallOutcome::Ok, Duration::ZERO);
+        m.plugin_loaded("p", true);
+        m.set_volumes(&[LiveVolume { plugin: "p".into(), phase: "staged".into(), healthy: true }]);
+        let registered: BTreeSet<(String, String)> = m
+            .encode()
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| {
+                let (name, kind) = l.split_once(' ').unwrap();
+                let name = if kind == "counter" { format!("{name}_total") } else { name.to_string() };
+                (name, kind.to_string())
+            })
+            .collect();
+        let docs = include_str!("../../docs/metrics.md");
+        let documented: BTreeSet<(String, String)> = docs
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `mounthost_"))
+            .map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                (format!("mounthost_{}", cells[0].trim_end_matches('`')), cells[1].to_string())
+            })
+            .collect();
+        assert_eq!(registered.len(), 10, "{registered:?}");
+        assert_eq!(documented, registered);
     }
 
     #[test]

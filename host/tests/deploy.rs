@@ -657,6 +657,38 @@ fn check_host_socket(host: &Ours, node: &Ours, problems: &mut Vec<String>) {
             host.at, node.at, h.host_path, h.mount_path, n.host_path, n.mount_path
         ));
     }
+    // The non-root front connects through the socket's group: the host gives the socket that
+    // group, the front runs in it, and the socket is not inside the state directory (0700).
+    let uid = |key: &str| {
+        node.container["securityContext"][key].as_i64().or_else(|| node.spec["securityContext"][key].as_i64())
+    };
+    if uid("runAsUser").is_none_or(|u| u == 0) {
+        return; // a root front needs no group
+    }
+    let Some(group) = host.setting("--host-socket-group", "MOUNTHOST_HOST_SOCKET_GROUP") else {
+        problems.push(format!("{}: the node front runs as non-root but the host gives its socket no group", host.at));
+        return;
+    };
+    let supplemental: Vec<i64> = node.spec["securityContext"]["supplementalGroups"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_i64).collect())
+        .unwrap_or_default();
+    let in_group = group.parse::<i64>().is_ok_and(|g| uid("runAsGroup") == Some(g) || supplemental.contains(&g));
+    if !in_group {
+        problems.push(format!(
+            "{}: the host socket's group is {group}, but the node front runs with group {:?} and supplementalGroups {supplemental:?}",
+            node.at,
+            uid("runAsGroup")
+        ));
+    }
+    if let Some(state) = host.setting("--state-dir", "MOUNTHOST_STATE_DIR")
+        && std::path::Path::new(&socket).starts_with(&state)
+    {
+        problems.push(format!(
+            "{}: the host socket {socket} is inside the state directory {state} (0700), out of the front's reach",
+            host.at
+        ));
+    }
 }
 
 /// A CSI front listens on `unix:///csi/csi.sock`, and every sidecar's `--csi-address` is that

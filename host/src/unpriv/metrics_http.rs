@@ -15,6 +15,9 @@ use tokio::net::TcpListener;
 
 use crate::metrics::{self, Metrics};
 
+/// Connections served at once.
+const CONNECTIONS: usize = 16;
+
 /// Bind `addr` now (so a taken port fails the start) and serve in the background until the
 /// process exits. Returns the bound address (port 0 picks one).
 pub async fn serve(addr: SocketAddr, metrics: &'static Metrics) -> std::io::Result<SocketAddr> {
@@ -23,6 +26,8 @@ pub async fn serve(addr: SocketAddr, metrics: &'static Metrics) -> std::io::Resu
         .map_err(|e| std::io::Error::new(e.kind(), format!("metrics listener on {addr}: {e}")))?;
     let bound = listener.local_addr()?;
     tracing::info!(address = %bound, "metrics, /healthz and /readyz");
+    // Scrapers and probes need a few connections; more are closed at once.
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(CONNECTIONS));
     tokio::spawn(async move {
         loop {
             let (stream, _) = match listener.accept().await {
@@ -33,7 +38,12 @@ pub async fn serve(addr: SocketAddr, metrics: &'static Metrics) -> std::io::Resu
                     continue;
                 }
             };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                drop(stream);
+                continue;
+            };
             tokio::spawn(async move {
+                let _slot = slot;
                 let service = service_fn(move |req| async move { Ok::<_, Infallible>(answer(&req, metrics).await) });
                 let _ = http1::Builder::new()
                     .timer(TokioTimer::new())

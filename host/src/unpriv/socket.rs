@@ -32,6 +32,9 @@ pub fn listen_for(path: &Path, group: Option<u32>) -> io::Result<UnixListener> {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))?;
         }
     }
+    if let Some(gid) = group {
+        group_can_reach(path, gid)?;
+    }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
             if std::os::unix::net::UnixStream::connect(path).is_ok() {
@@ -56,11 +59,35 @@ pub fn listen_for(path: &Path, group: Option<u32>) -> io::Result<UnixListener> {
         None => std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?,
         Some(gid) => {
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-            std::os::unix::fs::chown(path, None, Some(gid))?;
+            std::os::unix::fs::lchown(path, None, Some(gid))?;
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
         }
     }
     Ok(listener)
+}
+
+/// Every directory above `path` must let members of `gid` pass (search permission for the
+/// group or for everyone); else the group's socket is out of their reach and saying so at
+/// start beats a front that cannot connect.
+fn group_can_reach(path: &Path, gid: u32) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    for dir in path.ancestors().skip(1).filter(|d| !d.as_os_str().is_empty()) {
+        let meta = std::fs::metadata(dir)?;
+        let mode = meta.mode();
+        if mode & 0o001 == 0 && !(meta.gid() == gid && mode & 0o010 != 0) {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "the host socket's group {gid} cannot reach {}: {} is mode {:o}, owned by group {}; put the socket in a directory of its own (e.g. --host-socket /run/mounthost/host.sock), not in the state directory",
+                    path.display(),
+                    dir.display(),
+                    mode & 0o777,
+                    meta.gid()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -88,6 +115,8 @@ mod tests {
     async fn a_socket_for_a_group_is_0660_in_that_group() {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
+        // Like /run: everyone may pass (a temporary directory is 0700).
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let p = dir.path().join("run/host.sock");
         let gid = 4242;
         let _l = listen_for(&p, Some(gid)).unwrap();
@@ -95,5 +124,13 @@ mod tests {
         assert_eq!((sock.mode() & 0o777, sock.gid()), (0o660, gid));
         let parent = std::fs::metadata(p.parent().unwrap()).unwrap();
         assert_eq!((parent.mode() & 0o777, parent.gid()), (0o750, gid));
+        // In a private directory (the state directory is 0700) the group could never connect.
+        let private = dir.path().join("state");
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let err = listen_for(&private.join("host.sock"), Some(gid)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+        assert!(err.to_string().contains("is mode 700"), "{err}");
+        assert!(!private.join("host.sock").exists(), "refused before binding");
     }
 }

@@ -146,13 +146,21 @@ impl Scrape {
         Scrape(serde_json::from_slice(&out.stdout).unwrap())
     }
 
-    /// The sum of the samples called `name` whose labels include `labels`.
-    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.0
+    /// The sum of the samples called `name` whose labels include `labels`, or `None` when
+    /// there is no such sample.
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let found: Vec<f64> = self
+            .0
             .iter()
             .filter(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).is_some_and(|x| x == v)))
-            .map(|(_, _, v)| v)
-            .sum()
+            .map(|(_, _, v)| *v)
+            .collect();
+        (!found.is_empty()).then(|| found.iter().sum())
+    }
+
+    /// The sum of the samples called `name` whose labels include `labels` (0 when none).
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.get(name, labels).unwrap_or(0.0)
     }
 
     /// Every sample, for failure messages.
@@ -356,9 +364,6 @@ pub struct NodeDirs {
     pub state: PathBuf,
     pub host_sock: PathBuf,
     pub csi_sock: PathBuf,
-    /// Where `mounthost host` and `mounthost csi` serve `/metrics` (`--metrics-address`).
-    pub host_metrics: String,
-    pub front_metrics: String,
     /// The host's cgroup parent, unique to this test (removed on drop).
     pub cgroups: mounthost::exec::cgroup::Cgroups,
     cgroup_parent: String,
@@ -375,9 +380,7 @@ impl NodeDirs {
         let unique = root.path().file_name().unwrap().to_string_lossy().trim_start_matches('.').to_string();
         let cgroup_parent = format!("mounthost-test-{}-{unique}", std::process::id());
         let cgroups = mounthost::exec::cgroup::Cgroups::detect(&cgroup_parent);
-        let host_metrics = format!("127.0.0.1:{}", free_port());
-        let front_metrics = format!("127.0.0.1:{}", free_port());
-        NodeDirs { kubelet, state, host_sock, csi_sock, host_metrics, front_metrics, root, cgroups, cgroup_parent }
+        NodeDirs { kubelet, state, host_sock, csi_sock, root, cgroups, cgroup_parent }
     }
 
     /// The per-volume cgroups that exist now under this test's parent.
@@ -429,7 +432,7 @@ impl NodeDirs {
 
     /// Start `mounthost host` and wait for its socket.
     pub fn start_host(&self, extra: &[String]) -> Proc {
-        let p = self.spawn("host", &["host", "--metrics-address", &self.host_metrics], extra);
+        let p = self.spawn("host", &["host", "--metrics-address", "127.0.0.1:0"], extra);
         wait_socket(&self.host_sock);
         p
     }
@@ -439,11 +442,34 @@ impl NodeDirs {
         let endpoint = format!("unix://{}", self.csi_sock.display());
         let p = self.spawn(
             "front",
-            &["csi", "--mode", "all", "--endpoint", &endpoint, "--metrics-address", &self.front_metrics],
+            &["csi", "--mode", "all", "--endpoint", &endpoint, "--metrics-address", "127.0.0.1:0"],
             extra,
         );
         wait_socket(&self.csi_sock);
         p
+    }
+
+    /// Where the host daemon serves `/metrics` (it binds port 0 and logs the address).
+    pub fn host_metrics(&self) -> String {
+        self.metrics_address("host")
+    }
+
+    /// Where the CSI front serves `/metrics`.
+    pub fn front_metrics(&self) -> String {
+        self.metrics_address("front")
+    }
+
+    /// The address in the last "metrics, /healthz and /readyz" line of `name`'s log.
+    fn metrics_address(&self, name: &str) -> String {
+        let log = std::fs::read_to_string(self.root.path().join(format!("{name}.log"))).unwrap_or_default();
+        let plain = strip_ansi(&log);
+        plain
+            .lines()
+            .filter(|l| l.contains("metrics, /healthz and /readyz"))
+            .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("address=")))
+            .last()
+            .unwrap_or_else(|| panic!("{name} logged no metrics address:\n{plain}"))
+            .to_string()
     }
 
     /// The daemons' logs (for failure messages).
@@ -476,6 +502,24 @@ impl Drop for NodeDirs {
             let _ = std::fs::remove_dir(dir);
         }
     }
+}
+
+/// `text` without terminal colour sequences (`ESC [ ... m`).
+pub fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Wait until a unix socket accepts connections.
