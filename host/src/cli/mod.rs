@@ -2,6 +2,7 @@
 //! a [`Config`](crate::config::Config), then one subcommand.
 
 pub mod client;
+pub mod first_volume;
 pub mod plugin;
 pub mod serve;
 
@@ -62,6 +63,14 @@ pub struct GlobalArgs {
     /// The host daemon's socket [default: <state-dir>/host.sock].
     #[arg(long, env = "MOUNTHOST_HOST_SOCKET", global = true)]
     pub host_socket: Option<PathBuf>,
+    /// The host daemon socket's group: the socket becomes mode 0660 in this group (GID) instead
+    /// of 0600, so a non-root CSI front in the group can connect.
+    #[arg(long, env = "MOUNTHOST_HOST_SOCKET_GROUP", global = true)]
+    pub host_socket_group: Option<u32>,
+    /// Serve Prometheus metrics at /metrics, and /healthz and /readyz, over HTTP on ADDR:PORT
+    /// (e.g. 0.0.0.0:9810) [default: not served].
+    #[arg(long, env = "MOUNTHOST_METRICS_ADDRESS", global = true)]
+    pub metrics_address: Option<std::net::SocketAddr>,
     /// The node id NodeGetInfo reports [default: the hostname].
     #[arg(long, env = "MOUNTHOST_NODE_ID", global = true)]
     pub node_id: Option<String>,
@@ -138,6 +147,8 @@ impl GlobalArgs {
         if let Some(s) = &self.host_socket {
             cfg.host_socket = std::path::absolute(s)?;
         }
+        cfg.host_socket_group = self.host_socket_group;
+        cfg.metrics_address = self.metrics_address;
         if let Some(n) = &self.node_id {
             cfg.node_id = n.clone();
         }

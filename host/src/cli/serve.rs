@@ -30,6 +30,9 @@ pub struct LocalArgs {
     /// The CSI socket [default: <state-dir>/csi.sock].
     #[arg(long, env = "CSI_ENDPOINT")]
     pub endpoint: Option<String>,
+    /// The demo volume (and the private SeaweedFS behind it) started once both servers are up.
+    #[command(flatten)]
+    pub first_volume: super::first_volume::FirstVolumeArgs,
 }
 
 /// Resolves when the process is asked to stop (SIGINT or SIGTERM). Mounts and FUSE processes
@@ -63,8 +66,21 @@ fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
     Ok(Arc::new(Linux::new(cgroups, [cfg.state_dir.clone(), cfg.kubelet_dir.clone()])))
 }
 
+/// Serve `/metrics`, `/healthz` and `/readyz` when `--metrics-address` is set; `/readyz`
+/// waits for each of `roles`.
+async fn metrics_listener(cfg: &Config, roles: &[&'static str]) -> anyhow::Result<()> {
+    for role in roles {
+        crate::metrics::global().expect_role(role);
+    }
+    if let Some(addr) = cfg.metrics_address {
+        crate::unpriv::metrics_http::serve(addr, crate::metrics::global()).await?;
+    }
+    Ok(())
+}
+
 /// `mounthost host`.
 pub async fn host(mut cfg: Config) -> anyhow::Result<()> {
+    metrics_listener(&cfg, &["host"]).await?;
     let exec = linux(&mut cfg)?;
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
     let socket = cfg.host_socket.clone();
@@ -74,6 +90,7 @@ pub async fn host(mut cfg: Config) -> anyhow::Result<()> {
 
 /// `mounthost csi`.
 pub async fn csi(cfg: Config, args: CsiArgs) -> anyhow::Result<()> {
+    metrics_listener(&cfg, &["csi"]).await?;
     let socket = crate::unpriv::grpc::socket_path(&args.endpoint).map_err(anyhow::Error::msg)?;
     let host = matches!(args.mode, Mode::Node | Mode::All)
         .then(|| front::Host::new(crate::unpriv::grpc::channel(&cfg.host_socket)));
@@ -88,6 +105,7 @@ pub async fn csi(cfg: Config, args: CsiArgs) -> anyhow::Result<()> {
 /// `mounthost local`: host daemon and CSI front (all services) in one process, everything
 /// under the state directory; `weed` is looked up on PATH if not configured.
 pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
+    metrics_listener(&cfg, &["host", "csi"]).await?;
     for (name, path) in cfg.programs.iter_mut() {
         if !path.exists() {
             let venv = cfg.state_dir.join("venv/bin").join(name.as_str());
@@ -121,17 +139,18 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
         cfg.host_socket.display(),
         cfg.kubelet_dir.display()
     );
+    let demo_socket = csi_socket.clone();
     let front_task = tokio::spawn(async move {
         front::serve(Mode::All, &csi_socket, Some(host), Some(controller), async move {
             let _ = rx2.changed().await;
         })
         .await
     });
-    stop_signal().await;
+    let served = super::first_volume::run(&cfg, &args.first_volume, &demo_socket, stop_signal()).await;
     let _ = tx.send(true);
     host_task.await??;
     front_task.await??;
-    Ok(())
+    served
 }
 
 fn on_path(name: &str) -> Option<PathBuf> {
