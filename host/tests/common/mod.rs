@@ -220,6 +220,8 @@ impl Seaweed {
         let ports = distinct_free_ports();
         let log = std::fs::File::create(dir.path().join("weed.log")).unwrap();
         let child = Command::new(weed_binary())
+            // glog writes files to /tmp unless told otherwise.
+            .arg("-logtostderr")
             .arg(format!("-config_dir={}", conf.display()))
             .args(["server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"])
             .arg(format!("-dir={}", data.display()))
