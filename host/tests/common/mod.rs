@@ -467,9 +467,9 @@ impl NodeDirs {
         let plain = strip_ansi(&log);
         plain
             .lines()
+            .rev()
             .filter(|l| l.contains("metrics, /healthz and /readyz"))
-            .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("address=")))
-            .last()
+            .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("address=")))
             .unwrap_or_else(|| panic!("{name} logged no metrics address:\n{plain}"))
             .to_string()
     }
