@@ -126,17 +126,7 @@ impl Drop for Cleanup<'_> {
         for pid in pids_with(&self.root.display().to_string()) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
-        let mut left = mounts_below(self.root);
-        left.sort();
-        for m in left.iter().rev() {
-            let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
-        }
-        for group in self.cgroups.groups().unwrap_or_default() {
-            let _ = self.cgroups.release(&group);
-        }
-        if let Some(dir) = self.cgroups.parent_dir() {
-            let _ = std::fs::remove_dir(dir);
-        }
+        common::detach_below(self.root, &self.cgroups);
     }
 }
 

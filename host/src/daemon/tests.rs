@@ -100,6 +100,13 @@ impl Env {
         csi::NodeUnstageVolumeRequest { volume_id: VOL.into(), staging_target_path: s(&self.staging()) }
     }
 
+    /// NodeUnstageVolume succeeds and leaves no mount and no state.
+    async fn unstage_leaves_nothing(&self) {
+        self.node.unstage(self.unstage_req()).await.unwrap();
+        assert_eq!(mount_points(&self.rec), Vec::<PathBuf>::new());
+        assert!(self.node.store().load(VOL).unwrap().is_none());
+    }
+
     /// The volume's record as a daemon started now would read it from the state directory.
     fn on_disk(&self) -> Option<VolumeState> {
         self.restarted().store().load(VOL).unwrap()
@@ -602,9 +609,7 @@ async fn a_busy_target_is_detached_lazily_and_a_target_kubelet_removed_is_forgot
     // The bind at B went away without NodeUnpublishVolume (a reboot of the pod's mounts, a
     // manual umount): unstage no longer waits for it.
     Mounts::unmount(&*e.rec, &b, false).unwrap();
-    e.node.unstage(e.unstage_req()).await.unwrap();
-    assert!(e.node.store().load(VOL).unwrap().is_none());
-    assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new());
+    e.unstage_leaves_nothing().await;
 }
 
 #[tokio::test]
@@ -1015,9 +1020,7 @@ async fn a_volume_whose_recorded_build_is_gone_publishes_with_the_current_build_
     for t in [&a, &b] {
         e.node.unpublish(e.unpublish_req(t)).await.unwrap();
     }
-    e.node.unstage(e.unstage_req()).await.unwrap();
-    assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new());
-    assert!(e.node.store().load(VOL).unwrap().is_none());
+    e.unstage_leaves_nothing().await;
 }
 
 #[tokio::test]
@@ -1055,9 +1058,7 @@ async fn a_volume_pinned_to_a_build_the_node_lacks_is_refused_and_left_as_it_is(
     assert_eq!(e.on_disk(), Some(legacy));
 
     // Unstage never depends on a plugin: the host tears down alone.
-    e.node.unstage(e.unstage_req()).await.unwrap();
-    assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new());
-    assert!(e.node.store().load(VOL).unwrap().is_none());
+    e.unstage_leaves_nothing().await;
 }
 
 #[tokio::test]

@@ -488,21 +488,27 @@ impl NodeDirs {
     }
 }
 
+/// Detach whatever is mounted below `root` (deepest first) and remove every group under
+/// `cgroups`' parent and the parent itself, so a test's temporary directory and cgroups go
+/// away even when it failed half-way.
+pub fn detach_below(root: &Path, cgroups: &mounthost::exec::cgroup::Cgroups) {
+    let mut left = mounts_below(root);
+    left.sort();
+    for m in left.iter().rev() {
+        let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
+    }
+    for group in cgroups.groups().unwrap_or_default() {
+        let _ = cgroups.release(&group);
+    }
+    if let Some(dir) = cgroups.parent_dir() {
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
 impl Drop for NodeDirs {
-    /// Detach whatever a test left mounted below its root (deepest first), so the temporary
-    /// directory can be removed even when a test failed half-way.
+    /// Leave nothing mounted below the root, and no cgroup.
     fn drop(&mut self) {
-        let mut left = mounts_below(self.root.path());
-        left.sort();
-        for m in left.iter().rev() {
-            let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
-        }
-        for group in self.cgroups.groups().unwrap_or_default() {
-            let _ = self.cgroups.release(&group);
-        }
-        if let Some(dir) = self.cgroups.parent_dir() {
-            let _ = std::fs::remove_dir(dir);
-        }
+        detach_below(self.root.path(), &self.cgroups);
     }
 }
 
