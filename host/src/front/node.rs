@@ -1,11 +1,31 @@
 //! CSI Node: every call is forwarded to the host daemon unchanged; capabilities are answered
 //! here.
 
+use std::future::Future;
+
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::{Host, host_down};
 use crate::proto::csi;
 use crate::proto::host::HealthRequest;
+
+/// Forward one call in a span carrying the volume id; a failure is logged with its code.
+async fn forwarded<T>(
+    rpc: &'static str,
+    volume: &str,
+    call: impl Future<Output = Result<Response<T>, Status>>,
+) -> Result<Response<T>, Status> {
+    async move {
+        let answer = call.await.map_err(host_down);
+        if let Err(e) = &answer {
+            tracing::warn!(code = ?e.code(), error = %e.message(), "failed");
+        }
+        answer
+    }
+    .instrument(tracing::info_span!("csi", rpc, volume.id = %volume))
+    .await
+}
 
 /// The Node service.
 pub struct NodeService {
@@ -18,35 +38,45 @@ impl csi::node_server::Node for NodeService {
         &self,
         req: Request<csi::NodeStageVolumeRequest>,
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
-        self.host.clone().node_stage_volume(req.into_inner()).await.map_err(host_down)
+        let req = req.into_inner();
+        let volume = req.volume_id.clone();
+        forwarded("NodeStageVolume", &volume, self.host.clone().node_stage_volume(req)).await
     }
 
     async fn node_unstage_volume(
         &self,
         req: Request<csi::NodeUnstageVolumeRequest>,
     ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
-        self.host.clone().node_unstage_volume(req.into_inner()).await.map_err(host_down)
+        let req = req.into_inner();
+        let volume = req.volume_id.clone();
+        forwarded("NodeUnstageVolume", &volume, self.host.clone().node_unstage_volume(req)).await
     }
 
     async fn node_publish_volume(
         &self,
         req: Request<csi::NodePublishVolumeRequest>,
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
-        self.host.clone().node_publish_volume(req.into_inner()).await.map_err(host_down)
+        let req = req.into_inner();
+        let volume = req.volume_id.clone();
+        forwarded("NodePublishVolume", &volume, self.host.clone().node_publish_volume(req)).await
     }
 
     async fn node_unpublish_volume(
         &self,
         req: Request<csi::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
-        self.host.clone().node_unpublish_volume(req.into_inner()).await.map_err(host_down)
+        let req = req.into_inner();
+        let volume = req.volume_id.clone();
+        forwarded("NodeUnpublishVolume", &volume, self.host.clone().node_unpublish_volume(req)).await
     }
 
     async fn node_get_volume_stats(
         &self,
         req: Request<csi::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
-        self.host.clone().node_get_volume_stats(req.into_inner()).await.map_err(host_down)
+        let req = req.into_inner();
+        let volume = req.volume_id.clone();
+        forwarded("NodeGetVolumeStats", &volume, self.host.clone().node_get_volume_stats(req)).await
     }
 
     async fn node_expand_volume(
@@ -83,5 +113,43 @@ impl csi::node_server::Node for NodeService {
             max_volumes_per_node: 0,
             accessible_topology: None,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A failed forwarded call logs one JSON line whose span carries the RPC and `volume.id`.
+    #[tokio::test]
+    async fn a_failed_call_is_logged_with_its_volume_id() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt().json().with_writer(move || writer.clone()).finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let refused = async { Err::<Response<()>, _>(Status::failed_precondition("not staged")) };
+        let err = forwarded("NodePublishVolume", "seaweedfs~f:8888/buckets/v", refused).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let line: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(line["span"]["volume.id"], "seaweedfs~f:8888/buckets/v", "{text}");
+        assert_eq!(line["span"]["rpc"], "NodePublishVolume", "{text}");
+        assert_eq!(line["fields"]["error"], "not staged", "{text}");
     }
 }
