@@ -592,6 +592,9 @@ fn sockets_paths_and_probes_line_up() {
         }
         check_registration(r, &node, &mut problems);
         check_programs(&host, &mut problems);
+        for f in [&host, &node, &controller] {
+            check_no_api_token(f, &mut problems);
+        }
     }
     for r in rendered() {
         for o in &r.objects {
@@ -601,6 +604,18 @@ fn sockets_paths_and_probes_line_up() {
         }
     }
     fail_with(problems);
+}
+
+/// mounthost never talks to the API server: its containers get no service account token (the
+/// pod does not automount one, and no volume puts one at the in-cluster path).
+fn check_no_api_token(f: &Ours, problems: &mut Vec<String>) {
+    if f.spec["automountServiceAccountToken"] != Value::Bool(false) {
+        problems.push(format!("{}: the pod does not set automountServiceAccountToken: false", f.at));
+    }
+    let mounts = f.container["volumeMounts"].as_array().cloned().unwrap_or_default();
+    if mounts.iter().any(|m| m["mountPath"].as_str().is_some_and(|p| p.starts_with("/var/run/secrets/kubernetes.io"))) {
+        problems.push(format!("{}: a service account token is mounted into mounthost", f.at));
+    }
 }
 
 /// What lets the host daemon's FUSE processes and mounts outlive its pod.
