@@ -432,6 +432,30 @@ fn ours<'a>(r: &'a Rendered, problems: &mut Vec<String>) -> Vec<Ours<'a>> {
     out
 }
 
+/// `value` with each `$(NAME)` replaced as the kubelet would: NAME must be an `env` entry of the
+/// container; one set from the pod's or node's IP (`fieldRef` `status.podIP`/`status.hostIP`)
+/// stands for a sample address, 127.0.0.1.
+fn expand_refs(container: &Value, value: &str) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(i) = rest.find("$(") {
+        let end = rest[i..].find(')').ok_or_else(|| format!("{value:?}: an unclosed $("))? + i;
+        let name = &rest[i + 2..end];
+        let entry = container["env"].as_array().and_then(|e| e.iter().find(|v| v["name"] == name));
+        let field = entry.and_then(|e| e["valueFrom"]["fieldRef"]["fieldPath"].as_str());
+        match field {
+            Some("status.podIP" | "status.hostIP") => {
+                out.push_str(&rest[..i]);
+                out.push_str("127.0.0.1");
+            }
+            _ => return Err(format!("{value:?} refers to $({name}), which is no address variable of the container")),
+        }
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
 fn find_ours<'a>(r: &'a Rendered, pick: impl Fn(&Ours) -> bool) -> Option<Ours<'a>> {
     ours(r, &mut Vec::new()).into_iter().find(|f| pick(f))
 }
@@ -535,7 +559,13 @@ fn mounthost_containers_run_what_the_binary_accepts() {
                 let value = if PATH_FLAGS.contains(&flag.as_str()) {
                     value.map(|_| scratch.path().join(&flag[2..]).display().to_string())
                 } else {
-                    value
+                    match value.map(|v| expand_refs(f.container, &v)).transpose() {
+                        Ok(v) => v,
+                        Err(e) => {
+                            problems.push(format!("{at}: {flag}: {e}"));
+                            continue;
+                        }
+                    }
                 };
                 args.push(flag);
                 args.extend(value);
