@@ -68,8 +68,8 @@ pub struct GlobalArgs {
     #[arg(long, env = "MOUNTHOST_HOST_SOCKET_GROUP", global = true)]
     pub host_socket_group: Option<u32>,
     /// Serve Prometheus metrics at /metrics, and /healthz and /readyz, over HTTP on ADDR:PORT
-    /// (e.g. 0.0.0.0:9810) [default: not served].
-    #[arg(long, env = "MOUNTHOST_METRICS_ADDRESS", global = true)]
+    /// (e.g. 0.0.0.0:9810; an IPv6 address with or without brackets) [default: not served].
+    #[arg(long, env = "MOUNTHOST_METRICS_ADDRESS", value_parser = parse_listen_address, global = true)]
     pub metrics_address: Option<std::net::SocketAddr>,
     /// The node id NodeGetInfo reports [default: the hostname].
     #[arg(long, env = "MOUNTHOST_NODE_ID", global = true)]
@@ -207,6 +207,18 @@ fn parse_grant(s: &str) -> Result<GrantArg, String> {
     Ok(GrantArg { plugin: plugin.into(), what, value: value.to_ascii_lowercase() })
 }
 
+/// `IP:PORT`, where an IPv6 address may come without brackets (`fd00::1:9810`, as
+/// `$(HOST_IP):9810` expands on an IPv6 node): the port is what follows the last `:`.
+fn parse_listen_address(s: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
+    }
+    let err = || format!("{s:?} is not IP:PORT (e.g. 0.0.0.0:9810, [::]:9810)");
+    let (ip, port) = s.rsplit_once(':').ok_or_else(err)?;
+    let ip: std::net::IpAddr = ip.trim_start_matches('[').trim_end_matches(']').parse().map_err(|_| err())?;
+    Ok(std::net::SocketAddr::new(ip, port.parse().map_err(|_| err())?))
+}
+
 fn parse_limit(s: &str) -> Result<(String, Limits), String> {
     let err = || format!("{s:?}: expected NAME=DEADLINE_MS/MEMORY_MIB, e.g. model=2000/128");
     let (name, rest) = s.split_once('=').ok_or_else(err)?;
@@ -221,6 +233,21 @@ fn parse_limit(s: &str) -> Result<(String, Limits), String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn listen_addresses_take_ipv6_with_or_without_brackets() {
+        for (given, want) in [
+            ("0.0.0.0:9810", "0.0.0.0:9810"),
+            ("10.1.2.3:9810", "10.1.2.3:9810"),
+            ("[fd00::1]:9810", "[fd00::1]:9810"),
+            ("fd00::1:9810", "[fd00::1]:9810"),
+        ] {
+            assert_eq!(super::parse_listen_address(given).unwrap().to_string(), want, "{given}");
+        }
+        for bad in ["", "9810", "host:9810", "10.1.2.3", "10.1.2.3:x", "::1"] {
+            assert!(super::parse_listen_address(bad).is_err(), "{bad} accepted");
+        }
+    }
+
     use super::*;
 
     #[test]
