@@ -15,6 +15,7 @@ use mounthost::plugin::cache::Obtained;
 use mounthost::plugin::{Limits, LoadedPlugin, PluginError, PluginRuntime, RuntimeConfig};
 use mounthost::secrets::Secrets;
 use mounthost::stock::fixtures;
+use mounthost::telemetry::Captured;
 use mounthost::volume::VolumeDirs;
 
 struct Env {
@@ -131,20 +132,6 @@ async fn a_backend_error_keeps_its_class() {
     assert_healthy(&e.runtime, &p).await;
 }
 
-/// A `tracing` writer that keeps what is written, to count a plugin's log lines.
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn a_log_flood_is_capped_and_the_call_succeeds() {
     let e = env(fast());
@@ -158,7 +145,7 @@ async fn a_log_flood_is_capped_and_the_call_succeeds() {
         stage(&e.runtime, &p, "log-flood").await.unwrap()
     };
     assert_eq!(plan.steps.len(), 1);
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let text = captured.text();
     let lines: Vec<&str> = text.lines().filter(|l| l.contains("mounthost::plugin")).collect();
     assert_eq!(lines.len(), 64 + 1, "64 lines kept plus one warning");
     assert!(

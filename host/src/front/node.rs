@@ -118,35 +118,20 @@ impl csi::node_server::Node for NodeService {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
-
     use super::*;
-
-    #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::telemetry::Captured;
 
     /// A failed forwarded call logs one JSON line whose span carries the RPC and `volume.id`.
     #[tokio::test]
     async fn a_failed_call_is_logged_with_its_volume_id() {
-        let lines = Lines::default();
+        let lines = Captured::default();
         let writer = lines.clone();
         let subscriber = tracing_subscriber::fmt().json().with_writer(move || writer.clone()).finish();
         let _guard = tracing::subscriber::set_default(subscriber);
         let refused = async { Err::<Response<()>, _>(Status::failed_precondition("not staged")) };
         let err = forwarded("NodePublishVolume", "seaweedfs~f:8888/buckets/v", refused).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::FailedPrecondition);
-        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let text = lines.text();
         let line: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
         assert_eq!(line["span"]["volume.id"], "seaweedfs~f:8888/buckets/v", "{text}");
         assert_eq!(line["span"]["rpc"], "NodePublishVolume", "{text}");
