@@ -197,18 +197,20 @@ fn a_reader_that_goes_away_ends_the_output_quietly() {
     // like a reader that stopped early expects; no panic, no backtrace.
     let state = tempfile::tempdir().unwrap();
     for args in [&["plugin", "info", "seaweedfs"][..], &["plugin", "list"]] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mounthost"))
+        // The pipe's reading end is closed before the child starts: its first write fails.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let child = Command::new(env!("CARGO_BIN_EXE_mounthost"))
             .arg("--state-dir")
             .arg(state.path())
             .args(["--log", "warn"])
             .args(args)
             .env_remove("MOUNTHOST_PLUGIN_DIR")
             .env("RUST_BACKTRACE", "1")
-            .stdout(std::process::Stdio::piped())
+            .stdout(writer)
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("running mounthost");
-        drop(child.stdout.take());
         let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{args:?}: {stderr}");
