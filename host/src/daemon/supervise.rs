@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::daemon::Node;
 use crate::exec::process::ProcessId;
@@ -41,7 +41,9 @@ pub async fn run(node: Node) {
         };
         let reaped = node.executor().reap();
         if reaped > 0 {
-            warn!(reaped, "FUSE processes exited on their own");
+            // Processes an unstage stopped end here too; a volume whose process died is
+            // reported (and restarted) by the survey below.
+            debug!(reaped, "reaped exited child processes");
         }
         let due = woken || last_survey.is_none_or(|t| t.elapsed() >= SURVEY) || node.retry_due();
         if !due {
