@@ -24,10 +24,10 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// One host daemon operation: which RPC, for which plugin, answered with which gRPC code.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OperationLabels {
-    pub rpc: String,
-    pub plugin: String,
-    pub code: String,
+struct OperationLabels {
+    rpc: String,
+    plugin: String,
+    code: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -359,7 +359,7 @@ impl Metrics {
 }
 
 /// `OK`, `NOT_FOUND`, ...: the names the gRPC spec gives the codes.
-pub fn code_name(code: tonic::Code) -> String {
+fn code_name(code: tonic::Code) -> String {
     use tonic::Code::*;
     match code {
         Ok => "OK",

@@ -5,7 +5,7 @@
 //! restage detaches the dead mount (lazily if busy), mounts again and re-binds every published
 //! target, so pods with `mountPropagation: HostToContainer` see a working path again.
 //!
-//! Retries back off (2 s, 4 s, 8 s, ... up to 60 s); after [`MAX_FAILURES`] failures in a row
+//! Retries back off (2 s, 4 s, 8 s, 16 s); after [`MAX_FAILURES`] failures in a row
 //! the host stops trying and the volume's condition stays abnormal with the reason, until
 //! kubelet's next NodeStageVolume.
 

@@ -142,7 +142,7 @@ impl Node {
     /// The build of plugin `name` a call on volume `id` uses (every lookup of a volume's
     /// plugin goes through here: stage, restage, publish, unstage). Without a digest: the
     /// current build. With one: that build while this node has it. When it has not (an image
-    /// upgrade replaced a stock plugin, a `.wasm` was removed from the plugin folder):
+    /// upgrade replaced a stock plugin, a `.wasm` was removed from the plugin folder and the daemon restarted):
     /// - a digest the user `pinned` (the `pluginDigest` volume attribute) is FAILED_PRECONDITION
     ///   saying how to install that build;
     /// - a digest merely recorded at stage gives way to the current build of the same plugin,

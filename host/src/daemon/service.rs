@@ -65,7 +65,7 @@ impl HostService {
         attrs
             .and_then(|a| a.get(crate::volume::request::PLUGIN_KEY))
             .cloned()
-            .or_else(|| self.node.store().load(volume).ok().flatten().map(|st| st.plugin))
+            .or_else(|| self.node.store().plugin_of(volume))
             .or_else(|| volume.split_once('~').map(|(p, _)| p.to_string()))
     }
 }
@@ -151,7 +151,7 @@ impl Host for HostService {
                 volume_id: st.volume_id,
                 plugin: st.plugin,
                 digest: st.digest,
-                phase: format!("{:?}", st.phase).to_lowercase(),
+                phase: st.phase.as_str().to_string(),
                 staging_path: st.staging_path.display().to_string(),
                 targets: st.published.keys().map(|p| p.display().to_string()).collect(),
                 pid: st.process.map(|p| p.pid).unwrap_or(0),
@@ -172,7 +172,6 @@ pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()>
     // until reconciliation is done.
     let listener = node.executor().listen(socket, node.config().host_socket_group)?;
     let metrics = crate::metrics::global();
-    metrics.expect_role("host");
     let n = node.clone();
     metrics.on_scrape(
         "host",
@@ -184,7 +183,7 @@ pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()>
                         .into_iter()
                         .map(|(st, h)| crate::metrics::LiveVolume {
                             plugin: st.plugin,
-                            phase: format!("{:?}", st.phase).to_lowercase(),
+                            phase: st.phase.as_str().to_string(),
                             healthy: h.healthy,
                         })
                         .collect();

@@ -48,16 +48,7 @@ impl MountError {
     }
 
     fn resolving(path: &Path, e: std::io::Error) -> Self {
-        let errno = if super::beneath::is_link_refused(&e) {
-            Errno::ELOOP
-        } else {
-            Errno::from_raw(e.raw_os_error().unwrap_or(match e.kind() {
-                std::io::ErrorKind::NotFound => nix::libc::ENOENT,
-                std::io::ErrorKind::PermissionDenied => nix::libc::EPERM,
-                _ => nix::libc::EIO,
-            }))
-        };
-        MountError { op: "resolve", path: path.to_path_buf(), errno, detail: e.to_string() }
+        MountError { op: "resolve", path: path.to_path_buf(), errno: errno_of(&e), detail: e.to_string() }
     }
 
     /// A symbolic link was refused on the way.
@@ -76,7 +67,11 @@ fn errno_of(e: &std::io::Error) -> Errno {
     if crate::exec::beneath::is_link_refused(e) {
         return Errno::ELOOP;
     }
-    e.raw_os_error().map_or(Errno::EIO, Errno::from_raw)
+    Errno::from_raw(e.raw_os_error().unwrap_or(match e.kind() {
+        std::io::ErrorKind::NotFound => nix::libc::ENOENT,
+        std::io::ErrorKind::PermissionDenied => nix::libc::EPERM,
+        _ => nix::libc::EIO,
+    }))
 }
 
 /// A mount option: text, or a path below the anchors handed to the kernel as a descriptor.

@@ -28,7 +28,7 @@ pub fn listen_for(path: &Path, group: Option<u32>) -> io::Result<UnixListener> {
     {
         crate::unpriv::private_files::private_dir(dir)?;
         if let Some(gid) = group {
-            std::os::unix::fs::chown(dir, None, Some(gid))?;
+            std::os::unix::fs::lchown(dir, None, Some(gid))?;
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))?;
         }
     }

@@ -44,6 +44,17 @@ pub enum Phase {
     Unstaging,
 }
 
+impl Phase {
+    /// The name the state file uses (`staging`, `staged`, `unstaging`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Staging => "staging",
+            Phase::Staged => "staged",
+            Phase::Unstaging => "unstaging",
+        }
+    }
+}
+
 /// One published target.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -223,6 +234,17 @@ impl StateStore {
             Some(Ok(st)) => Err(StateError::WrongVolume { path, expected: volume_id.into(), found: st.volume_id }),
             Some(Err(reason)) => Err(StateError::Unusable { path, reason }),
         }
+    }
+
+    /// The plugin `volume_id`'s state records, from the index, without copying the state.
+    pub fn plugin_of(&self, volume_id: &str) -> Option<String> {
+        let key = stem(&self.path(volume_id));
+        self.indexed(|i| match i.get(&key) {
+            Some(Ok(st)) if st.volume_id == volume_id => Some(st.plugin.clone()),
+            _ => None,
+        })
+        .ok()
+        .flatten()
     }
 
     /// Every usable state, from the index.

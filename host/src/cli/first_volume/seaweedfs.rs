@@ -297,14 +297,21 @@ impl SeaweedFs {
             }
         };
         stopped.context("stopping SeaweedFS")?.with_context(|| format!("stopping SeaweedFS (pid {})", id.pid))?;
-        // A killed weed leaves its local sockets in /tmp behind; the next one would replace them.
-        for port in server.ports.all() {
-            for kind in ["master", "volume", "filer"] {
-                let _ = crate::unpriv::private_files::remove_file(Path::new(&format!(
-                    "/tmp/seaweedfs-{kind}-grpc-{port}.sock"
-                )));
+        // A killed weed leaves its local sockets in /tmp behind (named by each server's own
+        // gRPC port, and the filer's by its HTTP port); only those names, and only sockets.
+        let p = server.ports;
+        let names = [
+            format!("master-grpc-{}", p.master + GRPC_OFFSET),
+            format!("volume-grpc-{}", p.volume + GRPC_OFFSET),
+            format!("filer-grpc-{}", p.filer + GRPC_OFFSET),
+            format!("filer-{}", p.filer),
+        ];
+        for name in names {
+            let path = PathBuf::from(format!("/tmp/seaweedfs-{name}.sock"));
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+            {
+                let _ = crate::unpriv::private_files::remove_file(&path);
             }
-            let _ = crate::unpriv::private_files::remove_file(Path::new(&format!("/tmp/seaweedfs-filer-{port}.sock")));
         }
         self.write_record(&Record { ports: Some(server.ports), process: None })
     }
