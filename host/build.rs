@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Plugin crates built here: the stock plugins, then the test fixtures.
-const PLUGINS: &[&str] = &["seaweedfs", "misbehave", "fs-reader", "tmpfs", "bindfs", "paths"];
+const PLUGINS: &[&str] = &["seaweedfs", "model", "misbehave", "fs-reader", "tmpfs", "bindfs", "paths", "legacy"];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());

@@ -5,11 +5,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 
-echo "--- system packages (fuse3: fusermount lets weed unmount itself; python3-venv for weed and grpcio; bindfs for the chaos test)"
+echo "--- system packages (fuse3: fusermount lets weed unmount itself; python3-venv for weed and grpcio; bindfs for the chaos test;"
+echo "    docker-registry, apache2-utils (htpasswd), curl and openssl for the registry tests; skopeo for bench/pull.sh)"
 need=()
 command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v bindfs >/dev/null || need+=(bindfs)
 command -v unshare >/dev/null || need+=(util-linux)
+command -v docker-registry >/dev/null || need+=(docker-registry)
+command -v htpasswd >/dev/null || need+=(apache2-utils)
+command -v skopeo >/dev/null || need+=(skopeo)
+command -v curl >/dev/null || need+=(curl)
+command -v openssl >/dev/null || need+=(openssl)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

@@ -46,6 +46,7 @@ fn wit_request() -> wit::StageRequest {
             mount_flags: vec![],
         },
         ephemeral: false,
+        resolved: None,
     }
 }
 
@@ -61,6 +62,7 @@ fn sdk_request() -> mounthost_plugin_sdk::StageRequest {
             mount_flags: vec![],
         },
         ephemeral: false,
+        resolved: None,
     }
 }
 

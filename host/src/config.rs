@@ -51,6 +51,21 @@ pub struct Config {
     /// The cgroup (relative to the hierarchy's root) under which each volume's FUSE processes
     /// get a group of their own.
     pub cgroup_parent: String,
+    /// How the node's OCI blob cache reaches registries.
+    pub registries: Registries,
+}
+
+/// Registry access and the size of the node's OCI blob cache (`<state>/cache`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Registries {
+    /// PEM bundle of extra CA certificates trusted for registries, besides the system roots.
+    pub ca_bundle: Option<PathBuf>,
+    /// Registries (`host` or `host:port`) reached over plain HTTP when a plan asks so.
+    pub insecure: std::collections::BTreeSet<String>,
+    /// An HTTP(S) proxy for registry traffic (P2P distribution systems that act as one).
+    pub proxy: Option<String>,
+    /// Blobs no staged volume uses are evicted, least recently used first, above this size.
+    pub cache_max_bytes: Option<u64>,
 }
 
 impl Config {
@@ -65,6 +80,9 @@ impl Config {
                 hosts: Default::default(),
             },
         );
+        // The model plugin runs nothing and mounts nothing but binds; the registries it pulls
+        // from are granted by the StorageClass's oci-reference parameter, not here.
+        grants.insert("model".to_string(), Grant::default());
         Config {
             host_socket: state_dir.join("host.sock"),
             host_socket_group: None,
@@ -80,6 +98,7 @@ impl Config {
             node_id: default_node_id(),
             fuse_stop_grace: std::time::Duration::from_secs(10),
             cgroup_parent: DEFAULT_CGROUP_PARENT.to_string(),
+            registries: Registries::default(),
         }
     }
 

@@ -23,6 +23,14 @@ pub enum ErrorKind {
     Internal,
     /// Not supported by this driver.
     Unimplemented,
+    /// Credentials are missing (a registry asked for them and none were given).
+    Unauthenticated,
+    /// Credentials were given and refused.
+    PermissionDenied,
+    /// Out of a resource (disk space for the blob cache).
+    ResourceExhausted,
+    /// Data arrived corrupted (a blob whose digest does not match).
+    DataLoss,
 }
 
 /// An operation's failure: its class and a message a person can act on. Every module's error
@@ -84,6 +92,10 @@ pub fn code(kind: ErrorKind) -> tonic::Code {
         ErrorKind::DeadlineExceeded => tonic::Code::DeadlineExceeded,
         ErrorKind::Internal => tonic::Code::Internal,
         ErrorKind::Unimplemented => tonic::Code::Unimplemented,
+        ErrorKind::Unauthenticated => tonic::Code::Unauthenticated,
+        ErrorKind::PermissionDenied => tonic::Code::PermissionDenied,
+        ErrorKind::ResourceExhausted => tonic::Code::ResourceExhausted,
+        ErrorKind::DataLoss => tonic::Code::DataLoss,
     }
 }
 

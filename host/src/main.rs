@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use mounthost::cli::{Cli, Command, client, plugin, serve};
+use mounthost::cli::{Cli, Command, cache, client, plugin, serve};
 use mounthost::telemetry;
 
 #[tokio::main]
@@ -38,6 +38,15 @@ async fn main() -> ExitCode {
                 None => cfg.state_dir.join("csi.sock"),
             };
             return match client::run(socket, cfg.host_socket.clone(), args.command).await {
+                Ok(out) => print_out(&out),
+                Err(e) => {
+                    eprintln!("error ({:?}): {}", e.code, e.message);
+                    ExitCode::from(2)
+                }
+            };
+        }
+        Command::Cache(cmd) => {
+            return match cache::run(&cfg.host_socket, cmd).await {
                 Ok(out) => print_out(&out),
                 Err(e) => {
                     eprintln!("error ({:?}): {}", e.code, e.message);

@@ -137,6 +137,7 @@ pub struct Metrics {
     plugin_calls: Family<PluginOutcome, Counter>,
     plugin_duration: Histograms<PluginCall>,
     plugin_compiles: Family<CacheResult, Counter>,
+    oci_bytes: Counter,
     /// Roles this process serves (`host`, `csi`) and whether each is ready.
     ready: Mutex<BTreeMap<&'static str, bool>>,
     /// One refresh per role, run before a scrape.
@@ -221,6 +222,13 @@ impl Metrics {
             "Plugin loads by compile cache result (hit: loaded compiled code; miss: compiled)",
             plugin_compiles.clone(),
         );
+        let oci_bytes = Counter::default();
+        registry.register_with_unit(
+            "mounthost_oci_blob_fetched",
+            "Bytes of OCI blobs received from registries into the node's cache",
+            Unit::Bytes,
+            oci_bytes.clone(),
+        );
         Metrics {
             registry,
             host_operations,
@@ -233,10 +241,20 @@ impl Metrics {
             plugin_calls,
             plugin_duration,
             plugin_compiles,
+            oci_bytes,
             ready: Mutex::new(BTreeMap::new()),
             refresh: Mutex::new(BTreeMap::new()),
             refreshed: tokio::sync::Mutex::new(None),
             plugins: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// The node's blob cache has received `total` bytes from registries since the daemon
+    /// started (a running total: the counter catches up to it).
+    pub fn oci_bytes_fetched(&self, total: u64) {
+        let seen = self.oci_bytes.get();
+        if total > seen {
+            self.oci_bytes.inc_by(total - seen);
         }
     }
 
@@ -448,7 +466,7 @@ mod tests {
                 (format!("mounthost_{}", cells[0].trim_end_matches('`')), cells[1].to_string())
             })
             .collect();
-        assert_eq!(registered.len(), 10, "{registered:?}");
+        assert_eq!(registered.len(), 11, "{registered:?}");
         assert_eq!(documented, registered);
     }
 

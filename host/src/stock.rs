@@ -5,9 +5,12 @@ use crate::plugin::StockPlugin;
 /// The seaweedfs plugin component.
 pub const SEAWEEDFS: &[u8] = include_bytes!(concat!(env!("MOUNTHOST_PLUGIN_WASM"), "/mounthost_plugin_seaweedfs.wasm"));
 
+/// The model plugin component (ModelPack artifacts from OCI registries).
+pub const MODEL: &[u8] = include_bytes!(concat!(env!("MOUNTHOST_PLUGIN_WASM"), "/mounthost_plugin_model.wasm"));
+
 /// Every stock plugin.
 pub fn plugins() -> Vec<StockPlugin> {
-    vec![StockPlugin { name: "seaweedfs", wasm: SEAWEEDFS }]
+    vec![StockPlugin { name: "seaweedfs", wasm: SEAWEEDFS }, StockPlugin { name: "model", wasm: MODEL }]
 }
 
 /// Test fixtures built with the stock plugins (used by tests and benchmarks only).

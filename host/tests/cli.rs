@@ -89,7 +89,7 @@ fn secrets_never_reach_the_printed_plan_or_argv() {
 fn bad_input_gets_a_precise_error() {
     let state = tempfile::tempdir().unwrap();
     for (args, needle, kind) in [
-        (vec!["plugin", "plan", "nfs"], "unknown plugin \"nfs\"; known plugins: seaweedfs", "NotFound"),
+        (vec!["plugin", "plan", "nfs"], "unknown plugin \"nfs\"; known plugins: model, seaweedfs", "NotFound"),
         (vec!["plugin", "plan", "seaweedfs", "--param", "path=/p"], "\"filer\"", "InvalidArgument"),
         (
             vec![
@@ -139,8 +139,11 @@ fn info_and_list_describe_the_stock_plugin() {
     assert!(params.iter().all(|p| !p["doc"].as_str().unwrap().is_empty()), "every parameter has a doc line");
     assert_eq!(info["grant"]["programs"][0], "weed");
     let list = json(&mounthost(state.path(), &["plugin", "list"]));
-    assert_eq!(list[0]["name"], "seaweedfs");
-    assert_eq!(list[0]["origin"], "stock:seaweedfs");
+    let names: Vec<&str> = list.as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["model", "seaweedfs"], "sorted by name");
+    for p in list.as_array().unwrap() {
+        assert_eq!(p["origin"], format!("stock:{}", p["name"].as_str().unwrap()));
+    }
 }
 
 #[test]

@@ -9,7 +9,9 @@
 //! - the README names the image and the build command the Dockerfile really runs;
 //! - docs/reference.md lists exactly the flags of `mounthost --help`, `mounthost host --help`
 //!   and `mounthost csi --help`, and exactly the parameters `mounthost plugin info seaweedfs`
-//!   prints.
+//!   prints;
+//! - docs/plugins/model.md lists exactly the parameters and secrets `mounthost plugin info model`
+//!   prints, with their defaults.
 //!
 //! Every check collects all differences and fails once, naming each.
 
@@ -684,4 +686,83 @@ fn the_reference_lists_every_seaweedfs_parameter_and_the_reserved_keys() {
             .push(format!("docs/reference.md `### Reserved keys` lists {reserved:?}; the host reserves {expected:?}"));
     }
     assert_none("docs/reference.md against `mounthost plugin info seaweedfs`", &problems);
+}
+
+// ---------------------------------------------------------------------------------------------
+// (f) the model plugin's page
+
+/// The `parameters` `mounthost plugin info <plugin>` prints (stock plugins only: no plugin folder).
+fn plugin_params(plugin: &str) -> Vec<serde_json::Value> {
+    let state = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mounthost"))
+        .arg("--state-dir")
+        .arg(state.path())
+        .args(["--log", "warn", "plugin", "info", plugin])
+        .env_remove("MOUNTHOST_PLUGIN_DIR")
+        .output()
+        .expect("running mounthost plugin info");
+    assert!(out.status.success(), "mounthost plugin info {plugin}: {}", String::from_utf8_lossy(&out.stderr));
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).expect("plugin info prints JSON");
+    let params = info["info"]["parameters"].as_array().expect("info.parameters is a list").clone();
+    assert!(!params.is_empty(), "{plugin} documents no parameters: {info}");
+    params
+}
+
+/// Compare the tables under `headings` of the page `rel` (first cell: the key in a code span;
+/// second cell: its default, or `required`) with a plugin's parameters (`true`: the secrets).
+fn compare_param_tables(rel: &str, plugin: &str, headings: &[(&str, bool)], problems: &mut Vec<String>) {
+    let params = plugin_params(plugin);
+    let doc = read(rel);
+    let what = format!("`mounthost plugin info {plugin}`");
+    for &(heading, secrets) in headings {
+        if !doc.lines().any(|l| l.trim_end() == heading) {
+            problems.push(format!("{rel} has no heading `{heading}`"));
+            continue;
+        }
+        let mut rows: BTreeMap<String, Row> = BTreeMap::new();
+        for row in table_under(&doc, heading) {
+            let name = first_code(&row[0]).unwrap_or_else(|| row[0].clone());
+            if rows.insert(name.clone(), row).is_some() {
+                problems.push(format!("{rel} `{heading}` has two rows for `{name}`"));
+            }
+        }
+        let mut expected = BTreeSet::new();
+        for p in params.iter().filter(|p| (p["source"] == "secret") == secrets) {
+            let name = p["name"].as_str().expect("a parameter has a name").to_string();
+            expected.insert(name.clone());
+            let Some(row) = rows.get(&name) else {
+                problems.push(format!("{rel} `{heading}` lacks `{name}` (source {}), which {what} lists", p["source"]));
+                continue;
+            };
+            let default_cell = row.get(1).map(String::as_str).unwrap_or_default();
+            if let Some(default) = p["default"].as_str()
+                && !default_cell.contains(&format!("`{default}`"))
+            {
+                problems.push(format!(
+                    "{rel} `{heading}`: `{name}` defaults to `{default}`, the row says {default_cell:?}"
+                ));
+            }
+            if p["required"] == true && !default_cell.contains("required") {
+                problems.push(format!("{rel} `{heading}`: `{name}` is required, the row says {default_cell:?}"));
+            }
+            if p["required"] == false && default_cell.contains("required") {
+                problems.push(format!("{rel} `{heading}`: `{name}` is optional, the row says {default_cell:?}"));
+            }
+        }
+        for name in rows.keys().filter(|n| !expected.contains(*n)) {
+            problems.push(format!("{rel} `{heading}` lists `{name}`, which {what} does not"));
+        }
+    }
+}
+
+#[test]
+fn the_model_page_lists_every_model_parameter_and_secret() {
+    let mut problems = Vec::new();
+    compare_param_tables(
+        "docs/plugins/model.md",
+        "model",
+        &[("## Parameters", false), ("## Secrets", true)],
+        &mut problems,
+    );
+    assert_none("docs/plugins/model.md against `mounthost plugin info model`", &problems);
 }

@@ -12,7 +12,7 @@ use mounthost::error::ErrorKind;
 use mounthost::plan::policy::{self, Context, Grant, Operation};
 use mounthost::plugin::bindings::types as wit;
 use mounthost::plugin::cache::Obtained;
-use mounthost::plugin::{Limits, LoadedPlugin, PluginError, PluginRuntime, RuntimeConfig};
+use mounthost::plugin::{BackendError, Contract, Limits, LoadedPlugin, PluginError, PluginRuntime, RuntimeConfig};
 use mounthost::secrets::Secrets;
 use mounthost::stock::fixtures;
 use mounthost::telemetry::Captured;
@@ -60,6 +60,7 @@ fn stage_request(mode: &str) -> wit::StageRequest {
             mount_flags: vec![],
         },
         ephemeral: false,
+        resolved: None,
     }
 }
 
@@ -304,7 +305,7 @@ async fn the_folder_is_watched_and_digests_can_be_pinned() {
     std::fs::remove_file(e.plugin_dir.join("zz-copy.wasm")).unwrap();
     let err = e.runtime.resolve("misbehave", None).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
-    assert!(err.to_string().contains("known plugins: seaweedfs"), "{err}");
+    assert!(err.to_string().contains("known plugins: model, seaweedfs"), "{err}");
 }
 
 #[tokio::test]
@@ -340,7 +341,101 @@ async fn stock_plugins_resolve_by_name() {
     assert_eq!(p.origin, "stock:seaweedfs");
     assert!(p.info.programs.contains(&"weed".to_string()));
     let names: Vec<_> = e.runtime.list().await.iter().map(|p| p.info.name.clone()).collect();
-    assert_eq!(names, ["misbehave", "seaweedfs"]);
+    assert_eq!(names, ["misbehave", "model", "seaweedfs"]);
     let err = e.runtime.resolve("nfs", None).await.unwrap_err();
-    assert_eq!(err.to_string(), "unknown plugin \"nfs\"; known plugins: misbehave, seaweedfs");
+    assert_eq!(err.to_string(), "unknown plugin \"nfs\"; known plugins: misbehave, model, seaweedfs");
+}
+
+/// A stage request for the legacy (contract 0.1.0) fixture.
+fn legacy_request(context: &[(&str, &str)]) -> wit::StageRequest {
+    let kvs = context.iter().map(|(k, v)| wit::Kv { key: k.to_string(), value: v.to_string() }).collect();
+    wit::StageRequest { context: kvs, ..stage_request("ok") }
+}
+
+#[tokio::test]
+async fn a_contract_0_1_0_plugin_loads_and_plans_through_the_adapter() {
+    let e = env(fast());
+    let legacy = e.runtime.load_file(&fixtures::path("legacy")).await.unwrap();
+    assert_eq!(legacy.contract(), Contract::V010);
+    assert_eq!(legacy.contract().to_string(), "0.1.0");
+    assert_eq!(
+        (legacy.info.name.as_str(), legacy.info.fstypes.as_slice()),
+        ("legacy", ["tmpfs".to_string()].as_slice())
+    );
+    let kinds: Vec<_> = legacy.info.parameters.iter().map(|p| (p.name.as_str(), p.kind)).collect();
+    assert_eq!(kinds, [("sizeMiB", "integer"), ("pathOption", "text"), ("fail", "choice")]);
+    let current = e.runtime.resolve("misbehave", None).await.unwrap();
+    assert_eq!(current.contract(), Contract::V020, "SDK plugins speak the current contract");
+
+    // The plan comes back in 0.2.0 terms: a 0.1.0 path argument has an empty suffix.
+    let plan =
+        e.runtime.call(&legacy, "vol-1", legacy_request(&[("sizeMiB", "8"), ("pathOption", "x")])).await.unwrap();
+    let cache = wit::PathRef { root: wit::DirRoot::Cache, rel: String::new() };
+    let expected = wit::Step::Mount(wit::Mount {
+        fstype: "tmpfs".into(),
+        source: wit::MountSource::Named("tmpfs".into()),
+        target: wit::PathRef { root: wit::DirRoot::Staging, rel: String::new() },
+        options: vec![
+            wit::Arg::Literal("size=8m".into()),
+            wit::Arg::Literal("mode=0755".into()),
+            wit::Arg::Path(wit::PathArg { prefix: "x=".into(), path: cache, suffix: String::new() }),
+        ],
+        readonly: false,
+    });
+    assert_eq!(plan.steps, [expected]);
+    assert_eq!(plan.attributes, [wit::Kv { key: "contract".into(), value: "0.1.0".into() }]);
+    // And the host's policy takes it like any other.
+    let checked = Policy::new().check(&legacy, plan).unwrap();
+    let mounthost::plan::Step::Mount { options, .. } = &checked.steps[0] else { panic!("{checked:?}") };
+    assert!(matches!(&options[2], mounthost::plan::MountOption::Path { prefix, .. } if prefix == "x="), "{options:?}");
+
+    let publish = wit::PublishRequest {
+        volume_id: "vol-1".into(),
+        context: vec![],
+        secrets: vec![],
+        capability: stage_request("ok").capability,
+        readonly: true,
+        recorded: vec![],
+    };
+    let plan = e.runtime.call(&legacy, "vol-1", publish).await.unwrap();
+    assert!(matches!(&plan.steps[..], [wit::Step::Bind(b)] if b.readonly), "{plan:?}");
+}
+
+#[tokio::test]
+async fn a_contract_0_1_0_plugin_errors_map_and_are_scrubbed() {
+    let e = env(fast());
+    let legacy = e.runtime.load_file(&fixtures::path("legacy")).await.unwrap();
+    for (fail, kind) in [
+        ("invalid-argument", ErrorKind::InvalidArgument),
+        ("not-found", ErrorKind::NotFound),
+        ("unavailable", ErrorKind::Unavailable),
+        ("internal", ErrorKind::Internal),
+    ] {
+        let err = e.runtime.call(&legacy, "vol-1", legacy_request(&[("fail", fail)])).await.unwrap_err();
+        assert_eq!(err.kind(), kind, "{fail}: {err}");
+        let PluginError::Backend { call: "stage", error, .. } = &err else { panic!("{err}") };
+        let message = match error {
+            BackendError::InvalidArgument(m)
+            | BackendError::NotFound(m)
+            | BackendError::Unavailable(m)
+            | BackendError::Internal(m) => m,
+        };
+        assert_eq!(message, "asked to fail (token <redacted:token>)", "{fail}");
+    }
+}
+
+#[tokio::test]
+async fn a_resolved_stage_request_never_reaches_a_contract_0_1_0_plugin() {
+    let e = env(fast());
+    let legacy = e.runtime.load_file(&fixtures::path("legacy")).await.unwrap();
+    let resolved = wit::Resolved {
+        reference: "registry.local/m:1".into(),
+        manifest_digest: format!("sha256:{}", "a".repeat(64)),
+        manifest: "{}".into(),
+        config: "{}".into(),
+    };
+    let req = wit::StageRequest { resolved: Some(resolved), ..legacy_request(&[]) };
+    let err = e.runtime.call(&legacy, "vol-1", req).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Internal, "{err}");
+    assert!(err.to_string().contains("0.1.0 plans cannot ask to resolve"), "{err}");
 }

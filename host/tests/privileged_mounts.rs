@@ -209,3 +209,80 @@ fn every_bind_flag_the_policy_allows_works_with_both_mount_apis() {
     }
     println!("checked: {checked} binds, every allowed flag, read-only and read-write, both mount APIs");
 }
+
+/// A plugin built against contract 0.1.0 (the `legacy` fixture, through the host's adapter)
+/// stages and publishes for real, every call twice: a sized tmpfs at the staging path, bound
+/// onto the target.
+#[test]
+fn a_contract_0_1_0_plugin_stages_and_publishes() {
+    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+    use mounthost::proto::csi;
+    if !in_private_namespace("a_contract_0_1_0_plugin_stages_and_publishes") {
+        return;
+    }
+    let (_dir, root) = root();
+    let kubelet = root.join("kubelet");
+    let mut config = mounthost::config::Config::new(root.join("state"));
+    config.kubelet_dir = kubelet.clone();
+    config.grants.insert(
+        "legacy".into(),
+        mounthost::plan::policy::Grant { fstypes: ["tmpfs".to_string()].into(), ..Default::default() },
+    );
+    std::fs::create_dir_all(&config.plugin_dir).unwrap();
+    std::fs::copy(mounthost::stock::fixtures::path("legacy"), config.plugin_dir.join("legacy.wasm")).unwrap();
+    let staging = kubelet.join("plugins/kubernetes.io/csi/csi.mounthost.dev/0a1b/globalmount");
+    let target = kubelet.join("pods/pod-a/volumes/kubernetes.io~csi/pv-1/mount");
+    std::fs::create_dir_all(&staging).unwrap();
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let exec = std::sync::Arc::new(Linux::new(Cgroups::none(), [config.state_dir.clone(), kubelet.clone()]));
+    let runtime = std::sync::Arc::new(mounthost::plugin::PluginRuntime::new(config.runtime()).unwrap());
+    let node = mounthost::daemon::Node::new(config, runtime, exec).unwrap();
+
+    let id = "legacy~pv-1";
+    let context: std::collections::HashMap<String, String> =
+        [("plugin".to_string(), "legacy".to_string()), ("sizeMiB".into(), "4".into())].into();
+    let capability = csi::VolumeCapability {
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+    };
+    let path = |p: &Path| p.display().to_string();
+    let stage = csi::NodeStageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: path(&staging),
+        volume_capability: Some(capability.clone()),
+        volume_context: context.clone(),
+        ..Default::default()
+    };
+    let publish = csi::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: path(&staging),
+        target_path: path(&target),
+        volume_capability: Some(capability),
+        volume_context: context,
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        for _ in 0..2 {
+            node.stage(stage.clone()).await.unwrap();
+        }
+        let entry = mounted(&staging).expect("a tmpfs at the staging path");
+        assert_eq!(entry.fstype, "tmpfs");
+        assert!(entry.super_options.contains("size=4096k"), "{}", entry.super_options);
+        for _ in 0..2 {
+            node.publish(publish.clone()).await.unwrap();
+        }
+        std::fs::write(target.join("f"), b"legacy").unwrap();
+        assert_eq!(std::fs::read(staging.join("f")).unwrap(), b"legacy", "the target is a bind of the staging tmpfs");
+        let unpublish = csi::NodeUnpublishVolumeRequest { volume_id: id.into(), target_path: path(&target) };
+        let unstage = csi::NodeUnstageVolumeRequest { volume_id: id.into(), staging_target_path: path(&staging) };
+        for _ in 0..2 {
+            node.unpublish(unpublish.clone()).await.unwrap();
+        }
+        for _ in 0..2 {
+            node.unstage(unstage.clone()).await.unwrap();
+        }
+        assert!(mounted(&staging).is_none() && mounted(&target).is_none());
+    });
+    println!("checked: a contract 0.1.0 plugin staged, published, unpublished and unstaged, each twice");
+}

@@ -256,10 +256,23 @@ pub async fn run(socket: PathBuf, host_socket: PathBuf, cmd: ClientCommand) -> R
             Value::Array(
                 r.volumes
                     .into_iter()
-                    .map(|v| json!({"volumeId": v.volume_id, "plugin": v.plugin, "digest": v.digest, "phase": v.phase, "stagingPath": v.staging_path, "targets": v.targets, "pid": v.pid, "healthy": v.healthy, "condition": v.condition, "restarts": v.restarts, "oomKills": v.oom_kills}))
+                    .map(|v| json!({"volumeId": v.volume_id, "plugin": v.plugin, "digest": v.digest, "phase": v.phase, "stagingPath": v.staging_path, "targets": v.targets, "pid": v.pid, "healthy": v.healthy, "condition": v.condition, "restarts": v.restarts, "oomKills": v.oom_kills, "pull": pull_json(&v)}))
                     .collect(),
             )
         }
     };
     Ok(serde_json::to_string_pretty(&out).expect("JSON values serialize"))
+}
+
+/// A volume's download progress (`null` unless it waits for OCI blobs).
+fn pull_json(v: &crate::proto::host::VolumeStatus) -> Value {
+    if v.pull_total_bytes == 0 {
+        return Value::Null;
+    }
+    let blobs: Vec<Value> = v
+        .pull_blobs
+        .iter()
+        .map(|b| json!({"digest": b.digest, "done": b.done_bytes, "total": b.total_bytes}))
+        .collect();
+    json!({"doneBytes": v.pull_done_bytes, "totalBytes": v.pull_total_bytes, "blobs": blobs})
 }

@@ -1,6 +1,7 @@
 //! The `mounthost` command line: flags with `MOUNTHOST_*` environment fallbacks, turned into
 //! a [`Config`](crate::config::Config), then one subcommand.
 
+pub mod cache;
 pub mod client;
 pub mod first_volume;
 pub mod plugin;
@@ -81,6 +82,19 @@ pub struct GlobalArgs {
     /// every volume's FUSE processes get a group of their own.
     #[arg(long, env = "MOUNTHOST_CGROUP_PARENT", default_value = crate::config::DEFAULT_CGROUP_PARENT, value_parser = parse_cgroup_parent, global = true)]
     pub cgroup_parent: String,
+    /// PEM file of extra CA certificates trusted for OCI registries (besides the system roots).
+    #[arg(long, env = "MOUNTHOST_REGISTRY_CA", global = true)]
+    pub registry_ca: Option<PathBuf>,
+    /// An OCI registry, HOST[:PORT], that plans may reach over plain HTTP (repeatable).
+    #[arg(long = "insecure-registry", env = "MOUNTHOST_INSECURE_REGISTRIES", value_delimiter = ',', global = true)]
+    pub insecure_registries: Vec<String>,
+    /// HTTP(S) proxy URL for OCI registry traffic (e.g. a P2P distribution daemon).
+    #[arg(long, env = "MOUNTHOST_REGISTRY_PROXY", global = true)]
+    pub registry_proxy: Option<String>,
+    /// Evict cached OCI blobs that no staged volume uses, least recently used first, once the
+    /// cache is larger than this many MiB [default: no limit].
+    #[arg(long, env = "MOUNTHOST_CACHE_MAX_MIB", global = true)]
+    pub cache_max_mib: Option<u64>,
     /// Log filter, e.g. `info` or `info,mounthost=debug`.
     #[arg(long, env = "MOUNTHOST_LOG", default_value = "info", global = true)]
     pub log: String,
@@ -115,6 +129,9 @@ pub enum Command {
     Local(serve::LocalArgs),
     /// Drive a CSI socket by hand, the way kubelet does.
     Client(client::ClientArgs),
+    /// The node's OCI blob cache, through the host daemon: pull (warm), ls, prune.
+    #[command(subcommand)]
+    Cache(cache::CacheCommand),
 }
 
 impl GlobalArgs {
@@ -154,6 +171,17 @@ impl GlobalArgs {
         }
         cfg.fuse_stop_grace = Duration::from_secs(self.fuse_stop_grace_secs);
         cfg.cgroup_parent = self.cgroup_parent.clone();
+        cfg.registries = crate::config::Registries {
+            ca_bundle: self.registry_ca.as_ref().map(std::path::absolute).transpose()?,
+            insecure: self
+                .insecure_registries
+                .iter()
+                .map(|h| h.trim().to_ascii_lowercase())
+                .filter(|h| !h.is_empty())
+                .collect(),
+            proxy: self.registry_proxy.clone(),
+            cache_max_bytes: self.cache_max_mib.map(|m| m << 20),
+        };
         Ok(cfg)
     }
 }

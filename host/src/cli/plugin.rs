@@ -19,7 +19,8 @@ use crate::volume::VolumeDirs;
 /// Plugin subcommands.
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
-    /// Print a plugin's name, version, digest and documented parameters as JSON.
+    /// Print a plugin's name, version, contract version, digest and documented parameters as
+    /// JSON.
     Info {
         /// A `.wasm` file (contains '/' or ends in .wasm) or a plugin name.
         plugin: String,
@@ -127,6 +128,7 @@ pub async fn run(cfg: &Config, cmd: PluginCommand) -> Result<String, CliError> {
             Ok(pretty(&json!({
                 "digest": p.digest.to_string(),
                 "origin": p.origin,
+                "contract": p.contract(),
                 "info": p.info,
                 "grant": grant_json(cfg, &p.info.name),
             })))
@@ -136,7 +138,15 @@ pub async fn run(cfg: &Config, cmd: PluginCommand) -> Result<String, CliError> {
                 .list()
                 .await
                 .iter()
-                .map(|p| json!({"name": p.info.name, "version": p.info.version, "digest": p.digest.to_string(), "origin": p.origin}))
+                .map(|p| {
+                    json!({
+                        "name": p.info.name,
+                        "version": p.info.version,
+                        "contract": p.contract(),
+                        "digest": p.digest.to_string(),
+                        "origin": p.origin,
+                    })
+                })
                 .collect();
             Ok(pretty(&list))
         }
@@ -260,6 +270,7 @@ async fn plan(cfg: &Config, runtime: &PluginRuntime, args: PlanArgs) -> Result<S
                 secrets: wsecrets,
                 capability,
                 ephemeral: false,
+                resolved: None,
             };
             runtime.call(&p, &id, req).await?
         }

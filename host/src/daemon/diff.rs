@@ -160,7 +160,7 @@ fn step_paths(step: &Step) -> Vec<&Path> {
         Step::Bind { source, target, .. } => vec![source, target],
         Step::Unpack { dest, .. } => vec![dest],
         Step::Socket { path } => vec![path],
-        Step::Fetch { .. } | Step::Http { .. } => vec![],
+        Step::Fetch { .. } | Step::Http { .. } | Step::Resolve { .. } | Step::FetchBlob { .. } => vec![],
     }
 }
 
@@ -405,7 +405,13 @@ fn walk(steps: &[Step], roots: &[Root], mode: Mode, t: &mut Table, out: &mut Vec
                 let fstype = from.as_ref().map(|f| f.2.clone()).unwrap_or_else(|| "none".into());
                 t.push(target, &fstype, "", from.map(|(d, r, _)| (d, r)), *readonly);
             }
-            Step::Fetch { .. } | Step::Unpack { .. } | Step::Socket { .. } | Step::Http { .. } => {
+            // The artifact was resolved and its blobs are in the node's cache before a plan
+            // that names them is diffed (daemon/pull.rs): nothing left to do for these.
+            Step::Resolve { .. } | Step::FetchBlob { .. } => {}
+            // Unpacking links files from the cache; doing it again over a complete tree is a
+            // no-op, so it always runs (a stage builds its directories from scratch anyway).
+            Step::Unpack { .. } => out.push(Action::Run(step.clone())),
+            Step::Fetch { .. } | Step::Socket { .. } | Step::Http { .. } => {
                 return Err(Conflict::Unsupported { kind: step.kind() });
             }
         }

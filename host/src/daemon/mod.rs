@@ -16,12 +16,15 @@
 //! Every effect goes through the [`Executor`]. Which record is written before which syscall is
 //! in `docs/node-lifecycle.md`.
 
+pub mod cache;
 pub mod diff;
 pub mod heal;
 pub mod health;
 pub mod pipeline;
 pub mod publish;
+pub mod pull;
 pub mod reconcile;
+pub mod secret_files;
 pub mod service;
 pub mod stage;
 pub mod supervise;
@@ -66,6 +69,8 @@ struct Inner {
     spawned: tokio::sync::Notify,
     /// Publish plans by a digest of their inputs (see `publish.rs`).
     plans: std::sync::Mutex<std::collections::HashMap<[u8; 32], wit::Plan>>,
+    /// The node's OCI blob cache and its downloads (see `pull.rs`).
+    artifacts: Arc<crate::exec::oci::Artifacts>,
 }
 
 impl Node {
@@ -77,6 +82,15 @@ impl Node {
         // under the state directory are computed by the daemon itself.
         let roots = Roots::new([config.kubelet_dir.clone()]);
         let boot_id = exec.boot().map_err(|e| Error::internal(format!("reading the boot id: {e}")))?.id;
+        let r = &config.registries;
+        let registries = crate::exec::oci::RegistryConfig {
+            ca_bundle: r.ca_bundle.clone(),
+            insecure: r.insecure.clone(),
+            proxy: r.proxy.clone(),
+            max_cache_bytes: r.cache_max_bytes,
+        };
+        let artifacts = crate::exec::oci::Artifacts::new(config.state_dir.join("cache"), registries)
+            .map_err(|e| Error::precondition(format!("setting up the OCI blob cache: {e}")))?;
         Ok(Node {
             inner: Arc::new(Inner {
                 config,
@@ -89,6 +103,7 @@ impl Node {
                 backoff: Default::default(),
                 spawned: Default::default(),
                 plans: Default::default(),
+                artifacts: Arc::new(artifacts),
             }),
         })
     }
@@ -101,6 +116,11 @@ impl Node {
     /// The state store.
     pub fn store(&self) -> &StateStore {
         &self.inner.store
+    }
+
+    /// The node's OCI blob cache.
+    pub fn artifacts(&self) -> &Arc<crate::exec::oci::Artifacts> {
+        &self.inner.artifacts
     }
 
     /// The executor.

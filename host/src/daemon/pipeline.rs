@@ -17,7 +17,7 @@ use crate::error::{Error, ErrorKind};
 use crate::exec::beneath::is_link_refused;
 use crate::exec::process::{ProcessId, Spec};
 use crate::exec::{Fuse, FuseError};
-use crate::plan::{Step, resolve};
+use crate::plan::{Step, resolve_env};
 use crate::secrets::Secrets;
 use crate::volume::dirs::volume_key;
 use crate::volume::state::VolumeState;
@@ -266,12 +266,15 @@ impl Node {
                 ready_timeout_ms,
                 memory_limit_bytes,
             } => {
-                let env: Vec<(String, String)> =
-                    env.iter().map(|e| (e.name.clone(), resolve(&e.value, secrets))).collect();
                 let runtime = self.dirs(id, None, None).runtime.expect("a volume has a runtime dir");
+                // Secrets the program reads from files (daemon/secret_files.rs), then its command.
+                self.write_secret_files(&runtime, step, secrets)?;
+                let args: Vec<String> = args.iter().map(|a| a.render(&runtime)).collect();
+                let env: Vec<(String, String)> =
+                    env.iter().map(|e| (e.name.clone(), resolve_env(&e.value, secrets, &runtime))).collect();
                 let log = runtime.join(format!("{program}.log"));
                 let fuse = Fuse {
-                    spec: Spec { executable, args, env: &env, log: &log },
+                    spec: Spec { executable, args: &args, env: &env, log: &log },
                     mountpoint,
                     fstype,
                     ready_timeout: std::time::Duration::from_millis(u64::from(*ready_timeout_ms)),
@@ -289,6 +292,16 @@ impl Node {
             }
             Step::Bind { source, target, readonly, options } => {
                 exec.bind(source, target, *readonly, options)?;
+                Ok(None)
+            }
+            Step::Unpack { digest, format, dest } => {
+                let dirs = self.dirs(id, None, None);
+                // The root that holds `dest` (the policy put it inside one of the volume's
+                // directories); the cache links below it without following any link.
+                let below = dirs.host_dirs().into_iter().find(|d| dest.starts_with(d)).ok_or_else(|| {
+                    Error::internal(format!("unpack into {} outside the volume's cache", dest.display()))
+                })?;
+                self.inner.artifacts.assemble(digest, *format, dest, &below).map_err(|e| io_error(e, dest))?;
                 Ok(None)
             }
             other => Err(Error::internal(format!("a {} step reached the executor", other.kind()))),

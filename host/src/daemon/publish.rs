@@ -189,6 +189,10 @@ impl Node {
         let target = self.inner.roots.check("target_path", &req.target_path)?;
         let _guard = self.inner.locks.try_lock(&id)?;
         let state = self.inner.store.load(&id)?;
+        if state.is_none() {
+            // An ephemeral volume whose first publish is still waiting for its blobs.
+            self.inner.artifacts.forget(&id);
+        }
         let remaining = state.as_ref().map(|s| {
             let mut s = s.clone();
             s.published.remove(&target);

@@ -11,7 +11,10 @@ use tracing::Instrument;
 use crate::daemon::Node;
 use crate::proto::csi;
 use crate::proto::host::host_server::{Host, HostServer};
-use crate::proto::host::{HealthRequest, HealthResponse, ListVolumesRequest, ListVolumesResponse, VolumeStatus};
+use crate::proto::host::{
+    BlobPull, CacheListRequest, CacheListResponse, CachePruneRequest, CachePruneResponse, CachePullProgress,
+    CachePullRequest, CachedBlob, HealthRequest, HealthResponse, ListVolumesRequest, ListVolumesResponse, VolumeStatus,
+};
 
 /// The host service.
 #[derive(Clone)]
@@ -145,7 +148,7 @@ impl Host for HostService {
 
     async fn list_volumes(&self, _: Request<ListVolumesRequest>) -> Result<Response<ListVolumesResponse>, Status> {
         let list = self.node.list().await.map_err(Status::from)?;
-        let volumes = list
+        let mut volumes = list
             .into_iter()
             .map(|(st, h)| VolumeStatus {
                 volume_id: st.volume_id,
@@ -159,10 +162,123 @@ impl Host for HostService {
                 condition: h.condition,
                 restarts: st.restarts,
                 oom_kills: st.oom_kills,
+                ..Default::default()
             })
-            .collect();
+            .collect::<Vec<_>>();
+        // Volumes whose stage waits for blobs have no record yet.
+        for (id, p) in self.node.pulls() {
+            if volumes.iter().any(|v| v.volume_id == id) {
+                continue;
+            }
+            volumes.push(VolumeStatus {
+                volume_id: id,
+                phase: "pulling".into(),
+                condition: format!("pulling {}", crate::daemon::pull::describe(&p)),
+                pull_done_bytes: p.done_bytes,
+                pull_total_bytes: p.total_bytes,
+                pull_blobs: p
+                    .blobs
+                    .iter()
+                    .map(|b| BlobPull { digest: b.digest.clone(), done_bytes: b.done, total_bytes: b.total })
+                    .collect(),
+                ..Default::default()
+            });
+        }
         Ok(Response::new(ListVolumesResponse { volumes }))
     }
+
+    type CachePullStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<CachePullProgress, Status>> + Send>>;
+
+    async fn cache_pull(&self, req: Request<CachePullRequest>) -> Result<Response<Self::CachePullStream>, Status> {
+        let req = req.into_inner();
+        let secrets = crate::volume::request::secrets(&req.secrets).map_err(Status::from)?;
+        if req.reference.trim().is_empty() {
+            return Err(Status::invalid_argument("reference is empty: give registry/repository[:tag][@sha256:<hex>]"));
+        }
+        let ask = crate::daemon::cache::PullAsk {
+            reference: req.reference,
+            mirror: Some(req.mirror).filter(|m| !m.is_empty()),
+            insecure: req.insecure,
+            secrets,
+        };
+        let (updates, mut rx) = tokio::sync::mpsc::channel(4);
+        let (out, stream) = tokio::sync::mpsc::channel::<Result<CachePullProgress, Status>>(4);
+        let node = self.node.clone();
+        let reference = ask.reference.clone();
+        let pull = tokio::spawn(async move { node.cache_pull(ask, updates).await });
+        tokio::spawn(async move {
+            while let Some(u) = rx.recv().await {
+                let (manifest_digest, p, done) = match u {
+                    crate::daemon::cache::PullUpdate::Progress { manifest_digest, progress } => {
+                        (manifest_digest, progress, false)
+                    }
+                    crate::daemon::cache::PullUpdate::Done { manifest_digest, progress } => {
+                        (manifest_digest, progress, true)
+                    }
+                };
+                let msg = CachePullProgress {
+                    manifest_digest,
+                    done_bytes: p.done_bytes,
+                    total_bytes: p.total_bytes,
+                    blobs: blob_pulls(&p),
+                    done,
+                };
+                if out.send(Ok(msg)).await.is_err() {
+                    return;
+                }
+            }
+            match pull.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(reference = %reference, code = ?e.kind, error = %e.message, "cache pull failed");
+                    let _ = out.send(Err(Status::from(e))).await;
+                }
+                Err(e) => {
+                    let _ = out.send(Err(Status::internal(format!("the cache pull panicked: {e}")))).await;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(stream))))
+    }
+
+    async fn cache_list(&self, _: Request<CacheListRequest>) -> Result<Response<CacheListResponse>, Status> {
+        let node = self.node.clone();
+        let blobs = tokio::task::spawn_blocking(move || node.cache_list())
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(Status::from)?;
+        let blobs = blobs
+            .into_iter()
+            .map(|b| CachedBlob {
+                digest: b.digest,
+                size: b.size,
+                last_used: b
+                    .last_used
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs() as i64)
+                    .unwrap_or_default(),
+                volumes: b.volumes,
+            })
+            .collect();
+        Ok(Response::new(CacheListResponse { blobs }))
+    }
+
+    async fn cache_prune(&self, req: Request<CachePruneRequest>) -> Result<Response<CachePruneResponse>, Status> {
+        let keep = req.into_inner().keep_bytes;
+        let node = self.node.clone();
+        let (blobs, bytes) = tokio::task::spawn_blocking(move || node.cache_prune(keep))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(Status::from)?;
+        tracing::info!(blobs, bytes, "pruned the blob cache");
+        Ok(Response::new(CachePruneResponse { blobs: blobs as u32, bytes }))
+    }
+}
+
+/// Progress as the cache RPCs send it.
+fn blob_pulls(p: &crate::exec::oci::Progress) -> Vec<BlobPull> {
+    p.blobs.iter().map(|b| BlobPull { digest: b.digest.clone(), done_bytes: b.done, total_bytes: b.total }).collect()
 }
 
 /// Reconcile, then serve `node` on `socket` until `shutdown` resolves.
@@ -188,12 +304,18 @@ pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()>
                         })
                         .collect();
                     crate::metrics::global().set_volumes(&live);
+                    crate::metrics::global().oci_bytes_fetched(n.artifacts().bytes_fetched());
                 }
             })
         }),
     );
     let n = node.clone();
-    let report = tokio::task::spawn_blocking(move || n.reconcile()).await??;
+    // The runtime tmpfs first (daemon/secret_files.rs): reconciliation recreates sockets in it.
+    let report = tokio::task::spawn_blocking(move || {
+        n.mount_runtime_tmpfs();
+        n.reconcile()
+    })
+    .await??;
     // Watches, reaps and restarts FUSE processes (daemon/supervise.rs, daemon/heal.rs).
     let supervisor = tokio::spawn(crate::daemon::supervise::run(node.clone()));
     tracing::info!(socket = %socket.display(), adopted = report.adopted, cleaned = report.cleaned, unhealthy = report.unhealthy, "host daemon ready");

@@ -20,7 +20,6 @@ use super::Node;
 use super::diff::{Desired, Root};
 use super::pipeline::{Job, Persist, Undo};
 use crate::error::Error;
-use crate::plan::policy::Operation;
 use crate::plan::secret_refs;
 use crate::plugin::bindings::types as wit;
 use crate::proto::csi;
@@ -102,16 +101,9 @@ impl Node {
         };
         let plugin = self.resolve_build(&ask.id, &name, digest.as_deref(), pinned).await?;
         let attrs = request::plugin_attrs(&ask.context);
-        let wit_req = wit::StageRequest {
-            volume_id: ask.id.clone(),
-            context: request::kvs(&attrs),
-            secrets: request::secret_kvs(&ask.secrets),
-            capability: ask.capability.clone(),
-            ephemeral: ask.ephemeral,
-        };
-        let wplan = self.inner.runtime.call(&plugin, &ask.id, wit_req).await?;
         let dirs = self.dirs(&ask.id, Some(&ask.staging), None);
-        let plan = self.check(&plugin, Operation::Stage, &dirs, &attrs, &ask.secrets, wplan)?;
+        let plan = self.stage_plan(&plugin, &ask, &attrs, &dirs).await?;
+        let cached = plan.steps.iter().any(|s| matches!(s, crate::plan::Step::FetchBlob { .. }));
         let state = VolumeState {
             version: SCHEMA_VERSION,
             volume_id: ask.id.clone(),
@@ -133,6 +125,14 @@ impl Node {
         let job = self.stage_job(state, ask.staging_below, ask.secrets, false);
         self.blocking(move |n| n.run_job(job)).await?;
         self.inner.backoff.clear(&ask.id);
+        if cached {
+            // Now that this volume's blobs count as used, the cache may shrink to its cap.
+            self.blocking(|n| {
+                n.prune_to_cap();
+                Ok(())
+            })
+            .await?;
+        }
         info!(volume.id = %ask.id, plugin = %name, staging = %ask.staging.display(), "staged");
         Ok(())
     }

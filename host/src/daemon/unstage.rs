@@ -41,6 +41,8 @@ impl Node {
 
     /// Unstage under the volume's lock (also an ephemeral volume's last unpublish).
     pub(super) async fn unstage_locked(&self, id: &str, staging: &Path) -> Result<(), Error> {
+        // A volume still waiting for its blobs waits no more (a download others share goes on).
+        self.inner.artifacts.forget(id);
         let Some(st) = self.inner.store.load(id)? else {
             let job = Job {
                 id: id.to_string(),

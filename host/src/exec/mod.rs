@@ -14,6 +14,7 @@ pub mod fuse_log;
 pub mod linux;
 pub mod mount;
 pub mod mountinfo;
+pub mod oci;
 pub mod process;
 pub mod recording;
 

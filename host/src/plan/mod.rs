@@ -3,15 +3,20 @@
 //! A plugin returns a WIT plan whose paths are relative to the volume's directories and whose
 //! programs are names. [`policy::check`] turns it into a [`Plan`] of [`Step`]s with absolute
 //! paths and resolved executables, or refuses it. A `Plan` holds no secret values (secrets
-//! stay references until the executor fills them in), so it can be logged, printed, stored
-//! and diffed as is.
+//! stay references by key until the executor fills them in, into the environment, a header
+//! or a file), so it can be logged, printed, stored and diffed as is.
 
+pub mod oci_ref;
 pub mod policy;
 pub mod url;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::secrets::Secrets;
 
 /// A checked plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,7 +32,7 @@ pub struct Plan {
     pub attributes: Vec<(String, String)>,
 }
 
-/// A value that is either plain text or a reference to a CSI secret by key.
+/// A value: plain text, a path, or a reference to a CSI secret by key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Value {
@@ -35,6 +40,13 @@ pub enum Value {
     Literal(String),
     /// The secret with this key, filled in at execution time.
     Secret(String),
+    /// `prefix`, the secret with this key, then `suffix` (`Bearer <token>`).
+    SecretTemplate { prefix: String, key: String, suffix: String },
+    /// An absolute path inside the volume's directories (environment values only).
+    Path(PathBuf),
+    /// The path of a file the executor writes the secret with this key into, in the volume's
+    /// runtime directory ([`secret_file_path`]; environment values only).
+    SecretFile(String),
 }
 
 /// An environment variable of a spawned program.
@@ -53,6 +65,63 @@ pub struct Header {
     pub name: String,
     /// Its value.
     pub value: Value,
+}
+
+/// A program argument: text, or the path of a file holding a secret. Serialized untagged, so
+/// the plain strings of plans stored before secret files existed read as text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SpawnArg {
+    /// Passed as is (paths inside the volume already resolved into it).
+    Text(String),
+    /// `prefix`, the path of the file holding the secret `key` ([`secret_file_path`]), then
+    /// `suffix`.
+    SecretFile { prefix: String, key: String, suffix: String },
+}
+
+impl SpawnArg {
+    /// The argument the program gets, with secret files under the volume's `runtime`
+    /// directory. Holds no secret value.
+    pub fn render(&self, runtime: &Path) -> String {
+        match self {
+            SpawnArg::Text(t) => t.clone(),
+            SpawnArg::SecretFile { prefix, key, suffix } => {
+                format!("{prefix}{}{suffix}", secret_file_path(runtime, key).display())
+            }
+        }
+    }
+}
+
+impl From<&str> for SpawnArg {
+    fn from(s: &str) -> Self {
+        SpawnArg::Text(s.to_string())
+    }
+}
+
+/// Registry credentials of a [`Step::Resolve`], as CSI secret *keys*; the values stay in the
+/// request's secrets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", rename_all_fields = "camelCase")]
+pub enum RegistryAuth {
+    /// No credentials.
+    Anonymous,
+    /// The secrets holding a username and a password.
+    Basic { username_key: String, password_key: String },
+    /// The secret holding a bearer token.
+    Token(String),
+    /// The secret holding a `.dockerconfigjson` document.
+    DockerConfig(String),
+}
+
+impl RegistryAuth {
+    /// The secret keys these credentials name.
+    pub fn keys(&self) -> Vec<&str> {
+        match self {
+            RegistryAuth::Anonymous => Vec::new(),
+            RegistryAuth::Basic { username_key, password_key } => vec![username_key, password_key],
+            RegistryAuth::Token(k) | RegistryAuth::DockerConfig(k) => vec![k],
+        }
+    }
 }
 
 /// A mount option: text, or a path inside the volume that the executor hands to the kernel as
@@ -95,8 +164,8 @@ pub enum Step {
         program: String,
         /// The binary the host config maps that name to.
         executable: PathBuf,
-        /// Arguments, paths resolved.
-        args: Vec<String>,
+        /// Arguments, paths resolved; secret files are written and named at execution.
+        args: Vec<SpawnArg>,
         /// Environment (nothing else is inherited).
         env: Vec<EnvVar>,
         /// Where the filesystem appears.
@@ -115,6 +184,21 @@ pub enum Step {
     Bind { source: PathBuf, target: PathBuf, readonly: bool, options: Vec<String> },
     /// Download a blob into the content-addressed cache.
     Fetch { url: String, headers: Vec<Header>, digest: String, size: u64 },
+    /// Resolve an OCI reference to its manifest and config (stage plans, at most one).
+    Resolve {
+        /// `registry[:port]/repository[:tag][@sha256:<hex>]` ([`oci_ref::OciRef`]).
+        reference: String,
+        /// Pull through this registry (`host[:port]`) instead.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mirror: Option<String>,
+        /// Credentials, by secret key.
+        auth: RegistryAuth,
+        /// Plain HTTP (the host config decides whether that is allowed).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        insecure: bool,
+    },
+    /// Fetch a blob of the resolved artifact into the node's cache.
+    FetchBlob { digest: String, size: u64, media_type: String },
     /// Unpack a fetched blob.
     Unpack { digest: String, format: Archive, dest: PathBuf },
     /// An HTTP call (controller side).
@@ -140,6 +224,8 @@ impl Step {
             Step::Mount { .. } => "mount",
             Step::Bind { .. } => "bind",
             Step::Fetch { .. } => "fetch",
+            Step::Resolve { .. } => "resolve",
+            Step::FetchBlob { .. } => "fetch-blob",
             Step::Unpack { .. } => "unpack",
             Step::Http { .. } => "http",
             Step::Socket { .. } => "socket",
@@ -157,29 +243,168 @@ pub fn planned_readonly(plan: &Plan, target: &Path) -> Option<bool> {
     })
 }
 
-/// Keys of every secret a plan references.
+/// Keys of every secret a plan's steps fill in (environment, arguments, headers, secret
+/// files), each once, in the order they first appear: those a FUSE restart needs, and that a
+/// call checks present. Registry credentials ([`RegistryAuth::keys`]) are not among them: only
+/// the stage's `resolve` uses them, so they are never kept with a volume.
 pub fn secret_refs(plan: &Plan) -> Vec<String> {
-    let mut keys = Vec::new();
+    let mut keys: Vec<String> = Vec::new();
+    let mut add = |k: &str| {
+        if !keys.iter().any(|seen| seen == k) {
+            keys.push(k.to_string());
+        }
+    };
     for step in &plan.steps {
-        let values: Vec<&Value> = match step {
-            Step::SpawnFuse { env, .. } => env.iter().map(|e| &e.value).collect(),
-            Step::Fetch { headers, .. } | Step::Http { headers, .. } => headers.iter().map(|h| &h.value).collect(),
-            _ => Vec::new(),
-        };
-        keys.extend(values.into_iter().filter_map(|v| match v {
-            Value::Secret(k) => Some(k.clone()),
-            Value::Literal(_) => None,
-        }));
+        match step {
+            Step::SpawnFuse { args, env, .. } => {
+                for a in args {
+                    if let SpawnArg::SecretFile { key, .. } = a {
+                        add(key);
+                    }
+                }
+                env.iter().filter_map(|e| value_key(&e.value)).for_each(&mut add);
+            }
+            Step::Fetch { headers, .. } | Step::Http { headers, .. } => {
+                headers.iter().filter_map(|h| value_key(&h.value)).for_each(&mut add);
+            }
+            _ => {}
+        }
     }
     keys
 }
 
-/// A plan value with its secret filled in (every referenced secret was checked present before
-/// anything ran).
-pub fn resolve(v: &Value, secrets: &crate::secrets::Secrets) -> String {
+/// The secret a value references, if any.
+fn value_key(v: &Value) -> Option<&str> {
+    match v {
+        Value::Secret(k) | Value::SecretTemplate { key: k, .. } | Value::SecretFile(k) => Some(k),
+        Value::Literal(_) | Value::Path(_) => None,
+    }
+}
+
+/// Keys of the secrets a step has the executor write into files (secret-file arguments and
+/// environment values of a spawn), each once.
+pub fn secret_files(step: &Step) -> BTreeSet<String> {
+    let Step::SpawnFuse { args, env, .. } = step else { return BTreeSet::new() };
+    let from_args = args.iter().filter_map(|a| match a {
+        SpawnArg::SecretFile { key, .. } => Some(key.clone()),
+        SpawnArg::Text(_) => None,
+    });
+    let from_env = env.iter().filter_map(|e| match &e.value {
+        Value::SecretFile(key) => Some(key.clone()),
+        _ => None,
+    });
+    from_args.chain(from_env).collect()
+}
+
+/// Where the secret `key` is written for a spawn: `<runtime>/secrets/<16 hex of
+/// sha256(key)>`. The name is derived from the key, never from the value, and the runtime
+/// directory lives on a tmpfs, outside the state directory, and goes away at unstage.
+pub fn secret_file_path(runtime: &Path, key: &str) -> PathBuf {
+    let hash = Sha256::digest(key.as_bytes());
+    runtime.join(SECRETS_DIR).join(hex::encode(&hash[..8]))
+}
+
+/// The directory of secret files inside a volume's runtime directory.
+pub const SECRETS_DIR: &str = "secrets";
+
+/// A header or environment value with its secret filled in (every referenced secret was
+/// checked present before anything ran). A [`Value::SecretFile`] names a file of the volume's
+/// runtime directory, which this function does not know: environment values go through
+/// [`resolve_env`]; the policy allows secret files nowhere else, so here it yields "".
+pub fn resolve(v: &Value, secrets: &Secrets) -> String {
     match v {
         Value::Literal(s) => s.clone(),
         // Checked before anything ran: every referenced secret is present.
         Value::Secret(k) => secrets.get(k).unwrap_or_default().to_string(),
+        Value::SecretTemplate { prefix, key, suffix } => {
+            format!("{prefix}{}{suffix}", secrets.get(key).unwrap_or_default())
+        }
+        Value::Path(p) => p.display().to_string(),
+        Value::SecretFile(_) => String::new(),
+    }
+}
+
+/// An environment value of a spawn, filled in: secrets, paths, and secret files at their
+/// path under the volume's `runtime` directory ([`secret_file_path`]).
+pub fn resolve_env(v: &Value, secrets: &Secrets, runtime: &Path) -> String {
+    match v {
+        Value::SecretFile(key) => secret_file_path(runtime, key).display().to_string(),
+        other => resolve(other, secrets),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secrets() -> Secrets {
+        [("token".to_string(), "hunter22".to_string())].into_iter().collect()
+    }
+
+    #[test]
+    fn secret_files_are_named_by_a_hash_of_the_key() {
+        let path = secret_file_path(Path::new("/s/run/ab"), "token");
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        assert_eq!(path, Path::new("/s/run/ab/secrets").join(&name));
+        assert_eq!(name.len(), 16);
+        assert!(name.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(secret_file_path(Path::new("/r"), "other"), secret_file_path(Path::new("/r"), "token"));
+        assert_eq!(hex::encode(&Sha256::digest(b"token")[..8]), name);
+    }
+
+    #[test]
+    fn values_fill_in_only_at_execution() {
+        let s = secrets();
+        let runtime = Path::new("/r");
+        let template = Value::SecretTemplate { prefix: "Bearer ".into(), key: "token".into(), suffix: "!".into() };
+        assert_eq!(resolve(&template, &s), "Bearer hunter22!");
+        assert_eq!(resolve(&Value::Path("/a/b".into()), &s), "/a/b");
+        assert_eq!(resolve(&Value::Secret("token".into()), &s), "hunter22");
+        let file = Value::SecretFile("token".into());
+        assert_eq!(resolve_env(&file, &s, runtime), secret_file_path(runtime, "token").display().to_string());
+        assert_eq!(resolve(&file, &s), "", "a secret file has no text outside an environment");
+        assert!(!format!("{template:?} {file:?}").contains("hunter22"));
+    }
+
+    #[test]
+    fn secret_refs_and_files_cover_every_kind() {
+        let spawn = Step::SpawnFuse {
+            program: "p".into(),
+            executable: "/bin/p".into(),
+            args: vec![
+                "x".into(),
+                SpawnArg::SecretFile { prefix: "-k=".into(), key: "a".into(), suffix: String::new() },
+            ],
+            env: vec![
+                EnvVar {
+                    name: "B".into(),
+                    value: Value::SecretTemplate { prefix: String::new(), key: "b".into(), suffix: String::new() },
+                },
+                EnvVar { name: "C".into(), value: Value::SecretFile("c".into()) },
+                EnvVar { name: "P".into(), value: Value::Path("/p".into()) },
+                EnvVar { name: "A".into(), value: Value::Secret("a".into()) },
+            ],
+            mountpoint: "/m".into(),
+            fstype: "fuse.p".into(),
+            ready_timeout_ms: 1,
+            memory_limit_bytes: None,
+        };
+        let resolve = Step::Resolve {
+            reference: "r.io/m".into(),
+            mirror: None,
+            auth: RegistryAuth::Basic { username_key: "u".into(), password_key: "pw".into() },
+            insecure: false,
+        };
+        let fetch = Step::Fetch {
+            url: "https://r.io/x".into(),
+            headers: vec![Header { name: "H".into(), value: Value::Secret("h".into()) }],
+            digest: String::new(),
+            size: 1,
+        };
+        let files = secret_files(&spawn);
+        let plan =
+            Plan { plugin: "p".into(), digest: String::new(), steps: vec![spawn, resolve, fetch], attributes: vec![] };
+        assert_eq!(secret_refs(&plan), ["a", "b", "c", "h"], "registry credentials are the resolve's only");
+        assert_eq!(files, BTreeSet::from(["a".to_string(), "c".to_string()]));
     }
 }

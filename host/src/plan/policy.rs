@@ -9,9 +9,13 @@
 //!   without following symlinks planted inside the volume; that needs the filesystem and is
 //!   not this pure check.)
 //! - Environment variable names are validated and the loader's (`LD_*`) refused; secrets may
-//!   appear only as references, and a literal holding a secret's value is refused.
+//!   appear only as references (a secret, a secret inside a template text, a secret file),
+//!   and a literal holding a secret's value is refused. Secret files and path values are for
+//!   programs only: never mount options or HTTP headers.
 //! - URLs only to hosts granted by config or by the StorageClass's endpoint parameters, judged
-//!   by [`super::url`], the same parser the HTTP client builds its requests with.
+//!   by [`super::url`], the same parser the HTTP client builds its requests with; OCI
+//!   registries and mirrors likewise, granted by config or by the StorageClass's
+//!   `oci-reference` and `endpoint` parameters ([`oci`]).
 //! - Each operation allows only the steps and directories that make sense for it.
 //!
 //! A refused plan is an InvalidArgument-class error naming the step and the reason.
@@ -26,8 +30,11 @@ use crate::secrets::Secrets;
 use crate::volume::VolumeDirs;
 use crate::volume::dirs::root_name;
 
+use super::oci_ref::OciRef;
 use super::url::{HostGrant, Target, parse as parse_url};
-use super::{Archive, EnvVar, Header, MountOption, Plan, Step, Value};
+use super::{Archive, EnvVar, Header, MountOption, Plan, SpawnArg, Step, Value};
+
+mod oci;
 
 /// The CSI operation a plan is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +61,8 @@ impl Operation {
             Operation::Stage => !matches!(step, S::Http(_)),
             Operation::Publish => matches!(step, S::Mkdir(_) | S::Mount(_) | S::Bind(_) | S::Socket(_)),
             Operation::Unstage => matches!(step, S::Remove(_)),
-            Operation::DynamicMount => !matches!(step, S::Http(_) | S::Socket(_)),
+            // Resolving is a stage's two-call protocol; a pod's mount cannot start it.
+            Operation::DynamicMount => !matches!(step, S::Http(_) | S::Socket(_) | S::Resolve(_) | S::FetchBlob(_)),
         }
     }
 }
@@ -66,7 +74,8 @@ pub struct Grant {
     pub programs: BTreeSet<String>,
     /// Filesystem types it may mount or wait for.
     pub fstypes: BTreeSet<String>,
-    /// Hosts (`host` or `host:port`) it may reach over HTTP, besides endpoint parameters.
+    /// Hosts (`host` or `host:port`) it may reach over HTTP or pull OCI artifacts from,
+    /// besides those the StorageClass's endpoint and oci-reference parameters grant.
     pub hosts: BTreeSet<String>,
 }
 
@@ -83,7 +92,8 @@ pub struct Context<'a> {
     pub grant: &'a Grant,
     /// Host config: program name → absolute binary.
     pub programs: &'a BTreeMap<String, PathBuf>,
-    /// Hosts granted by the request's endpoint parameters (see [`endpoint_hosts`]).
+    /// Hosts granted by the request's endpoint and oci-reference parameters (see
+    /// [`endpoint_hosts`]).
     pub endpoint_hosts: BTreeSet<String>,
     /// The volume's directories for this operation.
     pub dirs: &'a VolumeDirs,
@@ -140,7 +150,7 @@ pub fn check(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> {
         return Err(whole(format!("{} steps; at most {MAX_STEPS} are allowed", plan.steps.len())));
     }
     let attributes = check_attributes(ctx, plan.attributes).map_err(whole)?;
-    let mut fetched = BTreeSet::new();
+    let mut seen = Seen::default();
     let mut steps = Vec::with_capacity(plan.steps.len());
     for (i, step) in plan.steps.into_iter().enumerate() {
         let kind = wit_kind(&step);
@@ -148,27 +158,47 @@ pub fn check(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> {
         if !ctx.operation.allows(&step) {
             return Err(refuse(format!("a {kind} step is not allowed in a {:?} plan", ctx.operation)));
         }
-        let step = check_step(ctx, step, &fetched).map_err(refuse)?;
-        if let Step::Fetch { digest, .. } = &step {
-            fetched.insert(digest.clone());
+        let step = check_step(ctx, step, &seen).map_err(refuse)?;
+        match &step {
+            Step::Fetch { digest, .. } | Step::FetchBlob { digest, .. } => {
+                seen.fetched.insert(digest.clone());
+            }
+            Step::Resolve { .. } => seen.resolved = true,
+            _ => {}
         }
         steps.push(step);
     }
     Ok(Plan { plugin: ctx.plugin.into(), digest: ctx.digest.clone(), steps, attributes })
 }
 
-/// Hosts granted by endpoint parameters: every `host:port` in the values of parameters the
-/// plugin documents as `endpoint`, normalised like URL hosts ([`HostGrant`]); a value that is
-/// not a plain `host[:port]` grants nothing. Only pass parameters that come from a
-/// StorageClass.
+/// What the steps before the one being checked did.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Digests fetched (by `fetch` or `fetch-blob`).
+    fetched: BTreeSet<String>,
+    /// Whether a `resolve` step came.
+    resolved: bool,
+}
+
+/// Hosts granted by a StorageClass's parameters: every `host:port` in the values of
+/// parameters the plugin documents as `endpoint`, and the registry of the value of each one
+/// it documents as `oci-reference`, normalised like URL hosts ([`HostGrant`]). A value that
+/// does not parse grants nothing. Only pass parameters that come from a StorageClass.
 pub fn endpoint_hosts<'a>(info: &PluginInfo, params: impl IntoIterator<Item = (&'a str, &'a str)>) -> BTreeSet<String> {
-    params
-        .into_iter()
-        .filter(|(k, _)| info.parameters.iter().any(|p| p.name == *k && p.is_endpoint()))
-        .flat_map(|(_, v)| v.split(','))
-        .filter_map(|h| HostGrant::parse(h.trim()).ok())
-        .map(|g| g.to_string())
-        .collect()
+    let mut hosts = BTreeSet::new();
+    for (key, value) in params {
+        let Some(doc) = info.parameters.iter().find(|p| p.name == key) else { continue };
+        let granted: Vec<String> = if doc.is_endpoint() {
+            value.split(',').map(|h| h.trim().to_string()).collect()
+        } else if doc.is_oci_reference() {
+            // The registry only: the plan still has to name the repository it pulls.
+            OciRef::parse(value.trim()).map(|r| vec![r.registry().to_string()]).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        hosts.extend(granted.iter().filter_map(|h| HostGrant::parse(h).ok()).map(|g| g.to_string()));
+    }
+    hosts
 }
 
 fn wit_kind(step: &wit::Step) -> &'static str {
@@ -180,13 +210,15 @@ fn wit_kind(step: &wit::Step) -> &'static str {
         S::Mount(_) => "mount",
         S::Bind(_) => "bind",
         S::Fetch(_) => "fetch",
+        S::Resolve(_) => "resolve",
+        S::FetchBlob(_) => "fetch-blob",
         S::Unpack(_) => "unpack",
         S::Http(_) => "http",
         S::Socket(_) => "socket",
     }
 }
 
-fn check_step(ctx: &Context<'_>, step: wit::Step, fetched: &BTreeSet<String>) -> R<Step> {
+fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> R<Step> {
     use wit::Step as S;
     Ok(match step {
         S::Mkdir(p) => Step::Mkdir { path: path(ctx, &p)? },
@@ -211,7 +243,7 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, fetched: &BTreeSet<String>) ->
             if s.memory_limit_bytes.is_some_and(|m| m < MIN_MEMORY_LIMIT) {
                 return Err(format!("memory limit below the minimum of {MIN_MEMORY_LIMIT} bytes"));
             }
-            let args = s.args.iter().map(|a| arg(ctx, a, "argument")).collect::<R<Vec<_>>>()?;
+            let args = s.args.iter().map(|a| arg(ctx, a)).collect::<R<Vec<_>>>()?;
             let mut names = BTreeSet::new();
             let mut env = Vec::with_capacity(s.env.len());
             for e in s.env {
@@ -220,7 +252,7 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, fetched: &BTreeSet<String>) ->
                     return Err(format!("environment variable {} is set twice", e.name));
                 }
                 env.push(EnvVar {
-                    value: value(ctx, e.value, &format!("environment variable {}", e.name))?,
+                    value: value(ctx, e.value, &format!("environment variable {}", e.name), Place::Env)?,
                     name: e.name,
                 });
             }
@@ -269,9 +301,14 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, fetched: &BTreeSet<String>) ->
             digest(&f.digest)?;
             Step::Fetch { url: f.url, headers: headers(ctx, f.headers)?, digest: f.digest, size: f.size }
         }
+        S::Resolve(r) => oci::resolve(ctx, r, seen.resolved)?,
+        S::FetchBlob(f) => oci::fetch_blob(ctx, f, seen.resolved)?,
         S::Unpack(u) => {
-            if !fetched.contains(&u.digest) {
-                return Err(format!("blob {} is not fetched by an earlier step", u.digest));
+            if !seen.fetched.contains(&u.digest) {
+                return Err(format!(
+                    "blob {} is not fetched by an earlier step (a fetch or fetch-blob of it)",
+                    u.digest
+                ));
             }
             let format = match u.format {
                 wit::Archive::Raw => Archive::Raw,
@@ -376,25 +413,57 @@ fn fstype(ctx: &Context<'_>, fstype: &str) -> R<()> {
     }
 }
 
-fn arg(ctx: &Context<'_>, a: &wit::Arg, what: &str) -> R<String> {
+/// A program argument: paths resolved into the text, secret files kept as references.
+fn arg(ctx: &Context<'_>, a: &wit::Arg) -> R<SpawnArg> {
+    const WHAT: &str = "argument";
     match a {
-        wit::Arg::Literal(s) => text(ctx, s, what).map(|()| s.clone()),
+        wit::Arg::Literal(s) => text(ctx, s, WHAT).map(|()| SpawnArg::Text(s.clone())),
         wit::Arg::Path(p) => {
-            text(ctx, &p.prefix, what)?;
-            Ok(format!("{}{}", p.prefix, path(ctx, &p.path)?.display()))
+            text(ctx, &p.prefix, WHAT)?;
+            text(ctx, &p.suffix, WHAT)?;
+            Ok(SpawnArg::Text(format!("{}{}{}", p.prefix, path(ctx, &p.path)?.display(), p.suffix)))
+        }
+        wit::Arg::SecretFile(f) => {
+            text(ctx, &f.prefix, WHAT)?;
+            text(ctx, &f.suffix, WHAT)?;
+            secret_file(ctx, &f.key, WHAT)?;
+            Ok(SpawnArg::SecretFile { prefix: f.prefix.clone(), key: f.key.clone(), suffix: f.suffix.clone() })
         }
     }
 }
 
 fn mount_option(ctx: &Context<'_>, o: &wit::Arg) -> R<MountOption> {
-    let s = arg(ctx, o, "mount option")?;
-    if s.contains(',') {
-        return Err(format!("mount option {s:?} contains ','; give each option separately"));
+    const WHAT: &str = "mount option";
+    let no_comma = |s: &str| {
+        if s.contains(',') {
+            Err(format!("mount option {s:?} contains ','; give each option separately"))
+        } else {
+            Ok(())
+        }
+    };
+    match o {
+        wit::Arg::Literal(t) => {
+            text(ctx, t, WHAT)?;
+            no_comma(t)?;
+            Ok(MountOption::Text(t.clone()))
+        }
+        wit::Arg::Path(p) => {
+            text(ctx, &p.prefix, WHAT)?;
+            if !p.suffix.is_empty() {
+                return Err(format!(
+                    "mount option {:?} + path has the suffix {:?}; a mount option is a prefix and a path only                      (give further options separately; suffixes are for program arguments)",
+                    p.prefix, p.suffix
+                ));
+            }
+            let resolved = path(ctx, &p.path)?;
+            no_comma(&format!("{}{}", p.prefix, resolved.display()))?;
+            Ok(MountOption::Path { prefix: p.prefix.clone(), path: resolved })
+        }
+        wit::Arg::SecretFile(f) => Err(format!(
+            "mount option {:?} names a file holding secret {:?}; secret files are for program arguments and              environment values only (the kernel would read the file's path, not the secret)",
+            f.prefix, f.key
+        )),
     }
-    Ok(match o {
-        wit::Arg::Literal(text) => MountOption::Text(text.clone()),
-        wit::Arg::Path(p) => MountOption::Path { prefix: p.prefix.clone(), path: path(ctx, &p.path)? },
-    })
 }
 
 /// Plain text a plan carries: bounded, no NUL, and never a secret's value.
@@ -404,26 +473,70 @@ fn text(ctx: &Context<'_>, s: &str, what: &str) -> R<()> {
     }
     if let Some(key) = ctx.secrets.leaks_into(s) {
         return Err(format!(
-            "{what} contains the value of secret {key:?}; secrets must be passed as secret references (environment or headers), never as text"
+            "{what} contains the value of secret {key:?}; secrets must be passed as secret references (a secret, a secret template or a secret file), never as text"
         ));
     }
     Ok(())
 }
 
-fn value(ctx: &Context<'_>, v: wit::Value, what: &str) -> R<Value> {
+/// Where a value goes: some kinds make sense only for a spawned program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// An environment variable of a spawn.
+    Env,
+    /// An HTTP header.
+    Header,
+}
+
+fn value(ctx: &Context<'_>, v: wit::Value, what: &str, place: Place) -> R<Value> {
     match v {
         wit::Value::Literal(s) => text(ctx, &s, what).map(|()| Value::Literal(s)),
         wit::Value::Secret(key) => {
-            if ctx.secrets.get(&key).is_none() {
-                let given: BTreeSet<String> = ctx.secrets.iter().map(|(k, _)| k.to_string()).collect();
-                return Err(format!(
-                    "{what} references secret {key:?}, which the request does not carry (given: {})",
-                    list(&given)
-                ));
-            }
+            secret_key(ctx, &key, what)?;
             Ok(Value::Secret(key))
         }
+        wit::Value::SecretTemplate(t) => {
+            text(ctx, &t.prefix, what)?;
+            text(ctx, &t.suffix, what)?;
+            secret_key(ctx, &t.key, what)?;
+            Ok(Value::SecretTemplate { prefix: t.prefix, key: t.key, suffix: t.suffix })
+        }
+        wit::Value::Path(p) if place == Place::Env => Ok(Value::Path(path(ctx, &p)?)),
+        wit::Value::Path(_) => Err(format!(
+            "{what} is a path value; paths are for environment variables of a spawn only (a URL or literal header \
+             carries what a server needs)"
+        )),
+        wit::Value::SecretFile(key) if place == Place::Env => {
+            secret_file(ctx, &key, what)?;
+            Ok(Value::SecretFile(key))
+        }
+        wit::Value::SecretFile(key) => Err(format!(
+            "{what} names a file holding secret {key:?}; secret files are for spawned programs only (send the secret \
+             itself with a secret or secret-template value)"
+        )),
     }
+}
+
+/// A secret the request must carry.
+fn secret_key(ctx: &Context<'_>, key: &str, what: &str) -> R<()> {
+    if ctx.secrets.get(key).is_some() {
+        return Ok(());
+    }
+    let given: BTreeSet<String> = ctx.secrets.iter().map(|(k, _)| k.to_string()).collect();
+    Err(format!("{what} references secret {key:?}, which the request does not carry (given: {})", list(&given)))
+}
+
+/// A secret the executor will write into a file of the volume's runtime directory.
+fn secret_file(ctx: &Context<'_>, key: &str, what: &str) -> R<()> {
+    secret_key(ctx, key, what)?;
+    if ctx.dirs.runtime.is_none() {
+        return Err(format!(
+            "{what} names a secret file, which lives in the volume's runtime directory; that is not available in a \
+             {:?} plan",
+            ctx.operation
+        ));
+    }
+    Ok(())
 }
 
 fn env_name(name: &str) -> R<()> {
@@ -452,13 +565,16 @@ fn headers(ctx: &Context<'_>, hs: Vec<wit::Header>) -> R<Vec<Header>> {
             if CONNECTION_HEADERS.iter().any(|c| h.name.eq_ignore_ascii_case(c)) {
                 return Err(format!("header {} is set by the host from the approved URL and body", h.name));
             }
-            if let wit::Value::Literal(v) = &h.value
-                && v.contains(['\r', '\n'])
-            {
+            let texts = match &h.value {
+                wit::Value::Literal(v) => vec![v.as_str()],
+                wit::Value::SecretTemplate(t) => vec![t.prefix.as_str(), t.suffix.as_str()],
+                _ => Vec::new(),
+            };
+            if texts.iter().any(|t| t.contains(['\r', '\n'])) {
                 return Err(format!("header {} contains a line break", h.name));
             }
             let what = format!("header {}", h.name);
-            Ok(Header { value: value(ctx, h.value, &what)?, name: h.name })
+            Ok(Header { value: value(ctx, h.value, &what, Place::Header)?, name: h.name })
         })
         .collect()
 }
@@ -470,14 +586,21 @@ fn headers(ctx: &Context<'_>, hs: Vec<wit::Header>) -> R<Vec<Header>> {
 fn url(ctx: &Context<'_>, u: &str) -> R<Target> {
     text(ctx, u, "URL")?;
     let target = parse_url(u).map_err(|e| e.to_string())?;
+    granted(ctx, &target, "host")?;
+    Ok(target)
+}
+
+/// `target`'s host and port are granted by config or by the StorageClass; `what` names the
+/// host's role in the message (`host`, `registry`, `mirror`).
+fn granted(ctx: &Context<'_>, target: &Target, what: &str) -> R<()> {
     let granted =
-        |set: &BTreeSet<String>| set.iter().filter_map(|g| HostGrant::parse(g).ok()).any(|g| g.allows(&target));
+        |set: &BTreeSet<String>| set.iter().filter_map(|g| HostGrant::parse(g).ok()).any(|g| g.allows(target));
     if granted(&ctx.endpoint_hosts) || granted(&ctx.grant.hosts) {
-        Ok(target)
+        Ok(())
     } else {
         let mut all: BTreeSet<String> = ctx.grant.hosts.clone();
         all.extend(ctx.endpoint_hosts.iter().cloned());
-        Err(format!("host {} is not granted to plugin {} (granted: {})", target.authority(), ctx.plugin, list(&all)))
+        Err(format!("{what} {} is not granted to plugin {} (granted: {})", target.authority(), ctx.plugin, list(&all)))
     }
 }
 

@@ -1,12 +1,16 @@
 //! One typed entry point per planner export: the request type says which export to call and
-//! what it returns, so callers write `runtime.call(&plugin, volume, stage_request)`.
+//! what it returns, so callers write `runtime.call(&plugin, volume, stage_request)`. Requests
+//! and answers are always in the current contract's terms; a plugin of contract 0.1.0 is
+//! called through [`super::adapter`].
 
 use std::future::Future;
 
 use wasmtime::Store;
 
+use super::adapter::{Downgrade, Upgrade};
 use super::bindings::planner::Guest;
 use super::bindings::types as wit;
+use super::bindings_v010::planner::Guest as GuestV010;
 use super::plugin_error::BackendError;
 use super::store::CallState;
 use crate::secrets::Secrets;
@@ -27,6 +31,13 @@ pub trait PlannerCall: Send + Sync {
         planner: &'a Guest,
         store: &'a mut Store<CallState>,
     ) -> impl Future<Output = wasmtime::Result<Result<Self::Output, wit::BackendError>>> + Send + 'a;
+    /// Call the export of a contract 0.1.0 plugin: the request goes down to 0.1.0, the answer
+    /// comes back up. A request 0.1.0 cannot carry is an `internal` error of the call.
+    fn invoke_v010<'a>(
+        &'a self,
+        planner: &'a GuestV010,
+        store: &'a mut Store<CallState>,
+    ) -> impl Future<Output = wasmtime::Result<Result<Self::Output, wit::BackendError>>> + Send + 'a;
 }
 
 /// The `info` export (it cannot fail in the plugin's own terms).
@@ -42,6 +53,13 @@ impl PlannerCall for InfoCall {
         store: &'a mut Store<CallState>,
     ) -> wasmtime::Result<Result<wit::PluginInfo, wit::BackendError>> {
         planner.call_info(store).await.map(Ok)
+    }
+    async fn invoke_v010<'a>(
+        &'a self,
+        planner: &'a GuestV010,
+        store: &'a mut Store<CallState>,
+    ) -> wasmtime::Result<Result<wit::PluginInfo, wit::BackendError>> {
+        planner.call_info(store).await.map(|info| Ok(info.upgrade()))
     }
 }
 
@@ -64,6 +82,18 @@ macro_rules! planner_call {
                 store: &'a mut Store<CallState>,
             ) -> wasmtime::Result<Result<$out, wit::BackendError>> {
                 planner.$method(store, self).await
+            }
+            async fn invoke_v010<'a>(
+                &'a self,
+                planner: &'a GuestV010,
+                store: &'a mut Store<CallState>,
+            ) -> wasmtime::Result<Result<$out, wit::BackendError>> {
+                let req = match self.downgrade() {
+                    Ok(req) => req,
+                    Err(e) => return Ok(Err(wit::BackendError::Internal(e.to_string()))),
+                };
+                let out = planner.$method(store, &req).await?;
+                Ok(out.map(Upgrade::upgrade).map_err(Upgrade::upgrade))
             }
         }
     };

@@ -30,7 +30,8 @@ pub struct ParamDoc {
     pub name: String,
     /// One line of documentation.
     pub doc: String,
-    /// `text`, `boolean`, `integer`, `endpoint`, `remote-path`, `choice` or `comma-list`.
+    /// `text`, `boolean`, `integer`, `endpoint`, `remote-path`, `choice`, `comma-list` or
+    /// `oci-reference`.
     pub kind: &'static str,
     /// `parameter`, `secret` or `context`.
     pub source: &'static str,
@@ -45,6 +46,11 @@ impl ParamDoc {
     /// True for parameters whose StorageClass values grant HTTP access to their hosts.
     pub fn is_endpoint(&self) -> bool {
         self.kind == "endpoint"
+    }
+
+    /// True for parameters whose StorageClass values grant pulls from their registry.
+    pub fn is_oci_reference(&self) -> bool {
+        self.kind == "oci-reference"
     }
 }
 
@@ -74,6 +80,7 @@ impl From<wit::ParamDoc> for ParamDoc {
                 wit::ParamKind::RemotePath => "remote-path",
                 wit::ParamKind::Choice => "choice",
                 wit::ParamKind::CommaList => "comma-list",
+                wit::ParamKind::OciReference => "oci-reference",
             },
             source: match p.source {
                 wit::ParamSource::Parameter => "parameter",

@@ -5,10 +5,17 @@
 //! `InstancePre`. Every call gets a fresh Store with a deadline and a memory cap; a trap,
 //! a timeout or a memory failure fails that call only, because the Store is dropped with it.
 //! Calls in flight are bounded by a semaphore sized to the instance pool.
+//!
+//! Components of every released contract version load side by side: the version a component
+//! exports is read from its type ([`Contract::detect`]), it is pre-instantiated with that
+//! version's bindings, and calls to an older one go through [`adapter`].
 
+pub mod adapter;
 pub mod bindings;
+pub mod bindings_v010;
 pub mod cache;
 pub mod calls;
+pub mod contract;
 pub mod digest;
 pub mod engine;
 pub mod file_access;
@@ -27,8 +34,8 @@ use tokio::sync::{Mutex, Semaphore};
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Engine, Store, Trap, UpdateDeadline};
 
-use bindings::PluginPre;
 pub use calls::PlannerCall;
+pub use contract::Contract;
 pub use digest::Digest;
 pub use info::PluginInfo;
 pub use limits::Limits;
@@ -90,7 +97,14 @@ pub struct LoadedPlugin {
     pub limits: Limits,
     /// Whether the compiled form came from the cache.
     pub obtained: cache::Obtained,
-    pre: PluginPre<CallState>,
+    pre: PlannerPre,
+}
+
+impl LoadedPlugin {
+    /// The contract version the component implements.
+    pub fn contract(&self) -> Contract {
+        self.pre.contract()
+    }
 }
 
 impl std::fmt::Debug for LoadedPlugin {
@@ -99,7 +113,25 @@ impl std::fmt::Debug for LoadedPlugin {
             .field("name", &self.info.name)
             .field("digest", &self.digest)
             .field("origin", &self.origin)
+            .field("contract", &self.contract())
             .finish_non_exhaustive()
+    }
+}
+
+/// A component pre-instantiated with the bindings of the contract it exports.
+enum PlannerPre {
+    /// `mounthost:plugin@0.1.0`, called through the adapter.
+    V010(bindings_v010::PluginPre<CallState>),
+    /// `mounthost:plugin@0.2.0`, the host's own terms.
+    V020(bindings::PluginPre<CallState>),
+}
+
+impl PlannerPre {
+    fn contract(&self) -> Contract {
+        match self {
+            PlannerPre::V010(_) => Contract::V010,
+            PlannerPre::V020(_) => Contract::V020,
+        }
     }
 }
 
@@ -136,7 +168,9 @@ impl PluginRuntime {
         engine::start_ticker(&engine);
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(setup)?;
+        // Both contracts' `host` interfaces: their names differ by version, so they coexist.
         bindings::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).map_err(setup)?;
+        bindings_v010::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).map_err(setup)?;
         Ok(PluginRuntime {
             engine,
             linker,
@@ -164,7 +198,7 @@ impl PluginRuntime {
 
     async fn invoke<C: PlannerCall>(
         &self,
-        pre: &PluginPre<CallState>,
+        pre: &PlannerPre,
         plugin: &str,
         limits: Limits,
         volume: &str,
@@ -185,8 +219,16 @@ impl PluginRuntime {
             }
         });
         let run = async {
-            let instance = pre.instantiate_async(&mut store).await?;
-            req.invoke(instance.mounthost_plugin_planner(), &mut store).await
+            match pre {
+                PlannerPre::V020(pre) => {
+                    let instance = pre.instantiate_async(&mut store).await?;
+                    req.invoke(instance.mounthost_plugin_planner(), &mut store).await
+                }
+                PlannerPre::V010(pre) => {
+                    let instance = pre.instantiate_async(&mut store).await?;
+                    req.invoke_v010(instance.mounthost_plugin_planner(), &mut store).await
+                }
+            }
         };
         let started = Instant::now();
         let outcome = match tokio::time::timeout(limits.deadline + BACKSTOP, run).await {

@@ -15,11 +15,12 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 use super::calls::InfoCall;
+use super::contract::{Contract, PLUGIN_PACKAGE};
 use super::digest::Digest;
 use super::file_access::Stamp;
 use super::info::{self, PluginInfo};
 use super::plugin_error::PluginError;
-use super::{LoadedPlugin, PluginRuntime, bindings, imports};
+use super::{LoadedPlugin, PlannerPre, PluginRuntime, bindings, bindings_v010, imports};
 
 /// What the runtime has loaded.
 #[derive(Default)]
@@ -164,7 +165,7 @@ impl PluginRuntime {
             let loaded = match loaded {
                 Ok(p) => {
                     info!(path = %path.display(), plugin = %p.info.name, version = %p.info.version,
-                        digest = %p.digest, "plugin loaded from folder");
+                        digest = %p.digest, contract = %p.contract(), "plugin loaded from folder");
                     Ok(p)
                 }
                 Err(e) => {
@@ -189,13 +190,26 @@ impl PluginRuntime {
             .await
             .map_err(|e| load_err(e.to_string()))?
             .map_err(|e| load_err(format!("not a valid component: {e:#}")))?;
-        let refused = imports::refused(&self.engine, &component);
+        let contract = Contract::detect(&self.engine, &component);
+        // Imports first: a component importing what plugins may not is refused for that alone.
+        let refused = imports::refused(&self.engine, &component, contract.unwrap_or(Contract::CURRENT));
         if !refused.is_empty() {
             return Err(PluginError::ForbiddenImports { origin, imports: refused });
         }
-        let pre = self.linker.instantiate_pre(&component).and_then(bindings::PluginPre::new).map_err(|e| {
-            load_err(format!("it does not implement world mounthost:plugin/plugin@{}: {e:#}", imports::PLUGIN_VERSION))
-        })?;
+        let Some(contract) = contract else {
+            return Err(load_err(format!(
+                "it is not a mounthost plugin: it exports no {} interface",
+                Contract::known_exports()
+            )));
+        };
+        let not_world = |e: wasmtime::Error| {
+            load_err(format!("it does not implement world {PLUGIN_PACKAGE}/plugin@{contract}: {e:#}"))
+        };
+        let pre = self.linker.instantiate_pre(&component).map_err(not_world)?;
+        let pre = match contract {
+            Contract::V010 => PlannerPre::V010(bindings_v010::PluginPre::new(pre).map_err(not_world)?),
+            Contract::V020 => PlannerPre::V020(bindings::PluginPre::new(pre).map_err(not_world)?),
+        };
         let defaults = self.config.default_limits;
         let info: PluginInfo =
             self.invoke(&pre, &origin, defaults, "", InfoCall).await.map_err(|e| load_err(e.to_string()))?.into();

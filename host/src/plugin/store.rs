@@ -1,13 +1,15 @@
 //! The state of one plugin call's Store, and the host functions plugins may import.
 //!
 //! WASI is linked but grants nothing: no preopened directories, no environment, no arguments,
-//! no stdio, no sockets. The only mounthost import is `host.log`, bounded per call.
+//! no stdio, no sockets. The only mounthost import is `host.log`, bounded per call; it is
+//! offered at every contract version the host loads, and both write through [`CallState::log`].
 
 use tracing::{Level as TLevel, event};
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{Level, mounthost};
+use super::bindings_v010;
 use super::limits::Limiter;
 use crate::secrets::Secrets;
 
@@ -56,15 +58,39 @@ impl mounthost::plugin::types::Host for CallState {}
 
 impl mounthost::plugin::host::Host for CallState {
     async fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
+        self.write_log(level, &message);
+        Ok(())
+    }
+}
+
+impl bindings_v010::mounthost::plugin::types::Host for CallState {}
+
+impl bindings_v010::mounthost::plugin::host::Host for CallState {
+    async fn log(&mut self, level: bindings_v010::Level, message: String) -> wasmtime::Result<()> {
+        let level = match level {
+            bindings_v010::Level::Trace => Level::Trace,
+            bindings_v010::Level::Debug => Level::Debug,
+            bindings_v010::Level::Info => Level::Info,
+            bindings_v010::Level::Warn => Level::Warn,
+            bindings_v010::Level::Error => Level::Error,
+        };
+        self.write_log(level, &message);
+        Ok(())
+    }
+}
+
+impl CallState {
+    /// One plugin log line: counted, capped, scrubbed of secrets, tagged and emitted.
+    fn write_log(&mut self, level: Level, message: &str) {
         self.logged += 1;
         if self.logged > MAX_LOG_LINES {
             if self.logged == MAX_LOG_LINES + 1 {
                 event!(target: "mounthost::plugin", TLevel::WARN, plugin = %self.plugin,
                     volume.id = %self.volume, "plugin log limit of {MAX_LOG_LINES} lines reached; dropping the rest of this call's lines");
             }
-            return Ok(());
+            return;
         }
-        let mut line = self.secrets.scrub(&message);
+        let mut line = self.secrets.scrub(message);
         if line.len() > MAX_LOG_LINE {
             let mut end = MAX_LOG_LINE;
             while !line.is_char_boundary(end) {
@@ -91,7 +117,6 @@ impl mounthost::plugin::host::Host for CallState {
                 event!(target: "mounthost::plugin", TLevel::ERROR, plugin = %plugin, volume.id = %volume, "{line}")
             }
         }
-        Ok(())
     }
 }
 

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use mounthost::proto::csi;
 
+pub mod registry;
+
 /// Set in the re-executed test to the mount namespace it was launched from.
 const OUTER_NAMESPACE: &str = "MOUNTHOST_TEST_OUTER_MNT_NS";
 
@@ -329,8 +331,20 @@ pub fn pids_of(program: &str, needle: &str) -> Vec<i32> {
         .collect()
 }
 
-/// Mount points (from this namespace's mountinfo) below `dir`.
+/// Mount points (from this namespace's mountinfo) below `dir`, except the host daemon's own
+/// runtime tmpfs (`<state>/run`, source `mounthost-run`), which it mounts at start and keeps.
 pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    mounthost::exec::mountinfo::read()
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.source != "mounthost-run")
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+/// Every mount point below `dir`, the runtime tmpfs included.
+pub fn all_mounts_below(dir: &Path) -> Vec<PathBuf> {
     mounthost::exec::mountinfo::read()
         .unwrap()
         .into_iter()
@@ -492,7 +506,7 @@ impl NodeDirs {
 /// `cgroups`' parent and the parent itself, so a test's temporary directory and cgroups go
 /// away even when it failed half-way.
 pub fn detach_below(root: &Path, cgroups: &mounthost::exec::cgroup::Cgroups) {
-    let mut left = mounts_below(root);
+    let mut left = all_mounts_below(root);
     left.sort();
     for m in left.iter().rev() {
         let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);

@@ -18,13 +18,19 @@
 //! directory onto the target (read-only when asked), `unstage` adds nothing to the host's own
 //! tear-down, and `provision`, `delete` and `dynamic_mount` say the plugin does not support them.
 //! The [`params`] module turns the `list<kv>` the host sends into typed, validated values with
-//! errors that name the parameter; [`paths`] builds the path references plans must use.
+//! errors that name the parameter; [`paths`] builds the path references, arguments and values
+//! plans must use.
+//!
+//! The SDK builds plugins of contract `mounthost:plugin@0.2.0` ([`CONTRACT_VERSION`]). A plugin
+//! that needs an OCI artifact's manifest plans a [`Step::Resolve`] first; the host resolves it
+//! and calls `stage` again with [`StageRequest::resolved`] set, and the plan then answers with
+//! the same `Resolve` step followed by [`Step::FetchBlob`] and [`Step::Unpack`] steps.
 
 pub mod params;
 pub mod paths;
 
-/// Bindings generated from `wit/plugin.wit`. Plugin code normally uses the re-exports at the
-/// crate root instead.
+/// Bindings generated from `wit/plugin.wit` (contract `mounthost:plugin@0.2.0`). Plugin code
+/// normally uses the re-exports at the crate root instead.
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
@@ -41,7 +47,13 @@ pub use bindings::exports::mounthost::plugin::planner::Guest as __Guest;
 pub use bindings::mounthost::plugin::host::Level;
 pub use bindings::mounthost::plugin::types::*;
 pub use params::Params;
-pub use paths::{arg, cache, path_arg, runtime, staging, target};
+
+/// The plugin contract these bindings implement (`package mounthost:plugin@0.2.0`).
+pub const CONTRACT_VERSION: &str = "0.2.0";
+pub use paths::{
+    arg, cache, literal, path_arg, path_arg_with_suffix, path_value, runtime, secret, secret_file_arg,
+    secret_file_value, secret_template, staging, target,
+};
 
 /// What a plugin implements. Only [`Plugin::info`] and [`Plugin::stage`] are required.
 pub trait Plugin {

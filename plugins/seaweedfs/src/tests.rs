@@ -42,7 +42,14 @@ fn rw() -> VolumeCapability {
 }
 
 fn stage_req(ctx: Vec<Kv>, secrets: Vec<Kv>, cap: VolumeCapability) -> StageRequest {
-    StageRequest { volume_id: "seaweedfs:vol".into(), context: ctx, secrets, capability: cap, ephemeral: false }
+    StageRequest {
+        volume_id: "seaweedfs:vol".into(),
+        context: ctx,
+        secrets,
+        capability: cap,
+        ephemeral: false,
+        resolved: None,
+    }
 }
 
 fn stage(extra: &[(&str, &str)]) -> Result<Plan, BackendError> {
@@ -61,7 +68,7 @@ fn literals(s: &SpawnFuse) -> Vec<String> {
         .iter()
         .filter_map(|a| match a {
             Arg::Literal(t) => Some(t.clone()),
-            Arg::Path(_) => None,
+            Arg::Path(_) | Arg::SecretFile(_) => None,
         })
         .collect()
 }
@@ -401,7 +408,8 @@ fn secrets_are_env_references_and_never_args() {
     for a in &s.args {
         let text = match a {
             Arg::Literal(t) => t.clone(),
-            Arg::Path(p) => p.prefix.clone(),
+            Arg::Path(p) => format!("{}{}", p.prefix, p.suffix),
+            Arg::SecretFile(f) => format!("{}{}", f.prefix, f.suffix),
         };
         assert!(!text.to_lowercase().contains("jwt"), "{text}");
     }

@@ -14,6 +14,18 @@ fn lit(s: &str) -> w::Arg {
     w::Arg::Literal(s.into())
 }
 
+fn path_arg(prefix: &str, path: w::PathRef, suffix: &str) -> w::Arg {
+    w::Arg::Path(w::PathArg { prefix: prefix.into(), path, suffix: suffix.into() })
+}
+
+fn env(name: &str, value: w::Value) -> w::EnvVar {
+    w::EnvVar { name: name.into(), value }
+}
+
+fn template(prefix: &str, key: &str, suffix: &str) -> w::Value {
+    w::Value::SecretTemplate(w::SecretTemplate { prefix: prefix.into(), key: key.into(), suffix: suffix.into() })
+}
+
 fn spawn(program: &str, args: Vec<w::Arg>, env: Vec<w::EnvVar>) -> w::Step {
     w::Step::SpawnFuse(w::SpawnFuse {
         program: program.into(),
@@ -89,8 +101,8 @@ fn a_good_stage_plan_is_resolved() {
     ];
     let args = vec![
         lit("mount"),
-        w::Arg::Path(w::PathArg { prefix: "-dir=".into(), path: p(DirRoot::Staging, "") }),
-        w::Arg::Path(w::PathArg { prefix: "-sock=".into(), path: p(DirRoot::Runtime, "f.sock") }),
+        path_arg("-dir=", p(DirRoot::Staging, ""), ""),
+        path_arg("-sock=", p(DirRoot::Runtime, "f.sock"), ",ro"),
     ];
     let plan = f
         .check(Operation::Stage, vec![w::Step::Mkdir(p(DirRoot::Cache, "a/b")), spawn("fusetest", args, env)])
@@ -98,7 +110,8 @@ fn a_good_stage_plan_is_resolved() {
     assert_eq!(plan.steps[0], Step::Mkdir { path: "/s/cache/ab/a/b".into() });
     let Step::SpawnFuse { executable, args, env, mountpoint, .. } = &plan.steps[1] else { panic!() };
     assert_eq!(executable, &PathBuf::from("/usr/bin/fusetest"));
-    assert_eq!(args, &["mount", "-dir=/k/plugins/x/globalmount", "-sock=/s/run/ab/f.sock"]);
+    let text = |s: &str| SpawnArg::Text(s.into());
+    assert_eq!(args, &[text("mount"), text("-dir=/k/plugins/x/globalmount"), text("-sock=/s/run/ab/f.sock,ro")]);
     assert_eq!(env[0].value, Value::Secret("token".into()));
     assert_eq!(mountpoint, &PathBuf::from("/k/plugins/x/globalmount"));
     let json = serde_json::to_string(&plan).unwrap();
@@ -423,3 +436,6 @@ async fn a_refused_url_never_connects() {
     let accepted = tokio::time::timeout(std::time::Duration::from_millis(300), listener.accept()).await;
     assert!(accepted.is_err(), "something connected to the listener: {accepted:?}");
 }
+
+mod oci;
+mod values;

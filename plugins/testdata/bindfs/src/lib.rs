@@ -146,6 +146,7 @@ mod tests {
                 mount_flags: Vec::new(),
             },
             ephemeral: false,
+            resolved: None,
         }
     }
 

@@ -145,6 +145,7 @@ mod tests {
             secrets: Vec::new(),
             capability: capability(AccessMode::SingleNodeWriter),
             ephemeral: false,
+            resolved: None,
         };
         let plan = Paths::stage(req).unwrap();
         let [Step::Mount(m), rest @ ..] = &plan.steps[..] else { panic!("{plan:?}") };

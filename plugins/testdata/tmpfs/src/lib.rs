@@ -124,6 +124,7 @@ mod tests {
                 mount_flags: Vec::new(),
             },
             ephemeral: false,
+            resolved: None,
         }
     }
 

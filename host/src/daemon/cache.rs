@@ -1,0 +1,179 @@
+//! The node's OCI blob cache as operators drive it (`mounthost cache pull | ls | prune`): warm
+//! a node with every blob of an artifact before pods arrive, see what the cache holds and which
+//! staged volumes use it, evict what none uses.
+//!
+//! A warm-up is an operator's call on the host socket, not a plugin's plan: no plugin policy
+//! applies, but the node's transport rules do (TLS verified, plain HTTP only to registries
+//! listed with `--insecure-registry`). It shares downloads with stages: a stage of the same
+//! model while it runs waits for the same download.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::Node;
+use super::pull::oci_error;
+use crate::error::Error;
+use crate::exec::oci::{BlobRef, CachedBlob, Ensure, Progress};
+use crate::plan::{RegistryAuth, Step};
+use crate::secrets::Secrets;
+
+/// How often a warm-up reports progress.
+const TICK: Duration = Duration::from_millis(200);
+
+/// What a warm-up reports.
+#[derive(Debug, Clone)]
+pub enum PullUpdate {
+    /// Bytes so far.
+    Progress { manifest_digest: String, progress: Progress },
+    /// Every blob is in the cache.
+    Done { manifest_digest: String, progress: Progress },
+}
+
+/// A warm-up as asked.
+#[derive(Debug, Clone)]
+pub struct PullAsk {
+    pub reference: String,
+    pub mirror: Option<String>,
+    pub insecure: bool,
+    pub secrets: Secrets,
+}
+
+impl Node {
+    /// Resolve `ask.reference` and download every blob its manifest lists (config and layers)
+    /// into the cache, sending progress on `updates` until done. Errors name the reference.
+    pub async fn cache_pull(&self, ask: PullAsk, updates: tokio::sync::mpsc::Sender<PullUpdate>) -> Result<(), Error> {
+        let has = |k: &str| ask.secrets.get(k).is_some();
+        let auth = if has(".dockerconfigjson") {
+            RegistryAuth::DockerConfig(".dockerconfigjson".into())
+        } else if has("token") {
+            RegistryAuth::Token("token".into())
+        } else if has("username") || has("password") {
+            RegistryAuth::Basic { username_key: "username".into(), password_key: "password".into() }
+        } else {
+            RegistryAuth::Anonymous
+        };
+        let step = Step::Resolve {
+            reference: ask.reference.clone(),
+            mirror: ask.mirror.clone(),
+            auth,
+            insecure: ask.insecure,
+        };
+        let source = self.source(&step, &ask.secrets)?;
+        let found = self.inner.artifacts.resolve(&source).await.map_err(|e| oci_error(e, &ask.reference))?;
+        let blobs = manifest_blobs(&found.manifest)
+            .map_err(|e| Error::invalid(format!("{}: the manifest {}: {e}", ask.reference, found.manifest_digest)))?;
+        // The warm-up waits under a name no volume id can have (ids are the CO's, no spaces).
+        let waiter = format!("cache pull {}", ask.reference);
+        let digest = found.manifest_digest;
+        let result = loop {
+            match self.inner.artifacts.ensure(&waiter, &source, &blobs) {
+                Ensure::Ready => {
+                    let progress = complete(&blobs);
+                    let _ = updates.send(PullUpdate::Done { manifest_digest: digest.clone(), progress }).await;
+                    break Ok(());
+                }
+                Ensure::Pulling(progress) => {
+                    let update = PullUpdate::Progress { manifest_digest: digest.clone(), progress };
+                    if updates.send(update).await.is_err() {
+                        // The operator went away; the download goes on for whoever asks next.
+                        break Ok(());
+                    }
+                }
+                Ensure::Failed(e) => break Err(oci_error(e, &ask.reference)),
+            }
+            tokio::time::sleep(TICK).await;
+        };
+        self.inner.artifacts.forget(&waiter);
+        self.prune_to_cap();
+        result
+    }
+
+    /// Blobs the staged volumes' plans fetch, with the volumes that use each.
+    pub fn cache_in_use(&self) -> Result<BTreeMap<String, Vec<String>>, Error> {
+        let mut used: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for st in self.inner.store.all()? {
+            for step in &st.plan.steps {
+                if let Step::FetchBlob { digest, .. } = step {
+                    used.entry(digest.clone()).or_default().push(st.volume_id.clone());
+                }
+            }
+        }
+        Ok(used)
+    }
+
+    /// What the cache holds.
+    pub fn cache_list(&self) -> Result<Vec<CachedBlob>, Error> {
+        let used = self.cache_in_use()?;
+        self.inner.artifacts.list(&used).map_err(|e| Error::internal(format!("listing the blob cache: {e}")))
+    }
+
+    /// Evict blobs no staged volume uses, least recently used first, down to `keep_bytes`.
+    pub fn cache_prune(&self, keep_bytes: u64) -> Result<(usize, u64), Error> {
+        let used: BTreeSet<String> = self.cache_in_use()?.into_keys().collect();
+        let pruned = self
+            .inner
+            .artifacts
+            .prune(&used, keep_bytes)
+            .map_err(|e| Error::internal(format!("pruning the blob cache: {e}")))?;
+        Ok((pruned.blobs, pruned.bytes))
+    }
+
+    /// Keep the cache under `--cache-max-mib` (after a stage or a warm-up added to it).
+    pub(super) fn prune_to_cap(&self) {
+        if let Some(max) = self.inner.config.registries.cache_max_bytes
+            && let Err(e) = self.cache_prune(max)
+        {
+            tracing::warn!(error = %e.message, "keeping the blob cache under its size cap");
+        }
+    }
+}
+
+/// Every blob a manifest lists: its config and its layers.
+fn manifest_blobs(manifest: &str) -> Result<Vec<BlobRef>, String> {
+    let v: serde_json::Value = serde_json::from_str(manifest).map_err(|e| format!("is not JSON: {e}"))?;
+    let one = |d: &serde_json::Value| -> Result<BlobRef, String> {
+        let digest = d["digest"].as_str().ok_or("a descriptor has no digest")?.to_string();
+        let size = d["size"].as_u64().ok_or_else(|| format!("descriptor {digest} has no size"))?;
+        let media_type = d["mediaType"].as_str().unwrap_or_default().to_string();
+        Ok(BlobRef { digest, size, media_type })
+    };
+    let mut blobs = Vec::new();
+    if !v["config"].is_null() {
+        blobs.push(one(&v["config"])?);
+    }
+    for layer in v["layers"].as_array().ok_or("has no layers")? {
+        blobs.push(one(layer)?);
+    }
+    Ok(blobs)
+}
+
+/// Progress of a finished pull.
+fn complete(blobs: &[BlobRef]) -> Progress {
+    let total: u64 = blobs.iter().map(|b| b.size).sum();
+    Progress {
+        done_bytes: total,
+        total_bytes: total,
+        blobs: blobs
+            .iter()
+            .map(|b| crate::exec::oci::BlobProgress { digest: b.digest.clone(), done: b.size, total: b.size })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_lists_its_config_and_layers() {
+        let m = r#"{"schemaVersion":2,"config":{"mediaType":"application/vnd.cncf.model.config.v1+json","digest":"sha256:aa","size":3},
+            "layers":[{"mediaType":"application/vnd.cncf.model.weight.v1.raw","digest":"sha256:bb","size":7}]}"#;
+        let b = manifest_blobs(m).unwrap();
+        assert_eq!(
+            b.iter().map(|b| (b.digest.as_str(), b.size)).collect::<Vec<_>>(),
+            [("sha256:aa", 3), ("sha256:bb", 7)]
+        );
+        assert!(manifest_blobs(r#"{"config":{"digest":"sha256:aa","size":3}}"#).unwrap_err().contains("no layers"));
+        assert!(manifest_blobs(r#"{"layers":[{"digest":"sha256:aa"}]}"#).unwrap_err().contains("no size"));
+    }
+}

@@ -1,0 +1,222 @@
+//! Stage plans that name an OCI artifact, and why a stage that needs a download answers at once.
+//!
+//! A planner that wants an artifact plans a single `resolve` step. The host resolves the
+//! reference (manifest and config, over the distribution protocol, from a registry the policy
+//! granted) and calls the planner again with what it found; that plan carries the same
+//! `resolve` step, a `fetch-blob` step per blob and the steps that use them. Before anything
+//! is executed, every blob must be in the node's cache ([`crate::exec::oci`]):
+//!
+//! - all there: the plan runs like any other (unpack links files from the cache);
+//! - some missing: their downloads start (or keep going) in the host, and the stage answers
+//!   UNAVAILABLE at once with the progress. kubelet retries NodeStageVolume with backoff; a
+//!   later retry finds the blobs and stages. A 15 GB model never holds a call past kubelet's
+//!   deadline, and a retry never starts a second download of a blob;
+//! - a download failed for good (unknown blob, credentials, digest mismatch, disk full): that
+//!   retry gets the error naming the reference; the next one starts over.
+//!
+//! Why UNAVAILABLE: it is the gRPC code for "transient, retry with backoff", and kubelet treats
+//! it as a non-final error, so the volume stays "maybe mounted" and kubelet calls
+//! NodeUnstageVolume if the pod goes away meanwhile, which cancels this volume's wait.
+
+use std::collections::BTreeMap;
+
+use super::Node;
+use super::stage::StageAsk;
+use crate::error::{Error, ErrorKind};
+use crate::exec::oci::{BlobRef, Credentials, Ensure, OciError, Progress, Source};
+use crate::plan::oci_ref::OciRef;
+use crate::plan::policy::Operation;
+use crate::plan::{Plan, RegistryAuth, Step};
+use crate::plugin::LoadedPlugin;
+use crate::plugin::bindings::types as wit;
+use crate::secrets::Secrets;
+use crate::volume::VolumeDirs;
+use crate::volume::request;
+
+impl Node {
+    /// The checked stage plan of `plugin` for `ask`: one planner call, or two when the first
+    /// plan asks to resolve an OCI reference (then every blob the second names is in the cache,
+    /// or the call ends with UNAVAILABLE while they download).
+    pub(super) async fn stage_plan(
+        &self,
+        plugin: &LoadedPlugin,
+        ask: &StageAsk,
+        attrs: &BTreeMap<String, String>,
+        dirs: &VolumeDirs,
+    ) -> Result<Plan, Error> {
+        let request = |resolved: Option<wit::Resolved>| wit::StageRequest {
+            volume_id: ask.id.clone(),
+            context: request::kvs(attrs),
+            secrets: request::secret_kvs(&ask.secrets),
+            capability: ask.capability.clone(),
+            ephemeral: ask.ephemeral,
+            resolved,
+        };
+        let wplan = self.inner.runtime.call(plugin, &ask.id, request(None)).await?;
+        let plan = self.check(plugin, Operation::Stage, dirs, attrs, &ask.secrets, wplan)?;
+        let Some(first) = resolve_step(&plan).cloned() else {
+            return Ok(plan);
+        };
+        let source = self.source(&first, &ask.secrets)?;
+        let reference = source_name(&first);
+        let found = self.inner.artifacts.resolve(&source).await.map_err(|e| oci_error(e, &reference))?;
+        let resolved = wit::Resolved {
+            reference: reference.clone(),
+            manifest_digest: found.manifest_digest,
+            manifest: found.manifest,
+            config: found.config,
+        };
+        let wplan = self.inner.runtime.call(plugin, &ask.id, request(Some(resolved))).await?;
+        let plan = self.check(plugin, Operation::Stage, dirs, attrs, &ask.secrets, wplan)?;
+        if resolve_step(&plan) != Some(&first) {
+            return Err(Error::internal(format!(
+                "plugin {} answered the resolved {reference} with a plan that does not resolve it again unchanged",
+                plugin.info.name
+            )));
+        }
+        let blobs: Vec<BlobRef> = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::FetchBlob { digest, size, media_type } => {
+                    Some(BlobRef { digest: digest.clone(), size: *size, media_type: media_type.clone() })
+                }
+                _ => None,
+            })
+            .collect();
+        match self.inner.artifacts.ensure(&ask.id, &source, &blobs) {
+            Ensure::Ready => Ok(plan),
+            Ensure::Pulling(p) => Err(Error::unavailable(format!(
+                "pulling {reference}: {}; the download goes on in the host daemon, retry later",
+                describe(&p)
+            ))),
+            Ensure::Failed(e) => Err(oci_error(e, &reference)),
+        }
+    }
+
+    /// What the cache needs to reach the artifact of a `resolve` step: registry, repository,
+    /// tag or digest, mirror, credentials read from the request's secrets.
+    pub(super) fn source(&self, step: &Step, secrets: &Secrets) -> Result<Source, Error> {
+        let Step::Resolve { reference, mirror, auth, insecure } = step else {
+            return Err(Error::internal("not a resolve step"));
+        };
+        let parsed = OciRef::parse(reference).map_err(|e| Error::invalid(format!("reference {reference:?}: {e}")))?;
+        let registry = parsed.registry().to_string();
+        let reached = mirror.clone().unwrap_or_else(|| registry.clone());
+        if *insecure && !self.inner.config.registries.insecure.contains(&reached.to_ascii_lowercase()) {
+            return Err(Error::precondition(format!(
+                "{reference} asks for plain HTTP to {reached}, which this node does not allow; list it with \
+                 --insecure-registry on the host daemon, or serve the registry over TLS"
+            )));
+        }
+        let secret = |key: &str| {
+            secrets.get(key).map(str::to_string).ok_or_else(|| {
+                Error::invalid(format!(
+                    "the credentials for {reached} name the secret {key:?}, which the request does not carry"
+                ))
+            })
+        };
+        let credentials = match auth {
+            RegistryAuth::Anonymous => Credentials::Anonymous,
+            RegistryAuth::Basic { username_key, password_key } => {
+                Credentials::Basic { username: secret(username_key)?, password: secret(password_key)? }
+            }
+            RegistryAuth::Token(key) => Credentials::Bearer(secret(key)?),
+            RegistryAuth::DockerConfig(key) => {
+                crate::exec::oci::credentials_from_docker_config(&secret(key)?, &reached)
+                    .map_err(|e| oci_error(e, reference))?
+            }
+        };
+        Ok(Source {
+            registry,
+            repository: parsed.repository().to_string(),
+            reference: parsed.digest().or(parsed.tag()).unwrap_or("latest").to_string(),
+            mirror: mirror.clone(),
+            credentials,
+            insecure: *insecure,
+        })
+    }
+
+    /// Volumes waiting for their blobs, with progress (ListVolumes).
+    pub fn pulls(&self) -> BTreeMap<String, Progress> {
+        self.inner.artifacts.progress()
+    }
+}
+
+/// The plan's `resolve` step, if any (the policy allows one).
+fn resolve_step(plan: &Plan) -> Option<&Step> {
+    plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. }))
+}
+
+/// The reference of a `resolve` step, with the mirror it goes through.
+fn source_name(step: &Step) -> String {
+    match step {
+        Step::Resolve { reference, mirror: Some(m), .. } => format!("{reference} (through mirror {m})"),
+        Step::Resolve { reference, .. } => reference.clone(),
+        other => other.kind().to_string(),
+    }
+}
+
+/// `1.2 GiB of 15.0 GiB (8%), 3 of 7 blobs`.
+pub fn describe(p: &Progress) -> String {
+    let pct = (p.done_bytes * 100).checked_div(p.total_bytes).unwrap_or(0);
+    let complete = p.blobs.iter().filter(|b| b.done >= b.total).count();
+    format!(
+        "{} of {} ({pct}%), {complete} of {} blobs",
+        human_bytes(p.done_bytes),
+        human_bytes(p.total_bytes),
+        p.blobs.len()
+    )
+}
+
+/// Bytes in the largest binary unit that keeps the number at or above 1.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
+}
+
+/// A cache or registry failure as the caller sees it, naming what was asked for.
+pub fn oci_error(e: OciError, reference: &str) -> Error {
+    let mut message = e.to_string();
+    if !message.contains(reference) {
+        message = format!("{reference}: {message}");
+    }
+    // The cache does not know the flags; say which one the operator sets.
+    match &e {
+        OciError::Tls { .. } => message.push_str(" (host daemon flag --registry-ca FILE)"),
+        OciError::InsecureRefused { .. } => message.push_str(" (host daemon flag --insecure-registry HOST[:PORT])"),
+        _ => {}
+    }
+    let kind = match &e {
+        OciError::ManifestNotFound { .. } | OciError::BlobNotFound { .. } => ErrorKind::NotFound,
+        OciError::AuthMissing { .. } => ErrorKind::Unauthenticated,
+        OciError::AuthRefused { .. } => ErrorKind::PermissionDenied,
+        OciError::Tls { .. } | OciError::InsecureRefused { .. } | OciError::Config(_) => ErrorKind::FailedPrecondition,
+        OciError::DigestMismatch { .. } | OciError::SizeMismatch { .. } => ErrorKind::DataLoss,
+        OciError::DiskFull { .. } => ErrorKind::ResourceExhausted,
+        OciError::Unreachable { .. } | OciError::Cancelled { .. } => ErrorKind::Unavailable,
+        OciError::Registry { transient: true, .. } => ErrorKind::Unavailable,
+        OciError::Registry { .. } | OciError::Protocol { .. } | OciError::Local { .. } => ErrorKind::Internal,
+    };
+    Error::new(kind, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_like_a_person_writes_them() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(256 << 20), "256.0 MiB");
+        assert_eq!(human_bytes(15 << 30), "15.0 GiB");
+    }
+}

@@ -1,0 +1,112 @@
+//! The cache's shared state ([`Core`]): the store on disk, the registries' clients, the map of
+//! downloads in flight and of the volumes waiting, and eviction over all of them.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io;
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::error::OciError;
+use super::flight::Inner;
+use super::registry::Registries;
+use super::store::{Store, hex_of};
+use super::{BlobRef, CachedBlob, Pruned, RegistryConfig};
+
+/// Everything an [`super::Artifacts`] shares with its background downloads.
+pub(super) struct Core {
+    pub store: Store,
+    pub registries: Registries,
+    pub inner: Mutex<Inner>,
+    /// Blob bytes received from registries.
+    pub fetched: AtomicU64,
+    pub max_cache_bytes: Option<u64>,
+    /// The runtime `new` ran in, for `ensure` called outside one.
+    pub handle: Option<tokio::runtime::Handle>,
+    /// One lock per digest, held while it is unpacked, linked or evicted.
+    digest_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+}
+
+impl Core {
+    pub fn new(cache_root: &Path, cfg: RegistryConfig) -> Result<Core, OciError> {
+        let store = Store::open(cache_root).map_err(|e| OciError::Local {
+            path: cache_root.display().to_string(),
+            detail: format!("preparing the cache: {e}"),
+            kind: e.kind(),
+        })?;
+        let max_cache_bytes = cfg.max_cache_bytes;
+        Ok(Core {
+            store,
+            registries: Registries::new(cfg)?,
+            inner: Mutex::new(Inner::default()),
+            fetched: AtomicU64::new(0),
+            max_cache_bytes,
+            handle: tokio::runtime::Handle::try_current().ok(),
+            digest_locks: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The lock of one digest (see `digest_locks`).
+    pub fn digest_lock(&self, hex: &str) -> Arc<Mutex<()>> {
+        let mut locks = self.digest_locks.lock().unwrap_or_else(|p| p.into_inner());
+        // Forget locks nobody holds, so the map does not grow with every digest ever seen.
+        if locks.len() > 256 {
+            locks.retain(|_, l| Arc::strong_count(l) > 1);
+        }
+        locks.entry(hex.to_string()).or_default().clone()
+    }
+
+    pub fn list(&self, in_use: &BTreeMap<String, Vec<String>>) -> io::Result<Vec<CachedBlob>> {
+        Ok(self
+            .store
+            .scan()?
+            .into_iter()
+            .map(|e| {
+                let digest = format!("sha256:{}", e.hex);
+                CachedBlob {
+                    volumes: in_use.get(&digest).cloned().unwrap_or_default(),
+                    digest,
+                    size: e.blob_bytes + e.tree_bytes,
+                    last_used: e.last_used,
+                }
+            })
+            .collect())
+    }
+
+    pub fn prune(&self, in_use: &BTreeSet<String>, keep_bytes: u64) -> io::Result<Pruned> {
+        let mut keep: BTreeSet<String> = in_use.iter().filter_map(|d| hex_of(d).ok().map(str::to_string)).collect();
+        {
+            let inner = self.inner();
+            keep.extend(
+                inner.volumes.values().flatten().filter_map(|b: &BlobRef| hex_of(&b.digest).ok().map(str::to_string)),
+            );
+            keep.extend(inner.flights.keys().cloned());
+        }
+        let mut entries = self.store.scan()?;
+        let mut total: u64 = entries.iter().map(|e| e.blob_bytes + e.tree_bytes).sum();
+        entries.sort_by_key(|e| e.last_used);
+        let mut pruned = Pruned::default();
+        for e in entries {
+            if total <= keep_bytes {
+                break;
+            }
+            if keep.contains(&e.hex) || e.linked {
+                continue;
+            }
+            let lock = self.digest_lock(&e.hex);
+            // Being assembled right now: in use.
+            let Ok(_held) = lock.try_lock() else { continue };
+            self.store.evict(&e.hex)?;
+            let bytes = e.blob_bytes + e.tree_bytes;
+            total -= bytes;
+            pruned.blobs += 1;
+            pruned.bytes += bytes;
+            tracing::info!(digest = %format!("sha256:{}", e.hex), bytes, "evicted from the model cache");
+        }
+        Ok(pruned)
+    }
+}

@@ -1,0 +1,495 @@
+//! One blob's download into `<hex>.partial`: byte ranges fetched by one or more streams and
+//! written at their offsets, a *follower* thread hashing the file's completed prefix as it
+//! grows, then fsync, mode 0444 and a rename to the blob's final name.
+//!
+//! - Blobs of [`PARALLEL_FROM`] bytes or more are cut into [`CHUNK`]-byte ranges taken in file
+//!   order by [`STREAMS`] streams, so the completed prefix (and the hash) advances at the
+//!   streams' combined speed and the follower is at most a few chunks behind at the end. Smaller
+//!   blobs are one request.
+//! - Written ranges are recorded in memory and, every [`SAVE_EVERY`] bytes and when the
+//!   download stops, in `<hex>.partial.json` ([`Segments`]). The next attempt fetches only the
+//!   gaps and re-hashes what is on disk (while the gaps download).
+//! - A registry that ignores `Range` (answers 200) is read from byte 0: that stream takes over
+//!   the rest of the blob.
+//! - Memory stays bounded: two write buffers of [`WRITE_BUF`] per stream and one read buffer for
+//!   the follower.
+//! - The follower starts the hashed bytes' writeback at once, so the final fsync is short.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io;
+use std::ops::Range;
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use sha2::Digest as _;
+use tokio::sync::watch;
+
+use super::error::OciError;
+use super::registry::Endpoint;
+use super::segments::{Segments, chunks};
+use super::store::Store;
+
+/// Blobs from this size on are fetched by parallel range requests.
+pub(super) const PARALLEL_FROM: u64 = 64 << 20;
+/// Parallel streams for a large blob. On a 2-core machine pulling 1 GiB over loopback, 2 beat
+/// 1 (~1.4–1.8 s against ~1.5–2.7 s) and 3 (~1.6–1.8 s); each stream is also one connection
+/// a remote registry or CDN may throttle on its own.
+pub(super) const STREAMS: usize = 2;
+/// The range one request of a parallel download asks for.
+pub(super) const CHUNK: u64 = 16 << 20;
+/// Bytes gathered before one positioned write.
+const WRITE_BUF: usize = 1 << 20;
+/// Progress between two saves of the written ranges: what a daemon killed mid-download (whose
+/// written bytes survive in the page cache) fetches again at most, plus the writes in flight.
+/// A save is one small file written and renamed, so 256 per GiB cost nothing measurable.
+const SAVE_EVERY: u64 = 4 << 20;
+/// The follower's read size.
+const HASH_BUF: usize = 4 << 20;
+
+/// The blob to fetch.
+#[derive(Debug, Clone)]
+pub(super) struct Blob {
+    pub digest: String,
+    pub hex: String,
+    pub size: u64,
+}
+
+/// What the single-flight map sees of a running download.
+#[derive(Debug)]
+pub(super) struct Live {
+    /// Bytes on disk (written, not yet necessarily hashed).
+    pub covered: AtomicU64,
+    /// Set when no volume waits any more; cleared when one asks again.
+    pub cancel: watch::Sender<bool>,
+}
+
+impl Live {
+    pub fn new() -> Live {
+        Live { covered: AtomicU64::new(0), cancel: watch::Sender::new(false) }
+    }
+}
+
+/// State shared by the streams and the follower of one attempt.
+struct Shared {
+    file: File,
+    segs: Mutex<Segments>,
+    grew: Condvar,
+    /// The follower stops (the attempt failed or was cancelled).
+    stop: AtomicBool,
+    /// Bytes written since the last save of the ranges.
+    unsaved: AtomicU64,
+    /// Ranges not yet handed to a stream.
+    queue: Mutex<VecDeque<Range<u64>>>,
+    /// The first stream error; the others stop at their next chunk.
+    failed: Mutex<Option<OciError>>,
+}
+
+/// Fetch `blob` into the cache. Returns when the blob is in place, or with the error that
+/// stopped it (a transient one keeps the partial file for the next attempt; a permanent one
+/// removes it).
+pub(super) async fn download(
+    ep: &Endpoint,
+    store: &Store,
+    blob: &Blob,
+    live: &Live,
+    fetched: &AtomicU64,
+) -> Result<(), OciError> {
+    let local = |e: io::Error, path: &std::path::Path| OciError::local(path, &e, &ep.ctx.reference, &blob.digest);
+    let (file, segs) = {
+        let (store, blob) = (store.clone(), blob.clone());
+        tokio::task::spawn_blocking(move || prepare(&store, &blob))
+    }
+    .await
+    .map_err(|e| local(io::Error::other(e), &store.partial(&blob.hex)))?
+    .map_err(|e| {
+        if e.kind() != io::ErrorKind::WouldBlock {
+            store.drop_partial(&blob.hex);
+        }
+        local(e, &store.partial(&blob.hex))
+    })?;
+    live.covered.store(segs.covered(), Ordering::Relaxed);
+    let gaps = segs.gaps(blob.size);
+    let (streams, pieces) = if blob.size >= PARALLEL_FROM {
+        let pieces = chunks(&gaps, CHUNK);
+        (STREAMS.min(pieces.len()), pieces)
+    } else {
+        (gaps.len().min(1), gaps)
+    };
+    let shared = Arc::new(Shared {
+        file,
+        segs: Mutex::new(segs),
+        grew: Condvar::new(),
+        stop: AtomicBool::new(false),
+        unsaved: AtomicU64::new(0),
+        queue: Mutex::new(pieces.into()),
+        failed: Mutex::new(None),
+    });
+    let follower = {
+        let (shared, size) = (shared.clone(), blob.size);
+        tokio::task::spawn_blocking(move || follow(&shared, size))
+    };
+    // Should this future be dropped (the runtime shutting down), the follower stops too.
+    let _stop = StopOnDrop(shared.clone());
+    let ctx = Stream { ep, store, blob, live, fetched, shared: &shared };
+    let started = std::time::Instant::now();
+    futures_util::future::join_all((0..streams).map(|_| ctx.run())).await;
+    let received = started.elapsed();
+
+    let failed = lock(&shared.failed).take();
+    let complete = lock(&shared.segs).gaps(blob.size).is_empty();
+    let cancelled = *live.cancel.borrow();
+    if failed.is_some() || !complete {
+        shared.stop.store(true, Ordering::Relaxed);
+        shared.grew.notify_all();
+        let _ = follower.await;
+        let err = failed.unwrap_or(OciError::Cancelled { digest: blob.digest.clone() });
+        let err = if !cancelled && matches!(err, OciError::Cancelled { .. }) {
+            // Every stream ended without an error and without filling the file: a bug.
+            OciError::Local {
+                path: store.partial(&blob.hex).display().to_string(),
+                detail: "the download ended with ranges missing".into(),
+                kind: io::ErrorKind::Other,
+            }
+        } else {
+            err
+        };
+        if err.is_transient() {
+            let _ = save(store, blob, &shared);
+        } else {
+            store.drop_partial(&blob.hex);
+        }
+        return Err(err);
+    }
+    let hashed = follower.await.map_err(|e| local(io::Error::other(e), &store.partial(&blob.hex)))?;
+    let verified = started.elapsed();
+    let actual = match hashed {
+        Ok(Some(hex)) => hex,
+        Ok(None) => return Err(OciError::Cancelled { digest: blob.digest.clone() }),
+        Err(e) => {
+            store.drop_partial(&blob.hex);
+            return Err(local(e, &store.partial(&blob.hex)));
+        }
+    };
+    if actual != blob.hex {
+        store.drop_partial(&blob.hex);
+        return Err(OciError::DigestMismatch {
+            registry: ep.ctx.registry.clone(),
+            reference: ep.ctx.reference.clone(),
+            digest: blob.digest.clone(),
+            actual: format!("sha256:{actual}"),
+        });
+    }
+    let (store2, blob2) = (store.clone(), blob.clone());
+    let done = tokio::task::spawn_blocking(move || finish(&store2, &blob2, &shared.file))
+        .await
+        .map_err(|e| local(io::Error::other(e), &store.blob(&blob.hex)))?;
+    done.map_err(|e| {
+        store.drop_partial(&blob.hex);
+        local(e, &store.blob(&blob.hex))
+    })?;
+    tracing::debug!(
+        digest = %blob.digest,
+        streams,
+        received_ms = received.as_millis() as u64,
+        verified_ms = verified.as_millis() as u64,
+        stored_ms = started.elapsed().as_millis() as u64,
+        "blob downloaded"
+    );
+    Ok(())
+}
+
+/// Open and lock the partial file, read which of its ranges are written, and reserve the
+/// blob's space (so a full disk shows now, not half-way).
+fn prepare(store: &Store, blob: &Blob) -> io::Result<(File, Segments)> {
+    let path = store.partial(&blob.hex);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc_flags())
+        .open(&path)?;
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "another process is downloading this blob into the same cache",
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let len = file.metadata()?.len();
+    let segs = match std::fs::read_to_string(store.sidecar(&blob.hex)) {
+        Ok(text) => Segments::decode(&text, blob.size, len).unwrap_or_default(),
+        Err(_) => Segments::default(),
+    };
+    if blob.size > 0 {
+        match rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, blob.size) {
+            Ok(()) | Err(rustix::io::Errno::OPNOTSUPP) | Err(rustix::io::Errno::NOSYS) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    write_sidecar(store, blob, &segs)?;
+    Ok((file, segs))
+}
+
+fn libc_flags() -> i32 {
+    rustix::fs::OFlags::NOFOLLOW.bits() as i32
+}
+
+/// Hash the file's completed prefix as it grows. `Ok(None)`: told to stop first.
+fn follow(shared: &Shared, size: u64) -> io::Result<Option<String>> {
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; HASH_BUF.min(size.max(1) as usize)];
+    let mut at = 0u64;
+    while at < size {
+        let ready = {
+            let mut segs = lock(&shared.segs);
+            loop {
+                if shared.stop.load(Ordering::Relaxed) {
+                    return Ok(None);
+                }
+                let p = segs.prefix();
+                if p > at {
+                    break p;
+                }
+                segs = shared
+                    .grew
+                    .wait_timeout(segs, Duration::from_millis(500))
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
+            }
+        };
+        while at < ready {
+            if shared.stop.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            let n = (ready - at).min(buf.len() as u64) as usize;
+            shared.file.read_exact_at(&mut buf[..n], at)?;
+            hasher.update(&buf[..n]);
+            start_writeback(&shared.file, at, n as u64);
+            at += n as u64;
+        }
+    }
+    Ok(Some(hex::encode(hasher.finalize())))
+}
+
+/// Ask the kernel to start writing `len` bytes at `at` to disk now (`sync_file_range` with
+/// `SYNC_FILE_RANGE_WRITE`: it does not wait), so the fsync before the rename finds little
+/// left: measured on a 1 GiB blob here, that fsync went from ~0.5 s to a few ms. Best effort.
+#[allow(unsafe_code)]
+fn start_writeback(file: &File, at: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(at), Ok(len)) = (i64::try_from(at), i64::try_from(len)) else { return };
+    // SAFETY: a plain syscall on a descriptor this function borrows for its duration; no
+    // memory is passed.
+    let _ = unsafe { nix::libc::sync_file_range(file.as_raw_fd(), at, len, nix::libc::SYNC_FILE_RANGE_WRITE) };
+}
+
+/// Make the verified file the blob: on disk, read-only, under its final name.
+fn finish(store: &Store, blob: &Blob, file: &File) -> io::Result<()> {
+    file.sync_data()?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o444))?;
+    std::fs::rename(store.partial(&blob.hex), store.blob(&blob.hex))?;
+    File::open(store.blob_dir())?.sync_all()?;
+    let _ = std::fs::remove_file(store.sidecar(&blob.hex));
+    Ok(())
+}
+
+fn write_sidecar(store: &Store, blob: &Blob, segs: &Segments) -> io::Result<()> {
+    let path = store.sidecar(&blob.hex);
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, segs.encode(blob.size))?;
+    std::fs::rename(&tmp, &path)
+}
+
+fn save(store: &Store, blob: &Blob, shared: &Shared) -> io::Result<()> {
+    let segs = lock(&shared.segs).clone();
+    write_sidecar(store, blob, &segs)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What every stream of one attempt shares.
+struct Stream<'a> {
+    ep: &'a Endpoint,
+    store: &'a Store,
+    blob: &'a Blob,
+    live: &'a Live,
+    fetched: &'a AtomicU64,
+    shared: &'a Arc<Shared>,
+}
+
+impl Stream<'_> {
+    /// Take ranges until none is left, the download is cancelled, or a stream failed.
+    async fn run(&self) {
+        loop {
+            let cancelled = *self.live.cancel.borrow();
+            if cancelled || lock(&self.shared.failed).is_some() {
+                return;
+            }
+            let Some(range) = lock(&self.shared.queue).pop_front() else { return };
+            if let Err(e) = self.fetch(range).await {
+                let mut failed = lock(&self.shared.failed);
+                if failed.is_none() && !matches!(e, OciError::Cancelled { .. }) {
+                    *failed = Some(e);
+                }
+                return;
+            }
+        }
+    }
+
+    /// Fetch one range and write it where it belongs.
+    async fn fetch(&self, range: Range<u64>) -> Result<(), OciError> {
+        let (ep, blob) = (self.ep, self.blob);
+        let whole = range.start == 0 && range.end == blob.size;
+        let len = if whole { None } else { Some(range.end - range.start) };
+        let mut body = ep.range(&blob.digest, range.start, len).await?;
+        let mut end = range.end;
+        // Bytes to drop before `range.start` (a registry that ignores Range sends from 0).
+        let mut skip = 0;
+        if body.full && !whole {
+            skip = range.start;
+            // This stream now fetches the rest of the blob; the queued ranges are covered.
+            end = blob.size;
+            lock(&self.shared.queue).clear();
+            tracing::warn!(registry = %ep.ctx.registry, digest = %blob.digest, "the registry ignores Range requests; reading the blob from its start");
+        }
+        let mut cancel = self.live.cancel.subscribe();
+        let mut pos = range.start; // file offset of buf[0]
+        let mut buf: Vec<u8> = Vec::with_capacity(WRITE_BUF);
+        let mut writing: Option<Write> = None;
+        loop {
+            let next = tokio::select! {
+                next = body.stream.next() => Some(next),
+                _ = async { let _ = cancel.wait_for(|c| *c).await; } => None,
+            };
+            let Some(next) = next else {
+                return self.drain(writing, buf, pos, OciError::Cancelled { digest: blob.digest.clone() }).await;
+            };
+            let chunk = match next {
+                None => break,
+                Some(Ok(chunk)) => chunk,
+                // oci-client's own check of a whole-blob answer, after its last byte: the
+                // follower's hash decides instead.
+                Some(Err(e)) if e.get_ref().is_some_and(|i| i.is::<oci_client::errors::DigestError>()) => break,
+                Some(Err(e)) => {
+                    let err = OciError::Unreachable {
+                        registry: ep.ctx.registry.clone(),
+                        reference: ep.ctx.reference.clone(),
+                        detail: format!("the connection broke while receiving {}: {e}", blob.digest),
+                    };
+                    return self.drain(writing, buf, pos, err).await;
+                }
+            };
+            self.fetched.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            let mut data: &[u8] = &chunk;
+            if skip > 0 {
+                let n = skip.min(data.len() as u64);
+                skip -= n;
+                data = &data[n as usize..];
+            }
+            let room = end - pos - buf.len() as u64;
+            if data.len() as u64 > room {
+                if end == blob.size {
+                    let err = ep.size_mismatch(
+                        &blob.digest,
+                        format!("the registry sends more than the {} bytes the manifest says", blob.size),
+                    );
+                    return self.drain(writing, buf, pos, err).await;
+                }
+                // More than asked for: keep what was asked.
+                data = &data[..room as usize];
+            }
+            buf.extend_from_slice(data);
+            if buf.len() >= WRITE_BUF {
+                let mut next = self.wait(writing.take()).await?.unwrap_or_else(|| Vec::with_capacity(WRITE_BUF));
+                next.clear();
+                let full = std::mem::replace(&mut buf, next);
+                let n = full.len() as u64;
+                writing = Some(self.write(full, pos));
+                pos += n;
+            }
+            if pos + buf.len() as u64 == end {
+                break;
+            }
+        }
+        self.wait(writing.take()).await?;
+        if !buf.is_empty() {
+            let n = buf.len() as u64;
+            self.wait(Some(self.write(buf, pos))).await?;
+            pos += n;
+        }
+        if pos < end {
+            return Err(ep.size_mismatch(
+                &blob.digest,
+                format!("the registry ended the blob at byte {pos}; the manifest says {} bytes", blob.size),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Start writing `buf` at `pos` on a blocking thread.
+    fn write(&self, buf: Vec<u8>, pos: u64) -> Write {
+        let shared = self.shared.clone();
+        let handle = tokio::task::spawn_blocking(move || {
+            shared.file.write_all_at(&buf, pos)?;
+            Ok(buf)
+        });
+        Write { handle, pos }
+    }
+
+    /// Wait for a write, then record its range. Returns the buffer for reuse.
+    async fn wait(&self, w: Option<Write>) -> Result<Option<Vec<u8>>, OciError> {
+        let Some(w) = w else { return Ok(None) };
+        let partial = self.store.partial(&self.blob.hex);
+        let local = |e: io::Error| OciError::local(&partial, &e, &self.ep.ctx.reference, &self.blob.digest);
+        let buf = w.handle.await.map_err(|e| local(io::Error::other(e)))?.map_err(local)?;
+        let n = buf.len() as u64;
+        let covered = {
+            let mut segs = lock(&self.shared.segs);
+            segs.insert(w.pos..w.pos + n);
+            segs.covered()
+        };
+        self.shared.grew.notify_all();
+        self.live.covered.store(covered, Ordering::Relaxed);
+        if self.shared.unsaved.fetch_add(n, Ordering::Relaxed) + n >= SAVE_EVERY {
+            self.shared.unsaved.store(0, Ordering::Relaxed);
+            let _ = save(self.store, self.blob, self.shared);
+        }
+        Ok(Some(buf))
+    }
+
+    /// Stop on `err`, keeping what was received: finish the write in flight and write the
+    /// buffer (`pos` is its offset), so a resume does not fetch those bytes again.
+    async fn drain(&self, w: Option<Write>, buf: Vec<u8>, pos: u64, err: OciError) -> Result<(), OciError> {
+        self.wait(w).await?;
+        if !buf.is_empty() && err.is_transient() {
+            self.wait(Some(self.write(buf, pos))).await?;
+        }
+        Err(err)
+    }
+}
+
+/// Tells the follower to stop when dropped.
+struct StopOnDrop(Arc<Shared>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.stop.store(true, Ordering::Relaxed);
+        self.0.grew.notify_all();
+    }
+}
+
+/// A positioned write in flight.
+struct Write {
+    handle: tokio::task::JoinHandle<io::Result<Vec<u8>>>,
+    pos: u64,
+}

@@ -1,0 +1,302 @@
+//! What can go wrong while resolving or pulling from a registry, said so that the person reading
+//! it knows what to change: every variant names the registry or the reference, and the ones a
+//! user can fix say how.
+//!
+//! oci-client reports a wrong password and a missing one alike (`UnauthorizedError`) and hides a
+//! TLS failure's cause in the source chain of "error sending request"; [`Ctx::classify`] tells
+//! them apart (whether credentials were given; the rustls error found in the chain).
+
+use std::error::Error as StdError;
+use std::io;
+
+use oci_client::errors::{OciDistributionError, OciErrorCode};
+
+/// A failure of the OCI cache or puller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OciError {
+    /// The TLS handshake with the registry failed (untrusted or wrong certificate, or the
+    /// registry speaks plain HTTP).
+    #[error("TLS with registry {registry} failed: {detail}{hint}")]
+    Tls { registry: String, detail: String, hint: String },
+    /// Plain HTTP was asked for a registry the node's configuration does not list as insecure.
+    #[error(
+        "registry {registry} is to be reached over plain HTTP, but the node's registry configuration does not list it as insecure; add it there or use HTTPS"
+    )]
+    InsecureRefused { registry: String },
+    /// The registry wants credentials and none were given.
+    #[error("registry {registry} requires authentication for {reference} and no credentials were given")]
+    AuthMissing { registry: String, reference: String },
+    /// The registry refused the credentials given.
+    #[error("registry {registry} refused the credentials given for {reference}")]
+    AuthRefused { registry: String, reference: String },
+    /// The manifest (the tag or the digest) does not exist.
+    #[error("{reference}: manifest not found on registry {registry} (check the repository and the tag or digest)")]
+    ManifestNotFound { registry: String, reference: String },
+    /// The blob does not exist in that repository.
+    #[error("{reference}: blob {digest} not found on registry {registry}")]
+    BlobNotFound { registry: String, reference: String, digest: String },
+    /// The bytes received do not hash to the digest asked for.
+    #[error("{reference}: digest mismatch for {digest}: the registry {registry} sent content hashing to {actual}")]
+    DigestMismatch { registry: String, reference: String, digest: String, actual: String },
+    /// The registry holds a blob of another size than the manifest says.
+    #[error("{reference}: size mismatch for {digest} from registry {registry}: {detail}")]
+    SizeMismatch { registry: String, reference: String, digest: String, detail: String },
+    /// The cache's filesystem is full.
+    #[error(
+        "the model cache at {path} is full while storing {digest} from {reference}: free space or lower the cache limit"
+    )]
+    DiskFull { path: String, reference: String, digest: String },
+    /// The registry could not be reached (refused, reset, timed out, name not resolved).
+    #[error("registry {registry} is unreachable ({reference}): {detail}")]
+    Unreachable { registry: String, reference: String, detail: String },
+    /// The registry answered with an error (`status`: the HTTP status when known).
+    #[error("registry {registry} answered {} for {reference}: {detail}", status.map(|s| format!("HTTP {s}")).unwrap_or_else(|| "an error".into()))]
+    Registry { registry: String, reference: String, status: Option<u16>, detail: String, transient: bool },
+    /// The registry sent something this puller cannot use (a bad manifest, a config too large).
+    #[error("{reference} from registry {registry}: {detail}")]
+    Protocol { registry: String, reference: String, detail: String },
+    /// A local file of the cache could not be read or written.
+    #[error("the model cache at {path}: {detail}")]
+    Local { path: String, detail: String, kind: io::ErrorKind },
+    /// The node's registry configuration or the given secret is unusable.
+    #[error("registry configuration: {0}")]
+    Config(String),
+    /// A download stopped because no volume waits for it any more (internal; never reported).
+    #[error("the download of {digest} was cancelled: no volume waits for it")]
+    Cancelled { digest: String },
+}
+
+impl OciError {
+    /// Would the same request succeed later without anyone changing anything (a network
+    /// failure, a registry restarting, rate limiting)? A pull that failed so keeps its partial
+    /// file and resumes.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            OciError::Unreachable { .. } | OciError::Cancelled { .. } => true,
+            OciError::Registry { transient, .. } => *transient,
+            OciError::Local { kind, .. } => matches!(kind, io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted),
+            _ => false,
+        }
+    }
+
+    /// A local I/O failure at `path`; ENOSPC becomes [`OciError::DiskFull`].
+    pub(super) fn local(path: &std::path::Path, e: &io::Error, reference: &str, digest: &str) -> OciError {
+        if e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error())
+            || e.kind() == io::ErrorKind::StorageFull
+            || e.raw_os_error() == Some(rustix::io::Errno::DQUOT.raw_os_error())
+        {
+            return OciError::DiskFull {
+                path: path.display().to_string(),
+                reference: reference.to_string(),
+                digest: digest.to_string(),
+            };
+        }
+        OciError::Local { path: path.display().to_string(), detail: e.to_string(), kind: e.kind() }
+    }
+}
+
+/// What a request was about, to name it in errors.
+#[derive(Debug, Clone)]
+pub(super) struct Ctx {
+    /// The host contacted (the mirror when there is one).
+    pub registry: String,
+    /// `registry/repository:tag` or `@digest`, as the user wrote it.
+    pub reference: String,
+    /// Whether credentials were given (tells "missing" from "refused").
+    pub given: bool,
+}
+
+/// What was being fetched.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum What<'a> {
+    Manifest,
+    Blob(&'a str),
+}
+
+impl Ctx {
+    /// Turn an oci-client error into one a person can act on.
+    pub fn classify(&self, e: &OciDistributionError, what: What<'_>) -> OciError {
+        let registry = self.registry.clone();
+        let reference = self.reference.clone();
+        match e {
+            OciDistributionError::RequestError(r) => {
+                if let Some(tls) = tls_cause(r) {
+                    return self.tls(tls);
+                }
+                let detail = chain(r);
+                if r.is_builder() {
+                    return OciError::Config(format!("registry {registry}: {detail}"));
+                }
+                OciError::Unreachable { registry, reference, detail }
+            }
+            OciDistributionError::UnauthorizedError { .. } | OciDistributionError::AuthenticationFailure(_) => {
+                self.auth()
+            }
+            OciDistributionError::ImageManifestNotFoundError(_) => OciError::ManifestNotFound { registry, reference },
+            OciDistributionError::RegistryError { envelope, .. } => {
+                let code = envelope.errors.first().map(|e| &e.code);
+                let detail = envelope
+                    .errors
+                    .iter()
+                    .map(|e| format!("{:?}: {}", e.code, e.message))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                match code {
+                    Some(OciErrorCode::Unauthorized | OciErrorCode::Denied) => self.auth(),
+                    Some(OciErrorCode::BlobUnknown) => self.not_found(what),
+                    Some(OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown | OciErrorCode::NotFound) => {
+                        self.not_found(what)
+                    }
+                    Some(OciErrorCode::Toomanyrequests) => {
+                        OciError::Registry { registry, reference, status: Some(429), detail, transient: true }
+                    }
+                    _ => OciError::Registry { registry, reference, status: None, detail, transient: false },
+                }
+            }
+            OciDistributionError::ServerError { code, message, .. } => self.status(*code, message, what),
+            OciDistributionError::DigestError(d) => match d {
+                oci_client::errors::DigestError::VerificationError { expected, actual } => {
+                    OciError::DigestMismatch { registry, reference, digest: expected.clone(), actual: actual.clone() }
+                }
+                other => OciError::Protocol { registry, reference, detail: other.to_string() },
+            },
+            OciDistributionError::IoError(io) => OciError::Unreachable { registry, reference, detail: io.to_string() },
+            other => OciError::Protocol { registry, reference, detail: other.to_string() },
+        }
+    }
+
+    /// An HTTP status without an OCI error body.
+    fn status(&self, code: u16, message: &str, what: What<'_>) -> OciError {
+        let detail: String = message.chars().take(300).collect();
+        match code {
+            401 | 403 => self.auth(),
+            404 => self.not_found(what),
+            _ => OciError::Registry {
+                registry: self.registry.clone(),
+                reference: self.reference.clone(),
+                status: Some(code),
+                detail,
+                transient: code == 408 || code == 429 || code >= 500,
+            },
+        }
+    }
+
+    fn not_found(&self, what: What<'_>) -> OciError {
+        match what {
+            What::Manifest => {
+                OciError::ManifestNotFound { registry: self.registry.clone(), reference: self.reference.clone() }
+            }
+            What::Blob(digest) => OciError::BlobNotFound {
+                registry: self.registry.clone(),
+                reference: self.reference.clone(),
+                digest: digest.to_string(),
+            },
+        }
+    }
+
+    fn auth(&self) -> OciError {
+        let (registry, reference) = (self.registry.clone(), self.reference.clone());
+        if self.given {
+            OciError::AuthRefused { registry, reference }
+        } else {
+            OciError::AuthMissing { registry, reference }
+        }
+    }
+
+    fn tls(&self, cause: TlsCause) -> OciError {
+        let hint = match cause.kind {
+            TlsKind::UnknownIssuer => {
+                "; the certificate is signed by an authority this node does not trust: configure the registry's CA (the CA bundle of the node's registry configuration)"
+            }
+            TlsKind::Name => "; the certificate does not name this host (check the registry address)",
+            TlsKind::Expired => {
+                "; the certificate is expired or not yet valid (check the registry's certificate and the node's clock)"
+            }
+            TlsKind::NotTls => "; the registry does not speak TLS here (if it serves plain HTTP, list it as insecure)",
+            TlsKind::Other => "",
+        };
+        OciError::Tls { registry: self.registry.clone(), detail: cause.detail, hint: hint.to_string() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TlsKind {
+    UnknownIssuer,
+    Name,
+    Expired,
+    NotTls,
+    Other,
+}
+
+struct TlsCause {
+    kind: TlsKind,
+    detail: String,
+}
+
+/// Every error of the chain below `e`, including the ones `io::Error::source` skips (the
+/// error it wraps).
+fn causes<'a>(e: &'a (dyn StdError + 'static)) -> Vec<&'a (dyn StdError + 'static)> {
+    let mut out = Vec::new();
+    let mut next = Some(e);
+    while let Some(cur) = next {
+        if out.len() > 32 {
+            break;
+        }
+        out.push(cur);
+        next = match cur.downcast_ref::<io::Error>().and_then(|io| io.get_ref()) {
+            Some(inner) => Some(inner as &(dyn StdError + 'static)),
+            None => cur.source(),
+        };
+    }
+    out
+}
+
+/// The chain's messages joined, without repeating one that already contains the next.
+fn chain(e: &(dyn StdError + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for c in causes(e) {
+        let s = c.to_string();
+        if parts.last().is_some_and(|p| p.contains(&s)) {
+            continue;
+        }
+        parts.push(s);
+    }
+    parts.join(": ")
+}
+
+/// The rustls failure in `e`'s chain, if the request failed in the TLS handshake.
+fn tls_cause(e: &(dyn StdError + 'static)) -> Option<TlsCause> {
+    for c in causes(e) {
+        if let Some(r) = c.downcast_ref::<rustls::Error>() {
+            use rustls::CertificateError as C;
+            let kind = match r {
+                rustls::Error::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => TlsKind::UnknownIssuer,
+                rustls::Error::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
+                    TlsKind::Name
+                }
+                rustls::Error::InvalidCertificate(
+                    C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. },
+                ) => TlsKind::Expired,
+                rustls::Error::InvalidMessage(_) => TlsKind::NotTls,
+                _ => TlsKind::Other,
+            };
+            return Some(TlsCause { kind, detail: r.to_string() });
+        }
+    }
+    // A verifier that reports in its own words (the platform verifier wraps some failures).
+    let text = chain(e);
+    let lower = text.to_lowercase();
+    if lower.contains("unknownissuer") || lower.contains("unknown issuer") {
+        return Some(TlsCause { kind: TlsKind::UnknownIssuer, detail: text });
+    }
+    if lower.contains("invalid peer certificate") || lower.contains("certificate") && lower.contains("tls") {
+        return Some(TlsCause { kind: TlsKind::Other, detail: text });
+    }
+    None
+}
+
+#[cfg(test)]
+pub(super) fn tls_hint_for_test(detail: &str) -> OciError {
+    Ctx { registry: "r".into(), reference: "r/x:1".into(), given: false }
+        .tls(TlsCause { kind: TlsKind::UnknownIssuer, detail: detail.into() })
+}

@@ -1,0 +1,282 @@
+//! Single flight: at most one download per digest on the node, whoever asks. Volumes asking
+//! for a digest being downloaded wait on the same one; its failure is reported once to each
+//! volume that waited, and the next request starts over.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::cache::Core;
+use super::download::{Blob, Live, download};
+use super::error::OciError;
+use super::registry::Endpoint;
+use super::store::hex_of;
+use super::{BlobProgress, BlobRef, Ensure, Progress, Source};
+
+/// Retries within one flight after a transient failure that made progress (a connection that
+/// broke mid-blob); a failure without progress ends the flight at once.
+const RETRIES: u32 = 3;
+
+/// The map behind the lock.
+#[derive(Default)]
+pub(super) struct Inner {
+    /// Downloads running or failed-not-yet-reported, by hex digest.
+    pub flights: HashMap<String, Flight>,
+    /// What each volume asked for (kept until it is forgotten).
+    pub volumes: BTreeMap<String, Vec<BlobRef>>,
+    /// The last transient failure of a digest's download and the bytes it left on disk
+    /// (cleared when a download of it succeeds or fails for good).
+    transient: HashMap<String, (String, u64)>,
+}
+
+pub(super) struct Flight {
+    live: Arc<Live>,
+    state: State,
+    /// Volumes waiting for it.
+    waiters: BTreeSet<String>,
+}
+
+enum State {
+    Running,
+    /// Failed for good; each volume in `unreported` still has to be told.
+    Failed {
+        error: OciError,
+        unreported: BTreeSet<String>,
+    },
+}
+
+impl Core {
+    pub fn ensure(self: &Arc<Self>, volume: &str, src: &Source, blobs: &[BlobRef]) -> Ensure {
+        let mut wanted = Vec::with_capacity(blobs.len());
+        for b in blobs {
+            match hex_of(&b.digest) {
+                Ok(hex) => wanted.push((hex.to_string(), b)),
+                Err(e) => return Ensure::Failed(e),
+            }
+        }
+        // Made before the lock (building a new client sets up TLS), and only when something
+        // is missing; its error matters only if a download has to start.
+        let endpoint = match wanted.iter().any(|(hex, b)| !self.store.present(hex, b.size)) {
+            true => Some(self.registries.endpoint(src).map(Arc::new)),
+            false => None,
+        };
+        let mut failed = None;
+        let mut inner = self.inner();
+        inner.volumes.insert(volume.to_string(), blobs.to_vec());
+        // Downloads this volume asked for before and no longer does.
+        let now: BTreeSet<&str> = wanted.iter().map(|(hex, _)| hex.as_str()).collect();
+        for (hex, f) in inner.flights.iter_mut() {
+            if !now.contains(hex.as_str())
+                && f.waiters.remove(volume)
+                && f.waiters.is_empty()
+                && matches!(f.state, State::Running)
+            {
+                f.live.cancel.send_replace(true);
+            }
+        }
+        for (hex, b) in &wanted {
+            if self.store.present(hex, b.size) {
+                self.store.touch(hex);
+                continue;
+            }
+            match inner.flights.get_mut(hex) {
+                Some(Flight { state: State::Running, waiters, live }) => {
+                    waiters.insert(volume.to_string());
+                    live.cancel.send_replace(false);
+                    continue;
+                }
+                Some(Flight { state: State::Failed { error, unreported }, .. }) if unreported.contains(volume) => {
+                    unreported.remove(volume);
+                    failed.get_or_insert_with(|| error.clone());
+                    if unreported.is_empty() {
+                        inner.flights.remove(hex);
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let ep = match &endpoint {
+                Some(Ok(ep)) => ep.clone(),
+                Some(Err(e)) => {
+                    failed.get_or_insert_with(|| e.clone());
+                    continue;
+                }
+                // Present a moment ago, gone now (evicted): the next call starts it.
+                None => continue,
+            };
+            let Some(handle) = tokio::runtime::Handle::try_current().ok().or_else(|| self.handle.clone()) else {
+                failed.get_or_insert(OciError::Config("downloads need a tokio runtime; none is running".into()));
+                continue;
+            };
+            let live = Arc::new(Live::new());
+            // What the last attempt left on disk, until this one has looked.
+            if let Some((_, kept)) = inner.transient.get(hex) {
+                live.covered.store(*kept, Ordering::Relaxed);
+            }
+            let blob = Blob { digest: b.digest.clone(), hex: hex.clone(), size: b.size };
+            inner.flights.insert(
+                hex.clone(),
+                Flight { live: live.clone(), state: State::Running, waiters: BTreeSet::from([volume.to_string()]) },
+            );
+            tracing::info!(volume.id = %volume, registry = %ep.ctx.registry, digest = %b.digest, bytes = b.size, "pulling a blob");
+            handle.spawn(self.clone().fly(ep, blob, live));
+        }
+        drop(inner);
+        if let Some(e) = failed {
+            return Ensure::Failed(e);
+        }
+        let progress = self.progress_of(&self.inner(), blobs);
+        if progress.done_bytes == progress.total_bytes && blobs.iter().all(|b| self.present(b)) {
+            Ensure::Ready
+        } else {
+            Ensure::Pulling(progress)
+        }
+    }
+
+    fn present(&self, b: &BlobRef) -> bool {
+        hex_of(&b.digest).is_ok_and(|hex| self.store.present(hex, b.size))
+    }
+
+    pub fn progress(&self) -> BTreeMap<String, Progress> {
+        let inner = self.inner();
+        inner.volumes.iter().map(|(v, blobs)| (v.clone(), self.progress_of(&inner, blobs))).collect()
+    }
+
+    fn progress_of(&self, inner: &Inner, blobs: &[BlobRef]) -> Progress {
+        let mut p = Progress::default();
+        for b in blobs {
+            let hex = hex_of(&b.digest).unwrap_or_default();
+            let done = if self.store.present(hex, b.size) {
+                b.size
+            } else {
+                match inner.flights.get(hex) {
+                    Some(f) => f.live.covered.load(Ordering::Relaxed).min(b.size),
+                    None => inner.transient.get(hex).map(|(_, kept)| (*kept).min(b.size)).unwrap_or(0),
+                }
+            };
+            p.done_bytes += done;
+            p.total_bytes += b.size;
+            p.blobs.push(BlobProgress { digest: b.digest.clone(), done, total: b.size });
+        }
+        p
+    }
+
+    pub fn last_errors(&self) -> BTreeMap<String, String> {
+        self.inner().transient.iter().map(|(hex, (e, _))| (format!("sha256:{hex}"), e.clone())).collect()
+    }
+
+    pub fn forget(&self, volume: &str) {
+        let mut inner = self.inner();
+        inner.volumes.remove(volume);
+        inner.flights.retain(|hex, f| {
+            f.waiters.remove(volume);
+            match &mut f.state {
+                State::Running => {
+                    if f.waiters.is_empty() {
+                        tracing::info!(digest = %format!("sha256:{hex}"), "no volume waits for this blob any more; stopping its download");
+                        f.live.cancel.send_replace(true);
+                    }
+                    true
+                }
+                State::Failed { unreported, .. } => {
+                    unreported.remove(volume);
+                    !unreported.is_empty()
+                }
+            }
+        });
+    }
+
+    /// One flight: download (retrying a transient failure that made progress), then record the
+    /// outcome in the map.
+    async fn fly(self: Arc<Self>, ep: Arc<Endpoint>, blob: Blob, live: Arc<Live>) {
+        let mut retries = 0;
+        let outcome = loop {
+            let before = live.covered.load(Ordering::Relaxed);
+            // A task of its own, so that a bug panicking in it ends this flight with an error
+            // instead of leaving it "running" forever.
+            let attempt = {
+                let (core, ep, blob, live) = (self.clone(), ep.clone(), blob.clone(), live.clone());
+                tokio::spawn(async move { download(&ep, &core.store, &blob, &live, &core.fetched).await })
+            };
+            let result = attempt.await.unwrap_or_else(|e| {
+                Err(OciError::Local {
+                    path: self.store.partial(&blob.hex).display().to_string(),
+                    detail: format!("the download task failed: {e}"),
+                    kind: std::io::ErrorKind::Other,
+                })
+            });
+            match result {
+                Ok(()) => break Ok(()),
+                Err(OciError::Cancelled { .. }) => {
+                    // Decided under the map's lock, so a volume asking again at the same time
+                    // either finds the flight gone or un-cancels it before this looks.
+                    if self.stopped(&blob, &live) {
+                        return;
+                    }
+                    // A volume asked again while it stopped: go on.
+                }
+                Err(e) if e.is_transient() && retries < RETRIES && live.covered.load(Ordering::Relaxed) > before => {
+                    retries += 1;
+                    tracing::warn!(registry = %ep.ctx.registry, digest = %blob.digest, error = %e, "blob download interrupted; resuming");
+                    tokio::time::sleep(Duration::from_secs(u64::from(retries))).await;
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        let pulled = outcome.is_ok();
+        self.record(&ep, &blob, &live, outcome);
+        if let (Some(max), true) = (self.max_cache_bytes, pulled) {
+            let core = self.clone();
+            let pruned = tokio::task::spawn_blocking(move || core.prune(&BTreeSet::new(), max)).await;
+            match pruned {
+                Ok(Ok(p)) if p.blobs > 0 => {
+                    tracing::info!(blobs = p.blobs, bytes = p.bytes, "model cache trimmed to its limit")
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "trimming the model cache failed"),
+                Err(e) => tracing::warn!(error = %e, "trimming the model cache failed"),
+            }
+        }
+    }
+
+    /// After a cancelled attempt: is the flight still cancelled (then it is removed)?
+    fn stopped(&self, blob: &Blob, live: &Live) -> bool {
+        let mut inner = self.inner();
+        let cancelled = *live.cancel.borrow();
+        if cancelled {
+            inner.flights.remove(&blob.hex);
+        }
+        cancelled
+    }
+
+    /// Record how a flight ended.
+    fn record(&self, ep: &Endpoint, blob: &Blob, live: &Live, outcome: Result<(), OciError>) {
+        let mut inner = self.inner();
+        match outcome {
+            Ok(()) => {
+                inner.flights.remove(&blob.hex);
+                inner.transient.remove(&blob.hex);
+                tracing::info!(registry = %ep.ctx.registry, digest = %blob.digest, bytes = blob.size, "blob pulled and verified");
+            }
+            Err(e) if e.is_transient() => {
+                tracing::warn!(registry = %ep.ctx.registry, digest = %blob.digest, error = %e, "blob download stopped; the next request resumes it");
+                inner.flights.remove(&blob.hex);
+                let kept = live.covered.load(Ordering::Relaxed);
+                inner.transient.insert(blob.hex.clone(), (e.to_string(), kept));
+            }
+            Err(e) => {
+                tracing::error!(registry = %ep.ctx.registry, digest = %blob.digest, error = %e, "blob download failed");
+                inner.transient.remove(&blob.hex);
+                match inner.flights.get_mut(&blob.hex) {
+                    Some(f) if !f.waiters.is_empty() => {
+                        f.state = State::Failed { error: e, unreported: f.waiters.clone() };
+                    }
+                    _ => {
+                        inner.flights.remove(&blob.hex);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! Putting cached content into a volume: every file of a tree (or a raw blob) hardlinked at its
+//! place below the destination, copied when the destination is on another filesystem (EXDEV).
+//!
+//! The destination lies below an anchor directory and is hostile (a pod may write there): it is
+//! resolved with [`Anchors`] (no symbolic link followed), and everything below it is reached
+//! from directory descriptors with `*at` calls that never follow a link. A file is placed by
+//! linking (or copying) it under a temporary name and renaming that over the final name, so an
+//! entry already there (a link a pod planted, a stale file) is replaced, never written through.
+//!
+//! Why links: for a 256 MiB file on this machine's ext4 (warm page cache), a hardlink took
+//! 0.02–0.07 ms, a copy with `copy_file_range` 115–120 ms and one to a tmpfs 155–175 ms (without
+//! fsync), and ext4 has no reflinks (`cp --reflink=always`: "Operation not supported"). A link
+//! also shares the page cache between volumes.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Stat};
+use rustix::io::Errno;
+
+use crate::exec::beneath::Anchors;
+
+/// How deep a tree may be.
+const MAX_DEPTH: usize = 256;
+
+/// Hardlink (or copy) every entry of the cache's `tree` into the directory `dest`, creating it
+/// and its missing parents (0755) below `below`.
+pub(super) fn link_tree(tree: &Path, dest: &Path, below: &Path) -> io::Result<()> {
+    let anchors = Anchors::new([below.to_path_buf()]);
+    anchors.mkdir(dest, below, 0o755)?;
+    let dst = anchors.open(dest, OFlags::RDONLY | OFlags::DIRECTORY)?;
+    let src = rustix::fs::open(tree, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| with_path(e.into(), tree))?;
+    walk(&src, &dst, dest, 0)
+}
+
+/// Hardlink (or copy) the file `file` of the cache to the path `dest`, creating its missing
+/// parents (0755) below `below`.
+pub(super) fn link_file(file: &Path, dest: &Path, below: &Path) -> io::Result<()> {
+    let anchors = Anchors::new([below.to_path_buf()]);
+    let parent =
+        dest.parent().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the destination has no parent"))?;
+    anchors.mkdir(parent, below, 0o755)?;
+    let (dst, name) = anchors.open_parent(dest)?;
+    let (src_parent, src_name) = match (file.parent(), file.file_name()) {
+        (Some(p), Some(n)) => (p, n),
+        _ => return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a file", file.display()))),
+    };
+    let src = rustix::fs::open(src_parent, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    let st = rustix::fs::statat(&src, src_name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| with_path(e.into(), file))?;
+    place(&src, src_name, &st, &dst, &name, dest)
+}
+
+fn walk(src: &OwnedFd, dst: &OwnedFd, shown: &Path, depth: usize) -> io::Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(io::Error::other(format!("{} is nested deeper than {MAX_DEPTH} levels", shown.display())));
+    }
+    for entry in Dir::read_from(src)? {
+        let entry = entry?;
+        let name = OsStr::from_bytes(entry.file_name().to_bytes()).to_os_string();
+        if name == "." || name == ".." {
+            continue;
+        }
+        let here = shown.join(&name);
+        let st = rustix::fs::statat(src, &name, AtFlags::SYMLINK_NOFOLLOW)?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => {
+                match rustix::fs::mkdirat(dst, &name, Mode::from_raw_mode(0o755)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(with_path(e.into(), &here)),
+                }
+                let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+                let sub_dst = rustix::fs::openat(dst, &name, flags, Mode::empty()).map_err(|e| match e {
+                    Errno::LOOP | Errno::NOTDIR => io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        format!("{} exists and is not a directory (a symbolic link is never followed)", here.display()),
+                    ),
+                    e => with_path(e.into(), &here),
+                })?;
+                let sub_src = rustix::fs::openat(src, &name, flags, Mode::empty())?;
+                walk(&sub_src, &sub_dst, &here, depth + 1)?;
+            }
+            FileType::RegularFile => place(src, &name, &st, dst, &name, &here)?,
+            FileType::Symlink => {
+                let target = rustix::fs::readlinkat(src, &name, Vec::new())?;
+                match rustix::fs::readlinkat(dst, &name, Vec::new()) {
+                    Ok(t) if t == target => {}
+                    _ => {
+                        let tmp = temp_name(&name);
+                        rustix::fs::symlinkat(target.as_c_str(), dst, &tmp).map_err(|e| with_path(e.into(), &here))?;
+                        rename_into(dst, &tmp, &name, &here)?;
+                    }
+                }
+            }
+            // The unpacker makes nothing else.
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Put the file `name` of `src` (stat `st`) at `dst_name` in `dst`: already there (the same
+/// inode, or a copy made earlier), or linked (copied across filesystems) and renamed in.
+fn place(src: &OwnedFd, name: &OsStr, st: &Stat, dst: &OwnedFd, dst_name: &OsStr, shown: &Path) -> io::Result<()> {
+    match rustix::fs::statat(dst, dst_name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(d) if d.st_dev == st.st_dev && d.st_ino == st.st_ino => return Ok(()),
+        Ok(d)
+            if d.st_dev != st.st_dev
+                && FileType::from_raw_mode(d.st_mode) == FileType::RegularFile
+                && d.st_size == st.st_size
+                && d.st_mode & 0o7777 == 0o444
+                && d.st_mtime == st.st_mtime =>
+        {
+            return Ok(());
+        }
+        Ok(d) if FileType::from_raw_mode(d.st_mode) == FileType::Directory => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is a directory", shown.display()),
+            ));
+        }
+        _ => {}
+    }
+    let tmp = temp_name(dst_name);
+    match rustix::fs::linkat(src, name, dst, &tmp, AtFlags::empty()) {
+        Ok(()) => {}
+        Err(Errno::XDEV) => copy(src, name, st, dst, &tmp).map_err(|e| {
+            let _ = rustix::fs::unlinkat(dst, &tmp, AtFlags::empty());
+            with_path(e, shown)
+        })?,
+        Err(e) => return Err(with_path(e.into(), shown)),
+    }
+    rename_into(dst, &tmp, dst_name, shown)
+}
+
+/// Copy across filesystems (the kernel may reflink): mode 0444 and the source's times, which
+/// is how a later assemble recognises it.
+fn copy(src: &OwnedFd, name: &OsStr, st: &Stat, dst: &OwnedFd, tmp: &OsStr) -> io::Result<()> {
+    let from = rustix::fs::openat(src, name, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let to = rustix::fs::openat(dst, tmp, flags, Mode::from_raw_mode(0o444))?;
+    let (mut from, mut to) = (std::fs::File::from(from), std::fs::File::from(to));
+    io::copy(&mut from, &mut to)?;
+    rustix::fs::fchmod(&to, Mode::from_raw_mode(0o444))?;
+    let times = rustix::fs::Timestamps {
+        last_access: rustix::fs::Timespec { tv_sec: st.st_atime, tv_nsec: st.st_atime_nsec as _ },
+        last_modification: rustix::fs::Timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec as _ },
+    };
+    rustix::fs::futimens(&to, &times)?;
+    Ok(())
+}
+
+fn rename_into(dst: &OwnedFd, tmp: &OsStr, name: &OsStr, shown: &Path) -> io::Result<()> {
+    rustix::fs::renameat(dst, tmp, dst, name).map_err(|e| {
+        let _ = rustix::fs::unlinkat(dst, tmp, AtFlags::empty());
+        with_path(e.into(), shown)
+    })
+}
+
+/// `.<name>.mh-link.<pid>.<n>`: unique per call.
+fn temp_name(name: &OsStr) -> OsString {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut tmp = OsString::from(".");
+    // Long names would overflow NAME_MAX with the suffix: keep a prefix.
+    let bytes = name.as_bytes();
+    tmp.push(OsStr::from_bytes(&bytes[..bytes.len().min(200)]));
+    tmp.push(format!(".mh-link.{}.{n}", std::process::id()));
+    tmp
+}
+
+fn with_path(e: io::Error, path: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}

@@ -1,0 +1,242 @@
+//! The node-wide OCI blob cache and puller: what the `model` plugin's fetch and unpack steps
+//! run on. DESIGN.md: "Bulk data never flows through the plugin: it plans fetch steps by digest
+//! and the host downloads natively (resumable, digest-verified, content-addressed cache shared
+//! by all volumes on the node)", and "a multi-GB model fetch must not hold a CSI call past its
+//! deadline".
+//!
+//! So [`Artifacts::ensure`] never waits: it says which blobs are there and starts one background
+//! download per missing digest, node-wide, shared by every volume asking for it; the CSI call
+//! returns a retriable error while the pull goes on, and the next call finds it further along
+//! ([`Artifacts::progress`]) or done. [`Artifacts::assemble`] then unpacks a blob once into a
+//! read-only tree and hardlinks it into a volume. Layout, verification, resume and eviction:
+//! `docs/model-cache.md`.
+//!
+//! Registry traffic goes through oci-client (rustls with the ring provider): TLS always
+//! verified against the system roots plus an optional CA bundle, plain HTTP only to hosts the
+//! node lists as insecure, an optional proxy.
+
+mod assemble;
+mod auth;
+mod cache;
+mod download;
+mod error;
+mod flight;
+mod link;
+mod registry;
+mod segments;
+mod store;
+mod unpack;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+pub use auth::{Credentials, credentials_from_docker_config};
+pub use error::OciError;
+
+use crate::plan::Archive;
+
+/// The node's registry settings (from the daemon's configuration).
+#[derive(Clone, Default)]
+pub struct RegistryConfig {
+    /// PEM file of CAs trusted for registries, besides the system's roots.
+    pub ca_bundle: Option<PathBuf>,
+    /// `host[:port]` of registries that may be reached over plain HTTP (when a source asks).
+    pub insecure: BTreeSet<String>,
+    /// HTTP(S) proxy URL for all registry traffic. Unset: the process's `HTTPS_PROXY`,
+    /// `HTTP_PROXY` and `NO_PROXY` apply, as in any HTTP client.
+    pub proxy: Option<String>,
+    /// After each completed download, evict least recently used blobs no volume uses until the
+    /// cache holds at most this many bytes.
+    pub max_cache_bytes: Option<u64>,
+}
+
+impl fmt::Debug for RegistryConfig {
+    // The proxy URL may carry a password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistryConfig")
+            .field("ca_bundle", &self.ca_bundle)
+            .field("insecure", &self.insecure)
+            .field("proxy", &self.proxy.as_ref().map(|_| "<set>"))
+            .field("max_cache_bytes", &self.max_cache_bytes)
+            .finish()
+    }
+}
+
+/// Where an artifact comes from, and how to get it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// `host[:port]` of the registry the reference names (`docker.io` is Docker Hub).
+    pub registry: String,
+    /// The repository (`org/model`).
+    pub repository: String,
+    /// A tag, or a `sha256:` digest.
+    pub reference: String,
+    /// `host[:port]` to contact instead of `registry`, with the same repository and credentials.
+    pub mirror: Option<String>,
+    /// Credentials for the registry (or the mirror).
+    pub credentials: Credentials,
+    /// Reach the registry over plain HTTP (refused unless the node lists it as insecure).
+    pub insecure: bool,
+}
+
+/// A reference resolved to its manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// `sha256:…` of the manifest (for an index: of its first manifest).
+    pub manifest_digest: String,
+    /// The manifest's JSON, as the registry sent it.
+    pub manifest: String,
+    /// The config blob's JSON (at most 1 MiB), verified against its digest.
+    pub config: String,
+}
+
+/// A blob a volume needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobRef {
+    /// `sha256:<64 hex>`.
+    pub digest: String,
+    /// Its size in bytes, as the manifest says.
+    pub size: u64,
+    /// Its media type (informational).
+    pub media_type: String,
+}
+
+/// How far a volume's blobs are.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Bytes of the volume's blobs on disk.
+    pub done_bytes: u64,
+    /// Bytes of all the volume's blobs.
+    pub total_bytes: u64,
+    /// Each blob.
+    pub blobs: Vec<BlobProgress>,
+}
+
+/// How far one blob is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlobProgress {
+    pub digest: String,
+    /// Bytes on disk (all of them once verified).
+    pub done: u64,
+    pub total: u64,
+}
+
+/// What [`Artifacts::ensure`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ensure {
+    /// Every blob is in the cache, verified.
+    Ready,
+    /// Some are downloading (in the background).
+    Pulling(Progress),
+    /// A download failed in a way retrying will not fix. Reported once to each volume that
+    /// waited for it; the next `ensure` starts over.
+    Failed(OciError),
+}
+
+/// One digest in the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedBlob {
+    pub digest: String,
+    /// Bytes on disk: the blob plus its unpacked tree.
+    pub size: u64,
+    /// Last asked for or assembled.
+    pub last_used: SystemTime,
+    /// The volumes using it (from the caller's map).
+    pub volumes: Vec<String>,
+}
+
+/// What [`Artifacts::prune`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// Digests removed (blob and tree).
+    pub blobs: usize,
+    /// Bytes freed.
+    pub bytes: u64,
+}
+
+/// The node's OCI cache and puller. Cheap to share in an `Arc`; every method may be called from
+/// any thread (`ensure`, `progress` and `forget` from async code too: they do not block).
+pub struct Artifacts {
+    core: Arc<cache::Core>,
+}
+
+impl Artifacts {
+    /// A cache at `cache_root` (its `blobs/` and `trees/`, created 0700; other files there are
+    /// left alone). Reads the CA bundle now, so a bad one is reported at start; contacts nothing.
+    pub fn new(cache_root: PathBuf, cfg: RegistryConfig) -> Result<Self, OciError> {
+        // rustls needs one process-wide crypto provider; another part of the process may have
+        // installed it already.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Ok(Artifacts { core: Arc::new(cache::Core::new(&cache_root, cfg)?) })
+    }
+
+    /// Resolve `src` to its manifest and config. A tag is looked up on every call; an image
+    /// index resolves to its first manifest (no platform selection).
+    pub async fn resolve(&self, src: &Source) -> Result<Resolved, OciError> {
+        self.core.registries.endpoint(src)?.resolve().await
+    }
+
+    /// Make sure `blobs` are in the cache for `volume`, without waiting: present blobs count as
+    /// done, missing ones get a background download (one per digest on the node, shared by
+    /// every volume asking). Call it again to learn how far they are. Outside a tokio runtime
+    /// (and when `new` was not called in one) a download cannot start: `Failed`.
+    ///
+    /// Give only blobs listed by a manifest that `resolve` fetched with `src`'s credentials:
+    /// the cache is shared, and that fetch is what proves the volume may read them.
+    pub fn ensure(&self, volume: &str, src: &Source, blobs: &[BlobRef]) -> Ensure {
+        self.core.ensure(volume, src, blobs)
+    }
+
+    /// The progress of every volume that asked for blobs and was not forgotten.
+    pub fn progress(&self) -> BTreeMap<String, Progress> {
+        self.core.progress()
+    }
+
+    /// Why the last download of a digest stopped, for digests whose last attempt failed in a
+    /// way that is retried (registry unreachable, connection lost) and that no attempt has
+    /// pulled since: the next [`Artifacts::ensure`] asking for one resumes it. Digest → message.
+    pub fn last_errors(&self) -> BTreeMap<String, String> {
+        self.core.last_errors()
+    }
+
+    /// `volume` no longer waits (it was unstaged). A download no volume waits for stops, keeping
+    /// what it fetched for a later resume.
+    pub fn forget(&self, volume: &str) {
+        self.core.forget(volume)
+    }
+
+    /// Put the blob `digest` at `dest` (blocking): for `Raw`, `dest` is the file, a hardlink to
+    /// the blob; for the tar formats, the blob is unpacked once into the cache's read-only tree
+    /// for it, and every file of the tree is hardlinked into the directory `dest` (copied when
+    /// `dest` is on another filesystem). `dest` lies below the directory `below` and is resolved
+    /// without following symbolic links; missing directories are created. Idempotent.
+    pub fn assemble(&self, digest: &str, format: Archive, dest: &Path, below: &Path) -> io::Result<()> {
+        self.core.assemble(digest, format, dest, below)
+    }
+
+    /// Blob bytes received from registries by downloads since start (manifests and configs
+    /// that `resolve` reads are not counted).
+    pub fn bytes_fetched(&self) -> u64 {
+        self.core.fetched.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Every digest in the cache; `in_use` maps digests to the volumes using them.
+    pub fn list(&self, in_use: &BTreeMap<String, Vec<String>>) -> io::Result<Vec<CachedBlob>> {
+        self.core.list(in_use)
+    }
+
+    /// Evict least recently used digests (blob and tree) until the cache holds at most
+    /// `keep_bytes`. Never evicted: digests in `in_use`, digests a volume asked for and was not
+    /// forgotten, downloads in progress, and entries with a file hardlinked outside the cache
+    /// (a volume still has it: removing it would free nothing).
+    pub fn prune(&self, in_use: &BTreeSet<String>, keep_bytes: u64) -> io::Result<Pruned> {
+        self.core.prune(in_use, keep_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests;

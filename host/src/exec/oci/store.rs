@@ -1,0 +1,263 @@
+//! The cache's layout on disk, and eviction.
+//!
+//! ```text
+//! <cache>/blobs/sha256/<hex>               a verified blob, mode 0444
+//! <cache>/blobs/sha256/<hex>.partial       a download in progress (or interrupted), 0600
+//! <cache>/blobs/sha256/<hex>.partial.json  which ranges of it are written
+//! <cache>/trees/sha256/<hex>/              the blob unpacked (files 0444, directories 0555)
+//! <cache>/trees/sha256/.<hex>.tmp.<pid>.<n> an unpack in progress (removed at start)
+//! ```
+//!
+//! `blobs/` and `trees/` are the daemon's own (0700): nothing else writes there, so they are
+//! used by path. An entry's *last use* is the blob's access time, set explicitly whenever a volume
+//! asks for it or it is assembled (so `noatime`/`relatime` mounts do not matter).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use super::error::OciError;
+
+/// The cache's directories.
+#[derive(Debug, Clone)]
+pub(super) struct Store {
+    root: PathBuf,
+}
+
+/// One cached digest as found on disk.
+#[derive(Debug, Clone)]
+pub(super) struct OnDisk {
+    pub hex: String,
+    /// The blob's size (0 when only its tree is left).
+    pub blob_bytes: u64,
+    /// The unpacked tree's file bytes.
+    pub tree_bytes: u64,
+    pub last_used: SystemTime,
+    /// Some file of it has a name outside the cache (a hardlink in a volume): removing the
+    /// entry would free nothing and lose the link to the cache.
+    pub linked: bool,
+}
+
+/// The hex part of a `sha256:<64 hex>` digest.
+pub(super) fn hex_of(digest: &str) -> Result<&str, OciError> {
+    match digest.strip_prefix("sha256:") {
+        Some(hex) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) => {
+            Ok(hex)
+        }
+        _ => Err(OciError::Config(format!(
+            "{digest:?} is not a sha256 digest (sha256: followed by 64 lower-case hex digits); only sha256 is supported"
+        ))),
+    }
+}
+
+fn is_hex64(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+impl Store {
+    /// Open the cache at `root` (the daemon's `<state>/cache`, which other parts share), creating
+    /// `blobs/` and `trees/` in it (0700: a linked file needs no path to the cache), and remove
+    /// unpacks a crash left half done.
+    pub fn open(root: &Path) -> io::Result<Store> {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(root)?;
+        let store = Store { root: root.canonicalize()? };
+        for top in ["blobs", "trees"] {
+            let dir = store.root.join(top);
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(store.blob_dir())?;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(store.tree_dir())?;
+        for entry in std::fs::read_dir(store.tree_dir())? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') && (name.contains(".tmp.") || name.contains(".trash.")) {
+                remove_tree(&entry.path())?;
+            }
+        }
+        Ok(store)
+    }
+
+    pub fn blob_dir(&self) -> PathBuf {
+        self.root.join("blobs/sha256")
+    }
+
+    pub fn tree_dir(&self) -> PathBuf {
+        self.root.join("trees/sha256")
+    }
+
+    pub fn blob(&self, hex: &str) -> PathBuf {
+        self.blob_dir().join(hex)
+    }
+
+    pub fn partial(&self, hex: &str) -> PathBuf {
+        self.blob_dir().join(format!("{hex}.partial"))
+    }
+
+    pub fn sidecar(&self, hex: &str) -> PathBuf {
+        self.blob_dir().join(format!("{hex}.partial.json"))
+    }
+
+    pub fn tree(&self, hex: &str) -> PathBuf {
+        self.tree_dir().join(hex)
+    }
+
+    /// A fresh name for an unpack in progress.
+    pub fn tree_tmp(&self, hex: &str) -> PathBuf {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        self.tree_dir().join(format!(".{hex}.tmp.{}.{n}", std::process::id()))
+    }
+
+    /// Is the verified blob there, with `size` bytes?
+    pub fn present(&self, hex: &str, size: u64) -> bool {
+        std::fs::symlink_metadata(self.blob(hex)).is_ok_and(|m| m.is_file() && m.len() == size)
+    }
+
+    /// Record a use of `hex` now (for eviction order). Best effort.
+    pub fn touch(&self, hex: &str) {
+        let now = rustix::fs::Timestamps {
+            last_access: rustix::fs::Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_NOW },
+            last_modification: rustix::fs::Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_OMIT },
+        };
+        for path in [self.blob(hex), self.tree(hex)] {
+            let _ = rustix::fs::utimensat(rustix::fs::CWD, &path, &now, rustix::fs::AtFlags::SYMLINK_NOFOLLOW);
+        }
+    }
+
+    /// Every complete blob or tree in the cache.
+    pub fn scan(&self) -> io::Result<Vec<OnDisk>> {
+        let mut found: BTreeMap<String, OnDisk> = BTreeMap::new();
+        for entry in std::fs::read_dir(self.blob_dir())? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !is_hex64(&name) {
+                continue;
+            }
+            let Ok(meta) = entry.path().symlink_metadata() else { continue };
+            if !meta.is_file() {
+                continue;
+            }
+            found.insert(
+                name.clone(),
+                OnDisk {
+                    hex: name,
+                    blob_bytes: meta.len(),
+                    tree_bytes: 0,
+                    last_used: atime(&meta),
+                    linked: meta.nlink() > 1,
+                },
+            );
+        }
+        for entry in std::fs::read_dir(self.tree_dir())? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !is_hex64(&name) {
+                continue;
+            }
+            let Ok(meta) = entry.path().symlink_metadata() else { continue };
+            let (bytes, linked) = tree_usage(&entry.path())?;
+            let e = found.entry(name.clone()).or_insert_with(|| OnDisk {
+                hex: name,
+                blob_bytes: 0,
+                tree_bytes: 0,
+                last_used: atime(&meta),
+                linked: false,
+            });
+            e.tree_bytes = bytes;
+            e.linked |= linked;
+        }
+        Ok(found.into_values().collect())
+    }
+
+    /// Remove `hex`'s tree and blob (a tree first: a tree without its blob is still usable, a
+    /// blob without its tree is re-unpacked).
+    pub fn evict(&self, hex: &str) -> io::Result<()> {
+        remove_tree(&self.tree(hex))?;
+        match std::fs::remove_file(self.blob(hex)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Remove an interrupted download's files.
+    pub fn drop_partial(&self, hex: &str) {
+        let _ = std::fs::remove_file(self.partial(hex));
+        let _ = std::fs::remove_file(self.sidecar(hex));
+    }
+}
+
+fn atime(meta: &std::fs::Metadata) -> SystemTime {
+    meta.accessed().or_else(|_| meta.modified()).unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// The bytes of a tree's regular files, and whether any of them has a name outside the tree
+/// (more links than names inside it).
+fn tree_usage(path: &Path) -> io::Result<(u64, bool)> {
+    let mut names: BTreeMap<(u64, u64), (u64, u64)> = BTreeMap::new(); // (dev, ino) -> (nlink, seen)
+    let mut bytes = 0;
+    let mut stack = vec![(path.to_path_buf(), 0usize)];
+    while let Some((dir, depth)) = stack.pop() {
+        if depth > 256 {
+            return Err(io::Error::other(format!("{} is nested too deep", dir.display())));
+        }
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let meta = entry.path().symlink_metadata()?;
+            if meta.is_dir() {
+                stack.push((entry.path(), depth + 1));
+            } else if meta.is_file() {
+                let seen = names.entry((meta.dev(), meta.ino())).or_insert((meta.nlink(), 0));
+                if seen.1 == 0 {
+                    bytes += meta.len();
+                }
+                seen.1 += 1;
+            }
+        }
+    }
+    Ok((bytes, names.values().any(|(nlink, seen)| nlink > seen)))
+}
+
+/// Remove a tree of the cache (read-only directories included): renamed aside first, so it
+/// disappears at once, then emptied. A missing one is fine.
+pub(super) fn remove_tree(path: &Path) -> io::Result<()> {
+    let meta = match path.symlink_metadata() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        other => other?,
+    };
+    if !meta.is_dir() {
+        return std::fs::remove_file(path);
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let trash = if name.contains(".trash.") {
+        path.to_path_buf()
+    } else {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let trash = path.with_file_name(format!(".{}.trash.{}.{n}", name.trim_start_matches('.'), std::process::id()));
+        std::fs::rename(path, &trash)?;
+        trash
+    };
+    empty_and_remove(&trash, 0)
+}
+
+fn empty_and_remove(dir: &Path, depth: usize) -> io::Result<()> {
+    if depth > 256 {
+        return Err(io::Error::other(format!("{} is nested too deep", dir.display())));
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.path().symlink_metadata()?;
+        if meta.is_dir() {
+            empty_and_remove(&entry.path(), depth + 1)?;
+        } else {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    std::fs::remove_dir(dir)
+}

@@ -1,0 +1,124 @@
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+
+use super::super::{Artifacts, RegistryConfig};
+use super::*;
+use crate::plan::Archive;
+
+/// An empty cache with `blob` stored in it (as a download leaves it: 0444), and a volume
+/// directory to assemble into.
+fn cache_with(blob: &[u8]) -> (tempfile::TempDir, Artifacts, String, PathBuf) {
+    let (t, root) = tempdir();
+    let a = Artifacts::new(root.join("cache"), RegistryConfig::default()).unwrap();
+    let digest = sha256(blob);
+    let path = root.join("cache/blobs/sha256").join(digest.trim_start_matches("sha256:"));
+    std::fs::write(&path, blob).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o444)).unwrap();
+    std::fs::create_dir(root.join("vol")).unwrap();
+    (t, a, digest, root)
+}
+
+#[test]
+fn a_layer_is_unpacked_once_and_linked_into_each_destination() {
+    let (_t, a, digest, root) = cache_with(&gzip(&good_tar()));
+    let below = root.join("vol");
+    let dest = below.join("models/m1");
+    a.assemble(&digest, Archive::TarGzip, &dest, &below).unwrap();
+    let tree = root.join("cache/trees/sha256").join(digest.trim_start_matches("sha256:"));
+    assert_eq!(ino(&dest.join("a/b.txt")), ino(&tree.join("a/b.txt")), "hardlinked, not copied");
+    assert_eq!(std::fs::read(dest.join("x/y/z.bin")).unwrap(), vec![7u8; 3000]);
+    assert_eq!(mode(&dest.join("a/b.txt")), 0o444);
+    assert_eq!(std::fs::read_link(dest.join("a/c/up")).unwrap(), Path::new("../b.txt"));
+    assert_eq!(std::fs::read(dest.join("a/c/up")).unwrap(), b"bee");
+    let tree_mtime = std::fs::metadata(&tree).unwrap().mtime_nsec();
+
+    // Again into the same place: nothing changes. Into a second place: the same tree.
+    a.assemble(&digest, Archive::TarGzip, &dest, &below).unwrap();
+    assert_eq!(ino(&dest.join("a/b.txt")), ino(&tree.join("a/b.txt")));
+    let dest2 = below.join("other");
+    a.assemble(&digest, Archive::TarGzip, &dest2, &below).unwrap();
+    assert_eq!(ino(&dest2.join("a/b.txt")), ino(&tree.join("a/b.txt")));
+    assert_eq!(std::fs::metadata(&tree).unwrap().mtime_nsec(), tree_mtime, "not unpacked twice");
+    let leftovers: Vec<_> = std::fs::read_dir(&dest).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(leftovers.len(), 2, "only a/ and x/: {leftovers:?}");
+}
+
+#[test]
+fn a_raw_blob_is_linked_as_the_destination_file() {
+    let (_t, a, digest, root) = cache_with(b"weights");
+    let below = root.join("vol");
+    let dest = below.join("m/model.bin");
+    a.assemble(&digest, Archive::Raw, &dest, &below).unwrap();
+    a.assemble(&digest, Archive::Raw, &dest, &below).unwrap();
+    let blob = root.join("cache/blobs/sha256").join(digest.trim_start_matches("sha256:"));
+    assert_eq!(ino(&dest), ino(&blob));
+    assert_eq!(std::fs::read(&dest).unwrap(), b"weights");
+}
+
+#[test]
+fn a_planted_link_is_replaced_never_followed() {
+    let (_t, a, digest, root) = cache_with(&good_tar());
+    let (_t2, elsewhere) = tempdir();
+    std::fs::write(elsewhere.join("victim"), b"keep").unwrap();
+    let below = root.join("vol");
+    let dest = below.join("m");
+    std::fs::create_dir_all(dest.join("a")).unwrap();
+    std::os::unix::fs::symlink(elsewhere.join("victim"), dest.join("a/b.txt")).unwrap();
+
+    // The file link is replaced by the file itself, not written through.
+    a.assemble(&digest, Archive::Tar, &dest, &below).unwrap();
+    assert!(std::fs::symlink_metadata(dest.join("a/b.txt")).unwrap().is_file());
+    assert_eq!(std::fs::read(elsewhere.join("victim")).unwrap(), b"keep");
+
+    // A link where the tree has a directory: refused, nothing written there.
+    std::fs::remove_dir_all(dest.join("x")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, dest.join("x")).unwrap();
+    let e = a.assemble(&digest, Archive::Tar, &dest, &below).unwrap_err();
+    assert!(e.to_string().contains("not a directory"), "{e}");
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 1);
+
+    // A link on the way to the destination is refused.
+    std::os::unix::fs::symlink(&elsewhere, below.join("via")).unwrap();
+    let e = a.assemble(&digest, Archive::Tar, &below.join("via/m"), &below).unwrap_err();
+    assert!(crate::exec::beneath::is_link_refused(&e), "{e}");
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 1);
+}
+
+#[test]
+fn a_refused_archive_leaves_no_tree() {
+    let bad = TarOf::new().file("ok", b"fine").file("../evil", b"x").bytes();
+    let (_t, a, digest, root) = cache_with(&bad);
+    let below = root.join("vol");
+    let e = a.assemble(&digest, Archive::Tar, &below.join("m"), &below).unwrap_err();
+    assert!(e.to_string().contains("../evil"), "{e}");
+    assert_eq!(std::fs::read_dir(root.join("cache/trees/sha256")).unwrap().count(), 0, "no tree, no temp");
+}
+
+#[test]
+fn a_missing_blob_says_so() {
+    let (_t, a, _digest, root) = cache_with(b"x");
+    let other = sha256(b"not there");
+    let e = a.assemble(&other, Archive::Tar, &root.join("vol/m"), &root.join("vol")).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+    assert!(e.to_string().contains(&other), "{e}");
+}
+
+#[test]
+fn another_filesystem_gets_a_copy() {
+    // /dev/shm is a tmpfs on most machines: a hardlink there from the cache fails with EXDEV.
+    let shm = Path::new("/dev/shm");
+    let (_t, a, digest, root) = cache_with(&good_tar());
+    if !shm.is_dir() || std::fs::metadata(shm).unwrap().dev() == std::fs::metadata(&root).unwrap().dev() {
+        eprintln!("skipped: no second filesystem at /dev/shm");
+        return;
+    }
+    let other = tempfile::tempdir_in(shm).unwrap();
+    let below = other.path().canonicalize().unwrap();
+    let dest = below.join("m");
+    a.assemble(&digest, Archive::Tar, &dest, &below).unwrap();
+    assert_eq!(std::fs::read(dest.join("a/b.txt")).unwrap(), b"bee");
+    assert_eq!(mode(&dest.join("a/b.txt")), 0o444);
+    let first = ino(&dest.join("a/b.txt"));
+    a.assemble(&digest, Archive::Tar, &dest, &below).unwrap();
+    assert_eq!(ino(&dest.join("a/b.txt")), first, "a copy already made is kept");
+}

@@ -1,0 +1,228 @@
+//! A small in-process registry over plain HTTP on 127.0.0.1, enough for the puller: `GET /v2/`,
+//! manifests by tag or digest, blobs with `Range`. Knobs make it fail the ways real ones do:
+//! cut connections after a byte budget, refuse connections, ignore `Range`, serve other bytes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use sha2::Digest as _;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+#[derive(Default)]
+pub struct State {
+    pub blobs: Mutex<HashMap<String, Vec<u8>>>,
+    pub manifests: Mutex<HashMap<String, (String, Vec<u8>)>>,
+    /// Body bytes left before every connection is cut (u64::MAX: no limit).
+    pub budget: AtomicU64,
+    /// Close connections as soon as they are accepted.
+    pub refuse: AtomicBool,
+    /// Answer ranged requests with the whole blob (200).
+    pub ignore_range: AtomicBool,
+    /// Serve blobs with their first byte flipped.
+    pub corrupt: AtomicBool,
+    /// Body bytes sent for blobs.
+    pub served: AtomicU64,
+    /// Blob requests received.
+    pub blob_requests: AtomicUsize,
+    /// Pause between two 64 KiB pieces of a blob (milliseconds).
+    pub delay_ms: AtomicU64,
+    /// Requests received in proxy form (absolute URL).
+    pub proxied: AtomicUsize,
+    /// Connections accepted.
+    pub connections: AtomicUsize,
+    /// Require `Authorization: Basic base64(user:pass)`.
+    pub basic: Mutex<Option<String>>,
+}
+
+pub struct Fake {
+    pub state: Arc<State>,
+    pub host: String,
+}
+
+impl Fake {
+    pub async fn start() -> Fake {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let host = listener.local_addr().unwrap().to_string();
+        let state = Arc::new(State { budget: AtomicU64::new(u64::MAX), ..Default::default() });
+        let s = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((conn, _)) = listener.accept().await else { return };
+                s.connections.fetch_add(1, Ordering::SeqCst);
+                if s.refuse.load(Ordering::SeqCst) {
+                    drop(conn);
+                    continue;
+                }
+                tokio::spawn(serve(conn, s.clone()));
+            }
+        });
+        Fake { state, host }
+    }
+
+    /// Store a blob; returns its digest.
+    pub fn blob(&self, bytes: Vec<u8>) -> String {
+        let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&bytes)));
+        self.state.blobs.lock().unwrap().insert(digest.clone(), bytes);
+        digest
+    }
+
+    /// Store a manifest under `tag` and its digest; returns the digest.
+    pub fn manifest(&self, tag: &str, media_type: &str, json: &str) -> String {
+        let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(json.as_bytes())));
+        let mut m = self.state.manifests.lock().unwrap();
+        m.insert(tag.to_string(), (media_type.to_string(), json.as_bytes().to_vec()));
+        m.insert(digest.clone(), (media_type.to_string(), json.as_bytes().to_vec()));
+        digest
+    }
+}
+
+async fn serve(mut conn: TcpStream, s: Arc<State>) {
+    let mut buf = Vec::new();
+    loop {
+        // Read one request head.
+        let head = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..i]).into_owned();
+                buf.drain(..i + 4);
+                break head;
+            }
+            let mut chunk = [0u8; 4096];
+            match conn.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let mut lines = head.lines();
+        let first = lines.next().unwrap_or_default().to_string();
+        let headers: HashMap<String, String> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        let mut path = first.split_whitespace().nth(1).unwrap_or("/").to_string();
+        // A request through this server as an HTTP proxy names the origin: `GET http://host/v2/`.
+        if let Some(rest) = path.strip_prefix("http://") {
+            s.proxied.fetch_add(1, Ordering::SeqCst);
+            path = rest.find('/').map(|i| rest[i..].to_string()).unwrap_or_else(|| "/".into());
+        }
+        let path = path.split('?').next().unwrap_or("").to_string();
+        let wanted = s.basic.lock().unwrap().clone();
+        if let Some(want) = wanted
+            && headers.get("authorization") != Some(&format!("Basic {want}"))
+        {
+            let body = br#"{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}"#;
+            let head = format!(
+                "HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nWWW-Authenticate: Basic realm=\"fake\"\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            if conn.write_all(head.as_bytes()).await.is_err() || conn.write_all(body).await.is_err() {
+                return;
+            }
+            continue;
+        }
+        if path == "/v2/" {
+            let head =
+                "HTTP/1.1 200 OK\r\nDocker-Distribution-API-Version: registry/2.0\r\nContent-Length: 2\r\n\r\n{}";
+            if conn.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let parts: Vec<&str> = path.trim_start_matches("/v2/").rsplitn(3, '/').collect();
+        let (kind, key) = match parts.as_slice() {
+            [key, kind, _repo] => (*kind, *key),
+            _ => ("", ""),
+        };
+        let found = match kind {
+            "manifests" => s.manifests.lock().unwrap().get(key).cloned(),
+            "blobs" => s.blobs.lock().unwrap().get(key).cloned().map(|b| ("application/octet-stream".to_string(), b)),
+            _ => None,
+        };
+        let Some((media_type, mut body)) = found else {
+            let code = if kind == "blobs" { "BLOB_UNKNOWN" } else { "MANIFEST_UNKNOWN" };
+            let body = format!(r#"{{"errors":[{{"code":"{code}","message":"unknown"}}]}}"#);
+            let head = format!(
+                "HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            if conn.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            continue;
+        };
+        if kind == "blobs" {
+            s.blob_requests.fetch_add(1, Ordering::SeqCst);
+            if s.corrupt.load(Ordering::SeqCst) && !body.is_empty() {
+                body[0] ^= 0xff;
+            }
+        }
+        let total = body.len() as u64;
+        let range = headers
+            .get("range")
+            .filter(|_| kind == "blobs" && !s.ignore_range.load(Ordering::SeqCst))
+            .and_then(|r| r.strip_prefix("bytes="))
+            .and_then(|r| r.split_once('-'))
+            .map(|(a, b)| {
+                let a: u64 = a.parse().unwrap_or(0);
+                let b: u64 = if b.is_empty() { total.saturating_sub(1) } else { b.parse().unwrap_or(0).min(total - 1) };
+                (a, b)
+            });
+        let (status, slice, extra) = match range {
+            Some((a, _)) if a >= total => {
+                let head = format!(
+                    "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */{total}\r\nContent-Length: 0\r\n\r\n"
+                );
+                if conn.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            Some((a, b)) => (
+                "206 Partial Content",
+                &body[a as usize..=b as usize],
+                format!("Content-Range: bytes {a}-{b}/{total}\r\n"),
+            ),
+            None => ("200 OK", &body[..], String::new()),
+        };
+        let digest_header = if kind == "manifests" {
+            format!("Docker-Content-Digest: sha256:{}\r\n", hex::encode(sha2::Sha256::digest(&body)))
+        } else {
+            String::new()
+        };
+        let head = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: {media_type}\r\nContent-Length: {}\r\n{extra}{digest_header}\r\n",
+            slice.len()
+        );
+        if conn.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        for piece in slice.chunks(64 << 10) {
+            let n = if kind == "blobs" {
+                let left = s.budget.load(Ordering::SeqCst);
+                let n = (piece.len() as u64).min(left);
+                if left != u64::MAX {
+                    s.budget.fetch_sub(n, Ordering::SeqCst);
+                }
+                n as usize
+            } else {
+                piece.len()
+            };
+            let delay = s.delay_ms.load(Ordering::SeqCst);
+            if delay > 0 && kind == "blobs" {
+                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+            }
+            if conn.write_all(&piece[..n]).await.is_err() {
+                return;
+            }
+            if kind == "blobs" {
+                s.served.fetch_add(n as u64, Ordering::SeqCst);
+            }
+            if n < piece.len() {
+                // Out of budget: cut the connection mid-body.
+                let _ = conn.shutdown().await;
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,423 @@
+//! Resolve and download against the in-process fake registry.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::super::{Artifacts, BlobRef, Credentials, Ensure, OciError, RegistryConfig, Source};
+use super::fake::Fake;
+use super::*;
+
+const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+const INDEX: &str = "application/vnd.oci.image.index.v1+json";
+
+struct Env {
+    fake: Fake,
+    _t: tempfile::TempDir,
+    root: std::path::PathBuf,
+    a: Artifacts,
+}
+
+async fn env() -> Env {
+    let fake = Fake::start().await;
+    let (t, root) = tempdir();
+    let cfg = RegistryConfig { insecure: [fake.host.clone()].into(), ..Default::default() };
+    let a = Artifacts::new(root.join("cache"), cfg).unwrap();
+    Env { fake, _t: t, root, a }
+}
+
+impl Env {
+    fn src(&self, reference: &str) -> Source {
+        Source {
+            registry: self.fake.host.clone(),
+            repository: "org/model".into(),
+            reference: reference.into(),
+            mirror: None,
+            credentials: Credentials::Anonymous,
+            insecure: true,
+        }
+    }
+
+    fn blob(&self, bytes: Vec<u8>) -> BlobRef {
+        let size = bytes.len() as u64;
+        BlobRef { digest: self.fake.blob(bytes), size, media_type: "application/octet-stream".into() }
+    }
+
+    fn path(&self, b: &BlobRef) -> std::path::PathBuf {
+        self.root.join("cache/blobs/sha256").join(b.digest.trim_start_matches("sha256:"))
+    }
+
+    fn partial(&self, b: &BlobRef) -> std::path::PathBuf {
+        self.path(b).with_extension("partial")
+    }
+
+    /// `ensure` until it stops answering `Pulling` (30 s at most).
+    async fn settle(&self, volume: &str, blobs: &[BlobRef]) -> Ensure {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.a.ensure(volume, &self.src("v1"), blobs) {
+                Ensure::Pulling(_) if Instant::now() < until => tokio::time::sleep(Duration::from_millis(20)).await,
+                other => return other,
+            }
+        }
+    }
+
+    /// Wait until the last attempt at `b` stopped with a retriable error.
+    async fn stopped(&self, b: &BlobRef) -> String {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(e) = self.a.last_errors().get(&b.digest) {
+                return e.clone();
+            }
+            assert!(Instant::now() < until, "the download of {} did not stop", b.digest);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Incompressible bytes, different for each seed.
+fn random(size: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(size + 8);
+    while out.len() < size {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    out.truncate(size);
+    out
+}
+
+fn manifest_json(config: &str, config_size: usize, layer: &BlobRef) -> String {
+    format!(
+        r#"{{"schemaVersion":2,"mediaType":"{MANIFEST}","artifactType":"application/vnd.cncf.model.manifest.v1+json",
+        "config":{{"mediaType":"application/vnd.cncf.model.config.v1+json","digest":"{config}","size":{config_size}}},
+        "layers":[{{"mediaType":"application/vnd.cncf.model.weight.v1.tar","digest":"{}","size":{}}}]}}"#,
+        layer.digest, layer.size
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_reads_manifest_and_config_by_tag_digest_or_index() {
+    let e = env().await;
+    let config = br#"{"descriptor":{"name":"m"},"modelfs":{"type":"layers","diffIds":[]}}"#.to_vec();
+    let config_digest = e.fake.blob(config.clone());
+    let layer = e.blob(b"layer".to_vec());
+    let manifest = manifest_json(&config_digest, config.len(), &layer);
+    let digest = e.fake.manifest("v1", MANIFEST, &manifest);
+    let index = format!(
+        r#"{{"schemaVersion":2,"mediaType":"{INDEX}","manifests":[{{"mediaType":"{MANIFEST}","digest":"{digest}","size":{}}}]}}"#,
+        manifest.len()
+    );
+    e.fake.manifest("multi", INDEX, &index);
+
+    for reference in ["v1", digest.as_str(), "multi"] {
+        let r = e.a.resolve(&e.src(reference)).await.unwrap();
+        assert_eq!(r.manifest_digest, digest, "{reference}");
+        assert_eq!(r.manifest, manifest);
+        assert_eq!(r.config.as_bytes(), config.as_slice());
+    }
+    let err = e.a.resolve(&e.src("nope")).await.unwrap_err();
+    assert!(matches!(err, OciError::ManifestNotFound { .. }), "{err:?}");
+    assert!(err.to_string().contains(&format!("{}/org/model:nope", e.fake.host)), "{err}");
+    assert_eq!(e.a.bytes_fetched(), 0, "resolve is not counted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blob_is_pulled_verified_and_found_again() {
+    let e = env().await;
+    let data = random(3 << 20, 1);
+    let b = e.blob(data.clone());
+    assert!(matches!(e.a.ensure("vol-1", &e.src("v1"), std::slice::from_ref(&b)), Ensure::Pulling(_)));
+    assert_eq!(e.settle("vol-1", std::slice::from_ref(&b)).await, Ensure::Ready);
+    assert_eq!(std::fs::read(e.path(&b)).unwrap(), data);
+    assert_eq!(mode(&e.path(&b)), 0o444);
+    assert!(!e.partial(&b).exists());
+    assert!(!e.path(&b).with_extension("partial.json").exists());
+    assert_eq!(e.a.bytes_fetched(), data.len() as u64);
+    // Again: there already, nothing fetched.
+    assert_eq!(e.a.ensure("vol-2", &e.src("v1"), std::slice::from_ref(&b)), Ensure::Ready);
+    assert_eq!(e.a.bytes_fetched(), data.len() as u64);
+    let p = e.a.progress();
+    assert_eq!(p["vol-1"].done_bytes, data.len() as u64);
+    assert_eq!(p["vol-2"].total_bytes, data.len() as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_volumes_share_one_download() {
+    let e = env().await;
+    e.fake.state.delay_ms.store(2, Ordering::SeqCst);
+    let data = random(4 << 20, 2);
+    let b = e.blob(data.clone());
+    let one = std::slice::from_ref(&b);
+    assert!(matches!(e.a.ensure("vol-a", &e.src("v1"), one), Ensure::Pulling(_)));
+    assert!(matches!(e.a.ensure("vol-b", &e.src("v1"), one), Ensure::Pulling(_)));
+    assert_eq!(e.a.progress().len(), 2);
+    assert_eq!(e.settle("vol-a", one).await, Ensure::Ready);
+    assert_eq!(e.settle("vol-b", one).await, Ensure::Ready);
+    assert_eq!(e.a.bytes_fetched(), data.len() as u64);
+    assert_eq!(e.fake.state.blob_requests.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_blob_comes_in_parallel_ranges() {
+    let e = env().await;
+    let data = random(70 << 20, 3);
+    let b = e.blob(data.clone());
+    assert_eq!(e.settle("vol-1", std::slice::from_ref(&b)).await, Ensure::Ready);
+    assert!(std::fs::read(e.path(&b)).unwrap() == data, "content differs");
+    assert_eq!(e.a.bytes_fetched(), data.len() as u64);
+    assert_eq!(e.fake.state.blob_requests.load(Ordering::SeqCst), 5, "70 MiB in 16 MiB ranges");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_ignoring_ranges_still_works() {
+    let e = env().await;
+    e.fake.state.ignore_range.store(true, Ordering::SeqCst);
+    let data = random(70 << 20, 4);
+    let b = e.blob(data.clone());
+    assert_eq!(e.settle("vol-1", std::slice::from_ref(&b)).await, Ensure::Ready);
+    assert!(std::fs::read(e.path(&b)).unwrap() == data, "content differs");
+}
+
+/// Cut the registry after `cut` bytes, wait for the pull to stop, let it go on, and check it
+/// resumed rather than started over.
+async fn resume(size: usize, cut: u64, seed: u64) {
+    let e = env().await;
+    let data = random(size, seed);
+    let b = e.blob(data.clone());
+    let one = std::slice::from_ref(&b);
+    e.fake.state.budget.store(cut, Ordering::SeqCst);
+    assert!(matches!(e.a.ensure("vol-1", &e.src("v1"), one), Ensure::Pulling(_)));
+    let why = e.stopped(&b).await;
+    assert!(why.contains("unreachable"), "{why}");
+    assert!(e.partial(&b).exists(), "the partial file is kept");
+    let sidecar = std::fs::read_to_string(e.path(&b).with_extension("partial.json")).unwrap();
+    assert!(sidecar.contains("\"have\":[["), "{sidecar}");
+    let p = &e.a.progress()["vol-1"];
+    assert!(p.done_bytes > 0 && p.done_bytes <= cut, "{p:?}");
+
+    e.fake.state.budget.store(u64::MAX, Ordering::SeqCst);
+    assert_eq!(e.settle("vol-1", one).await, Ensure::Ready);
+    assert!(std::fs::read(e.path(&b)).unwrap() == data, "content differs");
+    let served = e.fake.state.served.load(Ordering::SeqCst);
+    assert!(served as f64 <= size as f64 * 1.1, "served {served} for {size}");
+    assert!(e.a.last_errors().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_download_resumes() {
+    resume(20 << 20, 8 << 20, 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_parallel_download_resumes_its_holes() {
+    resume(80 << 20, 30 << 20, 6).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_registry_is_retried_by_the_next_ensure() {
+    let e = env().await;
+    e.fake.state.refuse.store(true, Ordering::SeqCst);
+    let b = e.blob(random(1000, 7));
+    let one = std::slice::from_ref(&b);
+    assert!(matches!(e.a.ensure("vol-1", &e.src("v1"), one), Ensure::Pulling(_)));
+    let why = e.stopped(&b).await;
+    assert!(why.contains(&e.fake.host), "{why}");
+    let before = e.fake.state.connections.load(Ordering::SeqCst);
+    e.fake.state.refuse.store(false, Ordering::SeqCst);
+    assert!(matches!(e.a.ensure("vol-1", &e.src("v1"), one), Ensure::Pulling(_)), "restarted, not failed");
+    assert_eq!(e.settle("vol-1", one).await, Ensure::Ready);
+    assert!(e.fake.state.connections.load(Ordering::SeqCst) > before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_blob_fails_once_and_leaves_nothing() {
+    let e = env().await;
+    e.fake.state.corrupt.store(true, Ordering::SeqCst);
+    let b = e.blob(random(2 << 20, 8));
+    let one = std::slice::from_ref(&b);
+    let got = e.settle("vol-1", one).await;
+    let Ensure::Failed(err) = got else { panic!("{got:?}") };
+    assert!(matches!(err, OciError::DigestMismatch { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("digest mismatch") && text.contains(&b.digest) && text.contains(&e.fake.host), "{text}");
+    assert!(!e.partial(&b).exists() && !e.path(&b).exists());
+    // Reported once: the next ensure starts over.
+    e.fake.state.corrupt.store(false, Ordering::SeqCst);
+    assert!(matches!(e.a.ensure("vol-1", &e.src("v1"), one), Ensure::Pulling(_)));
+    assert_eq!(e.settle("vol-1", one).await, Ensure::Ready);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_is_told_to_every_volume_that_waited() {
+    let e = env().await;
+    e.fake.state.delay_ms.store(5, Ordering::SeqCst);
+    e.fake.state.corrupt.store(true, Ordering::SeqCst);
+    let b = e.blob(random(1 << 20, 9));
+    let one = std::slice::from_ref(&b);
+    e.a.ensure("vol-a", &e.src("v1"), one);
+    e.a.ensure("vol-b", &e.src("v1"), one);
+    assert!(matches!(e.settle("vol-a", one).await, Ensure::Failed(OciError::DigestMismatch { .. })));
+    assert!(matches!(e.a.ensure("vol-b", &e.src("v1"), one), Ensure::Failed(OciError::DigestMismatch { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_blob_is_not_found() {
+    let e = env().await;
+    let b = BlobRef { digest: sha256(b"never pushed"), size: 12, media_type: String::new() };
+    let got = e.settle("vol-1", std::slice::from_ref(&b)).await;
+    let Ensure::Failed(err) = got else { panic!("{got:?}") };
+    assert!(matches!(err, OciError::BlobNotFound { .. }), "{err:?}");
+    assert!(err.to_string().contains(&b.digest), "{err}");
+    assert!(!e.partial(&b).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_size_the_registry_disagrees_with_fails() {
+    let e = env().await;
+    let mut b = e.blob(random(5000, 10));
+    b.size = 4000;
+    let Ensure::Failed(err) = e.settle("vol-1", std::slice::from_ref(&b)).await else { panic!() };
+    assert!(matches!(err, OciError::SizeMismatch { .. }), "{err:?}");
+    b.size = 6000;
+    let Ensure::Failed(err) = e.settle("vol-2", std::slice::from_ref(&b)).await else { panic!() };
+    assert!(matches!(err, OciError::SizeMismatch { .. }), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_missing_refused_and_right() {
+    let e = env().await;
+    *e.fake.state.basic.lock().unwrap() = Some("dTpw".into()); // u:p
+    let config = e.fake.blob(b"{}".to_vec());
+    let layer = e.blob(b"x".to_vec());
+    e.fake.manifest("v1", MANIFEST, &manifest_json(&config, 2, &layer));
+    let mut src = e.src("v1");
+    let err = e.a.resolve(&src).await.unwrap_err();
+    assert!(matches!(err, OciError::AuthMissing { .. }), "{err:?}");
+    assert!(err.to_string().contains("no credentials were given"), "{err}");
+    src.credentials = Credentials::Basic { username: "u".into(), password: "wrong".into() };
+    let err = e.a.resolve(&src).await.unwrap_err();
+    assert!(matches!(err, OciError::AuthRefused { .. }), "{err:?}");
+    assert!(!err.to_string().contains("wrong"), "{err}");
+    src.credentials = Credentials::Basic { username: "u".into(), password: "p".into() };
+    e.a.resolve(&src).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_to_an_unlisted_registry_is_refused_before_connecting() {
+    let e = env().await;
+    let mut src = e.src("v1");
+    src.mirror = Some("127.0.0.1:9".into());
+    let err = e.a.resolve(&src).await.unwrap_err();
+    assert!(matches!(err, OciError::InsecureRefused { .. }), "{err:?}");
+    assert!(err.to_string().contains("127.0.0.1:9"), "{err}");
+    let b = e.blob(b"x".to_vec());
+    assert!(matches!(e.a.ensure("vol-1", &src, &[b]), Ensure::Failed(OciError::InsecureRefused { .. })));
+    assert_eq!(e.fake.state.connections.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_is_asked_for_the_same_repository() {
+    let e = env().await;
+    let config = e.fake.blob(b"{}".to_vec());
+    let layer = e.blob(b"x".to_vec());
+    e.fake.manifest("v1", MANIFEST, &manifest_json(&config, 2, &layer));
+    let mut src = e.src("v1");
+    src.registry = "registry.invalid".into();
+    src.mirror = Some(e.fake.host.clone());
+    let r = e.a.resolve(&src).await.unwrap();
+    assert_eq!(r.config, "{}");
+    assert_eq!(e.settle_with(&src, "vol-1", &[layer]).await, Ensure::Ready);
+}
+
+impl Env {
+    async fn settle_with(&self, src: &Source, volume: &str, blobs: &[BlobRef]) -> Ensure {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.a.ensure(volume, src, blobs) {
+                Ensure::Pulling(_) if Instant::now() < until => tokio::time::sleep(Duration::from_millis(20)).await,
+                other => return other,
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forgetting_the_only_volume_stops_its_download() {
+    let e = env().await;
+    e.fake.state.delay_ms.store(10, Ordering::SeqCst);
+    let data = random(8 << 20, 11);
+    let b = e.blob(data.clone());
+    let one = std::slice::from_ref(&b);
+    e.a.ensure("vol-1", &e.src("v1"), one);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    e.a.forget("vol-1");
+    assert!(e.a.progress().is_empty());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let fetched = e.a.bytes_fetched();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(e.a.bytes_fetched(), fetched, "still downloading");
+    assert!(fetched < data.len() as u64 && e.partial(&b).exists());
+    // Another volume asks: it resumes.
+    e.fake.state.delay_ms.store(0, Ordering::SeqCst);
+    assert_eq!(e.settle("vol-2", one).await, Ensure::Ready);
+    assert!(e.a.bytes_fetched() as f64 <= data.len() as f64 * 1.1);
+    assert!(std::fs::read(e.path(&b)).unwrap() == data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configured_proxy_carries_the_traffic() {
+    let fake = Fake::start().await;
+    let (_t, root) = tempdir();
+    // The registry's name resolves nowhere: only the proxy (the fake) can reach it.
+    let registry = "registry.invalid:5000";
+    let cfg = RegistryConfig {
+        insecure: [registry.to_string()].into(),
+        proxy: Some(format!("http://{}", fake.host)),
+        ..Default::default()
+    };
+    let a = Artifacts::new(root.join("cache"), cfg).unwrap();
+    let data = random(100_000, 12);
+    let size = data.len() as u64;
+    let b = BlobRef { digest: fake.blob(data.clone()), size, media_type: String::new() };
+    let src = Source {
+        registry: registry.into(),
+        repository: "org/model".into(),
+        reference: "v1".into(),
+        mirror: None,
+        credentials: Credentials::Anonymous,
+        insecure: true,
+    };
+    let until = Instant::now() + Duration::from_secs(30);
+    let got = loop {
+        match a.ensure("vol-1", &src, std::slice::from_ref(&b)) {
+            Ensure::Pulling(_) if Instant::now() < until => tokio::time::sleep(Duration::from_millis(20)).await,
+            other => break other,
+        }
+    };
+    assert_eq!(got, Ensure::Ready);
+    assert!(fake.state.proxied.load(Ordering::SeqCst) > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_blob_is_fine() {
+    let e = env().await;
+    let b = e.blob(Vec::new());
+    assert_eq!(e.settle("vol-1", std::slice::from_ref(&b)).await, Ensure::Ready);
+    assert_eq!(std::fs::metadata(e.path(&b)).unwrap().len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_asking_for_other_blobs_stops_waiting_for_the_old_ones() {
+    let e = env().await;
+    e.fake.state.delay_ms.store(10, Ordering::SeqCst);
+    let old = e.blob(random(8 << 20, 13));
+    let new = e.blob(random(1000, 14));
+    e.a.ensure("vol-1", &e.src("v1"), std::slice::from_ref(&old));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(e.settle("vol-1", std::slice::from_ref(&new)).await, Ensure::Ready);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!e.path(&old).exists(), "the old blob's download went on");
+    assert!(e.partial(&old).exists(), "and kept what it had");
+}

@@ -1,0 +1,39 @@
+use super::super::segments::{Segments, chunks};
+
+#[test]
+fn ranges_merge_and_leave_gaps() {
+    let mut s = Segments::default();
+    s.insert(10..20);
+    s.insert(30..40);
+    s.insert(0..5);
+    assert_eq!(s.prefix(), 5);
+    assert_eq!(s.gaps(50), [5..10, 20..30, 40..50]);
+    s.insert(5..10); // touches both neighbours' ends
+    assert_eq!(s.ranges(), [0..20, 30..40]);
+    s.insert(15..35); // overlaps
+    assert_eq!(s.ranges(), std::slice::from_ref(&(0..40)));
+    assert_eq!((s.prefix(), s.covered()), (40, 40));
+    s.insert(40..50);
+    assert!(s.gaps(50).is_empty());
+    s.insert(7..7);
+    assert_eq!(s.ranges(), std::slice::from_ref(&(0..50)));
+}
+
+#[test]
+fn the_sidecar_round_trips_and_lies_are_refused() {
+    let mut s = Segments::default();
+    s.insert(0..100);
+    s.insert(200..300);
+    let text = s.encode(1000);
+    assert_eq!(Segments::decode(&text, 1000, 1000), Some(s.clone()));
+    assert_eq!(Segments::decode(&text, 999, 1000), None, "another size");
+    assert_eq!(Segments::decode(&text, 1000, 250), None, "ranges past the file's end");
+    assert_eq!(Segments::decode(r#"{"version":1,"size":1000,"have":[[200,300],[0,100]]}"#, 1000, 1000), None);
+    assert_eq!(Segments::decode(r#"{"version":1,"size":1000,"have":[[5,5]]}"#, 1000, 1000), None);
+    assert_eq!(Segments::decode("not json", 1000, 1000), None);
+}
+
+#[test]
+fn gaps_are_cut_into_chunks_in_file_order() {
+    assert_eq!(chunks(&[0..10, 20..25], 4), [0..4, 4..8, 8..10, 20..24, 24..25]);
+}

@@ -1,0 +1,18 @@
+//! Host-side bindings of the frozen first contract, `wit/v0.1.0/plugin.wit`
+//! (`mounthost:plugin@0.1.0`), so plugins built against it keep loading. Only the runtime
+//! touches these types: [`super::adapter`] converts requests down to them and the plugin's
+//! answers up to the current contract ([`super::bindings`]).
+//!
+//! Generated with the same options as the current bindings.
+
+wasmtime::component::bindgen!({
+    path: "../wit/v0.1.0",
+    world: "plugin",
+    imports: { default: async | trappable },
+    exports: { default: async },
+    additional_derives: [PartialEq],
+});
+
+pub use self::exports::mounthost::plugin::planner;
+pub use self::mounthost::plugin::host::Level;
+pub use self::mounthost::plugin::types;

@@ -1,0 +1,783 @@
+//! End to end, as root, in a private mount namespace: ModelPack artifacts built and pushed here
+//! into a real `docker-registry` (Debian's package, its own config on 127.0.0.1), staged and
+//! published by kubelet-shaped calls through the real front and host daemon processes.
+//!
+//! A throttling TCP relay between the host and the registry (`Relay`) makes "in the middle of a
+//! download" a moment a test can reach on purpose: it counts the bytes the registry sent, slows
+//! them to a rate the test sets, and can be cut.
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::registry::{Class, ModelBuilder, Packing, PushedModel, Registry, RegistryOptions, random_file};
+use common::{NodeDirs, Proc, Scrape, guarded, in_private_namespace, mounts_below, stage_req, wait_ready};
+use mounthost::proto::csi;
+use mounthost::proto::csi::node_client::NodeClient;
+use mounthost::proto::host::VolumeStatus;
+use mounthost::proto::host::host_client::HostClient;
+use mounthost::unpriv::grpc::channel;
+use tonic::Code;
+
+type Node = NodeClient<tonic::transport::Channel>;
+
+/// A running node: host daemon and front, and a runtime to drive them.
+struct ModelNode {
+    dirs: NodeDirs,
+    host: std::sync::Mutex<Option<Proc>>,
+    _front: Proc,
+}
+
+impl ModelNode {
+    fn start(host_args: Vec<String>) -> ModelNode {
+        ModelNode::start_in(NodeDirs::new(), host_args)
+    }
+
+    fn start_in(dirs: NodeDirs, host_args: Vec<String>) -> ModelNode {
+        let host = dirs.start_host(&host_args);
+        let front = dirs.start_front(&[]);
+        ModelNode { dirs, host: std::sync::Mutex::new(Some(host)), _front: front }
+    }
+
+    /// Kill the host daemon (-9) and start it again with `host_args` (the front stays).
+    fn restart_host(&self, host_args: Vec<String>) {
+        self.kill_host();
+        *self.host.lock().unwrap() = Some(self.dirs.start_host(&host_args));
+    }
+
+    fn kill_host(&self) {
+        if let Some(mut h) = self.host.lock().unwrap().take() {
+            h.kill9();
+        }
+    }
+
+    async fn node(&self) -> Node {
+        let ch = channel(&self.dirs.csi_sock);
+        wait_ready(&ch).await;
+        NodeClient::new(ch)
+    }
+
+    async fn volumes(&self) -> Vec<VolumeStatus> {
+        let mut host = HostClient::new(channel(&self.dirs.host_sock));
+        host.list_volumes(mounthost::proto::host::ListVolumesRequest {}).await.unwrap().into_inner().volumes
+    }
+
+    /// Bytes the host's blob cache received, from its metrics.
+    fn fetched(&self) -> f64 {
+        // The counter is brought up to date at a scrape, at most once a second.
+        std::thread::sleep(Duration::from_millis(1100));
+        Scrape::of(&self.dirs.host_metrics()).value("mounthost_oci_blob_fetched_bytes_total", &[])
+    }
+
+    /// Run `mounthost <args>` against this node's host daemon.
+    fn cli(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(env!("CARGO_BIN_EXE_mounthost"))
+            .arg("--state-dir")
+            .arg(&self.dirs.state)
+            .arg("--host-socket")
+            .arg(&self.dirs.host_sock)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+/// A model volume's context.
+fn model_ctx(reference: &str, extra: &[(&str, &str)]) -> HashMap<String, String> {
+    let mut ctx: HashMap<String, String> =
+        [("plugin".to_string(), "model".to_string()), ("reference".into(), reference.to_string())].into();
+    ctx.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    ctx
+}
+
+/// Stage until it stops answering UNAVAILABLE (kubelet's retry loop, faster); returns the
+/// UNAVAILABLE messages seen and the final outcome.
+async fn stage_until_done(
+    node: &mut Node,
+    req: &csi::NodeStageVolumeRequest,
+    limit: Duration,
+) -> (Vec<String>, Result<(), tonic::Status>) {
+    let until = Instant::now() + limit;
+    let mut waits = Vec::new();
+    loop {
+        match node.node_stage_volume(req.clone()).await {
+            Ok(_) => return (waits, Ok(())),
+            Err(s) if s.code() == Code::Unavailable && Instant::now() < until => {
+                waits.push(s.message().to_string());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(s) => return (waits, Err(s)),
+        }
+    }
+}
+
+fn publish_req(
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    ctx: &HashMap<String, String>,
+) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(common::capability(csi::volume_capability::access_mode::Mode::MultiNodeReaderOnly)),
+        readonly: true,
+        volume_context: ctx.clone(),
+        ..Default::default()
+    }
+}
+
+/// Every regular file below `dir`, relative, with its sha256 (hex).
+fn tree(dir: &Path) -> Vec<(String, String)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            if meta.is_dir() {
+                walk(root, &p, out);
+            } else {
+                let (hex, _) = common::registry::sha256_file(&p);
+                out.push((p.strip_prefix(root).unwrap().display().to_string(), hex));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// The files of `model` whose paths pass `keep`, as [`tree`] lists them.
+fn expected(model: &PushedModel, keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> =
+        model.files.iter().filter(|(p, _, _)| keep(p)).map(|(p, h, _)| (p.clone(), h.clone())).collect();
+    v.sort();
+    v
+}
+
+/// Partial downloads left in the node's blob cache.
+fn partials(state: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(rd) = std::fs::read_dir(dir) else { return };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.to_string_lossy().contains("partial") {
+                out.push(p);
+            }
+        }
+    }
+    walk(&state.join("cache/blobs"), &mut out);
+    out
+}
+
+/// A small model: a config and a tokenizer (tar, tar+gzip), a README (tar+zstd) and weights
+/// (raw) of `weights` bytes.
+fn small_model(registry: &Registry, work: &Path, repo: &str, weights: u64) -> PushedModel {
+    let (w, _) = random_file(work, weights);
+    ModelBuilder::new()
+        .file("config.json", br#"{"architectures":["Test"]}"#.as_slice(), Class::Config, Packing::Tar)
+        .file(
+            "tokenizer.json",
+            br#"{"version":"1.0","model":{"type":"BPE"}}"#.as_slice(),
+            Class::Config,
+            Packing::TarGzip,
+        )
+        .file("README.md", b"# a test model\n".as_slice(), Class::Doc, Packing::TarZstd)
+        .file("model.safetensors", common::registry::Content::File(w), Class::Weight, Packing::Raw)
+        .push(registry, repo, "v1")
+}
+
+/// A TCP relay to `upstream` that counts and throttles what the upstream sends back.
+struct Relay {
+    port: u16,
+    sent: Arc<AtomicU64>,
+    rate: Arc<AtomicU64>,
+    cut: Arc<AtomicBool>,
+}
+
+impl Relay {
+    fn start(upstream: String) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let relay = Relay { port, sent: Arc::default(), rate: Arc::new(AtomicU64::new(u64::MAX)), cut: Arc::default() };
+        let (sent, rate, cut) = (relay.sent.clone(), relay.rate.clone(), relay.cut.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(&upstream) else { continue };
+                cut.store(false, Ordering::SeqCst);
+                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || pipe(c2, s2, None));
+                let (sent, rate, cut) = (sent.clone(), rate.clone(), cut.clone());
+                std::thread::spawn(move || pipe(server, client, Some((sent, rate, cut))));
+            }
+        });
+        relay
+    }
+
+    fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Bytes per second the upstream's answers are slowed to.
+    fn throttle(&self, bytes_per_sec: u64) {
+        self.rate.store(bytes_per_sec, Ordering::SeqCst);
+    }
+
+    /// Close every connection now open.
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+    }
+
+    fn sent(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
+    }
+}
+
+type Meter = (Arc<AtomicU64>, Arc<AtomicU64>, Arc<AtomicBool>);
+
+fn pipe(mut from: TcpStream, mut to: TcpStream, meter: Option<Meter>) {
+    let mut buf = vec![0u8; 64 << 10];
+    let started = Instant::now();
+    let mut moved = 0u64;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if let Some((sent, rate, cut)) = &meter {
+            if cut.load(Ordering::SeqCst) {
+                break;
+            }
+            moved += n as u64;
+            let rate = rate.load(Ordering::SeqCst);
+            if rate != u64::MAX {
+                let due = Duration::from_secs_f64(moved as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            sent.fetch_add(n as u64, Ordering::SeqCst);
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = from.shutdown(std::net::Shutdown::Both);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+/// Run `body` on a tokio runtime; on a panic print the node's and the registry's logs.
+fn run(node: &ModelNode, registry: &Registry, body: impl AsyncFnOnce()) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let log = registry.log_path();
+    guarded(&node.dirs, || {
+        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(body()))) {
+            eprintln!("--- registry log (tail)\n{}", tail(&std::fs::read_to_string(log).unwrap_or_default(), 40));
+            std::panic::resume_unwind(e);
+        }
+    });
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+#[test]
+fn a_model_stages_from_the_registry_and_publishes_read_only() {
+    if !in_private_namespace("a_model_stages_from_the_registry_and_publishes_read_only") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let model = small_model(&registry, work.path(), "models/demo", 256 << 20);
+    let insecure = format!("--insecure-registry={}", registry.host());
+    let node = ModelNode::start(vec![insecure]);
+    run(&node, &registry, async || {
+        let mut csi = node.node().await;
+        let ctx = model_ctx(&model.reference, &[("insecure", "true")]);
+        let staging = node.dirs.staging("pv-model-1");
+        let req = stage_req("pv-model-1", &staging, &ctx);
+
+        // The first call starts the download and answers at once.
+        let first = csi.node_stage_volume(req.clone()).await.unwrap_err();
+        assert_eq!(first.code(), Code::Unavailable, "{first:?}");
+        assert!(first.message().contains("pulling") && first.message().contains(&model.reference), "{first:?}");
+        let listed = node.volumes().await;
+        let total: u64 = model.layers.iter().map(|l| l.descriptor.size).sum();
+        if let Some(v) = listed.iter().find(|v| v.volume_id == "pv-model-1" && v.phase == "pulling") {
+            assert_eq!(v.pull_total_bytes, total, "{v:?}");
+            assert_eq!(v.pull_blobs.len(), model.layers.len(), "{v:?}");
+        }
+        let (waits, done) = stage_until_done(&mut csi, &req, Duration::from_secs(120)).await;
+        done.unwrap();
+        println!("checked: staged after {} UNAVAILABLE answers", waits.len() + 1);
+
+        let target = node.dirs.target("pod-1", "pv-model-1");
+        csi.node_publish_volume(publish_req("pv-model-1", &staging, &target, &ctx)).await.unwrap();
+        assert_eq!(tree(&target), expected(&model, |_| true), "the pod sees exactly the model's files, byte for byte");
+        let write = std::fs::write(target.join("config.json"), b"x").unwrap_err();
+        assert_eq!(write.raw_os_error(), Some(nix::errno::Errno::EROFS as i32), "{write}");
+        let create = std::fs::write(target.join("new-file"), b"x").unwrap_err();
+        assert_eq!(create.raw_os_error(), Some(nix::errno::Errno::EROFS as i32), "{create}");
+        let fetched = node.fetched();
+        assert!(fetched >= total as f64, "fetched {fetched} of {total}");
+
+        // A second volume of the same model downloads nothing and stages on the first call.
+        let staging2 = node.dirs.staging("pv-model-2");
+        let t = Instant::now();
+        csi.node_stage_volume(stage_req("pv-model-2", &staging2, &ctx)).await.unwrap();
+        let took = t.elapsed();
+        assert_eq!(node.fetched(), fetched, "a cached model costs no download");
+        println!("checked: second volume of a cached model staged in {took:?}");
+
+        // Filters: the weights alone, and everything but the weights.
+        for (pv, weights, keep) in [
+            ("pv-weights", "only", (|p: &str| p == "model.safetensors") as fn(&str) -> bool),
+            ("pv-no-weights", "exclude", |p: &str| p != "model.safetensors"),
+        ] {
+            let ctx = model_ctx(&model.reference, &[("insecure", "true"), ("weights", weights)]);
+            let staging = node.dirs.staging(pv);
+            csi.node_stage_volume(stage_req(pv, &staging, &ctx)).await.unwrap();
+            assert_eq!(tree(&staging), expected(&model, keep), "weights={weights}");
+            csi.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                volume_id: pv.into(),
+                staging_target_path: staging.display().to_string(),
+            })
+            .await
+            .unwrap();
+        }
+
+        // The cache lists the blobs with the volumes that use them; pruning keeps those.
+        let ls = node.cli(&["cache", "ls"]);
+        assert!(ls.status.success(), "{}", String::from_utf8_lossy(&ls.stderr));
+        let ls: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+        let weights = &model.layers.iter().find(|l| l.filepath == "model.safetensors").unwrap().descriptor;
+        let entry = ls["blobs"].as_array().unwrap().iter().find(|b| b["digest"] == weights.digest.as_str()).unwrap();
+        assert_eq!(entry["size"], weights.size);
+        let users: BTreeSet<&str> = entry["volumes"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        assert_eq!(users, BTreeSet::from(["pv-model-1", "pv-model-2"]), "{ls}");
+        let prune = node.cli(&["cache", "prune"]);
+        assert!(prune.status.success(), "{}", String::from_utf8_lossy(&prune.stderr));
+        assert!(node.dirs.state.join("cache/blobs/sha256").join(weights.digest.trim_start_matches("sha256:")).exists());
+
+        // Unstaged, nothing is mounted any more; pruned, the cache is empty.
+        csi.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+            volume_id: "pv-model-1".into(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .unwrap();
+        for (pv, staging) in [("pv-model-1", &staging), ("pv-model-2", &staging2)] {
+            csi.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                volume_id: pv.into(),
+                staging_target_path: staging.display().to_string(),
+            })
+            .await
+            .unwrap();
+        }
+        assert_eq!(mounts_below(node.dirs.root.path()), Vec::<PathBuf>::new());
+        let prune = node.cli(&["cache", "prune"]);
+        let pruned: serde_json::Value = serde_json::from_slice(&prune.stdout).unwrap();
+        assert_eq!(pruned["evictedBlobs"], model.layers.len(), "{pruned}");
+        assert!(
+            !node.dirs.state.join("cache/blobs/sha256").join(weights.digest.trim_start_matches("sha256:")).exists()
+        );
+    });
+}
+
+#[test]
+fn two_volumes_staged_at_once_share_one_download() {
+    if !in_private_namespace("two_volumes_staged_at_once_share_one_download") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let model = small_model(&registry, work.path(), "models/shared", 64 << 20);
+    let relay = Relay::start(registry.host());
+    relay.throttle(32 << 20);
+    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let node = ModelNode::start(vec![format!("--insecure-registry={}", relay.host())]);
+    run(&node, &registry, async || {
+        let ctx = model_ctx(&reference, &[("insecure", "true")]);
+        let (req_a, req_b) =
+            (stage_req("pv-a", &node.dirs.staging("pv-a"), &ctx), stage_req("pv-b", &node.dirs.staging("pv-b"), &ctx));
+        let (mut csi_a, mut csi_b) = (node.node().await, node.node().await);
+        let blobs: u64 = model.layers.iter().map(|l| l.descriptor.size).sum();
+        // Both answer at once while the (throttled) download runs, and both show its progress.
+        for (csi, req) in [(&mut csi_a, &req_a), (&mut csi_b, &req_b)] {
+            let e = csi.node_stage_volume(req.clone()).await.unwrap_err();
+            assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let listed = node.volumes().await;
+        for pv in ["pv-a", "pv-b"] {
+            let v = listed.iter().find(|v| v.volume_id == pv).unwrap_or_else(|| panic!("{pv} not listed: {listed:?}"));
+            assert_eq!(v.phase, "pulling", "{v:?}");
+            assert_eq!(v.pull_total_bytes, blobs, "{v:?}");
+            assert!(v.pull_done_bytes > 0 && v.pull_done_bytes < blobs, "{v:?}");
+            assert_eq!(v.pull_blobs.len(), model.layers.len(), "{v:?}");
+            assert!(v.condition.contains("pulling"), "{v:?}");
+        }
+        let client = node.cli(&["client", "list"]);
+        let shown: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap();
+        let a = shown.as_array().unwrap().iter().find(|v| v["volumeId"] == "pv-a").unwrap();
+        assert_eq!(a["pull"]["totalBytes"], blobs, "{shown}");
+        let ((_, a), (_, b)) = tokio::join!(
+            stage_until_done(&mut csi_a, &req_a, Duration::from_secs(120)),
+            stage_until_done(&mut csi_b, &req_b, Duration::from_secs(120))
+        );
+        a.unwrap();
+        b.unwrap();
+        let fetched = node.fetched() as u64;
+        assert!(fetched >= blobs && fetched < blobs + blobs / 10, "one download: fetched {fetched}, blobs {blobs}");
+        assert!(relay.sent() < 2 * blobs, "the registry sent {} for {blobs} bytes of blobs", relay.sent());
+        println!("checked: two volumes, {fetched} bytes fetched for {blobs} bytes of blobs");
+    });
+}
+
+#[test]
+fn a_registry_with_a_private_ca_needs_that_ca() {
+    if !in_private_namespace("a_registry_with_a_private_ca_needs_that_ca") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions { tls: true, ..Default::default() });
+    let work = tempfile::tempdir().unwrap();
+    let model = small_model(&registry, work.path(), "models/tls", 1 << 20);
+    let node = ModelNode::start(vec![]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    guarded(&node.dirs, || {
+        rt.block_on(async {
+            let mut csi = node.node().await;
+            let ctx = model_ctx(&model.reference, &[]);
+            let staging = node.dirs.staging("pv-tls");
+            let req = stage_req("pv-tls", &staging, &ctx);
+            let (_, r) = stage_until_done(&mut csi, &req, Duration::from_secs(30)).await;
+            let e = r.unwrap_err();
+            assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+            assert!(e.message().contains(&registry.host()) && e.message().contains("TLS"), "{e:?}");
+            assert!(e.message().contains("--registry-ca"), "says how to fix it: {e:?}");
+            assert_eq!(mounts_below(node.dirs.root.path()), Vec::<PathBuf>::new());
+        });
+        node.restart_host(vec![format!("--registry-ca={}", registry.ca_pem().display())]);
+        rt.block_on(async {
+            let mut csi = node.node().await;
+            let ctx = model_ctx(&model.reference, &[]);
+            let staging = node.dirs.staging("pv-tls");
+            let (_, r) =
+                stage_until_done(&mut csi, &stage_req("pv-tls", &staging, &ctx), Duration::from_secs(60)).await;
+            r.unwrap();
+            assert_eq!(tree(&staging), expected(&model, |_| true));
+        });
+    });
+}
+
+/// Every file below `dir` whose bytes contain `needle`.
+fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    fn walk(dir: &Path, needle: &[u8], out: &mut Vec<PathBuf>) {
+        let Ok(rd) = std::fs::read_dir(dir) else { return };
+        for e in rd.flatten() {
+            let p = e.path();
+            let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
+            if meta.is_dir() {
+                walk(&p, needle, out);
+            } else if meta.is_file()
+                && meta.len() < (16 << 20)
+                && std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle))
+            {
+                out.push(p);
+            }
+        }
+    }
+    walk(dir, needle, &mut out);
+    out
+}
+
+/// Processes whose command line contains `needle`.
+fn argv_containing(needle: &[u8]) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            cmd.windows(needle.len()).any(|w| w == needle).then(|| String::from_utf8_lossy(&cmd).replace('\0', " "))
+        })
+        .collect()
+}
+
+#[test]
+fn registry_credentials_come_from_secrets_and_go_nowhere_else() {
+    if !in_private_namespace("registry_credentials_come_from_secrets_and_go_nowhere_else") {
+        return;
+    }
+    let password = "s3cret pass:word-7f1d";
+    let registry =
+        Registry::start(RegistryOptions { htpasswd: Some(("puller".into(), password.into())), ..Default::default() });
+    let work = tempfile::tempdir().unwrap();
+    let model = small_model(&registry, work.path(), "models/private", 1 << 20);
+    let node = ModelNode::start(vec![format!("--insecure-registry={}", registry.host())]);
+    run(&node, &registry, async || {
+        let mut csi = node.node().await;
+        let ctx = model_ctx(&model.reference, &[("insecure", "true")]);
+        let staging = node.dirs.staging("pv-private");
+        let with = |user: &str, pass: &str| {
+            let mut req = stage_req("pv-private", &staging, &ctx);
+            if !user.is_empty() {
+                req.secrets =
+                    [("username".to_string(), user.to_string()), ("password".into(), pass.to_string())].into();
+            }
+            req
+        };
+        let none = csi.node_stage_volume(with("", "")).await.unwrap_err();
+        assert_eq!(none.code(), Code::Unauthenticated, "{none:?}");
+        assert!(none.message().contains(&registry.host()), "{none:?}");
+        let wrong = csi.node_stage_volume(with("puller", "not the password")).await.unwrap_err();
+        assert_eq!(wrong.code(), Code::PermissionDenied, "{wrong:?}");
+        assert!(wrong.message().contains(&registry.host()), "{wrong:?}");
+        assert_eq!(mounts_below(node.dirs.root.path()), Vec::<PathBuf>::new(), "nothing mounted");
+        let (_, ok) = stage_until_done(&mut csi, &with("puller", password), Duration::from_secs(60)).await;
+        ok.unwrap();
+        assert_eq!(tree(&staging), expected(&model, |_| true));
+
+        // The plan as `plugin plan` prints it names the secret keys, never the values.
+        let plan = node.cli(&[
+            "plugin",
+            "plan",
+            "model",
+            "--op",
+            "stage",
+            "--param",
+            &format!("reference={}", model.reference),
+            "--secret",
+            "username=puller",
+            "--secret",
+            &format!("password={password}"),
+        ]);
+        let printed = format!("{}{}", String::from_utf8_lossy(&plan.stdout), String::from_utf8_lossy(&plan.stderr));
+        assert!(printed.contains("password"), "the plan names the key: {printed}");
+        assert!(!printed.contains(password), "{printed}");
+
+        // No log line, file of the node (state, cache, logs) or process argv holds the password.
+        let leaks = files_containing(node.dirs.root.path(), password.as_bytes());
+        assert!(leaks.is_empty(), "the password is in {leaks:?}");
+        let argv = argv_containing(password.as_bytes());
+        assert!(argv.is_empty(), "the password is in argv: {argv:?}");
+        println!("checked: no password in logs, state, cache or argv");
+    });
+}
+
+#[test]
+fn failed_downloads_say_why_and_leave_no_partial_files() {
+    if !in_private_namespace("failed_downloads_say_why_and_leave_no_partial_files") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let model = small_model(&registry, work.path(), "models/broken", 8 << 20);
+    let big = small_model(&registry, work.path(), "models/big", 48 << 20);
+    let dirs = NodeDirs::new();
+    // The blob cache on a 24 MiB tmpfs: the big model's weights do not fit.
+    let cache = dirs.state.join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    nix::mount::mount(Some("tmpfs"), &cache, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=24m")).unwrap();
+    let node = ModelNode::start_in(dirs, vec![format!("--insecure-registry={}", registry.host())]);
+    run(&node, &registry, async || {
+        let mut csi = node.node().await;
+        let stage = |pv: &str, reference: &str| {
+            stage_req(pv, &node.dirs.staging(pv), &model_ctx(reference, &[("insecure", "true")]))
+        };
+
+        let unknown = registry.reference("models/broken", "no-such-tag");
+        let (_, r) = stage_until_done(&mut csi, &stage("pv-unknown", &unknown), Duration::from_secs(30)).await;
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        assert!(e.message().contains(&unknown), "{e:?}");
+
+        // A blob corrupted in the registry's storage: digest mismatch, nothing kept.
+        let weights = &model.layers.iter().find(|l| l.filepath == "model.safetensors").unwrap().descriptor;
+        let stored = registry.blob_storage_path(&weights.digest);
+        let mut bytes = std::fs::read(&stored).unwrap();
+        bytes[4096] ^= 0xff;
+        std::fs::write(&stored, &bytes).unwrap();
+        let (_, r) = stage_until_done(&mut csi, &stage("pv-corrupt", &model.reference), Duration::from_secs(60)).await;
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), Code::DataLoss, "{e:?}");
+        assert!(e.message().contains(&weights.digest) && e.message().contains(&model.reference), "{e:?}");
+        assert_eq!(partials(&node.dirs.state), Vec::<PathBuf>::new());
+        assert!(
+            !node.dirs.state.join("cache/blobs/sha256").join(weights.digest.trim_start_matches("sha256:")).exists()
+        );
+        // The retry after the error starts over (and fails the same way: the registry still
+        // serves the corrupted bytes).
+        let (waits, r) =
+            stage_until_done(&mut csi, &stage("pv-corrupt", &model.reference), Duration::from_secs(60)).await;
+        assert!(!waits.is_empty(), "the retry downloaded again");
+        assert_eq!(r.unwrap_err().code(), Code::DataLoss);
+
+        // A cache too small for the blob: disk full, nothing kept.
+        let (_, r) = stage_until_done(&mut csi, &stage("pv-big", &big.reference), Duration::from_secs(60)).await;
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains(&big.reference), "{e:?}");
+        assert_eq!(partials(&node.dirs.state), Vec::<PathBuf>::new());
+        assert_eq!(mounts_below(&node.dirs.kubelet), Vec::<PathBuf>::new(), "nothing mounted");
+        println!("checked: unknown tag, corrupted blob and disk full fail clearly and leave nothing");
+    });
+}
+
+#[test]
+fn a_download_cut_by_the_registry_resumes_where_it_stopped() {
+    if !in_private_namespace("a_download_cut_by_the_registry_resumes_where_it_stopped") {
+        return;
+    }
+    let mut registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let model = small_model(&registry, work.path(), "models/resume", 64 << 20);
+    let relay = Relay::start(registry.host());
+    relay.throttle(16 << 20);
+    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let node = ModelNode::start(vec![format!("--insecure-registry={}", relay.host())]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    guarded(&node.dirs, || {
+        rt.block_on(async {
+            let mut csi = node.node().await;
+            let ctx = model_ctx(&reference, &[("insecure", "true")]);
+            let staging = node.dirs.staging("pv-resume");
+            let req = stage_req("pv-resume", &staging, &ctx);
+            assert_eq!(csi.node_stage_volume(req.clone()).await.unwrap_err().code(), Code::Unavailable);
+            // Wait until about a third of the weights are in, then kill the registry.
+            let blobs: u64 = model.layers.iter().map(|l| l.descriptor.size).sum();
+            let until = Instant::now() + Duration::from_secs(60);
+            while relay.sent() < blobs / 3 {
+                assert!(Instant::now() < until, "the download did not progress");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            registry.kill();
+            relay.cut();
+            let before = relay.sent();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            // Retries while the registry is gone say so; then it comes back.
+            let e = csi.node_stage_volume(req.clone()).await.unwrap_err();
+            assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+            registry.restart();
+            relay.throttle(u64::MAX);
+            let (_, r) = stage_until_done(&mut csi, &req, Duration::from_secs(120)).await;
+            r.unwrap();
+            assert_eq!(tree(&staging), expected(&model, |_| true));
+            let total = relay.sent();
+            assert!(
+                (total as f64) <= 1.1 * blobs as f64 + 65536.0,
+                "resumed: {total} bytes through the relay for {blobs} bytes of blobs ({before} before the cut)"
+            );
+            println!("checked: cut after {before} bytes, {total} bytes in total for {blobs}");
+        });
+    });
+}
+
+#[test]
+fn a_host_killed_in_the_middle_of_a_pull_resumes_it_after_restart() {
+    if !in_private_namespace("a_host_killed_in_the_middle_of_a_pull_resumes_it_after_restart") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let model = small_model(&registry, work.path(), "models/kill9", 64 << 20);
+    let relay = Relay::start(registry.host());
+    relay.throttle(16 << 20);
+    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let args = vec![format!("--insecure-registry={}", relay.host())];
+    let node = ModelNode::start(args.clone());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    guarded(&node.dirs, || {
+        rt.block_on(async {
+            let mut csi = node.node().await;
+            let ctx = model_ctx(&reference, &[("insecure", "true")]);
+            let staging = node.dirs.staging("pv-kill9");
+            let req = stage_req("pv-kill9", &staging, &ctx);
+            assert_eq!(csi.node_stage_volume(req.clone()).await.unwrap_err().code(), Code::Unavailable);
+            let blobs: u64 = model.layers.iter().map(|l| l.descriptor.size).sum();
+            while relay.sent() < blobs / 2 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            node.kill_host();
+            relay.cut();
+            let before = relay.sent();
+            node.restart_host(args.clone());
+            relay.throttle(u64::MAX);
+            let (_, r) = stage_until_done(&mut csi, &req, Duration::from_secs(120)).await;
+            r.unwrap();
+            assert_eq!(tree(&staging), expected(&model, |_| true));
+            let total = relay.sent();
+            assert!(
+                (total as f64) <= 1.1 * blobs as f64 + 65536.0,
+                "{total} bytes for {blobs} ({before} before the kill)"
+            );
+            println!("checked: host killed after {before} bytes; {total} bytes in total for {blobs}");
+        });
+    });
+}
+
+#[test]
+fn an_inline_volume_and_a_warmed_cache() {
+    if !in_private_namespace("an_inline_volume_and_a_warmed_cache") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let model = small_model(&registry, work.path(), "models/inline", 16 << 20);
+    let node = ModelNode::start(vec![format!("--insecure-registry={}", registry.host())]);
+    run(&node, &registry, async || {
+        // An operator warms the node: plain progress lines on a pipe, the result as JSON.
+        let pull = node.cli(&["cache", "pull", &model.reference, "--insecure"]);
+        let stderr = String::from_utf8_lossy(&pull.stderr);
+        assert!(pull.status.success(), "{stderr}");
+        assert!(stderr.lines().any(|l| l.starts_with("pulled ") && l.contains("(100%)")), "{stderr}");
+        let out: serde_json::Value = serde_json::from_slice(&pull.stdout).unwrap();
+        assert_eq!(out["manifestDigest"], model.manifest_digest.as_str(), "{out}");
+        assert_eq!(out["done"], true);
+        let fetched = node.fetched();
+
+        // A pod names the model inline: its first publish stages it from the warm cache.
+        let mut csi = node.node().await;
+        let mut ctx = model_ctx(&model.reference, &[("insecure", "true")]);
+        ctx.insert("csi.storage.k8s.io/ephemeral".into(), "true".into());
+        let target = node.dirs.target("pod-inline", "model");
+        let req = csi::NodePublishVolumeRequest {
+            volume_id: "csi-inline-1".into(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(common::multi_writer()),
+            volume_context: ctx.clone(),
+            ..Default::default()
+        };
+        csi.node_publish_volume(req).await.unwrap();
+        assert_eq!(tree(&target), expected(&model, |_| true));
+        let e = std::fs::write(target.join("x"), b"x").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(nix::errno::Errno::EROFS as i32), "read-only even when asked read-write");
+        assert_eq!(node.fetched(), fetched, "the warm cache served it");
+        csi.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+            volume_id: "csi-inline-1".into(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .unwrap();
+        assert_eq!(mounts_below(node.dirs.root.path()), Vec::<PathBuf>::new());
+
+        // A reference that does not exist fails the warm-up with its code.
+        let missing = registry.reference("models/inline", "nope");
+        let pull = node.cli(&["cache", "pull", &missing, "--insecure"]);
+        assert!(!pull.status.success());
+        let stderr = String::from_utf8_lossy(&pull.stderr);
+        assert!(stderr.contains("NotFound") && stderr.contains(&missing), "{stderr}");
+    });
+}

@@ -1,0 +1,320 @@
+//! The OCI cache and puller (`mounthost::exec::oci`) against a real `docker-registry`
+//! (`common::registry`): resolve, download and verify, single flight, a corrupted blob, a
+//! registry killed mid-download, TLS with and without the CA, htpasswd, a full disk.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::registry::{Class, ModelBuilder, Packing, PushedModel, Registry, RegistryOptions, random_file};
+use mounthost::exec::oci::{Artifacts, BlobRef, Credentials, Ensure, OciError, RegistryConfig, Source};
+use mounthost::plan::Archive;
+use sha2::{Digest, Sha256};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// A cache in a fresh temp dir, configured for `reg` (its CA, or plain HTTP allowed).
+struct Cache {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    a: Artifacts,
+}
+
+fn cache(cfg: RegistryConfig) -> Cache {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let a = Artifacts::new(root.join("cache"), cfg).unwrap();
+    Cache { _dir: dir, root, a }
+}
+
+fn plain(reg: &Registry) -> RegistryConfig {
+    RegistryConfig { insecure: [reg.host()].into(), ..Default::default() }
+}
+
+fn source(reg: &Registry, model: &PushedModel, credentials: Credentials, insecure: bool) -> Source {
+    Source {
+        registry: reg.host(),
+        repository: model.repo.clone(),
+        reference: model.tag.clone(),
+        mirror: None,
+        credentials,
+        insecure,
+    }
+}
+
+/// Every blob the manifest lists (config and layers).
+fn blobs(manifest: &str) -> Vec<BlobRef> {
+    let v: serde_json::Value = serde_json::from_str(manifest).unwrap();
+    let one = |d: &serde_json::Value| BlobRef {
+        digest: d["digest"].as_str().unwrap().to_string(),
+        size: d["size"].as_u64().unwrap(),
+        media_type: d["mediaType"].as_str().unwrap().to_string(),
+    };
+    std::iter::once(one(&v["config"])).chain(v["layers"].as_array().unwrap().iter().map(one)).collect()
+}
+
+/// `ensure` until it stops answering `Pulling` (120 s at most).
+async fn settle(a: &Artifacts, volume: &str, src: &Source, blobs: &[BlobRef]) -> Ensure {
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        match a.ensure(volume, src, blobs) {
+            Ensure::Pulling(_) if Instant::now() < until => tokio::time::sleep(Duration::from_millis(20)).await,
+            other => return other,
+        }
+    }
+}
+
+fn sha256_file(path: &Path) -> String {
+    let mut f = std::fs::File::open(path).unwrap();
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).unwrap();
+    format!("sha256:{}", hex::encode(h.finalize()))
+}
+
+fn cached(c: &Cache, digest: &str) -> PathBuf {
+    c.root.join("cache/blobs/sha256").join(digest.trim_start_matches("sha256:"))
+}
+
+/// Files whose name ends with `.partial` anywhere in the cache.
+fn partials(c: &Cache) -> Vec<String> {
+    std::fs::read_dir(c.root.join("cache/blobs/sha256"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".partial"))
+        .collect()
+}
+
+#[test]
+fn a_model_is_resolved_pulled_verified_and_assembled_and_a_second_ensure_fetches_nothing() {
+    let reg = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let (weights, weights_sha) = random_file(work.path(), 5 << 20);
+    let model = ModelBuilder::new()
+        .file("model.safetensors", weights.as_path(), Class::Weight, Packing::TarZstd)
+        .file("config.json", br#"{"hidden_size": 8}"#, Class::Config, Packing::TarGzip)
+        .file("README.md", b"# test\n", Class::Doc, Packing::Tar)
+        .file("extra/tokenizer.bin", b"raw bytes", Class::Config, Packing::Raw)
+        .push(&reg, "team/llm", "v1");
+    let c = cache(plain(&reg));
+    let src = source(&reg, &model, Credentials::Anonymous, true);
+    runtime().block_on(async {
+        let r = c.a.resolve(&src).await.unwrap();
+        assert_eq!(r.manifest_digest, model.manifest_digest);
+        assert_eq!(r.manifest, model.manifest);
+        let config: serde_json::Value = serde_json::from_str(&r.config).unwrap();
+        assert_eq!(config["modelfs"]["type"], "layers");
+
+        let blobs = blobs(&r.manifest);
+        let total: u64 = blobs.iter().map(|b| b.size).sum();
+        assert!(matches!(c.a.ensure("vol-1", &src, &blobs), Ensure::Pulling(_)));
+        assert_eq!(settle(&c.a, "vol-1", &src, &blobs).await, Ensure::Ready);
+        for b in &blobs {
+            assert_eq!(sha256_file(&cached(&c, &b.digest)), b.digest);
+        }
+        assert_eq!(c.a.bytes_fetched(), total);
+        assert!(partials(&c).is_empty());
+
+        // Again, for another volume: all there, nothing fetched.
+        assert_eq!(c.a.ensure("vol-2", &src, &blobs), Ensure::Ready);
+        assert_eq!(c.a.bytes_fetched(), total);
+    });
+
+    // Assemble the layers the way the model plugin plans them.
+    let below = c.root.join("vol");
+    std::fs::create_dir(&below).unwrap();
+    let dest = below.join("model");
+    for layer in &model.layers {
+        let format = match layer.media_type.rsplit('.').next().unwrap() {
+            "tar" => Archive::Tar,
+            "tar+gzip" => Archive::TarGzip,
+            "tar+zstd" => Archive::TarZstd,
+            _ => Archive::Raw,
+        };
+        let to = if format == Archive::Raw { dest.join(&layer.filepath) } else { dest.clone() };
+        c.a.assemble(&layer.descriptor.digest, format, &to, &below).unwrap();
+        c.a.assemble(&layer.descriptor.digest, format, &to, &below).unwrap();
+    }
+    for (path, sha, size) in &model.files {
+        let file = dest.join(path);
+        assert_eq!(std::fs::metadata(&file).unwrap().len(), *size, "{path}");
+        assert_eq!(sha256_file(&file), format!("sha256:{sha}"), "{path}");
+    }
+    assert_eq!(model.file("model.safetensors").unwrap().0, weights_sha);
+}
+
+#[test]
+fn two_volumes_asking_at_once_share_one_download() {
+    let reg = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let (weights, _) = random_file(work.path(), 48 << 20);
+    let model = ModelBuilder::new().file("w.bin", weights.as_path(), Class::Weight, Packing::Raw).push(&reg, "m", "v1");
+    let c = cache(plain(&reg));
+    let src = source(&reg, &model, Credentials::Anonymous, true);
+    let layer = &model.layers[0].descriptor;
+    let blobs = [BlobRef { digest: layer.digest.clone(), size: layer.size, media_type: String::new() }];
+    runtime().block_on(async {
+        assert!(matches!(c.a.ensure("vol-a", &src, &blobs), Ensure::Pulling(_)));
+        assert!(matches!(c.a.ensure("vol-b", &src, &blobs), Ensure::Pulling(_)));
+        let (a, b) = tokio::join!(settle(&c.a, "vol-a", &src, &blobs), settle(&c.a, "vol-b", &src, &blobs));
+        assert_eq!((a, b), (Ensure::Ready, Ensure::Ready));
+    });
+    assert_eq!(c.a.bytes_fetched(), layer.size, "one download for both volumes");
+    assert_eq!(sha256_file(&cached(&c, &layer.digest)), layer.digest);
+}
+
+#[test]
+fn a_corrupted_blob_fails_with_a_digest_mismatch_and_leaves_no_partial_file() {
+    let reg = Registry::start(RegistryOptions::default());
+    let model =
+        ModelBuilder::new().file("w.bin", vec![42u8; 1 << 20], Class::Weight, Packing::Raw).push(&reg, "m", "v1");
+    let layer = &model.layers[0].descriptor;
+    let stored = reg.blob_storage_path(&layer.digest);
+    let mut bytes = std::fs::read(&stored).unwrap();
+    bytes[1000] ^= 0xff;
+    std::fs::write(&stored, bytes).unwrap();
+    let c = cache(plain(&reg));
+    let src = source(&reg, &model, Credentials::Anonymous, true);
+    let blobs = [BlobRef { digest: layer.digest.clone(), size: layer.size, media_type: String::new() }];
+    let got = runtime().block_on(settle(&c.a, "vol-1", &src, &blobs));
+    let Ensure::Failed(e) = got else { panic!("expected a failure, got {got:?}") };
+    assert!(matches!(e, OciError::DigestMismatch { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(text.contains("digest mismatch") && text.contains(&layer.digest) && text.contains(&reg.host()), "{text}");
+    assert!(partials(&c).is_empty(), "{:?}", partials(&c));
+    assert!(!cached(&c, &layer.digest).exists());
+}
+
+#[test]
+fn a_registry_killed_mid_download_is_resumed_after_its_restart() {
+    let mut reg = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let size = 256u64 << 20;
+    let (weights, _) = random_file(work.path(), size);
+    let model = ModelBuilder::new().file("w.bin", weights.as_path(), Class::Weight, Packing::Raw).push(&reg, "m", "v1");
+    drop(work);
+    let c = cache(plain(&reg));
+    let src = source(&reg, &model, Credentials::Anonymous, true);
+    let layer = &model.layers[0].descriptor;
+    let blobs = [BlobRef { digest: layer.digest.clone(), size: layer.size, media_type: String::new() }];
+    let rt = runtime();
+    rt.block_on(async {
+        assert!(matches!(c.a.ensure("vol-1", &src, &blobs), Ensure::Pulling(_)));
+        // Kill it once some of the blob is on disk.
+        let until = Instant::now() + Duration::from_secs(60);
+        while c.a.progress()["vol-1"].done_bytes < size / 8 {
+            assert!(Instant::now() < until, "no progress");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        reg.kill();
+        let killed_at = c.a.bytes_fetched();
+        assert!(killed_at < size, "the blob finished before the registry was killed");
+        let until = Instant::now() + Duration::from_secs(60);
+        while !c.a.last_errors().contains_key(&layer.digest) {
+            assert!(Instant::now() < until, "the download did not stop");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let why = &c.a.last_errors()[&layer.digest];
+        assert!(why.contains(&reg.host()), "{why}");
+        assert!(!partials(&c).is_empty(), "the partial file is kept");
+        let kept = c.a.progress()["vol-1"].done_bytes;
+        assert!(kept > 0, "progress shows what is on disk");
+
+        reg.restart();
+        assert_eq!(settle(&c.a, "vol-1", &src, &blobs).await, Ensure::Ready);
+        println!("checked: killed at {killed_at} of {size} bytes, {kept} kept, {} fetched in all", c.a.bytes_fetched());
+    });
+    assert!(c.a.bytes_fetched() as f64 <= size as f64 * 1.1, "fetched {} for {size}", c.a.bytes_fetched());
+    assert_eq!(sha256_file(&cached(&c, &layer.digest)), layer.digest);
+    assert!(partials(&c).is_empty());
+}
+
+#[test]
+fn tls_without_the_ca_names_the_registry_and_with_it_works() {
+    let reg = Registry::start(RegistryOptions { tls: true, ..Default::default() });
+    let model = ModelBuilder::new().file("w.bin", vec![1u8; 4096], Class::Weight, Packing::Raw).push(&reg, "m", "v1");
+    let src = source(&reg, &model, Credentials::Anonymous, false);
+    let rt = runtime();
+
+    let untrusting = cache(RegistryConfig::default());
+    let e = rt.block_on(untrusting.a.resolve(&src)).unwrap_err();
+    assert!(matches!(e, OciError::Tls { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(text.contains(&reg.host()) && text.contains("configure the registry's CA"), "{text}");
+    let blobs = blobs(&model.manifest);
+    let got = rt.block_on(settle(&untrusting.a, "vol-1", &src, &blobs));
+    assert!(matches!(got, Ensure::Failed(OciError::Tls { .. })), "{got:?}");
+
+    let trusting = cache(RegistryConfig { ca_bundle: Some(reg.ca_pem()), ..Default::default() });
+    let r = rt.block_on(trusting.a.resolve(&src)).unwrap();
+    assert_eq!(r.manifest_digest, model.manifest_digest);
+    assert_eq!(rt.block_on(settle(&trusting.a, "vol-1", &src, &blobs)), Ensure::Ready);
+
+    // Plain HTTP to a TLS registry it does not list: refused before connecting.
+    let mut http = src.clone();
+    http.insecure = true;
+    let e = rt.block_on(trusting.a.resolve(&http)).unwrap_err();
+    assert!(matches!(e, OciError::InsecureRefused { .. }), "{e:?}");
+}
+
+#[test]
+fn htpasswd_tells_missing_from_refused_credentials() {
+    let reg =
+        Registry::start(RegistryOptions { htpasswd: Some(("alice".into(), "s3cret-pw".into())), ..Default::default() });
+    let model = ModelBuilder::new().file("w.bin", vec![2u8; 4096], Class::Weight, Packing::Raw).push(&reg, "m", "v1");
+    let c = cache(plain(&reg));
+    let rt = runtime();
+
+    let e = rt.block_on(c.a.resolve(&source(&reg, &model, Credentials::Anonymous, true))).unwrap_err();
+    assert!(matches!(e, OciError::AuthMissing { .. }), "{e:?}");
+    assert!(e.to_string().contains("no credentials were given") && e.to_string().contains(&reg.host()), "{e}");
+
+    let wrong = Credentials::Basic { username: "alice".into(), password: "not-it".into() };
+    let e = rt.block_on(c.a.resolve(&source(&reg, &model, wrong.clone(), true))).unwrap_err();
+    assert!(matches!(e, OciError::AuthRefused { .. }), "{e:?}");
+    assert!(!e.to_string().contains("not-it"), "{e}");
+    let blobs = blobs(&model.manifest);
+    let got = rt.block_on(settle(&c.a, "vol-1", &source(&reg, &model, wrong, true), &blobs));
+    assert!(matches!(got, Ensure::Failed(OciError::AuthRefused { .. })), "{got:?}");
+
+    let right = Credentials::Basic { username: "alice".into(), password: "s3cret-pw".into() };
+    let src = source(&reg, &model, right, true);
+    rt.block_on(c.a.resolve(&src)).unwrap();
+    assert_eq!(rt.block_on(settle(&c.a, "vol-2", &src, &blobs)), Ensure::Ready);
+}
+
+#[test]
+fn a_full_cache_disk_fails_and_leaves_no_partial_file() {
+    if !common::in_private_namespace("a_full_cache_disk_fails_and_leaves_no_partial_file") {
+        return;
+    }
+    let reg = Registry::start(RegistryOptions::default());
+    let model =
+        ModelBuilder::new().file("w.bin", vec![3u8; 8 << 20], Class::Weight, Packing::Raw).push(&reg, "m", "v1");
+    let dir = tempfile::tempdir().unwrap();
+    let small = dir.path().canonicalize().unwrap().join("small");
+    std::fs::create_dir(&small).unwrap();
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs"])
+        .arg(&small)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mounting a small tmpfs");
+    let a = Artifacts::new(small.join("cache"), plain(&reg)).unwrap();
+    let src = source(&reg, &model, Credentials::Anonymous, true);
+    let layer = &model.layers[0].descriptor;
+    let blobs = [BlobRef { digest: layer.digest.clone(), size: layer.size, media_type: String::new() }];
+    let got = runtime().block_on(settle(&a, "vol-1", &src, &blobs));
+    let Ensure::Failed(e) = got else { panic!("expected a failure, got {got:?}") };
+    assert!(matches!(e, OciError::DiskFull { .. }), "{e:?}");
+    assert!(e.to_string().contains("is full") && e.to_string().contains(&layer.digest), "{e}");
+    let left: Vec<_> =
+        std::fs::read_dir(small.join("cache/blobs/sha256")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "{left:?}");
+    // Prune works on what is there (nothing) and the cache stays usable.
+    assert_eq!(a.prune(&BTreeSet::new(), 0).unwrap().blobs, 0);
+    let _ = std::process::Command::new("umount").arg(&small).status();
+}

@@ -1,0 +1,83 @@
+//! The `model` plugin: mounts AI models packaged as ModelPack artifacts (CNCF model-spec) from
+//! OCI registries, read-only, into pods.
+//!
+//! A pure planner. It never touches the network: it asks the host to resolve the reference,
+//! reads the manifest and config the host hands back, and plans fetches by digest that the
+//! host executes natively into its content-addressed cache.
+//!
+//! - `validate` checks the reference, mirror, filters, secrets and capabilities;
+//! - `provision` checks the same and returns a stable id and the parameters as the volume
+//!   context; nothing is created, and `delete` has nothing to remove ([`controller`]);
+//! - `stage` plans `resolve`, then, once the host has resolved it, `fetch-blob` and `unpack`
+//!   steps for the selected layers and a read-only bind onto the staging path ([`node`]);
+//! - `publish` binds the staging path onto the target, always read-only, `nosuid,nodev`;
+//! - `unstage` adds nothing: the host removes the volume's cache directory.
+//!
+//! The parameter table lives in [`params`], reference parsing in [`reference`](mod@reference),
+//! the layer filters in [`filters`], manifest reading in [`manifest`].
+//! User documentation: `docs/plugins/model.md`.
+
+pub mod controller;
+pub mod filters;
+pub mod manifest;
+pub mod node;
+pub mod params;
+pub mod reference;
+
+use mounthost_plugin_sdk::*;
+
+/// The plugin, as exported to the host.
+pub struct Model;
+
+impl Plugin for Model {
+    fn info() -> PluginInfo {
+        PluginInfo {
+            name: "model".into(),
+            version: "0.1.0".into(),
+            description: "Mounts AI models packaged as ModelPack artifacts (CNCF model-spec) from OCI \
+                          registries, read-only. The host resolves the reference, fetches the \
+                          selected layers by digest into its node cache and unpacks them; filters \
+                          choose files by path and by layer class (weights, config, docs, code, \
+                          datasets). Registry credentials come from CSI secrets, by key."
+                .into(),
+            parameters: params::param_docs(),
+            programs: Vec::new(),
+            fstypes: Vec::new(),
+        }
+    }
+
+    /// ValidateVolumeCapabilities: the host sends the volume's context and parameters in one
+    /// list. Writer access modes are accepted: the volume is mounted read-only regardless.
+    fn validate(req: ValidateRequest) -> Result<(), BackendError> {
+        let p = params::open(&req.parameters, ParamSource::Context)?;
+        params::Settings::parse(&p)?;
+        params::registry_auth(&req.secrets)?;
+        req.capabilities.iter().try_for_each(node::check_capability)
+    }
+
+    fn provision(req: ProvisionRequest) -> Result<ProvisionPlan, BackendError> {
+        controller::provision(&req)
+    }
+
+    /// Nothing was created, so nothing is deleted.
+    fn delete(_req: DeleteRequest) -> Result<Plan, BackendError> {
+        Ok(Plan::default())
+    }
+
+    fn stage(req: StageRequest) -> Result<Plan, BackendError> {
+        let staged = node::stage(&req)?;
+        for note in &staged.notes {
+            log(Level::Warn, note);
+        }
+        Ok(staged.plan)
+    }
+
+    fn publish(req: PublishRequest) -> Result<Plan, BackendError> {
+        node::publish(&req)
+    }
+}
+
+export_plugin!(Model);
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,249 @@
+//! The node side: NodeStageVolume lays the model's files out read-only at the staging path,
+//! NodePublishVolume binds them into the pod.
+//!
+//! Stage runs in two rounds, because the plugin cannot plan fetches before it has seen the
+//! manifest and never touches the network itself:
+//!
+//! 1. without `resolved`, the plan is one `resolve` step; the host resolves the reference
+//!    (registry auth by secret key, TLS, the mirror) and calls stage again;
+//! 2. with `resolved`, the plan repeats the same `resolve` step, then one `fetch-blob` per
+//!    selected layer (digest, size and media type from the manifest, so the host verifies each
+//!    blob), one `unpack` per layer into the volume's cache directory `model/` (tar layers
+//!    unpack there, a raw layer becomes `model/<file path>`), and a read-only bind of `model/`
+//!    onto the staging path with `nosuid,nodev`.
+//!
+//! Plans are diffed against what the node already has, so the same request gives a
+//! byte-identical plan: steps follow the manifest's layer order, and the reference is always
+//! written in its canonical form. A model volume is read-only whatever access mode is asked:
+//! kubelet gives inline volumes `single-node-writer`, so writer modes are not refused.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
+
+use mounthost_plugin_sdk::params::invalid;
+use mounthost_plugin_sdk::{
+    Archive, BackendError, Bind, FetchBlob, ParamSource, Plan, PublishRequest, Resolve, StageRequest, Step, Unpack,
+    VolumeCapability, cache, kv, staging, target,
+};
+
+use crate::manifest::{self, Artifact, Layer};
+use crate::params::{self, Settings};
+use crate::reference::is_sha256_digest;
+
+/// The volume's cache directory the files are laid out in.
+pub const MODEL_DIR: &str = "model";
+
+/// Mount flags of every bind: a model holds files to read, never programs to run as root or
+/// device nodes.
+pub const BIND_OPTIONS: [&str; 2] = ["nosuid", "nodev"];
+
+/// How many skipped layers a log line names.
+const SKIPPED_SHOWN: usize = 5;
+/// How many file paths a "nothing selected" message names.
+const PATHS_SHOWN: usize = 10;
+
+/// A stage plan and the lines the host should log about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Staged {
+    /// The plan.
+    pub plan: Plan,
+    /// Notes for the host's log (skipped layers), at most one per call.
+    pub notes: Vec<String>,
+}
+
+/// Plan NodeStageVolume (both rounds).
+pub fn stage(req: &StageRequest) -> Result<Staged, BackendError> {
+    let ctx = params::open(&req.context, ParamSource::Context)?;
+    let settings = Settings::parse(&ctx)?;
+    let auth = params::registry_auth(&req.secrets)?;
+    check_capability(&req.capability)?;
+    let resolve = Resolve {
+        reference: settings.reference.canonical(),
+        mirror: settings.mirror.clone(),
+        auth,
+        insecure: settings.insecure,
+    };
+    let Some(resolved) = &req.resolved else {
+        return Ok(Staged {
+            plan: Plan { steps: vec![Step::Resolve(resolve)], attributes: Vec::new() },
+            notes: Vec::new(),
+        });
+    };
+    if resolved.reference != resolve.reference {
+        return Err(BackendError::Internal(format!(
+            "the host resolved {:?}, but the volume's reference is {:?}",
+            resolved.reference, resolve.reference
+        )));
+    }
+    if !is_sha256_digest(&resolved.manifest_digest) {
+        return Err(BackendError::Internal(format!(
+            "the host resolved {} to manifest digest {:?}, which is not sha256:<64 hex>",
+            resolve.reference, resolved.manifest_digest
+        )));
+    }
+    let artifact = manifest::parse(&resolve.reference, &resolved.manifest, &resolved.config)?;
+    let selected: Vec<&Layer> = artifact.layers.iter().filter(|l| settings.filters.selects(&l.path, l.class)).collect();
+    if selected.is_empty() {
+        return Err(nothing_selected(&resolve.reference, &settings, &artifact));
+    }
+    check_layout(&resolve.reference, &selected)?;
+
+    let mut steps = vec![Step::Resolve(resolve.clone())];
+    // Two layers may share a blob (the same file under two paths): fetch it once, and unpack
+    // a shared archive once.
+    let mut fetched = BTreeSet::new();
+    for layer in selected.iter().filter(|l| fetched.insert(l.digest.as_str())) {
+        steps.push(Step::FetchBlob(FetchBlob {
+            digest: layer.digest.clone(),
+            size: layer.size,
+            media_type: layer.media_type.clone(),
+        }));
+    }
+    let mut unpacked = BTreeSet::new();
+    for layer in &selected {
+        let dest = match layer.format {
+            Archive::Raw => format!("{MODEL_DIR}/{}", layer.path),
+            Archive::Tar | Archive::TarGzip | Archive::TarZstd => MODEL_DIR.to_string(),
+        };
+        if unpacked.insert((layer.digest.as_str(), dest.clone())) {
+            steps.push(Step::Unpack(Unpack { digest: layer.digest.clone(), format: layer.format, dest: cache(&dest) }));
+        }
+    }
+    steps.push(Step::Bind(Bind {
+        source: cache(MODEL_DIR),
+        target: staging(""),
+        readonly: true,
+        options: BIND_OPTIONS.map(String::from).to_vec(),
+    }));
+    let notes = skipped_note(&resolve.reference, &artifact).into_iter().collect();
+    Ok(Staged {
+        plan: Plan {
+            steps,
+            attributes: vec![
+                kv("reference", resolve.reference),
+                kv("manifestDigest", resolved.manifest_digest.as_str()),
+                kv("files", selected.len().to_string()),
+            ],
+        },
+        notes,
+    })
+}
+
+/// Plan NodePublishVolume: bind the staged files onto the target, always read-only.
+pub fn publish(req: &PublishRequest) -> Result<Plan, BackendError> {
+    check_capability(&req.capability)?;
+    Ok(Plan {
+        steps: vec![Step::Bind(Bind {
+            source: staging(""),
+            target: target(""),
+            readonly: true,
+            options: BIND_OPTIONS.map(String::from).to_vec(),
+        })],
+        attributes: Vec::new(),
+    })
+}
+
+/// A capability a model volume can serve: no fsType (it is a bind mount of files, not a
+/// filesystem) and no mount flags but `ro` and `rw`, both ignored (it is always read-only).
+pub fn check_capability(cap: &VolumeCapability) -> Result<(), BackendError> {
+    if !cap.fs_type.is_empty() {
+        return Err(invalid(format!(
+            "fsType {:?} is not supported: a model volume is a read-only bind mount of files, not a \
+             filesystem; leave fsType empty (no csi.storage.k8s.io/fstype parameter, no fsType in the PV)",
+            cap.fs_type
+        )));
+    }
+    for flag in &cap.mount_flags {
+        for item in flag.split(',') {
+            if item != "ro" && item != "rw" {
+                return Err(invalid(format!(
+                    "mount flag {item:?} is not supported: a model volume is always mounted read-only \
+                     with nosuid,nodev; only ro and rw (both ignored) are accepted"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Two selected layers must not claim the same path, and a raw file cannot be the parent
+/// directory of another layer's path: the host could not lay both out. Sorted lookups, so a
+/// model of many thousand files stays well inside the call's deadline.
+fn check_layout(reference: &str, selected: &[&Layer]) -> Result<(), BackendError> {
+    let clash = |a: &Layer, b: &Layer, why: String| {
+        let (first, second) = if a.index < b.index { (a, b) } else { (b, a) };
+        invalid(format!(
+            "layers[{}] and layers[{}] of {reference} {why}; select one of them with parameter \
+             \"include\" or \"exclude\"",
+            first.index, second.index
+        ))
+    };
+    let mut by_path: BTreeMap<&str, &Layer> = BTreeMap::new();
+    for layer in selected {
+        if let Some(earlier) = by_path.insert(&layer.path, layer) {
+            return Err(clash(earlier, layer, format!("both carry the file path {:?}", layer.path)));
+        }
+    }
+    for file in selected.iter().filter(|l| l.format == Archive::Raw) {
+        let dir = format!("{}/", file.path);
+        let below = by_path.range::<str, _>((Bound::Included(dir.as_str()), Bound::Unbounded)).next();
+        if let Some((path, child)) = below.filter(|(path, _)| path.starts_with(&dir)) {
+            return Err(clash(file, child, format!("{:?} is a file but {path:?} needs it as a directory", file.path)));
+        }
+    }
+    Ok(())
+}
+
+/// The error for an artifact none of whose layers the filters select.
+fn nothing_selected(reference: &str, settings: &Settings, artifact: &Artifact) -> BackendError {
+    if artifact.layers.is_empty() {
+        let types: Vec<&str> = artifact.skipped.iter().map(|s| s.media_type.as_str()).collect();
+        return invalid(format!(
+            "{reference} has no ModelPack layer this plugin reads: its {} layers have the media types {}, \
+             none of them application/vnd.cncf.model.<weight|weight.config|doc|code|dataset>.v1.<raw|tar|tar+gzip|tar+zstd>",
+            types.len(),
+            dedup(types).join(", ")
+        ));
+    }
+    let paths: Vec<String> =
+        artifact.layers.iter().take(PATHS_SHOWN).map(|l| format!("{} ({})", l.path, l.class.name())).collect();
+    let more = artifact.layers.len().saturating_sub(PATHS_SHOWN);
+    invalid(format!(
+        "the filters ({}) select none of the {} model files of {reference}: {}{}; change parameters \
+         include, exclude, weights or types",
+        settings.filters.describe(),
+        artifact.layers.len(),
+        paths.join(", "),
+        if more > 0 { format!(" and {more} more") } else { String::new() }
+    ))
+}
+
+/// One log line naming the layers skipped for their media type, if any.
+fn skipped_note(reference: &str, artifact: &Artifact) -> Option<String> {
+    if artifact.skipped.is_empty() {
+        return None;
+    }
+    let shown: Vec<String> = artifact
+        .skipped
+        .iter()
+        .take(SKIPPED_SHOWN)
+        .map(|s| format!("layers[{}] ({})", s.index, s.media_type))
+        .collect();
+    let more = artifact.skipped.len().saturating_sub(SKIPPED_SHOWN);
+    Some(format!(
+        "{reference}: skipped {} layer(s) whose media type is not a ModelPack layer type: {}{}",
+        artifact.skipped.len(),
+        shown.join(", "),
+        if more > 0 { format!(" and {more} more") } else { String::new() }
+    ))
+}
+
+fn dedup(mut v: Vec<&str>) -> Vec<&str> {
+    let mut seen = Vec::new();
+    v.retain(|t| {
+        let new = !seen.contains(t);
+        seen.push(*t);
+        new
+    });
+    v
+}

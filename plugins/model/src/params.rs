@@ -1,0 +1,241 @@
+//! The parameter table, the typed settings read from it, and the registry credentials.
+//!
+//! One table, [`SPECS`], lists every StorageClass parameter (or inline volume attribute) and
+//! secret the plugin reads. `info()` documents exactly that table and the unknown-key checks
+//! accept exactly that table, so the documentation and the behaviour cannot drift apart.
+//! Every refusal is `invalid-argument` and names the parameter and what would be accepted.
+//!
+//! Secrets never enter a plan by value: [`registry_auth`] turns them into the `resolve`
+//! step's `registry-auth`, which names the CSI secret *keys*; the host reads the values when
+//! it talks to the registry.
+
+use mounthost_plugin_sdk::params::invalid;
+use mounthost_plugin_sdk::{BackendError, BasicAuth, Kv, ParamDoc, ParamKind, ParamSource, Params, RegistryAuth};
+
+use crate::filters::{self, Filters};
+use crate::reference::{Reference, check_host_port};
+
+/// One documented key: a row of the parameter table.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    /// The exact key.
+    pub name: &'static str,
+    /// What the value holds.
+    pub kind: ParamKind,
+    /// Where it may come from.
+    pub source: ParamSource,
+    /// Whether a request without it is refused.
+    pub required: bool,
+    /// The value used when it is absent, as text.
+    pub default: Option<&'static str>,
+    /// One line of documentation.
+    pub doc: &'static str,
+}
+
+const fn param(name: &'static str, kind: ParamKind, default: Option<&'static str>, doc: &'static str) -> Spec {
+    Spec { name, kind, source: ParamSource::Parameter, required: false, default, doc }
+}
+
+const fn secret(name: &'static str, doc: &'static str) -> Spec {
+    Spec { name, kind: ParamKind::Text, source: ParamSource::Secret, required: false, default: None, doc }
+}
+
+/// The secret key of a username (with [`PASSWORD`]).
+pub const USERNAME: &str = "username";
+/// The secret key of a password (with [`USERNAME`]).
+pub const PASSWORD: &str = "password";
+/// The secret key of a bearer token.
+pub const TOKEN: &str = "token";
+/// The secret key of a `kubernetes.io/dockerconfigjson` Secret.
+pub const DOCKER_CONFIG: &str = ".dockerconfigjson";
+
+/// Every key the plugin reads, in the order `info()` lists them.
+pub const SPECS: &[Spec] = &[
+    Spec {
+        required: true,
+        ..param(
+            "reference",
+            ParamKind::OciReference,
+            None,
+            "The model: registry[:port]/repository[:tag][@sha256:<hex>]; the tag defaults to \
+             latest, a digest pins the content.",
+        )
+    },
+    param(
+        "mirror",
+        ParamKind::Endpoint,
+        None,
+        "Pull through this registry instead (host[:port], same repository); default: the \
+         reference's registry.",
+    ),
+    param(
+        "include",
+        ParamKind::CommaList,
+        None,
+        "Only files whose path matches one of these globs (*.safetensors,tokenizer/**); \
+         default: every file.",
+    ),
+    param(
+        "exclude",
+        ParamKind::CommaList,
+        None,
+        "Leave out files whose path matches one of these globs; wins over include.",
+    ),
+    param(
+        "weights",
+        ParamKind::Choice,
+        Some("include"),
+        "Weight layers: include (like any other file), only (weights alone) or exclude \
+         (everything but the weights).",
+    ),
+    param(
+        "types",
+        ParamKind::CommaList,
+        Some(filters::ALL_TYPES),
+        "Layer classes to mount, comma-separated: weight, config, doc, code, dataset.",
+    ),
+    param(
+        "insecure",
+        ParamKind::Boolean,
+        Some("false"),
+        "Pull over plain HTTP; the host refuses it unless its configuration lists the registry \
+         as insecure.",
+    ),
+    secret(USERNAME, "Registry username, with password (HTTP basic or the registry's token exchange)."),
+    secret(PASSWORD, "Registry password or access token, with username."),
+    secret(TOKEN, "A bearer token sent as is (Authorization: Bearer <token>)."),
+    secret(
+        DOCKER_CONFIG,
+        "A .dockerconfigjson document (a kubernetes.io/dockerconfigjson Secret); its entry for \
+         the registry, or the mirror, is used.",
+    ),
+];
+
+/// The table as the WIT `param-doc` records `info()` returns.
+pub fn param_docs() -> Vec<ParamDoc> {
+    SPECS
+        .iter()
+        .map(|s| ParamDoc {
+            name: s.name.into(),
+            doc: s.doc.into(),
+            kind: s.kind,
+            source: s.source,
+            required: s.required,
+            default_value: s.default.map(Into::into),
+        })
+        .collect()
+}
+
+/// Every documented key with its source, for the unknown-key checks.
+fn known() -> impl Iterator<Item = (&'static str, ParamSource)> + Clone {
+    SPECS.iter().map(|s| (s.name, s.source))
+}
+
+/// Open a StorageClass parameter list (or a volume context, `source` = `Context`) and refuse
+/// keys the table does not document.
+pub fn open<'a>(kvs: &'a [Kv], source: ParamSource) -> Result<Params<'a>, BackendError> {
+    let params = Params::new("parameter", kvs)?;
+    params.check_known(known(), source)?;
+    Ok(params)
+}
+
+/// Every parameter, parsed and validated.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The model.
+    pub reference: Reference,
+    /// The registry to pull through, `host[:port]`.
+    pub mirror: Option<String>,
+    /// Which files.
+    pub filters: Filters,
+    /// Plain HTTP.
+    pub insecure: bool,
+}
+
+impl Settings {
+    /// Parse and validate every parameter in `p` (unknown keys are checked by [`open`]).
+    pub fn parse(p: &Params<'_>) -> Result<Self, BackendError> {
+        let reference = Reference::parse("parameter \"reference\"", p.required("reference")?)?;
+        let mirror = p
+            .text("mirror")?
+            .map(|v| {
+                check_host_port(v).map(|()| v.to_string()).map_err(|why| {
+                    invalid(format!(
+                        "parameter \"mirror\" {v:?} is not a registry endpoint ({why}); give one \
+                         host[:port] without a scheme or path, host a DNS name, an IPv4 address or an \
+                         [IPv6] address, such as mirror.example.com:5000"
+                    ))
+                })
+            })
+            .transpose()?;
+        let filters = Filters::parse(filters::Raw {
+            include: p.text("include")?,
+            exclude: p.text("exclude")?,
+            weights: p.choice("weights", filters::WEIGHTS)?,
+            types: p.text("types")?,
+        })?;
+        Ok(Settings { reference, mirror, filters, insecure: p.boolean("insecure")?.unwrap_or(false) })
+    }
+}
+
+/// Check the secrets (known keys, non-empty values, one kind of credential) and name them in
+/// a `registry-auth`. No secret at all is anonymous access.
+pub fn registry_auth(secrets: &[Kv]) -> Result<RegistryAuth, BackendError> {
+    let s = Params::new("secret", secrets)?;
+    s.check_known(known(), ParamSource::Secret)?;
+    let (user, pass) = (s.text(USERNAME)?.is_some(), s.text(PASSWORD)?.is_some());
+    let token = s.text(TOKEN)?.is_some();
+    // Not `text`: a pretty-printed document has line breaks.
+    let docker = match s.get(DOCKER_CONFIG) {
+        Some("") => return Err(invalid("secret \".dockerconfigjson\" is empty; remove it or give a document")),
+        other => other,
+    };
+    if user != pass {
+        let (given, missing) = if user { (USERNAME, PASSWORD) } else { (PASSWORD, USERNAME) };
+        return Err(invalid(format!(
+            "secret {given:?} is given without secret {missing:?}: registry basic credentials need both"
+        )));
+    }
+    let kinds: Vec<&str> = [(user, "username/password"), (token, TOKEN), (docker.is_some(), DOCKER_CONFIG)]
+        .into_iter()
+        .filter_map(|(set, name)| set.then_some(name))
+        .collect();
+    if kinds.len() > 1 {
+        return Err(invalid(format!(
+            "the secret holds more than one kind of registry credential ({}); give exactly one of \
+             username and password, token, or .dockerconfigjson",
+            kinds.join(", ")
+        )));
+    }
+    if let Some(doc) = docker {
+        check_docker_config(doc)?;
+        return Ok(RegistryAuth::DockerConfig(DOCKER_CONFIG.into()));
+    }
+    if user {
+        return Ok(RegistryAuth::Basic(BasicAuth { username_key: USERNAME.into(), password_key: PASSWORD.into() }));
+    }
+    if token {
+        return Ok(RegistryAuth::Token(TOKEN.into()));
+    }
+    Ok(RegistryAuth::Anonymous)
+}
+
+/// A `.dockerconfigjson` is a JSON object with an `auths` object. Messages never quote it:
+/// it holds credentials.
+fn check_docker_config(doc: &str) -> Result<(), BackendError> {
+    let value: serde_json::Value = serde_json::from_str(doc).map_err(|e| {
+        invalid(format!(
+            "secret \".dockerconfigjson\" is not JSON (at line {}, column {}); give the content of \
+             a kubernetes.io/dockerconfigjson Secret, {{\"auths\": {{\"<registry>\": {{...}}}}}}",
+            e.line(),
+            e.column()
+        ))
+    })?;
+    if !value.get("auths").is_some_and(serde_json::Value::is_object) {
+        return Err(invalid(
+            "secret \".dockerconfigjson\" has no \"auths\" object; give the content of a \
+             kubernetes.io/dockerconfigjson Secret, {\"auths\": {\"<registry>\": {...}}}",
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,713 @@
+//! Table tests of the planners, run natively: both stage rounds step by step, the filters on
+//! real-shaped manifests, every refusal with its message, secrets only as key references,
+//! read-only binds whatever is asked, determinism, and provisioning.
+
+use mounthost_plugin_sdk::*;
+use rstest::rstest;
+use serde_json::{Value as Json, json};
+
+use crate::Model;
+use crate::node::{self, Staged};
+use crate::params::SPECS;
+
+const REF: &str = "registry.example.com/models/llama:3.1";
+const MANIFEST_DIGEST: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+const MODEL_ARTIFACT: &str = "application/vnd.cncf.model.manifest.v1+json";
+const MODEL_CONFIG: &str = "application/vnd.cncf.model.config.v1+json";
+
+fn kvs(pairs: &[(&str, &str)]) -> Vec<Kv> {
+    pairs.iter().map(|(k, v)| kv(*k, *v)).collect()
+}
+
+/// `sha256:` and 64 copies of `c`.
+fn digest(c: char) -> String {
+    format!("sha256:{}", c.to_string().repeat(64))
+}
+
+fn media(class_format: &str) -> String {
+    format!("application/vnd.cncf.model.{class_format}")
+}
+
+/// A layer descriptor; `path` `None` leaves the annotation out.
+fn layer(media_type: &str, c: char, size: u64, path: Option<&str>) -> Json {
+    let mut l = json!({ "mediaType": media_type, "digest": digest(c), "size": size });
+    if let Some(p) = path {
+        l["annotations"] = json!({ "org.cncf.model.filepath": p });
+    }
+    l
+}
+
+/// A ModelPack manifest with these layers.
+fn manifest(layers: &[Json]) -> Json {
+    json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "artifactType": MODEL_ARTIFACT,
+        "config": { "mediaType": MODEL_CONFIG, "digest": digest('c'), "size": 300 },
+        "layers": layers,
+    })
+}
+
+/// A ModelPack config with `n` diffIds.
+fn config(n: usize) -> Json {
+    json!({
+        "descriptor": { "name": "llama", "version": "3.1" },
+        "config": { "format": "safetensors" },
+        "modelfs": { "type": "layers", "diffIds": (0..n).map(|_| digest('d')).collect::<Vec<_>>() },
+    })
+}
+
+/// The model most tests use: weights (tar), its config (raw), a README (tar+gzip), a dataset
+/// (tar+zstd), a tokenizer directory (tar).
+fn model_layers() -> Vec<Json> {
+    vec![
+        layer(&media("weight.v1.tar"), 'a', 1000, Some("model.safetensors")),
+        layer(&media("weight.config.v1.raw"), 'b', 20, Some("config.json")),
+        layer(&media("doc.v1.tar+gzip"), 'e', 30, Some("README.md")),
+        layer(&media("dataset.v1.tar+zstd"), 'f', 5000, Some("data/train.parquet")),
+        layer(&media("weight.config.v1.tar"), '9', 40, Some("tokenizer/vocab.json")),
+    ]
+}
+
+fn resolved(m: &Json, c: &Json) -> Resolved {
+    Resolved {
+        reference: REF.into(),
+        manifest_digest: MANIFEST_DIGEST.into(),
+        manifest: m.to_string(),
+        config: c.to_string(),
+    }
+}
+
+fn capability(mode: AccessMode) -> VolumeCapability {
+    VolumeCapability { access_mode: mode, fs_type: String::new(), mount_flags: Vec::new() }
+}
+
+fn stage_req(ctx: &[(&str, &str)], secrets: &[(&str, &str)], resolved: Option<Resolved>) -> StageRequest {
+    StageRequest {
+        volume_id: "model-vol".into(),
+        context: kvs(ctx),
+        secrets: kvs(secrets),
+        capability: capability(AccessMode::SingleNodeWriter),
+        ephemeral: false,
+        resolved,
+    }
+}
+
+/// The second round for the standard model, with `extra` context.
+fn stage_model(extra: &[(&str, &str)]) -> Result<Staged, BackendError> {
+    let mut ctx = vec![("reference", REF)];
+    ctx.extend_from_slice(extra);
+    let layers = model_layers();
+    node::stage(&stage_req(&ctx, &[], Some(resolved(&manifest(&layers), &config(layers.len())))))
+}
+
+fn message(err: BackendError) -> String {
+    match err {
+        BackendError::InvalidArgument(m) => m,
+        other => panic!("expected invalid-argument, got {other:?}"),
+    }
+}
+
+fn resolve_step(auth: RegistryAuth) -> Step {
+    Step::Resolve(Resolve { reference: REF.into(), mirror: None, auth, insecure: false })
+}
+
+fn fetch(c: char, size: u64, class_format: &str) -> Step {
+    Step::FetchBlob(FetchBlob { digest: digest(c), size, media_type: media(class_format) })
+}
+
+fn unpack(c: char, format: Archive, dest: &str) -> Step {
+    Step::Unpack(Unpack { digest: digest(c), format, dest: cache(dest) })
+}
+
+fn model_bind() -> Step {
+    Step::Bind(Bind {
+        source: cache("model"),
+        target: staging(""),
+        readonly: true,
+        options: vec!["nosuid".into(), "nodev".into()],
+    })
+}
+
+/// The digests a plan fetches, in order.
+fn fetched(plan: &Plan) -> Vec<String> {
+    plan.steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::FetchBlob(f) => Some(f.digest.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn info_documents_every_key() {
+    let info = Model::info();
+    assert_eq!(info.name, "model");
+    assert_eq!(info.version, "0.1.0");
+    assert!(!info.description.is_empty());
+    assert!(info.programs.is_empty() && info.fstypes.is_empty());
+    assert_eq!(info.parameters.len(), SPECS.len());
+    for doc in &info.parameters {
+        assert!(!doc.doc.is_empty(), "{} undocumented", doc.name);
+    }
+    let names = |source: ParamSource| -> Vec<&str> {
+        info.parameters.iter().filter(|d| d.source == source).map(|d| d.name.as_str()).collect()
+    };
+    assert_eq!(
+        names(ParamSource::Parameter),
+        ["reference", "mirror", "include", "exclude", "weights", "types", "insecure"]
+    );
+    assert_eq!(names(ParamSource::Secret), ["username", "password", "token", ".dockerconfigjson"]);
+    let doc = |name: &str| info.parameters.iter().find(|d| d.name == name).unwrap();
+    assert!(doc("reference").required && doc("reference").kind == ParamKind::OciReference);
+    assert_eq!(doc("mirror").kind, ParamKind::Endpoint);
+    assert_eq!(doc("weights").default_value.as_deref(), Some("include"));
+    assert_eq!(doc("types").default_value.as_deref(), Some("weight,config,doc,code,dataset"));
+    assert_eq!(doc("insecure").default_value.as_deref(), Some("false"));
+    assert_eq!(info.parameters.iter().filter(|d| d.required).count(), 1);
+}
+
+#[test]
+fn first_round_is_one_resolve_step() {
+    let plan = Model::stage(stage_req(&[("reference", REF)], &[], None)).unwrap();
+    assert_eq!(plan, Plan { steps: vec![resolve_step(RegistryAuth::Anonymous)], attributes: vec![] });
+}
+
+#[test]
+fn resolve_carries_the_canonical_reference_mirror_and_insecure() {
+    let ctx = [("reference", "localhost:5000/bert"), ("mirror", "[::1]:5001"), ("insecure", "true")];
+    let plan = Model::stage(stage_req(&ctx, &[], None)).unwrap();
+    assert_eq!(
+        plan.steps,
+        vec![Step::Resolve(Resolve {
+            reference: "localhost:5000/bert:latest".into(),
+            mirror: Some("[::1]:5001".into()),
+            auth: RegistryAuth::Anonymous,
+            insecure: true,
+        })]
+    );
+}
+
+#[rstest]
+#[case(&[("username", "robot-user"), ("password", "s3cr3t-pass")], RegistryAuth::Basic(BasicAuth { username_key: "username".into(), password_key: "password".into() }))]
+#[case(&[("token", "s3cr3t-t0k3n")], RegistryAuth::Token("token".into()))]
+#[case(&[(".dockerconfigjson", "{\"auths\":{\"registry.example.com\":{\"auth\":\"dTpw\"}}}")], RegistryAuth::DockerConfig(".dockerconfigjson".into()))]
+#[case(&[(".dockerconfigjson", "{\n  \"auths\": {}\n}\n")], RegistryAuth::DockerConfig(".dockerconfigjson".into()))]
+#[case(&[], RegistryAuth::Anonymous)]
+fn secrets_become_key_references(#[case] secrets: &[(&str, &str)], #[case] auth: RegistryAuth) {
+    let plan = Model::stage(stage_req(&[("reference", REF)], secrets, None)).unwrap();
+    assert_eq!(plan.steps, vec![resolve_step(auth)]);
+    let text = format!("{plan:?}");
+    for (_, value) in secrets.iter().filter(|(k, _)| *k != ".dockerconfigjson") {
+        assert!(!text.contains(value), "secret value {value:?} in the plan: {text}");
+    }
+}
+
+#[rstest]
+#[case(&[("username", "u")], "secret \"username\" is given without secret \"password\"")]
+#[case(&[("password", "p")], "secret \"password\" is given without secret \"username\"")]
+#[case(&[("username", "u"), ("password", "p"), ("token", "t")], "more than one kind of registry credential (username/password, token)")]
+#[case(&[("token", "t"), (".dockerconfigjson", "{\"auths\":{}}")], "(token, .dockerconfigjson)")]
+#[case(&[("token", "")], "secret \"token\" is empty")]
+#[case(&[("tokn", "t")], "unknown secret \"tokn\"; accepted: .dockerconfigjson, password, token, username")]
+#[case(&[(".dockerconfigjson", "")], "secret \".dockerconfigjson\" is empty")]
+#[case(&[(".dockerconfigjson", "{\"auths\": {\"r\": {\"auth\": \"s3cr3t\"}")], "is not JSON (at line 1")]
+#[case(&[(".dockerconfigjson", "{\"credHelpers\":{}}")], "has no \"auths\" object")]
+fn bad_secrets(#[case] secrets: &[(&str, &str)], #[case] says: &str) {
+    let m = message(Model::stage(stage_req(&[("reference", REF)], secrets, None)).unwrap_err());
+    assert!(m.contains(says), "{m}");
+    assert!(!m.contains("s3cr3t"), "a secret value in the message: {m}");
+}
+
+#[test]
+fn second_round_plans_every_layer() {
+    let staged = stage_model(&[]).unwrap();
+    assert!(staged.notes.is_empty());
+    assert_eq!(
+        staged.plan,
+        Plan {
+            steps: vec![
+                resolve_step(RegistryAuth::Anonymous),
+                fetch('a', 1000, "weight.v1.tar"),
+                fetch('b', 20, "weight.config.v1.raw"),
+                fetch('e', 30, "doc.v1.tar+gzip"),
+                fetch('f', 5000, "dataset.v1.tar+zstd"),
+                fetch('9', 40, "weight.config.v1.tar"),
+                unpack('a', Archive::Tar, "model"),
+                unpack('b', Archive::Raw, "model/config.json"),
+                unpack('e', Archive::TarGzip, "model"),
+                unpack('f', Archive::TarZstd, "model"),
+                unpack('9', Archive::Tar, "model"),
+                model_bind(),
+            ],
+            attributes: vec![kv("reference", REF), kv("manifestDigest", MANIFEST_DIGEST), kv("files", "5")],
+        }
+    );
+}
+
+#[test]
+fn second_round_keeps_the_resolve_step_with_its_auth() {
+    let layers = model_layers();
+    let req = stage_req(
+        &[("reference", REF)],
+        &[("username", "u"), ("password", "p")],
+        Some(resolved(&manifest(&layers), &config(layers.len()))),
+    );
+    let plan = Model::stage(req).unwrap();
+    let basic = RegistryAuth::Basic(BasicAuth { username_key: "username".into(), password_key: "password".into() });
+    assert_eq!(plan.steps[0], resolve_step(basic));
+}
+
+#[rstest]
+#[case(&[("weights", "only")], &['a'])]
+#[case(&[("weights", "exclude")], &['b', 'e', 'f', '9'])]
+#[case(&[("types", "weight,config")], &['a', 'b', '9'])]
+#[case(&[("types", "doc")], &['e'])]
+#[case(&[("include", "*.safetensors,*.json")], &['a', 'b', '9'])]
+#[case(&[("include", "tokenizer")], &['9'])]
+#[case(&[("exclude", "data/**,README.md")], &['a', 'b', '9'])]
+#[case(&[("exclude", "data")], &['a', 'b', 'e', '9'])]
+#[case(&[("include", "*.json"), ("exclude", "tokenizer/")], &['b'])]
+#[case(&[("weights", "exclude"), ("exclude", "*.md"), ("types", "weight,config,doc")], &['b', '9'])]
+fn filters_select_layers(#[case] extra: &[(&str, &str)], #[case] kept: &[char]) {
+    let plan = stage_model(extra).unwrap().plan;
+    assert_eq!(fetched(&plan), kept.iter().map(|c| digest(*c)).collect::<Vec<_>>(), "{extra:?}");
+    assert_eq!(plan.attributes[2], kv("files", kept.len().to_string()));
+    assert_eq!(plan.steps.last(), Some(&model_bind()));
+}
+
+#[test]
+fn nothing_selected_names_the_filters_and_the_files() {
+    let m = message(stage_model(&[("include", "*.gguf"), ("weights", "only")]).unwrap_err());
+    assert_eq!(
+        m,
+        format!(
+            "the filters (include \"*.gguf\", weights \"only\") select none of the 5 model files of {REF}: \
+             model.safetensors (weight), config.json (config), README.md (doc), data/train.parquet (dataset), \
+             tokenizer/vocab.json (config); change parameters include, exclude, weights or types"
+        )
+    );
+}
+
+#[test]
+fn unknown_media_types_are_skipped_with_a_note() {
+    let mut layers = model_layers();
+    layers.insert(1, layer("application/vnd.cncf.model.license.v1.tar", '7', 10, Some("LICENSE")));
+    layers.push(layer("application/vnd.oci.image.layer.v1.tar", '8', 10, None));
+    let staged =
+        node::stage(&stage_req(&[("reference", REF)], &[], Some(resolved(&manifest(&layers), &config(layers.len())))))
+            .unwrap();
+    assert_eq!(
+        staged.notes,
+        vec![format!(
+            "{REF}: skipped 2 layer(s) whose media type is not a ModelPack layer type: layers[1] \
+             (application/vnd.cncf.model.license.v1.tar), layers[6] (application/vnd.oci.image.layer.v1.tar)"
+        )]
+    );
+    assert_eq!(fetched(&staged.plan).len(), 5);
+}
+
+#[test]
+fn only_unknown_media_types_is_refused() {
+    let layers = vec![
+        layer("application/vnd.cncf.model.license.v1.tar", '7', 10, Some("LICENSE")),
+        layer("application/vnd.cncf.model.license.v1.tar", '8', 10, Some("NOTICE")),
+    ];
+    let req = stage_req(&[("reference", REF)], &[], Some(resolved(&manifest(&layers), &config(2))));
+    let m = message(node::stage(&req).unwrap_err());
+    assert!(m.starts_with(&format!("{REF} has no ModelPack layer this plugin reads: its 2 layers have the media types application/vnd.cncf.model.license.v1.tar, none")), "{m}");
+}
+
+#[test]
+fn no_layers_is_not_found() {
+    let req = stage_req(&[("reference", REF)], &[], Some(resolved(&manifest(&[]), &config(0))));
+    assert_eq!(
+        node::stage(&req).unwrap_err(),
+        BackendError::NotFound(format!("{REF} has no layers: there is no model file to mount"))
+    );
+}
+
+/// Stage the standard context against a manifest and config.
+fn stage_with(m: &Json, c: &Json) -> Result<Staged, BackendError> {
+    node::stage(&stage_req(&[("reference", REF)], &[], Some(resolved(m, c))))
+}
+
+#[rstest]
+#[case(
+    Some("/etc/passwd"),
+    "layers[0] (application/vnd.cncf.model.weight.v1.raw) of registry.example.com/models/llama:3.1: its org.cncf.model.filepath \"/etc/passwd\" is not a file path this plugin takes (absolute; it must be relative to the model's root)"
+)]
+#[case(
+    Some("a/../../x"),
+    "layers[0] (application/vnd.cncf.model.weight.v1.raw) of registry.example.com/models/llama:3.1: its org.cncf.model.filepath \"a/../../x\" is not a file path this plugin takes (it has an empty, . or .. component)"
+)]
+#[case(Some("a//b"), "(it has an empty, . or .. component)")]
+#[case(Some(""), "(empty)")]
+#[case(
+    None,
+    "layers[0] (application/vnd.cncf.model.weight.v1.raw) of registry.example.com/models/llama:3.1: the layer has no org.cncf.model.filepath annotation"
+)]
+fn bad_file_paths_name_the_layer(#[case] path: Option<&str>, #[case] says: &str) {
+    let m = manifest(&[layer(&media("weight.v1.raw"), 'a', 1, path)]);
+    let msg = message(stage_with(&m, &config(1)).unwrap_err());
+    assert!(msg.contains(says), "{msg}");
+}
+
+#[test]
+fn bad_layer_digests_name_the_layer() {
+    let mut l = layer(&media("weight.v1.tar"), 'a', 1, Some("w"));
+    l["digest"] = json!("sha256:ABC");
+    let msg = message(stage_with(&manifest(&[l]), &config(1)).unwrap_err());
+    assert!(
+        msg.contains("layers[0] (application/vnd.cncf.model.weight.v1.tar)") && msg.contains("\"sha256:ABC\""),
+        "{msg}"
+    );
+}
+
+#[rstest]
+#[case(json!({"modelfs": {"type": "layers", "diffIds": [digest('d')]}}), "lists 1 modelfs.diffIds for 5 layers")]
+#[case(json!({"modelfs": {"type": "snapshot", "diffIds": []}}), "modelfs.type \"snapshot\"; only \"layers\"")]
+#[case(json!({"descriptor": {}}), "is not a ModelPack model config (missing field `modelfs`")]
+fn bad_configs(#[case] c: Json, #[case] says: &str) {
+    let msg = message(stage_with(&manifest(&model_layers()), &c).unwrap_err());
+    assert!(msg.contains(says), "{msg}");
+    assert!(msg.contains(&format!("the config of {REF}")), "{msg}");
+}
+
+#[test]
+fn a_config_that_is_not_json_is_refused() {
+    let req = StageRequest {
+        resolved: Some(Resolved { config: "not json".into(), ..resolved(&manifest(&model_layers()), &config(5)) }),
+        ..stage_req(&[("reference", REF)], &[], None)
+    };
+    assert!(message(node::stage(&req).unwrap_err()).contains("is not a ModelPack model config"));
+}
+
+#[test]
+fn ordinary_image_manifests_with_file_paths_are_accepted() {
+    let mut m = manifest(&model_layers());
+    m.as_object_mut().unwrap().remove("artifactType");
+    m["config"]["mediaType"] = json!("application/vnd.oci.image.config.v1+json");
+    // Not a ModelPack config, so its contents are not checked.
+    let staged = stage_with(&m, &json!({})).unwrap();
+    assert_eq!(fetched(&staged.plan).len(), 5);
+
+    let mut plain = manifest(&[layer("application/vnd.oci.image.layer.v1.tar+gzip", 'a', 1, None)]);
+    plain.as_object_mut().unwrap().remove("artifactType");
+    plain["config"]["mediaType"] = json!("application/vnd.oci.image.config.v1+json");
+    let msg = message(stage_with(&plain, &json!({})).unwrap_err());
+    assert!(
+        msg.starts_with(&format!("{REF} is not a ModelPack model: its manifest has neither artifactType")),
+        "{msg}"
+    );
+}
+
+#[test]
+fn the_artifact_type_alone_marks_a_model() {
+    let mut m = manifest(&model_layers());
+    m["config"]["mediaType"] = json!("application/vnd.oci.empty.v1+json");
+    assert_eq!(fetched(&stage_with(&m, &json!({})).unwrap().plan).len(), 5);
+}
+
+#[rstest]
+#[case(json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": []}), "is a application/vnd.oci.image.index.v1+json, not an OCI image manifest")]
+#[case(json!({"schemaVersion": 1, "config": {"mediaType": MODEL_CONFIG, "digest": digest('c'), "size": 1}, "layers": []}), "has schemaVersion 1, not 2")]
+#[case(json!({"schemaVersion": 2, "layers": []}), "has no config: it is not an OCI image manifest")]
+#[case(json!({"layers": []}), "has schemaVersion none, not 2")]
+#[case(json!([1, 2]), "is not an OCI image manifest (invalid type")]
+fn bad_manifests(#[case] m: Json, #[case] says: &str) {
+    let msg = message(stage_with(&m, &config(0)).unwrap_err());
+    assert!(msg.contains(says), "{msg}");
+}
+
+#[test]
+fn a_layer_without_size_is_refused() {
+    let mut l = layer(&media("weight.v1.tar"), 'a', 1, Some("w"));
+    l.as_object_mut().unwrap().remove("size");
+    let msg = message(stage_with(&manifest(&[l]), &config(1)).unwrap_err());
+    assert!(msg.contains("missing field `size`"), "{msg}");
+}
+
+#[test]
+fn clashing_paths_are_refused_unless_filtered_out() {
+    let layers = vec![
+        layer(&media("weight.v1.raw"), 'a', 1, Some("model.bin")),
+        layer(&media("doc.v1.raw"), 'b', 1, Some("model.bin")),
+    ];
+    let msg = message(stage_with(&manifest(&layers), &config(2)).unwrap_err());
+    assert_eq!(
+        msg,
+        format!(
+            "layers[0] and layers[1] of {REF} both carry the file path \"model.bin\"; select one of them \
+             with parameter \"include\" or \"exclude\""
+        )
+    );
+    let req =
+        stage_req(&[("reference", REF), ("weights", "only")], &[], Some(resolved(&manifest(&layers), &config(2))));
+    assert_eq!(fetched(&node::stage(&req).unwrap().plan), vec![digest('a')]);
+
+    let nested =
+        vec![layer(&media("weight.v1.tar"), 'a', 1, Some("w/x.bin")), layer(&media("doc.v1.raw"), 'b', 1, Some("w"))];
+    let msg = message(stage_with(&manifest(&nested), &config(2)).unwrap_err());
+    assert!(msg.contains("\"w\" is a file but \"w/x.bin\" needs it as a directory"), "{msg}");
+    // A tar layer of a directory and a file inside it are fine.
+    let dirs = vec![
+        layer(&media("weight.config.v1.tar"), 'a', 1, Some("tokenizer")),
+        layer(&media("weight.config.v1.raw"), 'b', 1, Some("tokenizer/extra.json")),
+    ];
+    assert!(stage_with(&manifest(&dirs), &config(2)).is_ok());
+}
+
+#[test]
+fn a_blob_shared_by_two_files_is_fetched_once() {
+    let layers = vec![
+        layer(&media("doc.v1.raw"), 'a', 7, Some("LICENSE")),
+        layer(&media("doc.v1.raw"), 'a', 7, Some("docs/LICENSE")),
+    ];
+    let plan = stage_with(&manifest(&layers), &config(2)).unwrap().plan;
+    assert_eq!(
+        plan.steps,
+        vec![
+            resolve_step(RegistryAuth::Anonymous),
+            fetch('a', 7, "doc.v1.raw"),
+            unpack('a', Archive::Raw, "model/LICENSE"),
+            unpack('a', Archive::Raw, "model/docs/LICENSE"),
+            model_bind(),
+        ]
+    );
+    assert_eq!(plan.attributes[2], kv("files", "2"));
+}
+
+#[test]
+fn a_model_of_many_files_plans_quickly() {
+    let n = 20_000;
+    let layers: Vec<Json> = (0..n)
+        .map(|i| {
+            let mut l = layer(&media("dataset.v1.raw"), 'a', 1, Some(&format!("shards/{i:05}.parquet")));
+            l["digest"] = json!(format!("sha256:{i:064x}"));
+            l
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let staged = stage_with(&manifest(&layers), &config(n)).unwrap();
+    assert_eq!(staged.plan.steps.len(), 2 * n + 2);
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+}
+
+#[test]
+fn a_mismatched_resolution_is_an_internal_error() {
+    let layers = model_layers();
+    let mut r = resolved(&manifest(&layers), &config(5));
+    r.reference = "registry.example.com/models/other:1".into();
+    let err = node::stage(&stage_req(&[("reference", REF)], &[], Some(r))).unwrap_err();
+    assert!(matches!(err, BackendError::Internal(ref m) if m.contains("other:1")), "{err:?}");
+    let mut r = resolved(&manifest(&layers), &config(5));
+    r.manifest_digest = "md5:x".into();
+    assert!(matches!(node::stage(&stage_req(&[("reference", REF)], &[], Some(r))), Err(BackendError::Internal(_))));
+}
+
+#[test]
+fn plans_are_deterministic() {
+    let all = [
+        ("include", "*.json,*.safetensors"),
+        ("types", "config,weight"),
+        ("mirror", "m.example.com"),
+        ("reference", REF),
+    ];
+    let layers = model_layers();
+    let run = |ctx: &[(&str, &str)]| {
+        node::stage(&stage_req(ctx, &[], Some(resolved(&manifest(&layers), &config(5))))).unwrap()
+    };
+    let plan = run(&all);
+    assert_eq!(plan, run(&all));
+    let reversed: Vec<(&str, &str)> = all.iter().rev().copied().collect();
+    assert_eq!(plan, run(&reversed));
+}
+
+#[rstest]
+#[case(AccessMode::SingleNodeWriter, false)]
+#[case(AccessMode::MultiNodeMultiWriter, false)]
+#[case(AccessMode::MultiNodeReaderOnly, true)]
+fn publish_is_always_read_only(#[case] mode: AccessMode, #[case] readonly: bool) {
+    let req = PublishRequest {
+        volume_id: "model-vol".into(),
+        context: kvs(&[("reference", REF)]),
+        secrets: Vec::new(),
+        capability: capability(mode),
+        readonly,
+        recorded: Vec::new(),
+    };
+    assert_eq!(
+        Model::publish(req).unwrap(),
+        Plan {
+            steps: vec![Step::Bind(Bind {
+                source: staging(""),
+                target: target(""),
+                readonly: true,
+                options: vec!["nosuid".into(), "nodev".into()],
+            })],
+            attributes: Vec::new(),
+        }
+    );
+}
+
+fn validate(
+    params: &[(&str, &str)],
+    secrets: &[(&str, &str)],
+    caps: Vec<VolumeCapability>,
+) -> Result<(), BackendError> {
+    Model::validate(ValidateRequest { parameters: kvs(params), secrets: kvs(secrets), capabilities: caps })
+}
+
+#[test]
+fn validate_accepts_a_full_storage_class_and_every_access_mode() {
+    let params = [
+        (
+            "reference",
+            "registry.example.com:5000/models/llama:3.1@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        ),
+        ("mirror", "mirror.example.com:443"),
+        ("include", "*.safetensors, config.json, tokenizer/**"),
+        ("exclude", "original/"),
+        ("weights", "include"),
+        ("types", "weight,config"),
+        ("insecure", "false"),
+        ("csi.storage.k8s.io/pvc/name", "models"),
+    ];
+    let caps = [
+        AccessMode::SingleNodeWriter,
+        AccessMode::SingleNodeReaderOnly,
+        AccessMode::MultiNodeReaderOnly,
+        AccessMode::MultiNodeSingleWriter,
+        AccessMode::MultiNodeMultiWriter,
+        AccessMode::SingleNodeSingleWriter,
+        AccessMode::SingleNodeMultiWriter,
+    ]
+    .map(capability)
+    .to_vec();
+    validate(&params, &[("token", "t")], caps).unwrap();
+    let ro = VolumeCapability {
+        mount_flags: vec!["ro".into(), "rw,ro".into()],
+        ..capability(AccessMode::MultiNodeReaderOnly)
+    };
+    validate(&[("reference", REF)], &[], vec![ro]).unwrap();
+}
+
+#[rstest]
+#[case(&[], "parameter \"reference\" is required")]
+#[case(&[("reference", "")], "parameter \"reference\" is empty")]
+#[case(&[("reference", "models/llama")], "parameter \"reference\" \"models/llama\" is not an OCI reference")]
+#[case(&[("reference", REF), ("mirror", "https://m.example.com")], "parameter \"mirror\" \"https://m.example.com\" is not a registry endpoint")]
+#[case(&[("reference", REF), ("mirror", "a:1,b:2")], "parameter \"mirror\" \"a:1,b:2\" is not a registry endpoint")]
+#[case(&[("reference", REF), ("include", "/abs")], "parameter \"include\" has a pattern starting with /")]
+#[case(&[("reference", REF), ("exclude", "a[")], "parameter \"exclude\": pattern \"a[\" is not a valid glob")]
+#[case(&[("reference", REF), ("weights", "all")], "parameter \"weights\" must be one of include, only, exclude, not \"all\"")]
+#[case(&[("reference", REF), ("types", "weights")], "parameter \"types\": \"weights\" is not a layer class")]
+#[case(&[("reference", REF), ("types", "doc"), ("weights", "only")], "together they select no layer class")]
+#[case(&[("reference", REF), ("insecure", "yes")], "parameter \"insecure\" must be \"true\" or \"false\"")]
+#[case(&[("reference", REF), ("filter", "x")], "unknown parameter \"filter\"; accepted: exclude, include, insecure, mirror, reference, types, weights")]
+#[case(&[("reference", REF), ("reference", REF)], "parameter \"reference\" is given twice")]
+fn bad_parameters(#[case] params: &[(&str, &str)], #[case] says: &str) {
+    let m = message(validate(params, &[], vec![]).unwrap_err());
+    assert!(m.contains(says), "{m}");
+    // The same refusal at stage and at provisioning.
+    let stage = message(Model::stage(stage_req(params, &[], None)).unwrap_err());
+    assert!(stage.contains(says), "{stage}");
+    let prov = message(Model::provision(provision_req("pvc-1", params)).unwrap_err());
+    assert!(prov.contains(says), "{prov}");
+}
+
+#[rstest]
+#[case("ext4", &[], "fsType \"ext4\" is not supported")]
+#[case("", &["noexec"], "mount flag \"noexec\" is not supported")]
+#[case("", &["ro,nosuid"], "mount flag \"nosuid\" is not supported")]
+#[case("", &["ro,"], "mount flag \"\" is not supported")]
+fn bad_capabilities(#[case] fs_type: &str, #[case] flags: &[&str], #[case] says: &str) {
+    let cap = VolumeCapability {
+        access_mode: AccessMode::MultiNodeReaderOnly,
+        fs_type: fs_type.into(),
+        mount_flags: flags.iter().map(|f| f.to_string()).collect(),
+    };
+    let m = message(validate(&[("reference", REF)], &[], vec![cap.clone()]).unwrap_err());
+    assert!(m.contains(says), "{m}");
+    let req = StageRequest { capability: cap, ..stage_req(&[("reference", REF)], &[], None) };
+    assert!(message(Model::stage(req).unwrap_err()).contains(says));
+}
+
+fn provision_req(name: &str, params: &[(&str, &str)]) -> ProvisionRequest {
+    ProvisionRequest {
+        name: name.into(),
+        parameters: kvs(params),
+        secrets: Vec::new(),
+        capabilities: vec![capability(AccessMode::MultiNodeReaderOnly)],
+        required_bytes: 10 << 30,
+        limit_bytes: 0,
+    }
+}
+
+#[test]
+fn provision_returns_a_stable_id_and_the_parameters_as_context() {
+    let params = [
+        ("csi.storage.k8s.io/pvc/name", "models"),
+        ("weights", "only"),
+        ("reference", REF),
+        ("mirror", "mirror.example.com"),
+    ];
+    let plan = Model::provision(provision_req("pvc-1", &params)).unwrap();
+    assert_eq!(plan.volume_id.len(), 32);
+    assert!(plan.volume_id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "{}", plan.volume_id);
+    assert_eq!(plan.capacity_bytes, 0);
+    assert!(plan.steps.is_empty());
+    assert_eq!(plan.context, kvs(&[("reference", REF), ("mirror", "mirror.example.com"), ("weights", "only")]));
+    assert_eq!(plan, Model::provision(provision_req("pvc-1", &params)).unwrap());
+
+    // The context stages.
+    let ctx: Vec<(&str, &str)> = plan.context.iter().map(|kv| (kv.key.as_str(), kv.value.as_str())).collect();
+    let first = Model::stage(stage_req(&ctx, &[], None)).unwrap();
+    assert!(matches!(&first.steps[..], [Step::Resolve(r)] if r.mirror.as_deref() == Some("mirror.example.com")));
+}
+
+#[test]
+fn volume_ids_follow_the_name_the_model_and_the_filters() {
+    let id = |name: &str, params: &[(&str, &str)]| Model::provision(provision_req(name, params)).unwrap().volume_id;
+    let base = id("pvc-1", &[("reference", REF)]);
+    // Equivalent spellings, and what does not change the files, keep the id.
+    assert_eq!(base, id("pvc-1", &[("reference", REF), ("weights", "include"), ("insecure", "true")]));
+    assert_eq!(id("pvc-1", &[("reference", "r.io/m")]), id("pvc-1", &[("reference", "r.io/m:latest")]));
+    assert_eq!(
+        id("pvc-1", &[("reference", REF), ("include", "b,a")]),
+        id("pvc-1", &[("reference", REF), ("include", "a, b,a")])
+    );
+    // Another claim, another model or other files: another id.
+    let others = [
+        id("pvc-2", &[("reference", REF)]),
+        id("pvc-1", &[("reference", "registry.example.com/models/llama:3.2")]),
+        id("pvc-1", &[("reference", REF), ("weights", "only")]),
+        id("pvc-1", &[("reference", REF), ("exclude", "*.md")]),
+        id("pvc-1", &[("reference", REF), ("include", "*.md")]),
+    ];
+    for (i, other) in others.iter().enumerate() {
+        assert_ne!(&base, other, "case {i}");
+    }
+}
+
+#[test]
+fn provision_refuses_bad_secrets_capabilities_and_names() {
+    let mut req = provision_req("pvc-1", &[("reference", REF)]);
+    req.secrets = kvs(&[("username", "u")]);
+    assert!(message(Model::provision(req).unwrap_err()).contains("without secret \"password\""));
+    let mut req = provision_req("pvc-1", &[("reference", REF)]);
+    req.capabilities[0].fs_type = "xfs".into();
+    assert!(message(Model::provision(req).unwrap_err()).contains("fsType \"xfs\""));
+    let req = provision_req("", &[("reference", REF)]);
+    assert_eq!(message(Model::provision(req).unwrap_err()), "the volume name is empty");
+}
+
+#[test]
+fn delete_and_unstage_plan_nothing() {
+    let del = DeleteRequest { volume_id: "0123".into(), secrets: Vec::new() };
+    assert_eq!(Model::delete(del).unwrap(), Plan::default());
+    let unstage = UnstageRequest { volume_id: "0123".into(), context: Vec::new(), recorded: Vec::new() };
+    assert_eq!(Model::unstage(unstage).unwrap(), Plan::default());
+}
