@@ -736,7 +736,11 @@ fn an_inline_volume_and_a_warmed_cache() {
     let registry = Registry::start(RegistryOptions::default());
     let work = tempfile::tempdir().unwrap();
     let model = small_model(&registry, work.path(), "models/inline", 16 << 20);
-    let node = ModelNode::start(vec![format!("--insecure-registry={}", registry.host())]);
+    // An inline volume's attributes are the pod author's: its registry must be granted by the node.
+    let node = ModelNode::start(vec![
+        format!("--insecure-registry={}", registry.host()),
+        format!("--grant=model:host={}", registry.host()),
+    ]);
     run(&node, &registry, async || {
         // An operator warms the node: plain progress lines on a pipe, the result as JSON.
         let pull = node.cli(&["cache", "pull", &model.reference, "--insecure"]);
@@ -773,11 +777,107 @@ fn an_inline_volume_and_a_warmed_cache() {
         .unwrap();
         assert_eq!(mounts_below(node.dirs.root.path()), Vec::<PathBuf>::new());
 
+        // A registry the node does not grant, named inline by a pod: refused before any connection.
+        let mut ctx = model_ctx("127.0.0.1:9/models/inline:v1", &[("insecure", "true")]);
+        ctx.insert("csi.storage.k8s.io/ephemeral".into(), "true".into());
+        let other = node.dirs.target("pod-other", "model");
+        let e = csi
+            .node_publish_volume(csi::NodePublishVolumeRequest {
+                volume_id: "csi-inline-2".into(),
+                target_path: other.display().to_string(),
+                volume_capability: Some(common::multi_writer()),
+                volume_context: ctx,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains("127.0.0.1:9") && e.message().contains("--grant model:host="), "{e:?}");
+
         // A reference that does not exist fails the warm-up with its code.
         let missing = registry.reference("models/inline", "nope");
         let pull = node.cli(&["cache", "pull", &missing, "--insecure"]);
         assert!(!pull.status.success());
         let stderr = String::from_utf8_lossy(&pull.stderr);
         assert!(stderr.contains("NotFound") && stderr.contains(&missing), "{stderr}");
+    });
+}
+
+/// An HTTP proxy that serves `CONNECT host:port` only (what a client sends for HTTPS through a
+/// proxy) and remembers the hosts it was asked for.
+struct ConnectProxy {
+    port: u16,
+    asked: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl ConnectProxy {
+    fn start() -> ConnectProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let asked: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+        let seen = asked.clone();
+        std::thread::spawn(move || {
+            for mut client in listener.incoming().flatten() {
+                let seen = seen.clone();
+                std::thread::spawn(move || {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
+                        if client.read(&mut byte).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let mut words = head.split_whitespace();
+                    let (Some("CONNECT"), Some(target)) = (words.next(), words.next()) else {
+                        let _ = client.write_all(b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n\r\n");
+                        return;
+                    };
+                    seen.lock().unwrap().push(target.to_string());
+                    let Ok(server) = TcpStream::connect(target) else {
+                        let _ = client.write_all(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n");
+                        return;
+                    };
+                    client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").unwrap();
+                    let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                    std::thread::spawn(move || pipe(c2, s2, None));
+                    pipe(server, client, None);
+                });
+            }
+        });
+        ConnectProxy { port, asked }
+    }
+}
+
+#[test]
+fn a_mirror_and_a_proxy_carry_the_pull() {
+    if !in_private_namespace("a_mirror_and_a_proxy_carry_the_pull") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions { tls: true, ..Default::default() });
+    let work = tempfile::tempdir().unwrap();
+    let model = small_model(&registry, work.path(), "models/mirrored", 4 << 20);
+    let proxy = ConnectProxy::start();
+    let node = ModelNode::start(vec![
+        format!("--registry-ca={}", registry.ca_pem().display()),
+        format!("--registry-proxy=http://127.0.0.1:{}", proxy.port),
+    ]);
+    run(&node, &registry, async || {
+        let mut csi = node.node().await;
+        // The reference names a registry nobody serves; the mirror has the same repository.
+        let origin = "127.0.0.1:9/models/mirrored:v1";
+        let ctx = model_ctx(origin, &[("mirror", &registry.host())]);
+        let staging = node.dirs.staging("pv-mirrored");
+        let (_, r) =
+            stage_until_done(&mut csi, &stage_req("pv-mirrored", &staging, &ctx), Duration::from_secs(60)).await;
+        r.unwrap();
+        assert_eq!(tree(&staging), expected(&model, |_| true));
+        let asked = proxy.asked.lock().unwrap().clone();
+        assert!(
+            !asked.is_empty() && asked.iter().all(|h| *h == registry.host()),
+            "through the proxy to the mirror only: {asked:?}"
+        );
+        println!("checked: {} connections through the proxy, all to the mirror", asked.len());
     });
 }

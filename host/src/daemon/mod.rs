@@ -199,12 +199,18 @@ impl Node {
     }
 
     /// Policy over a plugin's plan, plus: every secret it references must be in the request.
+    /// The volume's `attrs` grant the hosts their endpoint and OCI-reference values name only
+    /// when they came from a StorageClass (or a PersistentVolume) an administrator wrote: an
+    /// inline volume's attributes are the pod author's (`ephemeral`), and grant nothing, so a
+    /// pod reaches only hosts the node grants the plugin (`--grant PLUGIN:host=...`).
+    #[allow(clippy::too_many_arguments)]
     fn check(
         &self,
         plugin: &LoadedPlugin,
         operation: Operation,
         dirs: &VolumeDirs,
         attrs: &BTreeMap<String, String>,
+        ephemeral: bool,
         secrets: &Secrets,
         wplan: wit::Plan,
     ) -> Result<Plan, Error> {
@@ -216,7 +222,11 @@ impl Node {
             digest: plugin.digest.to_string(),
             grant: &grant,
             programs: &cfg.programs,
-            endpoint_hosts: policy::endpoint_hosts(&plugin.info, attrs.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+            endpoint_hosts: if ephemeral {
+                Default::default()
+            } else {
+                policy::endpoint_hosts(&plugin.info, attrs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            },
             dirs,
             secrets,
         };

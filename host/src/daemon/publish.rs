@@ -128,7 +128,7 @@ impl Node {
         };
         let wplan = self.publish_plan(&plugin, &id, wit_req).await?;
         let dirs = self.dirs(&id, Some(&staging), Some(&target));
-        let plan = self.check(&plugin, Operation::Publish, &dirs, &state.context, &secrets, wplan)?;
+        let plan = self.check(&plugin, Operation::Publish, &dirs, &state.context, state.ephemeral, &secrets, wplan)?;
         let t_plan = t1.elapsed();
         // Compatible with what is recorded? Compare what the plan makes, not the CO's flag.
         let readonly = planned_readonly(&plan, &target).unwrap_or(req.readonly);

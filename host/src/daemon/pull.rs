@@ -53,21 +53,25 @@ impl Node {
             resolved,
         };
         let wplan = self.inner.runtime.call(plugin, &ask.id, request(None)).await?;
-        let plan = self.check(plugin, Operation::Stage, dirs, attrs, &ask.secrets, wplan)?;
+        let plan = self.check(plugin, Operation::Stage, dirs, attrs, ask.ephemeral, &ask.secrets, wplan)?;
         let Some(first) = resolve_step(&plan).cloned() else {
             return Ok(plan);
         };
         let source = self.source(&first, &ask.secrets)?;
         let reference = source_name(&first);
         let found = self.inner.artifacts.resolve(&source).await.map_err(|e| oci_error(e, &reference))?;
+        let asked = match &first {
+            Step::Resolve { reference, .. } => reference,
+            _ => return Ok(plan),
+        };
         let resolved = wit::Resolved {
-            reference: reference.clone(),
+            reference: asked.clone(),
             manifest_digest: found.manifest_digest,
             manifest: found.manifest,
             config: found.config,
         };
         let wplan = self.inner.runtime.call(plugin, &ask.id, request(Some(resolved))).await?;
-        let plan = self.check(plugin, Operation::Stage, dirs, attrs, &ask.secrets, wplan)?;
+        let plan = self.check(plugin, Operation::Stage, dirs, attrs, ask.ephemeral, &ask.secrets, wplan)?;
         if resolve_step(&plan) != Some(&first) {
             return Err(Error::internal(format!(
                 "plugin {} answered the resolved {reference} with a plan that does not resolve it again unchanged",

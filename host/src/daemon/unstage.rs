@@ -103,9 +103,15 @@ impl Node {
                         .collect(),
                 };
                 let planned = match self.inner.runtime.call(&plugin, id, req).await {
-                    Ok(wplan) => {
-                        self.check(&plugin, Operation::Unstage, &dirs, &st.context, &Secrets::default(), wplan)
-                    }
+                    Ok(wplan) => self.check(
+                        &plugin,
+                        Operation::Unstage,
+                        &dirs,
+                        &st.context,
+                        st.ephemeral,
+                        &Secrets::default(),
+                        wplan,
+                    ),
                     Err(e) => Err(e.into()),
                 };
                 match planned {
