@@ -56,7 +56,7 @@ pub struct Config {
 }
 
 /// Registry access and the size of the node's OCI blob cache (`<state>/cache`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Registries {
     /// PEM bundle of extra CA certificates trusted for registries, besides the system roots.
     pub ca_bundle: Option<PathBuf>,
@@ -66,6 +66,18 @@ pub struct Registries {
     pub proxy: Option<String>,
     /// Blobs no staged volume uses are evicted, least recently used first, above this size.
     pub cache_max_bytes: Option<u64>,
+}
+
+/// The proxy URL may carry credentials (`http://user:password@proxy:3128`): never printed.
+impl std::fmt::Debug for Registries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registries")
+            .field("ca_bundle", &self.ca_bundle)
+            .field("insecure", &self.insecure)
+            .field("proxy", &self.proxy.as_ref().map(|_| "<set>"))
+            .field("cache_max_bytes", &self.cache_max_bytes)
+            .finish()
+    }
 }
 
 impl Config {
@@ -149,4 +161,16 @@ impl Default for Config {
 /// The node's hostname (what Kubernetes uses as node name unless told otherwise).
 pub fn default_node_id() -> String {
     crate::unpriv::private_files::hostname().unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_proxy_url_is_never_printed() {
+        let r = Registries { proxy: Some("http://user:hunter2@proxy:3128".into()), ..Default::default() };
+        let printed = format!("{:?}", Config { registries: r, ..Config::default() });
+        assert!(!printed.contains("hunter2") && printed.contains("<set>"), "{printed}");
+    }
 }

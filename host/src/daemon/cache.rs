@@ -42,16 +42,7 @@ impl Node {
     /// Resolve `ask.reference` and download every blob its manifest lists (config and layers)
     /// into the cache, sending progress on `updates` until done. Errors name the reference.
     pub async fn cache_pull(&self, ask: PullAsk, updates: tokio::sync::mpsc::Sender<PullUpdate>) -> Result<(), Error> {
-        let has = |k: &str| ask.secrets.get(k).is_some();
-        let auth = if has(".dockerconfigjson") {
-            RegistryAuth::DockerConfig(".dockerconfigjson".into())
-        } else if has("token") {
-            RegistryAuth::Token("token".into())
-        } else if has("username") || has("password") {
-            RegistryAuth::Basic { username_key: "username".into(), password_key: "password".into() }
-        } else {
-            RegistryAuth::Anonymous
-        };
+        let auth = pull_auth(&ask.secrets)?;
         let step = Step::Resolve {
             reference: ask.reference.clone(),
             mirror: ask.mirror.clone(),
@@ -128,6 +119,23 @@ impl Node {
     }
 }
 
+/// The credentials a warm-up carries, as a model volume's secrets: `username` and
+/// `password`, `token`, or `.dockerconfigjson`, one kind at most.
+fn pull_auth(secrets: &Secrets) -> Result<RegistryAuth, Error> {
+    let has = |k: &str| secrets.get(k).is_some();
+    let kinds = [has("username") || has("password"), has("token"), has(".dockerconfigjson")];
+    match kinds {
+        [false, false, false] => Ok(RegistryAuth::Anonymous),
+        [true, false, false] if has("username") && has("password") => {
+            Ok(RegistryAuth::Basic { username_key: "username".into(), password_key: "password".into() })
+        }
+        [true, false, false] => Err(Error::invalid("give both username and password, or neither")),
+        [false, true, false] => Ok(RegistryAuth::Token("token".into())),
+        [false, false, true] => Ok(RegistryAuth::DockerConfig(".dockerconfigjson".into())),
+        _ => Err(Error::invalid("give one kind of credentials: username and password, token, or .dockerconfigjson")),
+    }
+}
+
 /// Every blob a manifest lists: its config and its layers.
 fn manifest_blobs(manifest: &str) -> Result<Vec<BlobRef>, String> {
     let v: serde_json::Value = serde_json::from_str(manifest).map_err(|e| format!("is not JSON: {e}"))?;
@@ -163,6 +171,16 @@ fn complete(blobs: &[BlobRef]) -> Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_warm_up_takes_one_kind_of_credentials() {
+        let s = |kv: &[(&str, &str)]| -> Secrets { kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() };
+        assert_eq!(pull_auth(&s(&[])).unwrap(), RegistryAuth::Anonymous);
+        assert!(matches!(pull_auth(&s(&[("username", "u"), ("password", "p")])).unwrap(), RegistryAuth::Basic { .. }));
+        assert_eq!(pull_auth(&s(&[("token", "t")])).unwrap(), RegistryAuth::Token("token".into()));
+        assert!(pull_auth(&s(&[("username", "u")])).unwrap_err().message.contains("both"));
+        assert!(pull_auth(&s(&[("token", "t"), ("password", "p")])).unwrap_err().message.contains("one kind"));
+    }
 
     #[test]
     fn a_manifest_lists_its_config_and_layers() {

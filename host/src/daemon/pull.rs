@@ -94,7 +94,12 @@ impl Node {
                 "pulling {reference}: {}; the download goes on in the host daemon, retry later",
                 describe(&p)
             ))),
-            Ensure::Failed(e) => Err(oci_error(e, &reference)),
+            Ensure::Failed(e) => {
+                // kubelet treats most of these codes as final and may never unstage: the volume
+                // waits no more (and leaves ListVolumes); its next stage starts over.
+                self.inner.artifacts.forget(&ask.id);
+                Err(oci_error(e, &reference))
+            }
         }
     }
 

@@ -22,6 +22,9 @@ use crate::secrets::Secrets;
 const SECRET_FILE_MODE: u32 = 0o600;
 /// The source name the runtime tmpfs shows in mountinfo.
 const RUN_SOURCE: &str = "mounthost-run";
+/// The runtime tmpfs's size cap: it holds secret files, sockets and the FUSE programs' logs,
+/// in memory, so a program that logs without end fills this, not the node's RAM.
+const RUN_SIZE: &str = "256m";
 
 impl Node {
     /// The root of the volumes' runtime directories, `<state>/run`.
@@ -61,7 +64,8 @@ impl Node {
             )));
         }
         exec.private_dir(run).map_err(|e| super::pipeline::io_error(e, run))?;
-        exec.mount("tmpfs", RUN_SOURCE, run, &[MountOption::Text("mode=0700".into())], false)?;
+        let options = [MountOption::Text("mode=0700".into()), MountOption::Text(format!("size={RUN_SIZE}"))];
+        exec.mount("tmpfs", RUN_SOURCE, run, &options, false)?;
         Ok(true)
     }
 
@@ -168,7 +172,7 @@ mod tests {
         let e = env();
         let run = e.state.join("run");
         e.node.mount_runtime_tmpfs();
-        let mount = format!("mount tmpfs mounthost-run {} [mode=0700]", run.display());
+        let mount = format!("mount tmpfs mounthost-run {} [mode=0700,size={RUN_SIZE}]", run.display());
         assert!(e.rec.calls().contains(&mount), "{:?}", e.rec.calls());
         e.rec.clear_calls();
         e.node.mount_runtime_tmpfs();

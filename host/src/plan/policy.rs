@@ -451,7 +451,7 @@ fn mount_option(ctx: &Context<'_>, o: &wit::Arg) -> R<MountOption> {
             text(ctx, &p.prefix, WHAT)?;
             if !p.suffix.is_empty() {
                 return Err(format!(
-                    "mount option {:?} + path has the suffix {:?}; a mount option is a prefix and a path only                      (give further options separately; suffixes are for program arguments)",
+                    "mount option {:?} + path has the suffix {:?}; a mount option is a prefix and a path only (give further options separately; suffixes are for program arguments)",
                     p.prefix, p.suffix
                 ));
             }

@@ -66,9 +66,8 @@ pub(super) fn fetch_blob(ctx: &Context<'_>, f: wit::FetchBlob, resolved: bool) -
         return Err(format!("blob {} is fetched before any resolve step; resolve the artifact first", f.digest));
     }
     digest(&f.digest)?;
-    if f.size == 0 {
-        return Err(format!("blob {} has size 0; give its size as the manifest lists it", f.digest));
-    }
+    // Size 0 is a real blob (an empty file, such as an `__init__.py`, packed raw); the
+    // download checks the size and the digest like any other.
     if f.media_type.len() > MAX_MEDIA_TYPE || f.media_type.chars().any(char::is_control) {
         return Err(format!(
             "media type of blob {} is longer than {MAX_MEDIA_TYPE} bytes or has control characters",

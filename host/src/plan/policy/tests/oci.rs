@@ -134,13 +134,20 @@ fn an_ungranted_registry_says_how_to_grant_it() {
 #[case::blob_first(vec![blob(&digest('a'), 1), anonymous("registry.local/m")], 1, "before any resolve")]
 #[case::blob_digest(vec![anonymous("registry.local/m"), blob("sha256:ABC", 1)], 2, "is not sha256")]
 #[case::blob_upper_digest(vec![anonymous("registry.local/m"), blob(&format!("sha256:{}", "A".repeat(64)), 1)], 2, "is not sha256")]
-#[case::blob_empty(vec![anonymous("registry.local/m"), blob(&digest('a'), 0)], 2, "size 0")]
 #[case::unpack_other_blob(vec![anonymous("registry.local/m"), blob(&digest('a'), 1), unpack(&digest('b'))], 3, "not fetched")]
 fn oci_steps_are_policed(#[case] steps: Vec<w::Step>, #[case] index: usize, #[case] reason: &str) {
     let f = Fixture::new();
     let err = f.check(Operation::Stage, steps).unwrap_err();
     assert_eq!(err.index, index, "{err}");
     assert!(err.reason.contains(reason), "{err}");
+}
+
+#[test]
+fn an_empty_blob_is_a_blob() {
+    // An empty file packed raw (`__init__.py`) is a blob of size 0.
+    let empty = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    let plan = Fixture::new().check(Operation::Stage, vec![anonymous("registry.local/m"), blob(empty, 0)]).unwrap();
+    assert!(matches!(&plan.steps[1], Step::FetchBlob { size: 0, .. }), "{plan:?}");
 }
 
 #[test]
