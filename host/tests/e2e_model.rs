@@ -762,6 +762,18 @@ fn an_inline_volume_and_a_warmed_cache() {
         let out: serde_json::Value = serde_json::from_slice(&pull.stdout).unwrap();
         assert_eq!(out["manifestDigest"], model.manifest_digest.as_str(), "{out}");
         assert_eq!(out["done"], true);
+        // On a terminal the same command draws a progress bar instead (`script` gives it a pty).
+        let cmd = format!(
+            "{} --state-dir {} --host-socket {} cache pull {} --insecure",
+            env!("CARGO_BIN_EXE_mounthost"),
+            node.dirs.state.display(),
+            node.dirs.host_sock.display(),
+            model.reference
+        );
+        let tty = std::process::Command::new("script").args(["-qec", &cmd, "/dev/null"]).output().unwrap();
+        let shown = String::from_utf8_lossy(&tty.stdout);
+        assert!(tty.status.success(), "{shown}");
+        assert!(shown.contains("eta") && !shown.contains("pulled "), "a bar, not lines: {shown:?}");
         let fetched = node.fetched();
 
         // A pod names the model inline: its first publish stages it from the warm cache.
@@ -776,7 +788,19 @@ fn an_inline_volume_and_a_warmed_cache() {
             volume_context: ctx.clone(),
             ..Default::default()
         };
-        csi.node_publish_volume(req).await.unwrap();
+        // (The warm-up downloaded the blobs; the archive layers' trees are unpacked at the
+        // first stage, in the background: kubelet's retries meanwhile get UNAVAILABLE.)
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            match csi.node_publish_volume(req.clone()).await {
+                Ok(_) => break,
+                Err(e) if e.code() == Code::Unavailable && Instant::now() < until => {
+                    assert!(e.message().starts_with("unpacking "), "{e:?}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
         assert_eq!(tree(&target), expected(&model, |_| true));
         let e = std::fs::write(target.join("x"), b"x").unwrap_err();
         assert_eq!(e.raw_os_error(), Some(nix::errno::Errno::EROFS as i32), "read-only even when asked read-write");
@@ -891,5 +915,45 @@ fn a_mirror_and_a_proxy_carry_the_pull() {
             "through the proxy to the mirror only: {asked:?}"
         );
         println!("checked: {} connections through the proxy, all to the mirror", asked.len());
+    });
+}
+
+#[test]
+fn the_cache_cap_evicts_only_what_no_volume_uses() {
+    if !in_private_namespace("the_cache_cap_evicts_only_what_no_volume_uses") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let a = small_model(&registry, work.path(), "models/a", 2 << 20);
+    let b = small_model(&registry, work.path(), "models/b", 2 << 20);
+    let node = ModelNode::start(vec![format!("--insecure-registry={}", registry.host()), "--cache-max-mib=3".into()]);
+    let cached = |model: &PushedModel| {
+        let w = &model.layers.iter().find(|l| l.filepath == "model.safetensors").unwrap().descriptor;
+        node.dirs.state.join("cache/blobs/sha256").join(w.digest.trim_start_matches("sha256:")).exists()
+    };
+    run(&node, &registry, async || {
+        let mut csi = node.node().await;
+        let stage = |pv: &str, m: &PushedModel| {
+            stage_req(pv, &node.dirs.staging(pv), &model_ctx(&m.reference, &[("insecure", "true")]))
+        };
+        let (_, r) = stage_until_done(&mut csi, &stage("pv-a", &a), Duration::from_secs(60)).await;
+        r.unwrap();
+        let (_, r) = stage_until_done(&mut csi, &stage("pv-b", &b), Duration::from_secs(60)).await;
+        r.unwrap();
+        // Both in use: 4 MiB over a 3 MiB cap, and nothing may go.
+        assert!(cached(&a) && cached(&b));
+        csi.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+            volume_id: "pv-a".into(),
+            staging_target_path: node.dirs.staging("pv-a").display().to_string(),
+        })
+        .await
+        .unwrap();
+        // The next stage that adds to the cache brings it under the cap: a's blobs go, b's stay.
+        let (_, r) = stage_until_done(&mut csi, &stage("pv-b2", &b), Duration::from_secs(60)).await;
+        r.unwrap();
+        assert!(!cached(&a), "a's weights, used by no volume, were evicted");
+        assert!(cached(&b), "b's weights are in use");
+        assert_eq!(tree(&node.dirs.staging("pv-b2")), expected(&b, |_| true));
     });
 }

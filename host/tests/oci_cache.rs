@@ -318,3 +318,70 @@ fn a_full_cache_disk_fails_and_leaves_no_partial_file() {
     assert_eq!(a.prune(&BTreeSet::new(), 0).unwrap().blobs, 0);
     let _ = std::process::Command::new("umount").arg(&small).status();
 }
+
+/// HEAD requests for blobs the registry answered, from its log (a line is written just after its
+/// response ends: poll briefly).
+fn blob_heads(reg: &Registry) -> usize {
+    reg.log()
+        .lines()
+        .filter(|l| l.contains("http.request.method=HEAD ") && l.contains("/blobs/sha256:"))
+        .filter(|l| l.contains("msg=\"response completed\""))
+        .count()
+}
+
+/// `count()` once it has stopped changing for a moment (10 s at most).
+fn settled_count(count: impl Fn() -> usize) -> usize {
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut last = count();
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = count();
+        if now == last || Instant::now() > until {
+            return now;
+        }
+        last = now;
+    }
+}
+
+#[test]
+fn a_cached_private_blob_is_handed_only_to_sources_the_registry_lets_read_it() {
+    let reg =
+        Registry::start(RegistryOptions { htpasswd: Some(("alice".into(), "s3cret-pw".into())), ..Default::default() });
+    let model = ModelBuilder::new()
+        .file("w.bin", vec![7u8; 64 << 10], Class::Weight, Packing::Raw)
+        .file("config.json", b"{}", Class::Config, Packing::Tar)
+        .push(&reg, "private/llm", "v1");
+    let c = cache(plain(&reg));
+    let rt = runtime();
+    let blobs = blobs(&model.manifest);
+    let right = Credentials::Basic { username: "alice".into(), password: "s3cret-pw".into() };
+    let owner = source(&reg, &model, right, true);
+    assert_eq!(rt.block_on(settle(&c.a, "vol-owner", &owner, &blobs)), Ensure::Ready);
+
+    // Someone who only knows the digests (a manifest of their own listing them) and has no
+    // credentials, or wrong ones: `ensure` alone would hand the cached blobs over.
+    let anonymous = source(&reg, &model, Credentials::Anonymous, true);
+    assert_eq!(c.a.ensure("vol-intruder", &anonymous, &blobs), Ensure::Ready);
+    let e = rt.block_on(c.a.authorize(&anonymous, &blobs)).unwrap_err();
+    assert!(matches!(e, OciError::AuthMissing { .. }), "{e:?}");
+    assert!(e.to_string().contains(&reg.host()), "{e}");
+    let wrong = Credentials::Basic { username: "alice".into(), password: "not-it".into() };
+    let e = rt.block_on(c.a.authorize(&source(&reg, &model, wrong, true), &blobs)).unwrap_err();
+    assert!(matches!(e, OciError::AuthRefused { .. }), "{e:?}");
+    assert!(!format!("{e} {e:?}").contains("not-it"), "{e:?}");
+
+    // The owner: the download was its proof, no request.
+    let heads = settled_count(|| blob_heads(&reg));
+    rt.block_on(c.a.authorize(&owner, &blobs)).unwrap();
+    assert_eq!(settled_count(|| blob_heads(&reg)), heads, "a download counts as proof");
+
+    // After a restart (a new cache on the same directory): one HEAD per blob, then none.
+    let served = reg.served_bytes();
+    let again = Artifacts::new(c.root.join("cache"), plain(&reg)).unwrap();
+    rt.block_on(again.authorize(&owner, &blobs)).unwrap();
+    assert_eq!(settled_count(|| blob_heads(&reg)), heads + blobs.len(), "{}", reg.log());
+    rt.block_on(again.authorize(&owner, &blobs)).unwrap();
+    assert_eq!(settled_count(|| blob_heads(&reg)), heads + blobs.len(), "the second call asked again");
+    assert_eq!(reg.served_bytes(), served, "no blob byte was fetched to prove it");
+    assert_eq!(again.ensure("vol-owner-2", &owner, &blobs), Ensure::Ready);
+}

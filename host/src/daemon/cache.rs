@@ -53,6 +53,7 @@ impl Node {
         let found = self.inner.artifacts.resolve(&source).await.map_err(|e| oci_error(e, &ask.reference))?;
         let blobs = manifest_blobs(&found.manifest)
             .map_err(|e| Error::invalid(format!("{}: the manifest {}: {e}", ask.reference, found.manifest_digest)))?;
+        self.inner.artifacts.authorize(&source, &blobs).await.map_err(|e| oci_error(e, &ask.reference))?;
         // The warm-up waits under a name no volume id can have (ids are the CO's, no spaces).
         let waiter = format!("cache pull {}", ask.reference);
         let digest = found.manifest_digest;

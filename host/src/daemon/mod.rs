@@ -87,7 +87,6 @@ impl Node {
             ca_bundle: r.ca_bundle.clone(),
             insecure: r.insecure.clone(),
             proxy: r.proxy.clone(),
-            max_cache_bytes: r.cache_max_bytes,
         };
         let artifacts = crate::exec::oci::Artifacts::new(config.state_dir.join("cache"), registries)
             .map_err(|e| Error::precondition(format!("setting up the OCI blob cache: {e}")))?;

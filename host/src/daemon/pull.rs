@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use super::Node;
 use super::stage::StageAsk;
 use crate::error::{Error, ErrorKind};
-use crate::exec::oci::{BlobRef, Credentials, Ensure, OciError, Progress, Source};
+use crate::exec::oci::{BlobRef, Credentials, Ensure, OciError, Prepared, Progress, Source};
 use crate::plan::oci_ref::OciRef;
 use crate::plan::policy::Operation;
 use crate::plan::{Plan, RegistryAuth, Step};
@@ -88,8 +88,11 @@ impl Node {
                 _ => None,
             })
             .collect();
+        // A blob some other volume brought into the cache is this volume's only if its
+        // credentials may read it from its registry (asked once per source and blob).
+        self.inner.artifacts.authorize(&source, &blobs).await.map_err(|e| oci_error(e, &reference))?;
         match self.inner.artifacts.ensure(&ask.id, &source, &blobs) {
-            Ensure::Ready => Ok(plan),
+            Ensure::Ready => self.trees_ready(&ask.id, plan, &reference),
             Ensure::Pulling(p) => Err(Error::unavailable(format!(
                 "pulling {reference}: {}; the download goes on in the host daemon, retry later",
                 describe(&p)
@@ -101,6 +104,30 @@ impl Node {
                 Err(oci_error(e, &reference))
             }
         }
+    }
+
+    /// `plan` once every archive it unpacks has its tree in the cache: unpacking a large tar
+    /// layer runs in the background like its download, so the stage only links files.
+    fn trees_ready(&self, id: &str, plan: Plan, reference: &str) -> Result<Plan, Error> {
+        let mut working = 0;
+        for step in &plan.steps {
+            if let Step::Unpack { digest, format, .. } = step {
+                match self.inner.artifacts.prepare(digest, *format) {
+                    Prepared::Ready => {}
+                    Prepared::Working => working += 1,
+                    Prepared::Failed(e) => {
+                        self.inner.artifacts.forget(id);
+                        return Err(oci_error(e, reference));
+                    }
+                }
+            }
+        }
+        if working > 0 {
+            return Err(Error::unavailable(format!(
+                "unpacking {reference}: {working} archive layer(s) still being unpacked into the node's cache; retry later"
+            )));
+        }
+        Ok(plan)
     }
 
     /// What the cache needs to reach the artifact of a `resolve` step: registry, repository,
@@ -209,7 +236,7 @@ pub fn oci_error(e: OciError, reference: &str) -> Error {
         OciError::Tls { .. } | OciError::InsecureRefused { .. } | OciError::Config(_) => ErrorKind::FailedPrecondition,
         OciError::DigestMismatch { .. } | OciError::SizeMismatch { .. } => ErrorKind::DataLoss,
         OciError::DiskFull { .. } => ErrorKind::ResourceExhausted,
-        OciError::Unreachable { .. } | OciError::Cancelled { .. } => ErrorKind::Unavailable,
+        OciError::Unreachable { .. } => ErrorKind::Unavailable,
         OciError::Registry { transient: true, .. } => ErrorKind::Unavailable,
         OciError::Registry { .. } | OciError::Protocol { .. } | OciError::Local { .. } => ErrorKind::Internal,
     };

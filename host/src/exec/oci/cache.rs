@@ -1,15 +1,17 @@
 //! The cache's shared state ([`Core`]): the store on disk, the registries' clients, the map of
-//! downloads in flight and of the volumes waiting, and eviction over all of them.
+//! downloads in flight and of the volumes waiting, what each source was proven to read, the
+//! unpacks in progress, and eviction over all of them.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::assemble::Unpack;
 use super::error::OciError;
 use super::flight::Inner;
-use super::registry::Registries;
+use super::registry::{Registries, Scope};
 use super::store::{Store, hex_of};
 use super::{BlobRef, CachedBlob, Pruned, RegistryConfig};
 
@@ -20,12 +22,20 @@ pub(super) struct Core {
     pub inner: Mutex<Inner>,
     /// Blob bytes received from registries.
     pub fetched: AtomicU64,
-    pub max_cache_bytes: Option<u64>,
     /// The runtime `new` ran in, for `ensure` called outside one.
     pub handle: Option<tokio::runtime::Handle>,
     /// One lock per digest, held while it is unpacked, linked or evicted.
     digest_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// (scope, hex digest) pairs a registry let read: by a `HEAD` of `authorize`, or by a
+    /// download. Kept for the process's lifetime (emptied past [`MAX_PROVEN`] entries).
+    proven: Mutex<HashSet<(Scope, String)>>,
+    /// Unpacks that [`super::Artifacts::prepare`] started, by hex digest: running, or failed
+    /// and not yet reported.
+    pub unpacks: Mutex<HashMap<String, Unpack>>,
 }
+
+/// Proofs kept before the set is emptied (each costs one request again).
+const MAX_PROVEN: usize = 1 << 16;
 
 impl Core {
     pub fn new(cache_root: &Path, cfg: RegistryConfig) -> Result<Core, OciError> {
@@ -34,20 +44,36 @@ impl Core {
             detail: format!("preparing the cache: {e}"),
             kind: e.kind(),
         })?;
-        let max_cache_bytes = cfg.max_cache_bytes;
         Ok(Core {
             store,
             registries: Registries::new(cfg)?,
             inner: Mutex::new(Inner::default()),
             fetched: AtomicU64::new(0),
-            max_cache_bytes,
             handle: tokio::runtime::Handle::try_current().ok(),
             digest_locks: Mutex::new(HashMap::new()),
+            proven: Mutex::new(HashSet::new()),
+            unpacks: Mutex::new(HashMap::new()),
         })
     }
 
     pub fn inner(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Has a registry let `scope` read the blob `hex`?
+    pub fn is_proven(&self, scope: &Scope, hex: &str) -> bool {
+        // A borrowed key would need a second map type; the clone is cheap next to a request.
+        let key = (scope.clone(), hex.to_string());
+        self.proven.lock().unwrap_or_else(|p| p.into_inner()).contains(&key)
+    }
+
+    /// Remember that a registry let `scope` read the blob `hex`.
+    pub fn prove(&self, scope: &Scope, hex: &str) {
+        let mut proven = self.proven.lock().unwrap_or_else(|p| p.into_inner());
+        if proven.len() >= MAX_PROVEN {
+            proven.clear();
+        }
+        proven.insert((scope.clone(), hex.to_string()));
     }
 
     /// The lock of one digest (see `digest_locks`).

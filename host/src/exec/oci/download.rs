@@ -26,9 +26,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use sha2::Digest as _;
-use tokio::sync::watch;
 
-use super::error::OciError;
+use super::error::{OciError, chain};
 use super::registry::Endpoint;
 use super::segments::{Segments, chunks};
 use super::store::Store;
@@ -59,18 +58,10 @@ pub(super) struct Blob {
 }
 
 /// What the single-flight map sees of a running download.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Live {
     /// Bytes on disk (written, not yet necessarily hashed).
     pub covered: AtomicU64,
-    /// Set when no volume waits any more; cleared when one asks again.
-    pub cancel: watch::Sender<bool>,
-}
-
-impl Live {
-    pub fn new() -> Live {
-        Live { covered: AtomicU64::new(0), cancel: watch::Sender::new(false) }
-    }
 }
 
 /// State shared by the streams and the follower of one attempt.
@@ -78,7 +69,7 @@ struct Shared {
     file: File,
     segs: Mutex<Segments>,
     grew: Condvar,
-    /// The follower stops (the attempt failed or was cancelled).
+    /// The follower stops (the attempt failed).
     stop: AtomicBool,
     /// Bytes written since the last save of the ranges.
     unsaved: AtomicU64,
@@ -141,22 +132,16 @@ pub(super) async fn download(
 
     let failed = lock(&shared.failed).take();
     let complete = lock(&shared.segs).gaps(blob.size).is_empty();
-    let cancelled = *live.cancel.borrow();
     if failed.is_some() || !complete {
         shared.stop.store(true, Ordering::Relaxed);
         shared.grew.notify_all();
         let _ = follower.await;
-        let err = failed.unwrap_or(OciError::Cancelled { digest: blob.digest.clone() });
-        let err = if !cancelled && matches!(err, OciError::Cancelled { .. }) {
-            // Every stream ended without an error and without filling the file: a bug.
-            OciError::Local {
-                path: store.partial(&blob.hex).display().to_string(),
-                detail: "the download ended with ranges missing".into(),
-                kind: io::ErrorKind::Other,
-            }
-        } else {
-            err
-        };
+        // Every stream ended without an error and without filling the file: a bug.
+        let err = failed.unwrap_or_else(|| OciError::Local {
+            path: store.partial(&blob.hex).display().to_string(),
+            detail: "the download ended with ranges missing".into(),
+            kind: io::ErrorKind::Other,
+        });
         if err.is_transient() {
             let _ = save(store, blob, &shared);
         } else {
@@ -168,7 +153,14 @@ pub(super) async fn download(
     let verified = started.elapsed();
     let actual = match hashed {
         Ok(Some(hex)) => hex,
-        Ok(None) => return Err(OciError::Cancelled { digest: blob.digest.clone() }),
+        // Told to stop, and nothing tells it to but a failure or a drop: kept for a resume.
+        Ok(None) => {
+            return Err(OciError::Local {
+                path: store.partial(&blob.hex).display().to_string(),
+                detail: "the hashing of the download stopped early".into(),
+                kind: io::ErrorKind::Interrupted,
+            });
+        }
         Err(e) => {
             store.drop_partial(&blob.hex);
             return Err(local(e, &store.partial(&blob.hex)));
@@ -328,19 +320,15 @@ struct Stream<'a> {
 }
 
 impl Stream<'_> {
-    /// Take ranges until none is left, the download is cancelled, or a stream failed.
+    /// Take ranges until none is left or a stream failed.
     async fn run(&self) {
         loop {
-            let cancelled = *self.live.cancel.borrow();
-            if cancelled || lock(&self.shared.failed).is_some() {
+            if lock(&self.shared.failed).is_some() {
                 return;
             }
             let Some(range) = lock(&self.shared.queue).pop_front() else { return };
             if let Err(e) = self.fetch(range).await {
-                let mut failed = lock(&self.shared.failed);
-                if failed.is_none() && !matches!(e, OciError::Cancelled { .. }) {
-                    *failed = Some(e);
-                }
+                lock(&self.shared.failed).get_or_insert(e);
                 return;
             }
         }
@@ -362,19 +350,11 @@ impl Stream<'_> {
             lock(&self.shared.queue).clear();
             tracing::warn!(registry = %ep.ctx.registry, digest = %blob.digest, "the registry ignores Range requests; reading the blob from its start");
         }
-        let mut cancel = self.live.cancel.subscribe();
         let mut pos = range.start; // file offset of buf[0]
         let mut buf: Vec<u8> = Vec::with_capacity(WRITE_BUF);
         let mut writing: Option<Write> = None;
         loop {
-            let next = tokio::select! {
-                next = body.stream.next() => Some(next),
-                _ = async { let _ = cancel.wait_for(|c| *c).await; } => None,
-            };
-            let Some(next) = next else {
-                return self.drain(writing, buf, pos, OciError::Cancelled { digest: blob.digest.clone() }).await;
-            };
-            let chunk = match next {
+            let chunk = match body.stream.next().await {
                 None => break,
                 Some(Ok(chunk)) => chunk,
                 // oci-client's own check of a whole-blob answer, after its last byte: the
@@ -384,7 +364,7 @@ impl Stream<'_> {
                     let err = OciError::Unreachable {
                         registry: ep.ctx.registry.clone(),
                         reference: ep.ctx.reference.clone(),
-                        detail: format!("the connection broke while receiving {}: {e}", blob.digest),
+                        detail: format!("the connection broke while receiving {}: {}", blob.digest, chain(&e)),
                     };
                     return self.drain(writing, buf, pos, err).await;
                 }

@@ -5,6 +5,11 @@
 //! oci-client reports a wrong password and a missing one alike (`UnauthorizedError`) and hides a
 //! TLS failure's cause in the source chain of "error sending request"; [`Ctx::classify`] tells
 //! them apart (whether credentials were given; the rustls error found in the chain).
+//!
+//! Text taken from other errors passes through [`redact`]: reqwest ends its messages with
+//! `for url (…)`, and after a redirect that URL is the storage's presigned one, whose query
+//! string is a credential (`X-Amz-Signature`, `sig`, tokens). Queries, fragments and userinfo
+//! never reach a message, a log line or `Debug`.
 
 use std::error::Error as StdError;
 use std::io;
@@ -61,9 +66,6 @@ pub enum OciError {
     /// The node's registry configuration or the given secret is unusable.
     #[error("registry configuration: {0}")]
     Config(String),
-    /// A download stopped because no volume waits for it any more (internal; never reported).
-    #[error("the download of {digest} was cancelled: no volume waits for it")]
-    Cancelled { digest: String },
 }
 
 impl OciError {
@@ -72,7 +74,7 @@ impl OciError {
     /// file and resumes.
     pub fn is_transient(&self) -> bool {
         match self {
-            OciError::Unreachable { .. } | OciError::Cancelled { .. } => true,
+            OciError::Unreachable { .. } => true,
             OciError::Registry { transient, .. } => *transient,
             OciError::Local { kind, .. } => matches!(kind, io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted),
             _ => false,
@@ -91,7 +93,55 @@ impl OciError {
                 digest: digest.to_string(),
             };
         }
-        OciError::Local { path: path.display().to_string(), detail: e.to_string(), kind: e.kind() }
+        OciError::Local { path: path.display().to_string(), detail: redact(&e.to_string()), kind: e.kind() }
+    }
+
+    /// The same error with every URL in its text stripped of query, fragment and userinfo
+    /// ([`redact`]): applied where an error leaves the cache, whatever built it.
+    pub(super) fn redacted(self) -> OciError {
+        let r = |s: String| redact(&s);
+        match self {
+            OciError::Tls { registry, detail, hint } => {
+                OciError::Tls { registry: r(registry), detail: r(detail), hint }
+            }
+            OciError::InsecureRefused { registry } => OciError::InsecureRefused { registry: r(registry) },
+            OciError::AuthMissing { registry, reference } => {
+                OciError::AuthMissing { registry: r(registry), reference: r(reference) }
+            }
+            OciError::AuthRefused { registry, reference } => {
+                OciError::AuthRefused { registry: r(registry), reference: r(reference) }
+            }
+            OciError::ManifestNotFound { registry, reference } => {
+                OciError::ManifestNotFound { registry: r(registry), reference: r(reference) }
+            }
+            OciError::BlobNotFound { registry, reference, digest } => {
+                OciError::BlobNotFound { registry: r(registry), reference: r(reference), digest }
+            }
+            OciError::DigestMismatch { registry, reference, digest, actual } => {
+                OciError::DigestMismatch { registry: r(registry), reference: r(reference), digest, actual }
+            }
+            OciError::SizeMismatch { registry, reference, digest, detail } => {
+                OciError::SizeMismatch { registry: r(registry), reference: r(reference), digest, detail: r(detail) }
+            }
+            OciError::DiskFull { path, reference, digest } => {
+                OciError::DiskFull { path: r(path), reference: r(reference), digest }
+            }
+            OciError::Unreachable { registry, reference, detail } => {
+                OciError::Unreachable { registry: r(registry), reference: r(reference), detail: r(detail) }
+            }
+            OciError::Registry { registry, reference, status, detail, transient } => OciError::Registry {
+                registry: r(registry),
+                reference: r(reference),
+                status,
+                detail: r(detail),
+                transient,
+            },
+            OciError::Protocol { registry, reference, detail } => {
+                OciError::Protocol { registry: r(registry), reference: r(reference), detail: r(detail) }
+            }
+            OciError::Local { path, detail, kind } => OciError::Local { path: r(path), detail: r(detail), kind },
+            OciError::Config(detail) => OciError::Config(r(detail)),
+        }
     }
 }
 
@@ -123,7 +173,17 @@ impl Ctx {
                 if let Some(tls) = tls_cause(r) {
                     return self.tls(tls);
                 }
+                // A status turned into an error by `error_for_status` (a blob HEAD does that).
+                if let Some(status) = r.status() {
+                    return self.status(status.as_u16(), "", what);
+                }
                 let detail = chain(r);
+                if let Some(url) = r.url().filter(|u| r.is_builder() && !matches!(u.scheme(), "http" | "https")) {
+                    // reqwest refuses to follow a redirect to another scheme.
+                    let detail =
+                        format!("it redirected to {}, which is not HTTP(S); not followed", redact(url.as_str()));
+                    return OciError::Protocol { registry, reference, detail };
+                }
                 if r.is_builder() {
                     return OciError::Config(format!("registry {registry}: {detail}"));
                 }
@@ -138,7 +198,7 @@ impl Ctx {
                 let detail = envelope
                     .errors
                     .iter()
-                    .map(|e| format!("{:?}: {}", e.code, e.message))
+                    .map(|e| format!("{:?}: {}", e.code, redact(&e.message)))
                     .collect::<Vec<_>>()
                     .join("; ");
                 match code {
@@ -158,16 +218,16 @@ impl Ctx {
                 oci_client::errors::DigestError::VerificationError { expected, actual } => {
                     OciError::DigestMismatch { registry, reference, digest: expected.clone(), actual: actual.clone() }
                 }
-                other => OciError::Protocol { registry, reference, detail: other.to_string() },
+                other => OciError::Protocol { registry, reference, detail: redact(&other.to_string()) },
             },
-            OciDistributionError::IoError(io) => OciError::Unreachable { registry, reference, detail: io.to_string() },
-            other => OciError::Protocol { registry, reference, detail: other.to_string() },
+            OciDistributionError::IoError(io) => OciError::Unreachable { registry, reference, detail: chain(io) },
+            other => OciError::Protocol { registry, reference, detail: redact(&other.to_string()) },
         }
     }
 
-    /// An HTTP status without an OCI error body.
+    /// An HTTP status without an OCI error body (`message`: the body, maybe empty).
     fn status(&self, code: u16, message: &str, what: What<'_>) -> OciError {
-        let detail: String = message.chars().take(300).collect();
+        let detail = body_detail(message);
         match code {
             401 | 403 => self.auth(),
             404 => self.not_found(what),
@@ -251,8 +311,9 @@ fn causes<'a>(e: &'a (dyn StdError + 'static)) -> Vec<&'a (dyn StdError + 'stati
     out
 }
 
-/// The chain's messages joined, without repeating one that already contains the next.
-fn chain(e: &(dyn StdError + 'static)) -> String {
+/// The chain's messages joined, without repeating one that already contains the next,
+/// [redacted](redact).
+pub(super) fn chain(e: &(dyn StdError + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
     for c in causes(e) {
         let s = c.to_string();
@@ -261,7 +322,95 @@ fn chain(e: &(dyn StdError + 'static)) -> String {
         }
         parts.push(s);
     }
-    parts.join(": ")
+    redact(&parts.join(": "))
+}
+
+/// What an error body says, short and without secrets. Storage services answer in XML, and
+/// S3's `SignatureDoesNotMatch` echoes the signature and the string signed: of XML or HTML only
+/// `<Code>` and `<Message>` are kept. Other bodies: their first 300 characters.
+fn body_detail(body: &str) -> String {
+    let body = body.trim();
+    if body.starts_with('<') {
+        let tag = |name: &str| {
+            let open = format!("<{name}>");
+            let start = body.find(&open)? + open.len();
+            let len = body[start..].find('<')?;
+            Some(body[start..start + len].trim().to_string())
+        };
+        let kept: Vec<String> = [tag("Code"), tag("Message")].into_iter().flatten().filter(|t| !t.is_empty()).collect();
+        return redact(&kept.join(": ").chars().take(300).collect::<String>());
+    }
+    redact(&body.chars().take(300).collect::<String>())
+}
+
+/// `text` with every URL in it (`scheme://…`) stripped of its userinfo (`user:password@`), its
+/// query and its fragment, and with the value of every `name=value` whose name says it is a
+/// secret (`…signature`, `…token`, `…credential`, `password`, `secret`, `sig`) replaced. Idempotent.
+pub(super) fn redact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        // The scheme: letters, digits, `+`, `-`, `.` before `://`.
+        let scheme = rest[..at]
+            .char_indices()
+            .rev()
+            .take_while(|(_, c)| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+            .last()
+            .map_or(at, |(i, _)| i);
+        out.push_str(&rest[..scheme]);
+        let url_start = scheme;
+        let after = &rest[at + 3..];
+        // The URL runs to the next blank or quote-like character.
+        let len = after.find(|c: char| c.is_whitespace() || matches!(c, '"' | '<' | '>' | '`')).unwrap_or(after.len());
+        let url = &after[..len];
+        // Trailing punctuation belongs to the sentence, not the URL: `(… ?q=x):`.
+        let tail_len = url.len() - url.trim_end_matches([')', ']', ',', '.', ';', ':', '\'']).len();
+        let (url, tail) = url.split_at(url.len() - tail_len);
+        // Userinfo: in the authority (up to the first `/`, `?` or `#`), up to its last `@`.
+        let authority_end = url.find(['/', '?', '#']).unwrap_or(url.len());
+        let host_start = url[..authority_end].rfind('@').map_or(0, |i| i + 1);
+        let url = &url[host_start..];
+        let url = &url[..url.find(['?', '#']).unwrap_or(url.len())];
+        out.push_str(&rest[url_start..at + 3]);
+        out.push_str(url);
+        out.push_str(tail);
+        rest = &after[len..];
+    }
+    out.push_str(rest);
+    redact_pairs(&out)
+}
+
+/// `name=value` pairs whose name says secret: the value replaced by `<redacted>`.
+fn redact_pairs(text: &str) -> String {
+    const SECRET: [&str; 6] = ["signature", "token", "credential", "password", "secret", "sig"];
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(eq) = rest.find('=') {
+        let name_start = rest[..eq]
+            .char_indices()
+            .rev()
+            .take_while(|(_, c)| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            .last()
+            .map_or(eq, |(i, _)| i);
+        let name = rest[name_start..eq].to_ascii_lowercase();
+        out.push_str(&rest[..=eq]);
+        let after = &rest[eq + 1..];
+        let value_len = after
+            .find(|c: char| c.is_whitespace() || matches!(c, '&' | '"' | '\'' | '<' | '>' | ')' | ',' | ';'))
+            .unwrap_or(after.len());
+        if !name.is_empty()
+            && value_len > 0
+            && SECRET.iter().any(|s| name.ends_with(s))
+            && &after[..value_len] != "<redacted>"
+        {
+            out.push_str("<redacted>");
+        } else {
+            out.push_str(&after[..value_len]);
+        }
+        rest = &after[value_len..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The rustls failure in `e`'s chain, if the request failed in the TLS handshake.

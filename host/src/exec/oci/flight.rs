@@ -1,6 +1,10 @@
 //! Single flight: at most one download per digest on the node, whoever asks. Volumes asking
 //! for a digest being downloaded wait on the same one; its failure is reported once to each
 //! volume that waited, and the next request starts over.
+//!
+//! A download runs to its end (success or failure) once started, whether or not anyone still
+//! waits: a volume that stops waiting (unstaged, or an operator's `cache pull` interrupted) only
+//! leaves the list of waiters, and whoever asks next finds the blob done or still coming.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -10,7 +14,7 @@ use std::time::Duration;
 use super::cache::Core;
 use super::download::{Blob, Live, download};
 use super::error::OciError;
-use super::registry::Endpoint;
+use super::registry::{Endpoint, Scope};
 use super::store::hex_of;
 use super::{BlobProgress, BlobRef, Ensure, Progress, Source};
 
@@ -35,6 +39,8 @@ pub(super) struct Flight {
     state: State,
     /// Volumes waiting for it.
     waiters: BTreeSet<String>,
+    /// Whose credentials it downloads with.
+    pub scope: Scope,
 }
 
 enum State {
@@ -64,15 +70,11 @@ impl Core {
         let mut failed = None;
         let mut inner = self.inner();
         inner.volumes.insert(volume.to_string(), blobs.to_vec());
-        // Downloads this volume asked for before and no longer does.
+        // Downloads this volume asked for before and no longer does: it stops waiting (they go on).
         let now: BTreeSet<&str> = wanted.iter().map(|(hex, _)| hex.as_str()).collect();
         for (hex, f) in inner.flights.iter_mut() {
-            if !now.contains(hex.as_str())
-                && f.waiters.remove(volume)
-                && f.waiters.is_empty()
-                && matches!(f.state, State::Running)
-            {
-                f.live.cancel.send_replace(true);
+            if !now.contains(hex.as_str()) {
+                f.waiters.remove(volume);
             }
         }
         for (hex, b) in &wanted {
@@ -81,9 +83,8 @@ impl Core {
                 continue;
             }
             match inner.flights.get_mut(hex) {
-                Some(Flight { state: State::Running, waiters, live }) => {
+                Some(Flight { state: State::Running, waiters, .. }) => {
                     waiters.insert(volume.to_string());
-                    live.cancel.send_replace(false);
                     continue;
                 }
                 Some(Flight { state: State::Failed { error, unreported }, .. }) if unreported.contains(volume) => {
@@ -109,7 +110,7 @@ impl Core {
                 failed.get_or_insert(OciError::Config("downloads need a tokio runtime; none is running".into()));
                 continue;
             };
-            let live = Arc::new(Live::new());
+            let live = Arc::new(Live::default());
             // What the last attempt left on disk, until this one has looked.
             if let Some((_, kept)) = inner.transient.get(hex) {
                 live.covered.store(*kept, Ordering::Relaxed);
@@ -117,7 +118,12 @@ impl Core {
             let blob = Blob { digest: b.digest.clone(), hex: hex.clone(), size: b.size };
             inner.flights.insert(
                 hex.clone(),
-                Flight { live: live.clone(), state: State::Running, waiters: BTreeSet::from([volume.to_string()]) },
+                Flight {
+                    live: live.clone(),
+                    state: State::Running,
+                    waiters: BTreeSet::from([volume.to_string()]),
+                    scope: ep.scope.clone(),
+                },
             );
             tracing::info!(volume.id = %volume, registry = %ep.ctx.registry, digest = %b.digest, bytes = b.size, "pulling a blob");
             handle.spawn(self.clone().fly(ep, blob, live));
@@ -166,25 +172,25 @@ impl Core {
         self.inner().transient.iter().map(|(hex, (e, _))| (format!("sha256:{hex}"), e.clone())).collect()
     }
 
+    /// `volume` stops waiting; the downloads it waited for go on.
     pub fn forget(&self, volume: &str) {
         let mut inner = self.inner();
         inner.volumes.remove(volume);
-        inner.flights.retain(|hex, f| {
+        inner.flights.retain(|_, f| {
             f.waiters.remove(volume);
             match &mut f.state {
-                State::Running => {
-                    if f.waiters.is_empty() {
-                        tracing::info!(digest = %format!("sha256:{hex}"), "no volume waits for this blob any more; stopping its download");
-                        f.live.cancel.send_replace(true);
-                    }
-                    true
-                }
+                State::Running => true,
                 State::Failed { unreported, .. } => {
                     unreported.remove(volume);
                     !unreported.is_empty()
                 }
             }
         });
+    }
+
+    /// Whose credentials the running download of `hex` uses, if one runs.
+    pub(super) fn flight_scope(&self, hex: &str) -> Option<Scope> {
+        self.inner().flights.get(hex).filter(|f| matches!(f.state, State::Running)).map(|f| f.scope.clone())
     }
 
     /// One flight: download (retrying a transient failure that made progress), then record the
@@ -206,16 +212,8 @@ impl Core {
                     kind: std::io::ErrorKind::Other,
                 })
             });
-            match result {
+            match result.map_err(OciError::redacted) {
                 Ok(()) => break Ok(()),
-                Err(OciError::Cancelled { .. }) => {
-                    // Decided under the map's lock, so a volume asking again at the same time
-                    // either finds the flight gone or un-cancels it before this looks.
-                    if self.stopped(&blob, &live) {
-                        return;
-                    }
-                    // A volume asked again while it stopped: go on.
-                }
                 Err(e) if e.is_transient() && retries < RETRIES && live.covered.load(Ordering::Relaxed) > before => {
                     retries += 1;
                     tracing::warn!(registry = %ep.ctx.registry, digest = %blob.digest, error = %e, "blob download interrupted; resuming");
@@ -224,30 +222,8 @@ impl Core {
                 Err(e) => break Err(e),
             }
         };
-        let pulled = outcome.is_ok();
+        // No pruning here: the caller prunes with the volumes' real use (`Artifacts::prune`).
         self.record(&ep, &blob, &live, outcome);
-        if let (Some(max), true) = (self.max_cache_bytes, pulled) {
-            let core = self.clone();
-            let pruned = tokio::task::spawn_blocking(move || core.prune(&BTreeSet::new(), max)).await;
-            match pruned {
-                Ok(Ok(p)) if p.blobs > 0 => {
-                    tracing::info!(blobs = p.blobs, bytes = p.bytes, "model cache trimmed to its limit")
-                }
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "trimming the model cache failed"),
-                Err(e) => tracing::warn!(error = %e, "trimming the model cache failed"),
-            }
-        }
-    }
-
-    /// After a cancelled attempt: is the flight still cancelled (then it is removed)?
-    fn stopped(&self, blob: &Blob, live: &Live) -> bool {
-        let mut inner = self.inner();
-        let cancelled = *live.cancel.borrow();
-        if cancelled {
-            inner.flights.remove(&blob.hex);
-        }
-        cancelled
     }
 
     /// Record how a flight ended.
@@ -257,6 +233,8 @@ impl Core {
             Ok(()) => {
                 inner.flights.remove(&blob.hex);
                 inner.transient.remove(&blob.hex);
+                // The download read it with these credentials: proof enough for `authorize`.
+                self.prove(&ep.scope, &blob.hex);
                 tracing::info!(registry = %ep.ctx.registry, digest = %blob.digest, bytes = blob.size, "blob pulled and verified");
             }
             Err(e) if e.is_transient() => {

@@ -6,12 +6,15 @@
 //! from directory descriptors with `*at` calls that never follow a link. A file is placed by
 //! linking (or copying) it under a temporary name and renaming that over the final name, so an
 //! entry already there (a link a pod planted, a stale file) is replaced, never written through.
+//! Temporary names an interrupted run left (`.<name>.mh-link.<pid>.<n>`, for names it places)
+//! are removed before placing, so a daemon killed mid-assemble leaves nothing a pod sees for long.
 //!
 //! Why links: for a 256 MiB file on this machine's ext4 (warm page cache), a hardlink took
 //! 0.02–0.07 ms, a copy with `copy_file_range` 115–120 ms and one to a tmpfs 155–175 ms (without
 //! fsync), and ext4 has no reflinks (`cp --reflink=always`: "Operation not supported"). A link
 //! also shares the page cache between volumes.
 
+use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::OwnedFd;
@@ -52,6 +55,8 @@ pub(super) fn link_file(file: &Path, dest: &Path, below: &Path) -> io::Result<()
     };
     let src = rustix::fs::open(src_parent, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
     let st = rustix::fs::statat(&src, src_name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| with_path(e.into(), file))?;
+    let parent_shown = dest.parent().unwrap_or(dest);
+    sweep_temps(&dst, &HashSet::from([truncated(&name).to_vec()]), parent_shown)?;
     place(&src, src_name, &st, &dst, &name, dest)
 }
 
@@ -59,12 +64,16 @@ fn walk(src: &OwnedFd, dst: &OwnedFd, shown: &Path, depth: usize) -> io::Result<
     if depth > MAX_DEPTH {
         return Err(io::Error::other(format!("{} is nested deeper than {MAX_DEPTH} levels", shown.display())));
     }
+    let mut names = Vec::new();
     for entry in Dir::read_from(src)? {
         let entry = entry?;
         let name = OsStr::from_bytes(entry.file_name().to_bytes()).to_os_string();
-        if name == "." || name == ".." {
-            continue;
+        if name != "." && name != ".." {
+            names.push(name);
         }
+    }
+    sweep_temps(dst, &names.iter().map(|n| truncated(n).to_vec()).collect(), shown)?;
+    for name in names {
         let here = shown.join(&name);
         let st = rustix::fs::statat(src, &name, AtFlags::SYMLINK_NOFOLLOW)?;
         match FileType::from_raw_mode(st.st_mode) {
@@ -166,11 +175,57 @@ fn temp_name(name: &OsStr) -> OsString {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let mut tmp = OsString::from(".");
-    // Long names would overflow NAME_MAX with the suffix: keep a prefix.
-    let bytes = name.as_bytes();
-    tmp.push(OsStr::from_bytes(&bytes[..bytes.len().min(200)]));
+    tmp.push(OsStr::from_bytes(truncated(name)));
     tmp.push(format!(".mh-link.{}.{n}", std::process::id()));
     tmp
+}
+
+/// The part of `name` a temporary name keeps: long names would overflow NAME_MAX with the
+/// suffix.
+fn truncated(name: &OsStr) -> &[u8] {
+    let bytes = name.as_bytes();
+    &bytes[..bytes.len().min(200)]
+}
+
+/// The (truncated) name a temporary name of [`temp_name`] stands for, if `tmp` is one.
+fn temp_base(tmp: &[u8]) -> Option<&[u8]> {
+    let rest = tmp.strip_prefix(b".")?;
+    let mut parts = rest.rsplitn(3, |b| *b == b'.');
+    let (n, pid, rest) = (parts.next()?, parts.next()?, parts.next()?);
+    let number = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
+    if !number(n) || !number(pid) {
+        return None;
+    }
+    rest.strip_suffix(b".mh-link")
+}
+
+/// Remove from `dst` the temporary names an interrupted assemble left for any of `names`
+/// (truncated as in [`temp_name`]). A directory of such a name is not ours: left alone.
+fn sweep_temps(dst: &OwnedFd, names: &HashSet<Vec<u8>>, shown: &Path) -> io::Result<()> {
+    // `dst` may be an `O_PATH` descriptor, which cannot be read.
+    let listing = rustix::fs::openat(dst, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| with_path(e.into(), shown))?;
+    for entry in Dir::read_from(&listing)? {
+        let entry = entry?;
+        let tmp = entry.file_name().to_bytes();
+        if !temp_base(tmp).is_some_and(|base| names.contains(base)) {
+            continue;
+        }
+        let tmp = OsStr::from_bytes(tmp).to_os_string();
+        match rustix::fs::statat(dst, &tmp, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => continue,
+            Ok(_) => {}
+            Err(Errno::NOENT) => continue,
+            Err(e) => return Err(with_path(e.into(), &shown.join(&tmp))),
+        }
+        match rustix::fs::unlinkat(dst, &tmp, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => {
+                tracing::debug!(path = %shown.join(&tmp).display(), "removed a temporary name an interrupted assemble left");
+            }
+            Err(e) => return Err(with_path(e.into(), &shown.join(&tmp))),
+        }
+    }
+    Ok(())
 }
 
 fn with_path(e: io::Error, path: &Path) -> io::Error {

@@ -7,9 +7,11 @@
 //! So [`Artifacts::ensure`] never waits: it says which blobs are there and starts one background
 //! download per missing digest, node-wide, shared by every volume asking for it; the CSI call
 //! returns a retriable error while the pull goes on, and the next call finds it further along
-//! ([`Artifacts::progress`]) or done. [`Artifacts::assemble`] then unpacks a blob once into a
-//! read-only tree and hardlinks it into a volume. Layout, verification, resume and eviction:
-//! `docs/model-cache.md`.
+//! ([`Artifacts::progress`]) or done. [`Artifacts::prepare`] likewise unpacks a layer once into
+//! a read-only tree in the background, and [`Artifacts::assemble`] hardlinks the tree into a
+//! volume. Because the cache is shared, [`Artifacts::authorize`] first makes a source prove to
+//! the registry that it may read the blobs the cache already holds. Layout, verification,
+//! resume and eviction: `docs/model-cache.md`.
 //!
 //! Registry traffic goes through oci-client (rustls with the ring provider): TLS always
 //! verified against the system roots plus an optional CA bundle, plain HTTP only to hosts the
@@ -17,6 +19,7 @@
 
 mod assemble;
 mod auth;
+mod authorize;
 mod cache;
 mod download;
 mod error;
@@ -49,9 +52,6 @@ pub struct RegistryConfig {
     /// HTTP(S) proxy URL for all registry traffic. Unset: the process's `HTTPS_PROXY`,
     /// `HTTP_PROXY` and `NO_PROXY` apply, as in any HTTP client.
     pub proxy: Option<String>,
-    /// After each completed download, evict least recently used blobs no volume uses until the
-    /// cache holds at most this many bytes.
-    pub max_cache_bytes: Option<u64>,
 }
 
 impl fmt::Debug for RegistryConfig {
@@ -61,7 +61,6 @@ impl fmt::Debug for RegistryConfig {
             .field("ca_bundle", &self.ca_bundle)
             .field("insecure", &self.insecure)
             .field("proxy", &self.proxy.as_ref().map(|_| "<set>"))
-            .field("max_cache_bytes", &self.max_cache_bytes)
             .finish()
     }
 }
@@ -125,6 +124,18 @@ pub struct BlobProgress {
     pub total: u64,
 }
 
+/// What [`Artifacts::prepare`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prepared {
+    /// [`Artifacts::assemble`] will only link: the tree is there (or the blob is raw).
+    Ready,
+    /// The layer is being unpacked (in the background).
+    Working,
+    /// The unpack failed (a refused or corrupt archive, a full disk, the blob gone). Reported
+    /// once; the next `prepare` starts over.
+    Failed(OciError),
+}
+
 /// What [`Artifacts::ensure`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ensure {
@@ -177,7 +188,24 @@ impl Artifacts {
     /// Resolve `src` to its manifest and config. A tag is looked up on every call; an image
     /// index resolves to its first manifest (no platform selection).
     pub async fn resolve(&self, src: &Source) -> Result<Resolved, OciError> {
-        self.core.registries.endpoint(src)?.resolve().await
+        let resolved = async { self.core.registries.endpoint(src)?.resolve().await };
+        resolved.await.map_err(OciError::redacted)
+    }
+
+    /// Prove that `src` may read those of `blobs` the cache already holds (complete, partly
+    /// downloaded, or downloading with other credentials): a `HEAD` of each, with `src`'s
+    /// credentials, to the registry (or its mirror), a few at once. What a registry allowed is
+    /// remembered for the process's lifetime per host, repository, credentials (a sha256 of
+    /// them) and digest, and so is every blob a download of `src` fetched: asking again costs
+    /// nothing. Blobs not in the cache are not checked (their download uses `src`'s
+    /// credentials). Errors: [`OciError::AuthMissing`] or [`OciError::AuthRefused`] (401, 403),
+    /// [`OciError::BlobNotFound`] (404), or what the request met.
+    ///
+    /// Call it after [`Artifacts::resolve`] and before [`Artifacts::ensure`] with the same
+    /// source: the cache is shared by every volume on the node, and without it a source could
+    /// be handed a cached blob it has no right to.
+    pub async fn authorize(&self, src: &Source, blobs: &[BlobRef]) -> Result<(), OciError> {
+        self.core.authorize(src, blobs).await.map_err(OciError::redacted)
     }
 
     /// Make sure `blobs` are in the cache for `volume`, without waiting: present blobs count as
@@ -185,10 +213,13 @@ impl Artifacts {
     /// every volume asking). Call it again to learn how far they are. Outside a tokio runtime
     /// (and when `new` was not called in one) a download cannot start: `Failed`.
     ///
-    /// Give only blobs listed by a manifest that `resolve` fetched with `src`'s credentials:
-    /// the cache is shared, and that fetch is what proves the volume may read them.
+    /// Present blobs are handed over without asking the registry: call
+    /// [`Artifacts::authorize`] with the same source first.
     pub fn ensure(&self, volume: &str, src: &Source, blobs: &[BlobRef]) -> Ensure {
-        self.core.ensure(volume, src, blobs)
+        match self.core.ensure(volume, src, blobs) {
+            Ensure::Failed(e) => Ensure::Failed(e.redacted()),
+            other => other,
+        }
     }
 
     /// The progress of every volume that asked for blobs and was not forgotten.
@@ -200,20 +231,33 @@ impl Artifacts {
     /// way that is retried (registry unreachable, connection lost) and that no attempt has
     /// pulled since: the next [`Artifacts::ensure`] asking for one resumes it. Digest → message.
     pub fn last_errors(&self) -> BTreeMap<String, String> {
-        self.core.last_errors()
+        self.core.last_errors().into_iter().map(|(d, e)| (d, error::redact(&e))).collect()
     }
 
-    /// `volume` no longer waits (it was unstaged). A download no volume waits for stops, keeping
-    /// what it fetched for a later resume.
+    /// `volume` no longer waits (it was unstaged, or a warm-up ended). The downloads it waited
+    /// for go on to their end: whoever asks next finds the blob there or still coming.
     pub fn forget(&self, volume: &str) {
         self.core.forget(volume)
     }
 
+    /// Get the blob `digest` ready for [`Artifacts::assemble`] without waiting: for the tar
+    /// formats, start unpacking it into the cache's tree on a thread of its own (once per
+    /// digest on the node, whoever asks) and say how far it is; a raw blob is `Ready` at once.
+    /// Call it again until `Ready`. The blob must be in the cache (after `Ensure::Ready`).
+    pub fn prepare(&self, digest: &str, format: Archive) -> Prepared {
+        match self.core.prepare(digest, format) {
+            Prepared::Failed(e) => Prepared::Failed(e.redacted()),
+            other => other,
+        }
+    }
+
     /// Put the blob `digest` at `dest` (blocking): for `Raw`, `dest` is the file, a hardlink to
-    /// the blob; for the tar formats, the blob is unpacked once into the cache's read-only tree
-    /// for it, and every file of the tree is hardlinked into the directory `dest` (copied when
-    /// `dest` is on another filesystem). `dest` lies below the directory `below` and is resolved
-    /// without following symbolic links; missing directories are created. Idempotent.
+    /// the blob; for the tar formats, every file of the cache's read-only tree for the blob is
+    /// hardlinked into the directory `dest` (copied when `dest` is on another filesystem); the
+    /// tree is unpacked first if [`Artifacts::prepare`] has not made it (that can take long).
+    /// `dest` lies below the directory `below` and is resolved without following symbolic
+    /// links; missing directories are created, and temporary names an interrupted assemble left
+    /// there are removed. Idempotent.
     pub fn assemble(&self, digest: &str, format: Archive, dest: &Path, below: &Path) -> io::Result<()> {
         self.core.assemble(digest, format, dest, below)
     }
@@ -232,7 +276,9 @@ impl Artifacts {
     /// Evict least recently used digests (blob and tree) until the cache holds at most
     /// `keep_bytes`. Never evicted: digests in `in_use`, digests a volume asked for and was not
     /// forgotten, downloads in progress, and entries with a file hardlinked outside the cache
-    /// (a volume still has it: removing it would free nothing).
+    /// (a volume still has it: removing it would free nothing). The cache never prunes by
+    /// itself: its owner calls this with the volumes' real use (a copy made across filesystems
+    /// shows in no link count).
     pub fn prune(&self, in_use: &BTreeSet<String>, keep_bytes: u64) -> io::Result<Pruned> {
         self.core.prune(in_use, keep_bytes)
     }

@@ -22,7 +22,7 @@ use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use sha2::Digest as _;
 
-use super::error::{Ctx, OciError, What};
+use super::error::{Ctx, OciError, What, chain};
 use super::{RegistryConfig, Resolved, Source};
 
 /// The largest config blob [`Endpoint::resolve`] reads.
@@ -41,6 +41,16 @@ pub(super) struct Registries {
 /// Host, plain HTTP or not, digest of the credentials.
 type ClientKey = (String, bool, [u8; 32]);
 
+/// Who asks whom: the host contacted (the mirror when there is one), the repository and a
+/// sha256 of the credentials (never the credentials). What [`Endpoint::check_blob`] proves is
+/// remembered per scope and digest.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct Scope {
+    pub host: String,
+    pub repository: String,
+    pub credentials: [u8; 32],
+}
+
 /// One source, ready to be talked to.
 pub(super) struct Endpoint {
     client: Arc<Client>,
@@ -48,6 +58,7 @@ pub(super) struct Endpoint {
     reference: Reference,
     auth: RegistryAuth,
     pub ctx: Ctx,
+    pub scope: Scope,
 }
 
 /// A blob range being received.
@@ -79,9 +90,14 @@ impl Registries {
         Ok(Registries { cfg, ca, clients: Mutex::new(HashMap::new()) })
     }
 
+    /// Whose proofs `src`'s requests would give (see [`Scope`]); contacts nothing.
+    pub fn scope(&self, src: &Source) -> Scope {
+        Scope { host: host_of(src), repository: src.repository.clone(), credentials: src.credentials.fingerprint() }
+    }
+
     /// The endpoint for `src`: its mirror if it has one, plain HTTP only if allowed.
     pub fn endpoint(&self, src: &Source) -> Result<Endpoint, OciError> {
-        let host = src.mirror.as_deref().unwrap_or(&src.registry).trim().to_ascii_lowercase();
+        let host = host_of(src);
         if host.is_empty() || host.contains('/') || host.contains('@') {
             return Err(OciError::Config(format!("{host:?} is not a registry host (host or host:port)")));
         }
@@ -94,7 +110,8 @@ impl Registries {
             return Err(OciError::InsecureRefused { registry: host });
         }
         let shown = display(src);
-        let key = (host.clone(), src.insecure, src.credentials.fingerprint());
+        let scope = self.scope(src);
+        let key = (host.clone(), src.insecure, scope.credentials);
         let client = {
             let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
             match clients.get(&key) {
@@ -118,6 +135,7 @@ impl Registries {
             client,
             reference,
             auth: src.credentials.to_registry_auth(),
+            scope,
             ctx: Ctx { registry: host, reference: shown, given: src.credentials.given() },
         })
     }
@@ -135,12 +153,19 @@ impl Registries {
             ..ClientConfig::default()
         };
         // `Client::new` would fall back to a default client on a bad configuration: refuse instead.
+        // The proxy URL may carry a password: the error's text is redacted.
         Client::try_from(config).map_err(|e| {
             OciError::Config(format!(
-                "building the client for registry {host} (check the proxy URL and the CA bundle): {e}"
+                "building the client for registry {host} (check the proxy URL and the CA bundle): {}",
+                chain(&e)
             ))
         })
     }
+}
+
+/// The host contacted for `src`: its mirror's when it has one, lower case.
+fn host_of(src: &Source) -> String {
+    src.mirror.as_deref().unwrap_or(&src.registry).trim().to_ascii_lowercase()
 }
 
 /// `registry/repository:tag` or `registry/repository@sha256:…`, plus the mirror.
@@ -228,7 +253,7 @@ impl Endpoint {
             let chunk = chunk.map_err(|e| OciError::Unreachable {
                 registry: self.ctx.registry.clone(),
                 reference: self.ctx.reference.clone(),
-                detail: format!("reading the config: {e}"),
+                detail: format!("reading the config: {}", chain(&e)),
             })?;
             if out.len() as u64 + chunk.len() as u64 > size {
                 return Err(
@@ -260,6 +285,21 @@ impl Endpoint {
             reference: self.ctx.reference.clone(),
             digest: digest.to_string(),
             detail,
+        }
+    }
+
+    /// Prove that this source may read the blob `digest`: a `HEAD` of it with this source's
+    /// credentials (oci-client's `blob_exists`). 401/403: the auth errors; 404: not found.
+    pub async fn check_blob(&self, digest: &str) -> Result<(), OciError> {
+        self.client.store_auth_if_needed(self.reference.resolve_registry(), &self.auth).await;
+        match self.client.blob_exists(&self.reference, digest).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(OciError::BlobNotFound {
+                registry: self.ctx.registry.clone(),
+                reference: self.ctx.reference.clone(),
+                digest: digest.to_string(),
+            }),
+            Err(e) => Err(self.ctx.classify(&e, What::Blob(digest))),
         }
     }
 

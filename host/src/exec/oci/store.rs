@@ -5,19 +5,26 @@
 //! <cache>/blobs/sha256/<hex>.partial       a download in progress (or interrupted), 0600
 //! <cache>/blobs/sha256/<hex>.partial.json  which ranges of it are written
 //! <cache>/trees/sha256/<hex>/              the blob unpacked (files 0444, directories 0555)
-//! <cache>/trees/sha256/.<hex>.tmp.<pid>.<n> an unpack in progress (removed at start)
+//! <cache>/trees/sha256/.<hex>.tmp.<pid>.<n> an unpack in progress (flock'd while it runs)
 //! ```
 //!
 //! `blobs/` and `trees/` are the daemon's own (0700): nothing else writes there, so they are
 //! used by path. An entry's *last use* is the blob's access time, set explicitly whenever a volume
 //! asks for it or it is assembled (so `noatime`/`relatime` mounts do not matter).
+//!
+//! At start, [`Store::open`] removes what a killed daemon left: unpacks no process holds locked,
+//! trees half removed, and ranges files that no partial file goes with (or whose blob is
+//! complete: a kill between the final rename and the ranges file's removal).
 
 use std::collections::BTreeMap;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
+
+use rustix::fs::{FlockOperation, Mode, OFlags};
 
 use super::error::OciError;
 
@@ -60,7 +67,7 @@ fn is_hex64(s: &str) -> bool {
 impl Store {
     /// Open the cache at `root` (the daemon's `<state>/cache`, which other parts share), creating
     /// `blobs/` and `trees/` in it (0700: a linked file needs no path to the cache), and remove
-    /// unpacks a crash left half done.
+    /// what a crash left (see the module's doc). Removing leftovers is best effort.
     pub fn open(root: &Path) -> io::Result<Store> {
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(root)?;
         let store = Store { root: root.canonicalize()? };
@@ -71,15 +78,68 @@ impl Store {
         }
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(store.blob_dir())?;
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(store.tree_dir())?;
-        for entry in std::fs::read_dir(store.tree_dir())? {
+        store.sweep_trees()?;
+        store.sweep_sidecars()?;
+        Ok(store)
+    }
+
+    /// Remove unpacks no process holds (another daemon sharing the cache may be unpacking into
+    /// one: it holds a lock on it) and trees whose removal was interrupted.
+    fn sweep_trees(&self) -> io::Result<()> {
+        for entry in std::fs::read_dir(self.tree_dir())? {
             let entry = entry?;
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with('.') && (name.contains(".tmp.") || name.contains(".trash.")) {
-                remove_tree(&entry.path())?;
+            if !name.starts_with('.') {
+                continue;
+            }
+            let path = entry.path();
+            let stale = if name.contains(".tmp.") {
+                // Locked by its unpacker while it runs; a killed one's lock died with it.
+                match rustix::fs::open(
+                    &path,
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                ) {
+                    Ok(fd) => rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_ok(),
+                    Err(_) => false,
+                }
+            } else {
+                name.contains(".trash.")
+            };
+            if stale && let Err(e) = remove_tree(&path) {
+                // Another daemon removing it at the same time, or a file that will not go.
+                tracing::warn!(path = %path.display(), error = %e, "removing a leftover of the model cache");
             }
         }
-        Ok(store)
+        Ok(())
+    }
+
+    /// Remove ranges files (and their temporary names) no partial file goes with, or whose blob
+    /// is complete. A partial file is left: a later `ensure` resumes it.
+    fn sweep_sidecars(&self) -> io::Result<()> {
+        for entry in std::fs::read_dir(self.blob_dir())? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(hex) = name.strip_suffix(".partial.json").or_else(|| name.strip_suffix(".partial.json.tmp"))
+            else {
+                continue;
+            };
+            if !is_hex64(hex) {
+                continue;
+            }
+            let orphan = self.partial(hex).symlink_metadata().is_err() || self.blob(hex).symlink_metadata().is_ok();
+            if orphan {
+                match std::fs::remove_file(entry.path()) {
+                    Ok(()) => tracing::info!(path = %entry.path().display(), "removed a leftover ranges file"),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        tracing::warn!(path = %entry.path().display(), error = %e, "removing a leftover ranges file")
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     pub fn blob_dir(&self) -> PathBuf {
@@ -106,11 +166,20 @@ impl Store {
         self.tree_dir().join(hex)
     }
 
-    /// A fresh name for an unpack in progress.
-    pub fn tree_tmp(&self, hex: &str) -> PathBuf {
+    /// A fresh, empty directory (0700) for an unpack, and the `flock` that tells another
+    /// daemon's [`Store::open`] it is in use: held until the returned descriptor is dropped.
+    pub fn new_tree_tmp(&self, hex: &str) -> io::Result<(PathBuf, OwnedFd)> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        self.tree_dir().join(format!(".{hex}.tmp.{}.{n}", std::process::id()))
+        let path = self.tree_dir().join(format!(".{hex}.tmp.{}.{n}", std::process::id()));
+        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+        let fd = rustix::fs::open(
+            &path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive)?;
+        Ok((path, fd))
     }
 
     /// Is the verified blob there, with `size` bytes?

@@ -21,8 +21,8 @@ use rustix::io::Errno;
 use crate::exec::beneath::Anchors;
 use crate::plan::Archive;
 
-/// Unpack the archive `blob` (its digest `digest`, for messages) into the new directory
-/// `into`, which must not exist.
+/// Unpack the archive `blob` (its digest `digest`, for messages) into the directory `into`,
+/// which must be empty or not exist.
 pub(super) fn unpack(blob: &Path, digest: &str, format: Archive, into: &Path) -> io::Result<()> {
     let file = File::open(blob)?;
     let reader: Box<dyn Read> = match format {
@@ -31,7 +31,10 @@ pub(super) fn unpack(blob: &Path, digest: &str, format: Archive, into: &Path) ->
         Archive::TarZstd => Box::new(zstd::stream::read::Decoder::new(file)?),
         Archive::Raw => return Err(io::Error::new(io::ErrorKind::InvalidInput, "a raw blob is not unpacked")),
     };
-    std::fs::create_dir(into)?;
+    match std::fs::create_dir(into) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && std::fs::read_dir(into)?.next().is_none() => {}
+        other => other?,
+    }
     std::fs::set_permissions(into, std::fs::Permissions::from_mode(0o700))?;
     let mut archive = tar::Archive::new(reader);
     let anchors = Anchors::new([into.to_path_buf()]);

@@ -1,7 +1,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use super::super::{Artifacts, RegistryConfig};
+use super::super::{Artifacts, Prepared, RegistryConfig};
 use super::*;
 use crate::plan::Archive;
 
@@ -121,4 +121,119 @@ fn another_filesystem_gets_a_copy() {
     let first = ino(&dest.join("a/b.txt"));
     a.assemble(&digest, Archive::Tar, &dest, &below).unwrap();
     assert_eq!(ino(&dest.join("a/b.txt")), first, "a copy already made is kept");
+}
+
+/// `prepare` until it stops answering `Working` (30 s at most).
+fn prepared(a: &Artifacts, digest: &str, format: Archive) -> Prepared {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match a.prepare(digest, format) {
+            Prepared::Working if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            other => return other,
+        }
+    }
+}
+
+#[test]
+fn prepare_unpacks_in_the_background_once_and_assemble_only_links() {
+    // Big enough that the unpack is still running when `prepare` returns.
+    let big = TarOf::new().file("w.bin", &vec![9u8; 32 << 20]).file("small", b"s").bytes();
+    let (_t, a, digest, root) = cache_with(&zstd(&big));
+    let tree = root.join("cache/trees/sha256").join(digest.trim_start_matches("sha256:"));
+    let started = std::time::Instant::now();
+    assert_eq!(a.prepare(&digest, Archive::TarZstd), Prepared::Working);
+    assert!(started.elapsed() < std::time::Duration::from_millis(200), "prepare blocked");
+    // Asked again while it runs: the same unpack.
+    assert_eq!(a.prepare(&digest, Archive::TarZstd), Prepared::Working);
+    assert_eq!(prepared(&a, &digest, Archive::TarZstd), Prepared::Ready);
+    assert!(tree.join("w.bin").is_file());
+    let trees: Vec<_> =
+        std::fs::read_dir(root.join("cache/trees/sha256")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(trees.len(), 1, "one tree, no temporary left: {trees:?}");
+    let unpacked = std::fs::metadata(&tree).unwrap().mtime_nsec();
+
+    let below = root.join("vol");
+    a.assemble(&digest, Archive::TarZstd, &below.join("m"), &below).unwrap();
+    assert_eq!(ino(&below.join("m/w.bin")), ino(&tree.join("w.bin")));
+    assert_eq!(std::fs::metadata(&tree).unwrap().mtime_nsec(), unpacked, "assemble did not unpack again");
+    assert_eq!(a.prepare(&digest, Archive::TarZstd), Prepared::Ready);
+}
+
+#[test]
+fn prepare_says_ready_at_once_for_a_raw_blob() {
+    let (_t, a, digest, _root) = cache_with(b"weights");
+    assert_eq!(a.prepare(&digest, Archive::Raw), Prepared::Ready);
+}
+
+#[test]
+fn a_failed_unpack_is_reported_once_then_tried_again() {
+    let bad = TarOf::new().file("ok", b"fine").file("../evil", b"x").bytes();
+    let (_t, a, digest, root) = cache_with(&bad);
+    let Prepared::Failed(e) = prepared(&a, &digest, Archive::Tar) else { panic!("must fail") };
+    assert!(e.to_string().contains("../evil") && e.to_string().contains("refused"), "{e}");
+    assert_eq!(std::fs::read_dir(root.join("cache/trees/sha256")).unwrap().count(), 0, "no tree, no temp");
+    // Reported once: the next call starts over (and fails again).
+    assert!(matches!(a.prepare(&digest, Archive::Tar), Prepared::Working | Prepared::Failed(_)));
+    assert!(matches!(prepared(&a, &digest, Archive::Tar), Prepared::Failed(_)));
+    // A blob the cache does not hold.
+    let Prepared::Failed(e) = a.prepare(&sha256(b"absent"), Archive::Tar) else { panic!("must fail") };
+    assert!(e.to_string().contains("not in the model cache"), "{e}");
+    assert!(matches!(a.prepare("sha256:nope", Archive::Tar), Prepared::Failed(_)));
+}
+
+#[test]
+fn temporary_names_an_interrupted_assemble_left_are_removed() {
+    let (_t, a, digest, root) = cache_with(&good_tar());
+    let below = root.join("vol");
+    let dest = below.join("m");
+    std::fs::create_dir_all(dest.join("a")).unwrap();
+    // A kill -9 between linking under the temporary name and the rename leaves these.
+    for left in [".b.txt.mh-link.4242.0", "a/.b.txt.mh-link.1.17", "a/.link.mh-link.1.18", ".x.mh-link.7.7"] {
+        std::fs::write(dest.join(left), b"stale").unwrap();
+    }
+    // Not ours to remove: no tree entry of that name, a directory, not our pattern.
+    for keep in ["a/.notintree.mh-link.1.2", "a/.b.txt.mh-link.x.2", "a/.b.txt.mh-link.1"] {
+        std::fs::write(dest.join(keep), b"pod's").unwrap();
+    }
+    std::fs::create_dir(dest.join("a/.hard.mh-link.1.3")).unwrap();
+    a.assemble(&digest, Archive::Tar, &dest, &below).unwrap();
+    for left in ["a/.b.txt.mh-link.1.17", "a/.link.mh-link.1.18", ".x.mh-link.7.7"] {
+        assert!(dest.join(left).symlink_metadata().is_err(), "{left} is still there");
+    }
+    // `.b.txt…` at the top: the tree has no `b.txt` there.
+    assert!(dest.join(".b.txt.mh-link.4242.0").exists());
+    for keep in ["a/.notintree.mh-link.1.2", "a/.b.txt.mh-link.x.2", "a/.b.txt.mh-link.1", "a/.hard.mh-link.1.3"] {
+        assert!(dest.join(keep).exists(), "{keep} was removed");
+    }
+
+    // A raw blob's destination too.
+    let (_t2, a, digest, root) = cache_with(b"weights");
+    let below = root.join("vol");
+    std::fs::create_dir_all(below.join("m")).unwrap();
+    std::fs::write(below.join("m/.model.bin.mh-link.9.9"), b"stale").unwrap();
+    a.assemble(&digest, Archive::Raw, &below.join("m/model.bin"), &below).unwrap();
+    let names: Vec<_> = std::fs::read_dir(below.join("m")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["model.bin"]);
+}
+
+#[test]
+fn two_daemons_unpacking_the_same_layer_at_once_both_succeed() {
+    let big = TarOf::new().file("w.bin", &vec![5u8; 8 << 20]).bytes();
+    let (_t, a, digest, root) = cache_with(&big);
+    // A second cache on the same directory: digest locks are per process.
+    let b = Artifacts::new(root.join("cache"), RegistryConfig::default()).unwrap();
+    std::fs::create_dir(root.join("vol2")).unwrap();
+    let (va, vb) = (root.join("vol"), root.join("vol2"));
+    std::thread::scope(|s| {
+        let one = s.spawn(|| a.assemble(&digest, Archive::Tar, &va.join("m"), &va));
+        let two = s.spawn(|| b.assemble(&digest, Archive::Tar, &vb.join("m"), &vb));
+        one.join().unwrap().unwrap();
+        two.join().unwrap().unwrap();
+    });
+    assert_eq!(std::fs::read(vb.join("m/w.bin")).unwrap().len(), 8 << 20);
+    let trees: Vec<_> =
+        std::fs::read_dir(root.join("cache/trees/sha256")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(trees.len(), 1, "{trees:?}");
 }

@@ -1,6 +1,7 @@
 //! A small in-process registry over plain HTTP on 127.0.0.1, enough for the puller: `GET /v2/`,
-//! manifests by tag or digest, blobs with `Range`. Knobs make it fail the ways real ones do:
-//! cut connections after a byte budget, refuse connections, ignore `Range`, serve other bytes.
+//! manifests by tag or digest, blobs with `Range` (and `HEAD`). Knobs make it fail the ways real
+//! ones do: cut connections after a byte budget, refuse connections, ignore `Range`, serve other
+//! bytes, redirect blobs to "storage" (`/storage/<digest>?…`, served here too) or fail there.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -34,6 +35,12 @@ pub struct State {
     pub connections: AtomicUsize,
     /// Require `Authorization: Basic base64(user:pass)`.
     pub basic: Mutex<Option<String>>,
+    /// `HEAD` requests for blobs received.
+    pub heads: AtomicUsize,
+    /// Answer blob GETs with `307`, `Location` this with `{digest}` replaced.
+    pub redirect: Mutex<Option<String>>,
+    /// `/storage/…` answers 500 with an S3-like XML body that echoes a signature.
+    pub storage_fails: AtomicBool,
 }
 
 pub struct Fake {
@@ -107,6 +114,36 @@ async fn serve(mut conn: TcpStream, s: Arc<State>) {
             path = rest.find('/').map(|i| rest[i..].to_string()).unwrap_or_else(|| "/".into());
         }
         let path = path.split('?').next().unwrap_or("").to_string();
+        let head_only = first.starts_with("HEAD ");
+        if head_only && path.contains("/blobs/") {
+            s.heads.fetch_add(1, Ordering::SeqCst);
+        }
+        if let Some(digest) = path.strip_prefix("/storage/") {
+            // Storage behind a presigned URL: no registry auth, its own errors.
+            if s.storage_fails.load(Ordering::SeqCst) {
+                let body = "<?xml version=\"1.0\"?><Error><Code>InternalError</Code><Message>try again</Message>\
+                    <SignatureProvided>STORAGE-SIGNATURE-SECRET</SignatureProvided></Error>";
+                let head = format!(
+                    "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                if conn.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            let found = s.blobs.lock().unwrap().get(digest).cloned();
+            let (status, body) = match found {
+                Some(b) => ("200 OK", b),
+                None => ("404 Not Found", Vec::new()),
+            };
+            let head = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n", body.len());
+            if conn.write_all(head.as_bytes()).await.is_err() || conn.write_all(&body).await.is_err() {
+                return;
+            }
+            s.served.fetch_add(body.len() as u64, Ordering::SeqCst);
+            continue;
+        }
         let wanted = s.basic.lock().unwrap().clone();
         if let Some(want) = wanted
             && headers.get("authorization") != Some(&format!("Basic {want}"))
@@ -116,6 +153,7 @@ async fn serve(mut conn: TcpStream, s: Arc<State>) {
                 "HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nWWW-Authenticate: Basic realm=\"fake\"\r\nContent-Length: {}\r\n\r\n",
                 body.len()
             );
+            let body: &[u8] = if head_only { b"" } else { body };
             if conn.write_all(head.as_bytes()).await.is_err() || conn.write_all(body).await.is_err() {
                 return;
             }
@@ -139,6 +177,29 @@ async fn serve(mut conn: TcpStream, s: Arc<State>) {
             "blobs" => s.blobs.lock().unwrap().get(key).cloned().map(|b| ("application/octet-stream".to_string(), b)),
             _ => None,
         };
+        if kind == "blobs" && head_only {
+            let head = match &found {
+                Some((media_type, b)) => {
+                    format!("HTTP/1.1 200 OK\r\nContent-Type: {media_type}\r\nContent-Length: {}\r\n\r\n", b.len())
+                }
+                None => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_string(),
+            };
+            if conn.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let location = s.redirect.lock().unwrap().clone();
+        if let (Some(location), "blobs", true) = (location, kind, found.is_some()) {
+            let head = format!(
+                "HTTP/1.1 307 Temporary Redirect\r\nLocation: {}\r\nContent-Length: 0\r\n\r\n",
+                location.replace("{digest}", key)
+            );
+            if conn.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            continue;
+        }
         let Some((media_type, mut body)) = found else {
             let code = if kind == "blobs" { "BLOB_UNKNOWN" } else { "MANIFEST_UNKNOWN" };
             let body = format!(r#"{{"errors":[{{"code":"{code}","message":"unknown"}}]}}"#);

@@ -2,8 +2,10 @@
 
 mod assemble;
 mod auth;
+mod authorize;
 mod fake;
 mod pull;
+mod redact;
 mod segments;
 mod store;
 mod unpack;

@@ -111,3 +111,54 @@ fn the_shared_cache_directory_is_left_as_it_was() {
     assert_eq!(a.prune(&BTreeSet::new(), 0).unwrap().blobs, 0);
     assert!(shared.join("plugins/x.cwasm").exists());
 }
+
+#[test]
+fn ranges_files_a_kill_left_are_removed_at_start() {
+    let (_t, root, a) = cache();
+    drop(a);
+    let blobs = root.join("cache/blobs/sha256");
+    let hex = |n: u8| format!("{n:02x}").repeat(32);
+    // Killed between the final rename and the ranges file's removal.
+    std::fs::write(blobs.join(hex(1)), b"complete").unwrap();
+    std::fs::write(blobs.join(format!("{}.partial.json", hex(1))), b"{}").unwrap();
+    // A ranges file whose partial file is gone, and a temporary one.
+    std::fs::write(blobs.join(format!("{}.partial.json", hex(2))), b"{}").unwrap();
+    std::fs::write(blobs.join(format!("{}.partial.json.tmp", hex(3))), b"{}").unwrap();
+    // An interrupted download: both kept for its resume.
+    std::fs::write(blobs.join(format!("{}.partial", hex(4))), b"half").unwrap();
+    std::fs::write(blobs.join(format!("{}.partial.json", hex(4))), b"{}").unwrap();
+    // Not the cache's names: left alone.
+    std::fs::write(blobs.join("notes.partial.json"), b"{}").unwrap();
+
+    let _a = Artifacts::new(root.join("cache"), RegistryConfig::default()).unwrap();
+    let mut left: Vec<String> =
+        std::fs::read_dir(&blobs).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    left.sort();
+    let mut want =
+        vec![hex(1), format!("{}.partial", hex(4)), format!("{}.partial.json", hex(4)), "notes.partial.json".into()];
+    want.sort();
+    assert_eq!(left, want);
+}
+
+#[test]
+fn an_unpack_another_daemon_runs_survives_a_start_and_a_dead_ones_does_not() {
+    let (_t, root, a) = cache();
+    drop(a);
+    let trees = root.join("cache/trees/sha256");
+    let running = trees.join(format!(".{}.tmp.77.0", "ab".repeat(32)));
+    let dead = trees.join(format!(".{}.tmp.78.0", "cd".repeat(32)));
+    let trash = trees.join(format!(".{}.trash.79.0", "ef".repeat(32)));
+    for d in [&running, &dead, &trash] {
+        std::fs::create_dir_all(d.join("sub")).unwrap();
+        std::fs::write(d.join("sub/f"), b"x").unwrap();
+    }
+    let held = std::fs::File::open(&running).unwrap();
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+
+    let _a = Artifacts::new(root.join("cache"), RegistryConfig::default()).unwrap();
+    assert!(running.join("sub/f").exists(), "another daemon's unpack was removed");
+    assert!(!dead.exists() && !trash.exists());
+    drop(held);
+    let _b = Artifacts::new(root.join("cache"), RegistryConfig::default()).unwrap();
+    assert!(!running.exists());
+}

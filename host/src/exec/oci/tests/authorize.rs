@@ -1,0 +1,153 @@
+//! `authorize`: a source must show the registry it may read a blob the shared cache holds.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::super::{Artifacts, BlobRef, Credentials, Ensure, OciError, RegistryConfig};
+use super::pull::{Env, env, random};
+
+fn basic(user: &str, password: &str) -> Credentials {
+    Credentials::Basic { username: user.into(), password: password.into() }
+}
+
+/// A fake that wants `u:p`, and `b` pulled into the cache with those credentials.
+async fn cached_behind_auth() -> (Env, BlobRef) {
+    let e = env().await;
+    *e.fake.state.basic.lock().unwrap() = Some("dTpw".into()); // u:p
+    let b = e.blob(random(3000, 21));
+    let mut src = e.src("v1");
+    src.credentials = basic("u", "p");
+    assert_eq!(e.settle_with(&src, "vol-owner", std::slice::from_ref(&b)).await, Ensure::Ready);
+    (e, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_blob_is_refused_to_a_source_without_the_right_credentials() {
+    let (e, b) = cached_behind_auth().await;
+    let one = std::slice::from_ref(&b);
+    let mut src = e.src("v1");
+    // Without `authorize`, `ensure` hands the blob over: the hole this closes.
+    assert_eq!(e.a.ensure("vol-intruder", &src, one), Ensure::Ready);
+    let err = e.a.authorize(&src, one).await.unwrap_err();
+    assert!(matches!(err, OciError::AuthMissing { .. }), "{err:?}");
+    assert!(err.to_string().contains(&e.fake.host), "{err}");
+    src.credentials = basic("u", "wrong");
+    let err = e.a.authorize(&src, one).await.unwrap_err();
+    assert!(matches!(err, OciError::AuthRefused { .. }), "{err:?}");
+    assert!(!format!("{err} {err:?}").contains("wrong"), "{err:?}");
+    // Refusals are not remembered: each call asks again.
+    let heads = e.fake.state.heads.load(Ordering::SeqCst);
+    assert!(e.a.authorize(&src, one).await.is_err());
+    assert!(e.fake.state.heads.load(Ordering::SeqCst) > heads);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proof_is_asked_once_and_remembered_per_credentials() {
+    let (e, b) = cached_behind_auth().await;
+    let one = std::slice::from_ref(&b);
+    let mut src = e.src("v1");
+    src.credentials = basic("u", "p");
+    // The download itself was the proof.
+    e.a.authorize(&src, one).await.unwrap();
+    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 0);
+
+    // A restarted daemon (a new cache on the same directory) remembers nothing: one HEAD, then
+    // none.
+    let again = Artifacts::new(
+        e.root.join("cache"),
+        RegistryConfig { insecure: [e.fake.host.clone()].into(), ..Default::default() },
+    )
+    .unwrap();
+    again.authorize(&src, one).await.unwrap();
+    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 1);
+    again.authorize(&src, one).await.unwrap();
+    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 1, "remembered");
+    // Other credentials, other proof.
+    src.credentials = basic("u", "wrong");
+    assert!(again.authorize(&src, one).await.is_err());
+    // Another repository, other proof.
+    let mut elsewhere = e.src("v1");
+    elsewhere.repository = "org/other".into();
+    elsewhere.credentials = basic("u", "p");
+    again.authorize(&elsewhere, one).await.unwrap();
+    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_blob_the_registry_does_not_have_is_not_found() {
+    let (e, b) = cached_behind_auth().await;
+    e.fake.state.blobs.lock().unwrap().remove(&b.digest);
+    let fresh = Artifacts::new(
+        e.root.join("cache"),
+        RegistryConfig { insecure: [e.fake.host.clone()].into(), ..Default::default() },
+    )
+    .unwrap();
+    let mut src = e.src("v1");
+    src.credentials = basic("u", "p");
+    let err = fresh.authorize(&src, std::slice::from_ref(&b)).await.unwrap_err();
+    assert!(matches!(err, OciError::BlobNotFound { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains(&b.digest) && text.contains(&format!("{}/org/model:v1", e.fake.host)), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blobs_not_in_the_cache_need_no_request() {
+    let e = env().await;
+    let blobs: Vec<BlobRef> = (0..5).map(|i| e.blob(random(1000, 30 + i))).collect();
+    e.a.authorize(&e.src("v1"), &blobs).await.unwrap();
+    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 0);
+    assert_eq!(e.fake.state.connections.load(Ordering::SeqCst), 0);
+    // Many cached ones: each checked, all at once.
+    let fresh = |e: &Env| {
+        Artifacts::new(
+            e.root.join("cache"),
+            RegistryConfig { insecure: [e.fake.host.clone()].into(), ..Default::default() },
+        )
+        .unwrap()
+    };
+    assert_eq!(e.settle("vol-1", &blobs).await, Ensure::Ready);
+    let other = fresh(&e);
+    other.authorize(&e.src("v1"), &blobs).await.unwrap();
+    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blob_downloading_with_other_credentials_is_checked() {
+    let e = env().await;
+    e.fake.state.delay_ms.store(5, Ordering::SeqCst);
+    let b = e.blob(random(4 << 20, 40));
+    let one = std::slice::from_ref(&b);
+    let owner = e.src("v1");
+    assert!(matches!(e.a.ensure("vol-owner", &owner, one), Ensure::Pulling(_)));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The same credentials: the download is the proof to come.
+    e.a.authorize(&owner, one).await.unwrap();
+    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 0);
+    // Others: asked.
+    let mut other = e.src("v1");
+    other.credentials = basic("someone", "else");
+    e.a.authorize(&other, one).await.unwrap();
+    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 1);
+    assert!(!e.path(&b).exists(), "checked while it was still downloading");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_file_left_by_others_is_checked() {
+    let e = env().await;
+    let b = e.blob(random(2000, 41));
+    std::fs::write(e.partial(&b), b"").unwrap();
+    e.a.authorize(&e.src("v1"), std::slice::from_ref(&b)).await.unwrap();
+    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorize_runs_in_a_spawned_task() {
+    // The daemon calls it from futures given to `tokio::spawn`: it must be `Send` for any
+    // lifetime of its arguments (this does not compile otherwise).
+    let e = env().await;
+    let b = e.blob(random(100, 60));
+    let src = e.src("v1");
+    let a = std::sync::Arc::new(e.a);
+    let blobs = vec![b];
+    tokio::spawn(async move { a.authorize(&src, &blobs).await }).await.unwrap().unwrap();
+}
