@@ -40,7 +40,7 @@ impl Plugin for Model {
                           choose files by path and by layer class (weights, config, docs, code, \
                           datasets). Registry credentials come from CSI secrets, by key."
                 .into(),
-            parameters: params::param_docs(),
+            parameters: mounthost_plugin_sdk::params::param_docs(params::SPECS),
             programs: Vec::new(),
             fstypes: Vec::new(),
         }

@@ -9,36 +9,12 @@
 //! step's `registry-auth`, which names the CSI secret *keys*; the host reads the values when
 //! it talks to the registry.
 
-use mounthost_plugin_sdk::params::invalid;
-use mounthost_plugin_sdk::{BackendError, BasicAuth, Kv, ParamDoc, ParamKind, ParamSource, Params, RegistryAuth};
+use mounthost_plugin_sdk::net::{Port, check_host_port};
+use mounthost_plugin_sdk::params::{ParamSpec, invalid, known};
+use mounthost_plugin_sdk::{BackendError, BasicAuth, Kv, ParamKind, ParamSource, Params, RegistryAuth};
 
 use crate::filters::{self, Filters};
-use crate::reference::{Reference, check_host_port};
-
-/// One documented key: a row of the parameter table.
-#[derive(Debug, Clone, Copy)]
-pub struct Spec {
-    /// The exact key.
-    pub name: &'static str,
-    /// What the value holds.
-    pub kind: ParamKind,
-    /// Where it may come from.
-    pub source: ParamSource,
-    /// Whether a request without it is refused.
-    pub required: bool,
-    /// The value used when it is absent, as text.
-    pub default: Option<&'static str>,
-    /// One line of documentation.
-    pub doc: &'static str,
-}
-
-const fn param(name: &'static str, kind: ParamKind, default: Option<&'static str>, doc: &'static str) -> Spec {
-    Spec { name, kind, source: ParamSource::Parameter, required: false, default, doc }
-}
-
-const fn secret(name: &'static str, doc: &'static str) -> Spec {
-    Spec { name, kind: ParamKind::Text, source: ParamSource::Secret, required: false, default: None, doc }
-}
+use crate::reference::Reference;
 
 /// The secret key of a username (with [`PASSWORD`]).
 pub const USERNAME: &str = "username";
@@ -50,10 +26,10 @@ pub const TOKEN: &str = "token";
 pub const DOCKER_CONFIG: &str = ".dockerconfigjson";
 
 /// Every key the plugin reads, in the order `info()` lists them.
-pub const SPECS: &[Spec] = &[
-    Spec {
+pub const SPECS: &[ParamSpec] = &[
+    ParamSpec {
         required: true,
-        ..param(
+        ..ParamSpec::parameter(
             "reference",
             ParamKind::OciReference,
             None,
@@ -61,81 +37,61 @@ pub const SPECS: &[Spec] = &[
              latest, a digest pins the content.",
         )
     },
-    param(
+    ParamSpec::parameter(
         "mirror",
         ParamKind::Endpoint,
         None,
         "Pull through this registry instead (host[:port], same repository); default: the \
          reference's registry.",
     ),
-    param(
+    ParamSpec::parameter(
         "include",
         ParamKind::CommaList,
         None,
         "Only files whose path matches one of these globs (*.safetensors,tokenizer/**); \
          default: every file.",
     ),
-    param(
+    ParamSpec::parameter(
         "exclude",
         ParamKind::CommaList,
         None,
         "Leave out files whose path matches one of these globs; wins over include.",
     ),
-    param(
+    ParamSpec::parameter(
         "weights",
         ParamKind::Choice,
         Some("include"),
         "Weight layers: include (like any other file), only (weights alone) or exclude \
          (everything but the weights).",
     ),
-    param(
+    ParamSpec::parameter(
         "types",
         ParamKind::CommaList,
         Some(filters::ALL_TYPES),
         "Layer classes to mount, comma-separated: weight, config, doc, code, dataset.",
     ),
-    param(
+    ParamSpec::parameter(
         "insecure",
         ParamKind::Boolean,
         Some("false"),
         "Pull over plain HTTP; the host refuses it unless its configuration lists the registry \
          as insecure.",
     ),
-    secret(USERNAME, "Registry username, with password (HTTP basic or the registry's token exchange)."),
-    secret(PASSWORD, "Registry password or access token, with username."),
-    secret(TOKEN, "A bearer token sent as is (Authorization: Bearer <token>)."),
-    secret(
+    ParamSpec::secret(USERNAME, "Registry username, with password (HTTP basic or the registry's token exchange)."),
+    ParamSpec::secret(PASSWORD, "Registry password or access token, with username."),
+    ParamSpec::secret(TOKEN, "A bearer token sent as is (Authorization: Bearer <token>)."),
+    ParamSpec::secret(
         DOCKER_CONFIG,
         "A .dockerconfigjson document (a kubernetes.io/dockerconfigjson Secret); its entry for \
          the registry, or the mirror, is used.",
     ),
 ];
 
-/// The table as the WIT `param-doc` records `info()` returns.
-pub fn param_docs() -> Vec<ParamDoc> {
-    SPECS
-        .iter()
-        .map(|s| ParamDoc {
-            name: s.name.into(),
-            doc: s.doc.into(),
-            kind: s.kind,
-            source: s.source,
-            required: s.required,
-            default_value: s.default.map(Into::into),
-        })
-        .collect()
-}
-
-/// Every documented key with its source, for the unknown-key checks.
-fn known() -> impl Iterator<Item = (&'static str, ParamSource)> + Clone {
-    SPECS.iter().map(|s| (s.name, s.source))
-}
-
 /// Open a StorageClass parameter list (or a volume context, `source` = `Context`) and refuse
 /// keys the table does not document.
 pub fn open<'a>(kvs: &'a [Kv], source: ParamSource) -> Result<Params<'a>, BackendError> {
     let params = Params::new("parameter", kvs)?;
-    params.check_known(known(), source)?;
+    params.check_known(known(SPECS), source)?;
     Ok(params)
 }
 
@@ -159,7 +115,7 @@ impl Settings {
         let mirror = p
             .text("mirror")?
             .map(|v| {
-                check_host_port(v).map(|()| v.to_string()).map_err(|why| {
+                check_host_port(v, Port::Optional).map(|()| v.to_string()).map_err(|why| {
                     invalid(format!(
                         "parameter \"mirror\" {v:?} is not a registry endpoint ({why}); give one \
                          host[:port] without a scheme or path, host a DNS name, an IPv4 address or an \
@@ -182,7 +138,7 @@ impl Settings {
 /// a `registry-auth`. No secret at all is anonymous access.
 pub fn registry_auth(secrets: &[Kv]) -> Result<RegistryAuth, BackendError> {
     let s = Params::new("secret", secrets)?;
-    s.check_known(known(), ParamSource::Secret)?;
+    s.check_known(known(SPECS), ParamSource::Secret)?;
     let (user, pass) = (s.text(USERNAME)?.is_some(), s.text(PASSWORD)?.is_some());
     let token = s.text(TOKEN)?.is_some();
     // Not `text`: a pretty-printed document has line breaks.

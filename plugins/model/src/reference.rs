@@ -7,9 +7,8 @@
 //! `library/ubuntu` would mean Docker Hub to a container runtime; here the first component
 //! must be a host (`docker.io/library/ubuntu`), so a reference always says where it pulls from.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
-
 use mounthost_plugin_sdk::BackendError;
+use mounthost_plugin_sdk::net::{Port, check_host_port};
 use mounthost_plugin_sdk::params::invalid;
 
 /// The tag used when a reference has neither a tag nor a digest.
@@ -72,7 +71,7 @@ impl Reference {
         };
         let (registry, repository) =
             name.split_once('/').ok_or_else(|| bad("it needs a registry and a repository separated by /"))?;
-        check_host_port(registry).map_err(|why| bad(&format!("registry {registry:?}: {why}")))?;
+        check_host_port(registry, Port::Optional).map_err(|why| bad(&format!("registry {registry:?}: {why}")))?;
         if !looks_like_registry(registry) {
             return Err(bad(&format!(
                 "{registry:?} is not a registry host: it has no dot and no port and is not localhost; \
@@ -167,58 +166,6 @@ fn looks_like_registry(registry: &str) -> bool {
     registry.contains('.') || registry.contains(':') || registry == "localhost" || registry.starts_with('[')
 }
 
-/// Check `host[:port]`: a DNS name, an IPv4 address or a bracketed IPv6 address, and an
-/// optional port from 1 to 65535. Returns why not, for messages.
-pub fn check_host_port(item: &str) -> Result<(), &'static str> {
-    if item.is_empty() {
-        return Err("empty");
-    }
-    let (host, port) = if let Some(rest) = item.strip_prefix('[') {
-        let (v6, after) = rest.split_once(']').ok_or("missing ] after an IPv6 address")?;
-        v6.parse::<Ipv6Addr>().map_err(|_| "bad IPv6 address")?;
-        match after {
-            "" => (None, None),
-            _ => (None, Some(after.strip_prefix(':').ok_or("unexpected text after ]")?)),
-        }
-    } else if item.matches(':').count() > 1 {
-        return Err("an IPv6 address needs brackets, such as [::1]:5000");
-    } else {
-        match item.split_once(':') {
-            Some((h, p)) => (Some(h), Some(p)),
-            None => (Some(item), None),
-        }
-    };
-    if let Some(p) = port {
-        let ok = !p.is_empty()
-            && p.len() <= 5
-            && p.bytes().all(|b| b.is_ascii_digit())
-            && p.parse::<u32>().is_ok_and(|n| (1..=65_535).contains(&n));
-        if !ok {
-            return Err("bad port: give 1 to 65535");
-        }
-    }
-    match host {
-        None => Ok(()),
-        Some(h) if h.bytes().all(|b| b.is_ascii_digit() || b == b'.') => {
-            h.parse::<Ipv4Addr>().map(|_| ()).map_err(|_| "bad IPv4 address")
-        }
-        Some(h) if is_dns_name(h) => Ok(()),
-        Some(_) => Err("bad host name"),
-    }
-}
-
-fn is_dns_name(h: &str) -> bool {
-    !h.is_empty()
-        && h.len() <= 253
-        && h.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,22 +246,5 @@ mod tests {
         assert!(Reference::parse("p", &format!("{ok}b")).is_err());
         assert!(Reference::parse("p", &format!("reg.io/m:{}", "t".repeat(MAX_TAG))).is_ok());
         assert!(Reference::parse("p", &format!("reg.io/m:{}", "t".repeat(MAX_TAG + 1))).is_err());
-    }
-
-    #[rstest]
-    #[case("mirror.example.com", true)]
-    #[case("mirror:5000", true)]
-    #[case("10.0.0.1:443", true)]
-    #[case("[::1]:5000", true)]
-    #[case("[::1]", true)]
-    #[case("", false)]
-    #[case("a:0", false)]
-    #[case("a:", false)]
-    #[case("a_b", false)]
-    #[case("::1", false)]
-    #[case("[::1]x", false)]
-    #[case("a/b", false)]
-    fn host_ports(#[case] v: &str, #[case] ok: bool) {
-        assert_eq!(check_host_port(v).is_ok(), ok, "{v:?}: {:?}", check_host_port(v));
     }
 }

@@ -18,14 +18,16 @@
 //! directory onto the target (read-only when asked), `unstage` adds nothing to the host's own
 //! tear-down, and `provision`, `delete` and `dynamic_mount` say the plugin does not support them.
 //! The [`params`] module turns the `list<kv>` the host sends into typed, validated values with
-//! errors that name the parameter; [`paths`] builds the path references, arguments and values
-//! plans must use.
+//! errors that name the parameter, and a plugin's table of [`params::ParamSpec`] rows into its
+//! documentation and its unknown-key checks; [`net`] checks `host[:port]` endpoints; [`paths`]
+//! builds the path references, arguments and values plans must use.
 //!
 //! The SDK builds plugins of contract `mounthost:plugin@0.2.0` ([`CONTRACT_VERSION`]). A plugin
 //! that needs an OCI artifact's manifest plans a [`Step::Resolve`] first; the host resolves it
 //! and calls `stage` again with [`StageRequest::resolved`] set, and the plan then answers with
 //! the same `Resolve` step followed by [`Step::FetchBlob`] and [`Step::Unpack`] steps.
 
+pub mod net;
 pub mod params;
 pub mod paths;
 

@@ -1,9 +1,14 @@
-//! Typed access to the `list<kv>` maps the host sends (parameters, context, secrets).
+//! Typed access to the `list<kv>` maps the host sends (parameters, context, secrets), and the
+//! table of keys a plugin documents.
 //!
 //! Every error is `invalid-argument` and names the key and what would be accepted, because
 //! the person reading it is writing a StorageClass.
+//!
+//! A plugin lists every key it reads once, as a `&[ParamSpec]` table: [`param_docs`] turns it
+//! into what `info()` returns and [`known`] into what [`Params::check_known`] accepts, so the
+//! documentation and the behaviour cannot drift apart.
 
-use crate::{BackendError, Kv, ParamSource};
+use crate::{BackendError, Kv, ParamDoc, ParamKind, ParamSource};
 
 /// Build an `invalid-argument` error.
 pub fn invalid(message: impl Into<String>) -> BackendError {
@@ -112,6 +117,63 @@ impl<'a> Params<'a> {
     }
 }
 
+/// One documented key: a row of a plugin's parameter table.
+///
+/// The constructors are `const`, so a table is a `const` slice; change the other fields with
+/// struct update syntax: `ParamSpec { required: true, ..ParamSpec::parameter(..) }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamSpec {
+    /// The exact key.
+    pub name: &'static str,
+    /// What the value holds.
+    pub kind: ParamKind,
+    /// Where it may come from.
+    pub source: ParamSource,
+    /// Whether a request without it is refused.
+    pub required: bool,
+    /// The value used when it is absent, as text.
+    pub default: Option<&'static str>,
+    /// One line of documentation.
+    pub doc: &'static str,
+}
+
+impl ParamSpec {
+    /// An optional StorageClass parameter (also accepted in the volume context).
+    pub const fn parameter(
+        name: &'static str,
+        kind: ParamKind,
+        default: Option<&'static str>,
+        doc: &'static str,
+    ) -> Self {
+        ParamSpec { name, kind, source: ParamSource::Parameter, required: false, default, doc }
+    }
+
+    /// An optional text secret.
+    pub const fn secret(name: &'static str, doc: &'static str) -> Self {
+        ParamSpec { name, kind: ParamKind::Text, source: ParamSource::Secret, required: false, default: None, doc }
+    }
+}
+
+/// The table as the WIT `param-doc` records `info()` returns, in table order.
+pub fn param_docs(specs: &[ParamSpec]) -> Vec<ParamDoc> {
+    specs
+        .iter()
+        .map(|s| ParamDoc {
+            name: s.name.into(),
+            doc: s.doc.into(),
+            kind: s.kind,
+            source: s.source,
+            required: s.required,
+            default_value: s.default.map(Into::into),
+        })
+        .collect()
+}
+
+/// Every documented key with its source, as [`Params::check_known`] takes them.
+pub fn known(specs: &[ParamSpec]) -> impl Iterator<Item = (&'static str, ParamSource)> + Clone + '_ {
+    specs.iter().map(|s| (s.name, s.source))
+}
+
 /// Parameters documented as StorageClass parameters may also arrive through the volume context
 /// (provisioning copies them there), so a context list accepts both.
 fn accepts(doc: ParamSource, list: ParamSource) -> bool {
@@ -155,5 +217,40 @@ mod tests {
         assert_eq!(err, invalid("unknown parameter \"filr\"; accepted: filer"));
         let ctx = [kv("filer", "x")];
         assert!(Params::new("context", &ctx).unwrap().check_known(docs, ParamSource::Context).is_ok());
+    }
+
+    const SPECS: &[ParamSpec] = &[
+        ParamSpec { required: true, ..ParamSpec::parameter("filer", ParamKind::Endpoint, None, "Filer.") },
+        ParamSpec {
+            source: ParamSource::Context,
+            ..ParamSpec::parameter("path", ParamKind::RemotePath, None, "Path.")
+        },
+        ParamSpec::parameter("umask", ParamKind::Text, Some("022"), "Umask."),
+        ParamSpec::secret("key", "Key."),
+    ];
+
+    #[test]
+    fn a_table_documents_and_checks_the_same_keys() {
+        let docs = param_docs(SPECS);
+        let rows: Vec<_> =
+            docs.iter().map(|d| (d.name.as_str(), d.source, d.required, d.default_value.as_deref())).collect();
+        assert_eq!(
+            rows,
+            [
+                ("filer", ParamSource::Parameter, true, None),
+                ("path", ParamSource::Context, false, None),
+                ("umask", ParamSource::Parameter, false, Some("022")),
+                ("key", ParamSource::Secret, false, None),
+            ]
+        );
+        assert_eq!((docs[3].kind, docs[3].doc.as_str()), (ParamKind::Text, "Key."));
+
+        let sc = [kv("filer", "a:1"), kv("path", "/p")];
+        let err = Params::new("parameter", &sc).unwrap().check_known(known(SPECS), ParamSource::Parameter).unwrap_err();
+        assert_eq!(err, invalid("unknown parameter \"path\"; accepted: filer, umask"));
+        let ctx = Params::new("context", &sc).unwrap();
+        assert!(ctx.check_known(known(SPECS), ParamSource::Context).is_ok());
+        let secrets = [kv("key", "k")];
+        assert!(Params::new("secret", &secrets).unwrap().check_known(known(SPECS), ParamSource::Secret).is_ok());
     }
 }

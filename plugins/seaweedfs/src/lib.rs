@@ -37,7 +37,7 @@ impl Plugin for Seaweedfs {
                           volumes mount an existing path. Secrets reach weed only through its \
                           environment."
                 .into(),
-            parameters: params::param_docs(),
+            parameters: mounthost_plugin_sdk::params::param_docs(params::SPECS),
             programs: vec![node::PROGRAM.into()],
             fstypes: vec![node::FSTYPE.into()],
         }

@@ -7,8 +7,8 @@
 //! stage) into typed values; every refusal is `invalid-argument` and names the parameter and
 //! what would be accepted, because the person reading it is writing a StorageClass.
 
-use mounthost_plugin_sdk::params::invalid;
-use mounthost_plugin_sdk::{BackendError, EnvVar, Kv, ParamDoc, ParamKind, ParamSource, Params, Value};
+use mounthost_plugin_sdk::params::{ParamSpec, invalid, known};
+use mounthost_plugin_sdk::{BackendError, EnvVar, Kv, ParamKind, ParamSource, Params, Value};
 
 use crate::mount_options::{self, MountOption};
 use crate::values::{
@@ -16,55 +16,20 @@ use crate::values::{
     parse_id_map, parse_ttl,
 };
 
-/// One documented key: a row of the parameter table.
-#[derive(Debug, Clone, Copy)]
-pub struct Spec {
-    /// The exact key.
-    pub name: &'static str,
-    /// What the value holds.
-    pub kind: ParamKind,
-    /// Where it may come from.
-    pub source: ParamSource,
-    /// Whether a request without it is refused.
-    pub required: bool,
-    /// The value used when it is absent, as text.
-    pub default: Option<&'static str>,
-    /// For secrets: the environment variable `weed` reads it from.
-    pub env: Option<&'static str>,
-    /// One line of documentation.
-    pub doc: &'static str,
-}
-
-const fn param(name: &'static str, kind: ParamKind, default: Option<&'static str>, doc: &'static str) -> Spec {
-    Spec { name, kind, source: ParamSource::Parameter, required: false, default, env: None, doc }
-}
-
-const fn secret(name: &'static str, env: &'static str, doc: &'static str) -> Spec {
-    Spec {
-        name,
-        kind: ParamKind::Text,
-        source: ParamSource::Secret,
-        required: false,
-        default: None,
-        env: Some(env),
-        doc,
-    }
-}
-
 /// Every key the plugin reads, in the order `info()` lists them.
-pub const SPECS: &[Spec] = &[
-    Spec {
+pub const SPECS: &[ParamSpec] = &[
+    ParamSpec {
         required: true,
-        ..param(
+        ..ParamSpec::parameter(
             "filer",
             ParamKind::Endpoint,
             None,
             "Filer address(es), comma-separated host:port (DNS name, IPv4 or [IPv6]); -filer=.",
         )
     },
-    Spec {
+    ParamSpec {
         source: ParamSource::Context,
-        ..param(
+        ..ParamSpec::parameter(
             "path",
             ParamKind::RemotePath,
             None,
@@ -72,163 +37,158 @@ pub const SPECS: &[Spec] = &[
              volumeAttributes; absolute, no empty, . or .. components.",
         )
     },
-    param(
+    ParamSpec::parameter(
         "parentDir",
         ParamKind::RemotePath,
         Some("/buckets"),
         "Remote directory under which provisioning creates one directory per volume.",
     ),
-    param(
+    ParamSpec::parameter(
         "collection",
         ParamKind::Text,
         None,
         "SeaweedFS collection for new files (-collection=); [A-Za-z0-9_.-], at most 64; \
          default: the last component of path.",
     ),
-    param(
+    ParamSpec::parameter(
         "replication",
         ParamKind::Text,
         None,
         "Replica placement for new files, three digits such as 000 or 001 (-replication=); \
          default: the filer decides.",
     ),
-    param(
+    ParamSpec::parameter(
         "diskType",
         ParamKind::Text,
         None,
         "Disk type for new files: hdd, ssd or a tag [A-Za-z0-9_-], at most 64 (-disk=).",
     ),
-    param(
+    ParamSpec::parameter(
         "dataCenter",
         ParamKind::Text,
         None,
         "Data center to prefer for writes, [A-Za-z0-9_.-], at most 64 (-dataCenter=).",
     ),
-    param(
+    ParamSpec::parameter(
         "ttl",
         ParamKind::Text,
         None,
         "Time to live of new files: whole seconds, or a number with suffix s, m, h, d or w; \
          passed as seconds (-ttl=).",
     ),
-    param(
+    ParamSpec::parameter(
         "chunkSizeLimitMB",
         ParamKind::Integer,
         Some("2"),
         "Write buffer and chunk size in MiB, 1 to 1024 (-chunkSizeLimitMB=); default weed's.",
     ),
-    param(
+    ParamSpec::parameter(
         "cacheCapacityMB",
         ParamKind::Integer,
         Some("128"),
         "Chunk read cache on the node in MiB, 0 to 1048576 (-cacheCapacityMB=); default weed's.",
     ),
-    param(
+    ParamSpec::parameter(
         "cacheMetaTtlSec",
         ParamKind::Integer,
         Some("60"),
         "Metadata cache validity in seconds, 0 to 86400 (-cacheMetaTtlSec=); default weed's.",
     ),
-    param(
+    ParamSpec::parameter(
         "concurrentWriters",
         ParamKind::Integer,
         Some("128"),
         "Concurrent chunk uploads, 1 to 1024 (-concurrentWriters=); default weed's.",
     ),
-    param(
+    ParamSpec::parameter(
         "concurrentReaders",
         ParamKind::Integer,
         Some("128"),
         "Concurrent chunk fetches, 1 to 1024 (-concurrentReaders=); default weed's.",
     ),
-    param(
+    ParamSpec::parameter(
         "volumeServerAccess",
         ParamKind::Choice,
         Some("direct"),
         "How to reach volume servers: direct, publicUrl or filerProxy (-volumeServerAccess=).",
     ),
-    param(
+    ParamSpec::parameter(
         "uidMap",
         ParamKind::CommaList,
         None,
         "Map local uids to filer uids, local:filer[,local:filer...] (-map.uid=).",
     ),
-    param(
+    ParamSpec::parameter(
         "gidMap",
         ParamKind::CommaList,
         None,
         "Map local gids to filer gids, local:filer[,local:filer...] (-map.gid=).",
     ),
-    param("umask", ParamKind::Text, Some("022"), "Octal umask for new files, 3 or 4 digits (-umask=)."),
-    param(
+    ParamSpec::parameter("umask", ParamKind::Text, Some("022"), "Octal umask for new files, 3 or 4 digits (-umask=)."),
+    ParamSpec::parameter(
         "readOnly",
         ParamKind::Boolean,
         Some("false"),
         "Mount read-only (-readOnly); also implied by a read-only access mode or the ro mount flag.",
     ),
-    param(
+    ParamSpec::parameter(
         "cacheDir",
         ParamKind::Choice,
         Some("volume"),
         "Chunk cache policy: volume (the per-volume node cache directory, removed at unstage) \
          or disabled (-cacheCapacityMB=0; metadata still kept there).",
     ),
-    param(
+    ParamSpec::parameter(
         "memoryLimitMB",
         ParamKind::Integer,
         None,
         "Memory limit of the weed process's cgroup in MiB, 16 to 1048576; weed gets \
          -memoryLimitMB= at 90% of it as its Go soft limit.",
     ),
-    param("readyTimeoutSec", ParamKind::Integer, Some("30"), "Seconds to wait for the FUSE mount to appear, 1 to 300."),
-    param(
+    ParamSpec::parameter(
+        "readyTimeoutSec",
+        ParamKind::Integer,
+        Some("30"),
+        "Seconds to wait for the FUSE mount to appear, 1 to 300.",
+    ),
+    ParamSpec::parameter(
         "mountOptions",
         ParamKind::CommaList,
         None,
         "Extra weed mount flags, comma-separated name or name=value, from an allowlist of \
          flags that name no node path and open no port (see the plugin docs).",
     ),
-    secret(
+    ParamSpec::secret(
         "jwtSigningKey",
-        "WEED_JWT_SIGNING_KEY",
         "security.toml jwt.signing.key (volume server writes); given to weed as WEED_JWT_SIGNING_KEY.",
     ),
-    secret(
+    ParamSpec::secret(
         "jwtSigningReadKey",
-        "WEED_JWT_SIGNING_READ_KEY",
         "security.toml jwt.signing.read.key (volume server reads); given as WEED_JWT_SIGNING_READ_KEY.",
     ),
-    secret(
+    ParamSpec::secret(
         "jwtFilerSigningKey",
-        "WEED_JWT_FILER_SIGNING_KEY",
         "security.toml jwt.filer_signing.key (filer writes); given as WEED_JWT_FILER_SIGNING_KEY.",
     ),
-    secret(
+    ParamSpec::secret(
         "jwtFilerSigningReadKey",
-        "WEED_JWT_FILER_SIGNING_READ_KEY",
         "security.toml jwt.filer_signing.read.key (filer reads); given as \
          WEED_JWT_FILER_SIGNING_READ_KEY.",
     ),
 ];
 
-/// The table as the WIT `param-doc` records `info()` returns.
-pub fn param_docs() -> Vec<ParamDoc> {
-    SPECS
-        .iter()
-        .map(|s| ParamDoc {
-            name: s.name.into(),
-            doc: s.doc.into(),
-            kind: s.kind,
-            source: s.source,
-            required: s.required,
-            default_value: s.default.map(Into::into),
-        })
-        .collect()
-}
+/// The environment variable `weed` reads each secret of [`SPECS`] from (the plugin's tests
+/// check that every documented secret has one).
+const SECRET_ENV: &[(&str, &str)] = &[
+    ("jwtSigningKey", "WEED_JWT_SIGNING_KEY"),
+    ("jwtSigningReadKey", "WEED_JWT_SIGNING_READ_KEY"),
+    ("jwtFilerSigningKey", "WEED_JWT_FILER_SIGNING_KEY"),
+    ("jwtFilerSigningReadKey", "WEED_JWT_FILER_SIGNING_READ_KEY"),
+];
 
-/// Every documented key with its source, for the unknown-key checks.
-fn known() -> impl Iterator<Item = (&'static str, ParamSource)> + Clone {
-    SPECS.iter().map(|s| (s.name, s.source))
+/// The environment variable for the secret `key`, if `weed` takes it.
+fn secret_env_name(key: &str) -> Option<&'static str> {
+    SECRET_ENV.iter().find(|(k, _)| *k == key).map(|(_, env)| *env)
 }
 
 /// Open a StorageClass parameter list (or a volume context, `source` = `Context`) and refuse
@@ -242,7 +202,7 @@ pub fn open<'a>(kvs: &'a [Kv], source: ParamSource) -> Result<Params<'a>, Backen
              PersistentVolume with volumeAttributes.path",
         ));
     }
-    params.check_known(known(), source)?;
+    params.check_known(known(SPECS), source)?;
     Ok(params)
 }
 
@@ -251,11 +211,11 @@ pub fn open<'a>(kvs: &'a [Kv], source: ParamSource) -> Result<Params<'a>, Backen
 /// never holds a secret value. Table order, so plans are deterministic.
 pub fn secret_env(secrets: &[Kv]) -> Result<Vec<EnvVar>, BackendError> {
     let secrets = Params::new("secret", secrets)?;
-    secrets.check_known(known(), ParamSource::Secret)?;
+    secrets.check_known(known(SPECS), ParamSource::Secret)?;
     let mut env = Vec::new();
     for spec in SPECS.iter().filter(|s| s.source == ParamSource::Secret) {
         if secrets.text(spec.name)?.is_some()
-            && let Some(name) = spec.env
+            && let Some(name) = secret_env_name(spec.name)
         {
             env.push(EnvVar { name: name.into(), value: Value::Secret(spec.name.into()) });
         }

@@ -4,9 +4,8 @@
 //! endpoints, remote paths, names, TTLs, id maps. Each refusal is `invalid-argument`, names the
 //! parameter (or the volume id) and says what would be accepted.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
-
 use mounthost_plugin_sdk::BackendError;
+use mounthost_plugin_sdk::net::{HostPortError, Port, check_host_port, is_port};
 use mounthost_plugin_sdk::params::invalid;
 
 /// `parameter "key"`, for messages.
@@ -34,45 +33,20 @@ pub fn parse_filers<'v>(what: &str, value: &'v str) -> Result<Vec<&'v str>, Back
     Ok(out)
 }
 
+/// Check one filer `host:port`; the reason is in this plugin's words.
 fn check_endpoint(item: &str) -> Result<(), &'static str> {
-    if item.is_empty() {
-        return Err("empty item");
-    }
-    let (host, port) = if let Some(rest) = item.strip_prefix('[') {
-        let (v6, after) = rest.split_once(']').ok_or("missing ]")?;
-        v6.parse::<Ipv6Addr>().map_err(|_| "bad IPv6 address")?;
-        (None, after.strip_prefix(':').ok_or("missing :port")?)
-    } else {
-        let (host, port) = item.rsplit_once(':').ok_or("missing :port")?;
-        (Some(host), port)
-    };
-    let port_ok = !port.is_empty()
-        && port.len() <= 5
-        && port.bytes().all(|b| b.is_ascii_digit())
-        && port.parse::<u32>().is_ok_and(|n| (1..=65_535).contains(&n));
-    if !port_ok {
-        return Err("bad port");
-    }
-    match host {
-        None => Ok(()),
-        Some(h) if h.bytes().all(|b| b.is_ascii_digit() || b == b'.') => {
-            h.parse::<Ipv4Addr>().map(|_| ()).map_err(|_| "bad IPv4 address")
-        }
-        Some(h) if is_dns_name(h) => Ok(()),
-        Some(_) => Err("bad host name"),
-    }
-}
-
-fn is_dns_name(h: &str) -> bool {
-    !h.is_empty()
-        && h.len() <= 253
-        && h.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        })
+    check_host_port(item, Port::Required).map_err(|e| match e {
+        HostPortError::Empty => "empty item",
+        HostPortError::MissingBracket => "missing ]",
+        HostPortError::BadIpv6 => "bad IPv6 address",
+        HostPortError::TextAfterBracket | HostPortError::MissingPort => "missing :port",
+        // Colons without brackets: the port is what follows the last one, and the host before
+        // it (which a colon makes bad) is named only when that port is good.
+        HostPortError::NeedsBrackets if item.rsplit(':').next().is_some_and(is_port) => "bad host name",
+        HostPortError::NeedsBrackets | HostPortError::BadPort => "bad port",
+        HostPortError::BadIpv4 => "bad IPv4 address",
+        HostPortError::BadHostName => "bad host name",
+    })
 }
 
 /// Longest remote path: the host refuses plan texts over 4 KiB, and `-filer.path=` adds 12.
