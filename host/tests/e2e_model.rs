@@ -648,63 +648,24 @@ fn failed_downloads_say_why_and_leave_no_partial_files() {
     });
 }
 
-#[test]
-fn a_download_cut_by_the_registry_resumes_where_it_stopped() {
-    if !in_private_namespace("a_download_cut_by_the_registry_resumes_where_it_stopped") {
+/// What interrupts a pull half-way.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Interruption {
+    /// The registry is killed (and the relay's connections cut), then restarted.
+    RegistryKilled,
+    /// The host daemon is killed -9, then started again.
+    HostKilled,
+}
+
+/// Stage a 64 MiB model through a throttled relay, interrupt the pull once a third of it is
+/// in, recover, and check that the retries stage it with at most 1.1x the blobs' bytes sent.
+fn interrupted_pull(test: &str, how: Interruption) {
+    if !in_private_namespace(test) {
         return;
     }
     let mut registry = Registry::start(RegistryOptions::default());
     let work = tempfile::tempdir().unwrap();
-    let model = small_model(&registry, work.path(), "models/resume", 64 << 20);
-    let relay = Relay::start(registry.host());
-    relay.throttle(16 << 20);
-    let reference = model.reference.replace(&registry.host(), &relay.host());
-    let node = ModelNode::start(vec![format!("--insecure-registry={}", relay.host())]);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    guarded(&node.dirs, || {
-        rt.block_on(async {
-            let mut csi = node.node().await;
-            let ctx = model_ctx(&reference, &[("insecure", "true")]);
-            let staging = node.dirs.staging("pv-resume");
-            let req = stage_req("pv-resume", &staging, &ctx);
-            assert_eq!(csi.node_stage_volume(req.clone()).await.unwrap_err().code(), Code::Unavailable);
-            // Wait until about a third of the weights are in, then kill the registry.
-            let blobs: u64 = model.layers.iter().map(|l| l.descriptor.size).sum();
-            let until = Instant::now() + Duration::from_secs(60);
-            while relay.sent() < blobs / 3 {
-                assert!(Instant::now() < until, "the download did not progress");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            registry.kill();
-            relay.cut();
-            let before = relay.sent();
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            // Retries while the registry is gone say so; then it comes back.
-            let e = csi.node_stage_volume(req.clone()).await.unwrap_err();
-            assert_eq!(e.code(), Code::Unavailable, "{e:?}");
-            registry.restart();
-            relay.throttle(u64::MAX);
-            let (_, r) = stage_until_done(&mut csi, &req, Duration::from_secs(120)).await;
-            r.unwrap();
-            assert_eq!(tree(&staging), expected(&model, |_| true));
-            let total = relay.sent();
-            assert!(
-                (total as f64) <= 1.1 * blobs as f64 + 65536.0,
-                "resumed: {total} bytes through the relay for {blobs} bytes of blobs ({before} before the cut)"
-            );
-            println!("checked: cut after {before} bytes, {total} bytes in total for {blobs}");
-        });
-    });
-}
-
-#[test]
-fn a_host_killed_in_the_middle_of_a_pull_resumes_it_after_restart() {
-    if !in_private_namespace("a_host_killed_in_the_middle_of_a_pull_resumes_it_after_restart") {
-        return;
-    }
-    let registry = Registry::start(RegistryOptions::default());
-    let work = tempfile::tempdir().unwrap();
-    let model = small_model(&registry, work.path(), "models/kill9", 64 << 20);
+    let model = small_model(&registry, work.path(), "models/interrupted", 64 << 20);
     let relay = Relay::start(registry.host());
     relay.throttle(16 << 20);
     let reference = model.reference.replace(&registry.host(), &relay.host());
@@ -715,17 +676,33 @@ fn a_host_killed_in_the_middle_of_a_pull_resumes_it_after_restart() {
         rt.block_on(async {
             let mut csi = node.node().await;
             let ctx = model_ctx(&reference, &[("insecure", "true")]);
-            let staging = node.dirs.staging("pv-kill9");
-            let req = stage_req("pv-kill9", &staging, &ctx);
+            let staging = node.dirs.staging("pv-interrupted");
+            let req = stage_req("pv-interrupted", &staging, &ctx);
             assert_eq!(csi.node_stage_volume(req.clone()).await.unwrap_err().code(), Code::Unavailable);
             let blobs: u64 = model.layers.iter().map(|l| l.descriptor.size).sum();
-            while relay.sent() < blobs / 2 {
+            let until = Instant::now() + Duration::from_secs(60);
+            while relay.sent() < blobs / 3 {
+                assert!(Instant::now() < until, "the download did not progress");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            node.kill_host();
-            relay.cut();
+            match how {
+                Interruption::RegistryKilled => {
+                    registry.kill();
+                    relay.cut();
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    // Retries while the registry is gone say the pull goes on; then it is back.
+                    let e = csi.node_stage_volume(req.clone()).await.unwrap_err();
+                    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+                    assert!(e.message().contains(&reference), "{e:?}");
+                    registry.restart();
+                }
+                Interruption::HostKilled => {
+                    node.kill_host();
+                    relay.cut();
+                    node.restart_host(args.clone());
+                }
+            }
             let before = relay.sent();
-            node.restart_host(args.clone());
             relay.throttle(u64::MAX);
             let (_, r) = stage_until_done(&mut csi, &req, Duration::from_secs(120)).await;
             r.unwrap();
@@ -733,11 +710,21 @@ fn a_host_killed_in_the_middle_of_a_pull_resumes_it_after_restart() {
             let total = relay.sent();
             assert!(
                 (total as f64) <= 1.1 * blobs as f64 + 65536.0,
-                "{total} bytes for {blobs} ({before} before the kill)"
+                "resumed: {total} bytes through the relay for {blobs} bytes of blobs ({before} before the interruption)"
             );
-            println!("checked: host killed after {before} bytes; {total} bytes in total for {blobs}");
+            println!("checked: interrupted after {before} bytes; {total} bytes in total for {blobs}");
         });
     });
+}
+
+#[test]
+fn a_download_cut_by_the_registry_resumes_where_it_stopped() {
+    interrupted_pull("a_download_cut_by_the_registry_resumes_where_it_stopped", Interruption::RegistryKilled);
+}
+
+#[test]
+fn a_host_killed_in_the_middle_of_a_pull_resumes_it_after_restart() {
+    interrupted_pull("a_host_killed_in_the_middle_of_a_pull_resumes_it_after_restart", Interruption::HostKilled);
 }
 
 #[test]
