@@ -220,6 +220,11 @@ impl Seaweed {
         )
         .unwrap();
         let ports = distinct_free_ports();
+        // weed keeps a unix socket per gRPC port in /tmp; one left by a weed killed earlier
+        // would stop it. Removed here, when these ports are free (no live weed owns them), never
+        // after a weed stops: by then another test's weed may have taken the port, and its
+        // socket.
+        remove_weed_sockets(&ports);
         let log = std::fs::File::create(dir.path().join("weed.log")).unwrap();
         let child = Command::new(weed_binary())
             // glog writes files to /tmp unless told otherwise.
@@ -284,12 +289,16 @@ impl Drop for Seaweed {
         // SIGTERM takes ~17 s (gRPC grace period); nothing here needs a clean shutdown.
         let _ = self.child.kill();
         let _ = self.child.wait();
-        for port in &self.ports {
-            for kind in ["master", "volume", "filer"] {
-                let _ = std::fs::remove_file(format!("/tmp/seaweedfs-{kind}-grpc-{port}.sock"));
-            }
-            let _ = std::fs::remove_file(format!("/tmp/seaweedfs-filer-{port}.sock"));
+    }
+}
+
+/// Remove the unix sockets weed makes in /tmp for `ports` (see [`Seaweed::try_start`]).
+fn remove_weed_sockets(ports: &[u16]) {
+    for port in ports {
+        for kind in ["master", "volume", "filer"] {
+            let _ = std::fs::remove_file(format!("/tmp/seaweedfs-{kind}-grpc-{port}.sock"));
         }
+        let _ = std::fs::remove_file(format!("/tmp/seaweedfs-filer-{port}.sock"));
     }
 }
 
