@@ -180,7 +180,9 @@ time_run skopeo skopeo --insecure-policy copy --src-tls-verify=false "docker://$
 
 if [ "$have_mounthost" = 1 ]; then
     mh() { "$mounthost" --state-dir "$work/mh" --log warn "$@"; }
-    mh local --no-demo --insecure-registry "$host" >"$work/local.log" 2>&1 &
+    # Started directly (not through the `mh` function, whose `&` would fork a subshell), so
+    # `$!` is mounthost's own pid and the clean-up stops it.
+    "$mounthost" --state-dir "$work/mh" --log warn local --no-demo --insecure-registry "$host" >"$work/local.log" 2>&1 &
     local_pid=$!
     for _ in $(seq 300); do [ -S "$work/mh/csi.sock" ] && break; sleep 0.1; done
     [ -S "$work/mh/csi.sock" ] || { echo "mounthost local did not start:" >&2; cat "$work/local.log" >&2; exit 1; }
