@@ -83,8 +83,13 @@ pub enum Desired {
     },
     /// NodePublishVolume: the publish plan at `target`; something else there is a conflict.
     Publish { staging: PathBuf, target: Root, steps: Vec<Step> },
-    /// NodeUnpublishVolume: nothing mounted at `target`, and no `target`.
+    /// NodeUnpublishVolume (and a dynamic mount deleted): nothing mounted at or below
+    /// `target`, and no `target`.
     Unpublish { target: PathBuf },
+    /// A pod's dynamic mount (`daemon::dynamic`): its checked plan into its own directory
+    /// (`target`, below the volume's `mounts/`) from its own cache directory; something else
+    /// at the target is a conflict.
+    Dynamic { target: Root, cache: Root, steps: Vec<Step> },
     /// NodeUnstageVolume, a rolled-back stage, a volume of an earlier boot: the plugin's clean-up
     /// steps, the process stopped, its cgroup gone, nothing mounted at `staging`, the host's
     /// directories (and what is mounted below them) removed.
@@ -110,6 +115,10 @@ impl Desired {
                 steps
             }
             Desired::Unpublish { target } => return vec![target],
+            Desired::Dynamic { target, cache, steps } => {
+                out.extend([target.path.as_path(), cache.path.as_path()]);
+                steps
+            }
             Desired::Teardown { staging, host_dirs, steps, .. } => {
                 out.push(staging);
                 out.extend(host_dirs.iter().map(PathBuf::as_path));
@@ -278,6 +287,13 @@ pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Co
                 if observed.gone_targets.contains(target) {
                     continue;
                 }
+                if p.dynamic.is_some() {
+                    // The host's tmpfs at the target stays (with the pod's socket and mounts);
+                    // the steps bind the volume again below it where it is stale.
+                    let roots = [Root { path: target.clone(), below: parent(target) }, staging.clone()];
+                    walk(&p.steps, &roots, Mode::Replace, &mut t, &mut out)?;
+                    continue;
+                }
                 if staged.is_some() && t.at(target).map(|m| &m.device) == staged.as_ref() {
                     continue;
                 }
@@ -303,8 +319,12 @@ pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Co
             walk(steps, &roots, Mode::Refuse, &mut t, &mut out)?;
         }
         Desired::Unpublish { target } => {
-            t.clear(target, &mut out);
+            t.clear_below(target, &mut out);
             out.push(Action::RemoveEntry(target.clone()));
+        }
+        Desired::Dynamic { target, cache, steps } => {
+            out.push(Action::PrivateDir(cache.path.clone()));
+            walk(steps, &[target.clone(), cache.clone()], Mode::Refuse, &mut t, &mut out)?;
         }
         Desired::Teardown { staging, host_dirs, steps, process } => {
             let roots: Vec<Root> =
@@ -411,7 +431,10 @@ fn walk(steps: &[Step], roots: &[Root], mode: Mode, t: &mut Table, out: &mut Vec
             // Unpacking links files from the cache; doing it again over a complete tree is a
             // no-op, so it always runs (a stage builds its directories from scratch anyway).
             Step::Unpack { .. } => out.push(Action::Run(step.clone())),
-            Step::Fetch { .. } | Step::Socket { .. } | Step::Http { .. } => {
+            // The host's own step of a dynamic volume's publication: serve its socket (the
+            // executor checks what is there, so it always runs).
+            Step::Socket { .. } => out.push(Action::Run(step.clone())),
+            Step::Fetch { .. } | Step::Http { .. } => {
                 return Err(Conflict::Unsupported { kind: step.kind() });
             }
         }

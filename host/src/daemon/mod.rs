@@ -18,6 +18,7 @@
 
 pub mod cache;
 pub mod diff;
+pub mod dynamic;
 pub mod heal;
 pub mod health;
 pub mod pipeline;
@@ -71,6 +72,8 @@ struct Inner {
     plans: std::sync::Mutex<std::collections::HashMap<[u8; 32], wit::Plan>>,
     /// The node's OCI blob cache and its downloads (see `pull.rs`).
     artifacts: Arc<crate::exec::oci::Artifacts>,
+    /// Dynamic volumes' servers and mounts in progress (see `dynamic`).
+    dynamic: dynamic::Dynamic,
 }
 
 impl Node {
@@ -103,6 +106,7 @@ impl Node {
                 spawned: Default::default(),
                 plans: Default::default(),
                 artifacts: Arc::new(artifacts),
+                dynamic: Default::default(),
             }),
         })
     }

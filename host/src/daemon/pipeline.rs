@@ -304,6 +304,10 @@ impl Node {
                 self.inner.artifacts.assemble(digest, *format, dest, &below).map_err(|e| io_error(e, dest))?;
                 Ok(None)
             }
+            Step::Socket { path } => {
+                self.serve_socket(id, path)?;
+                Ok(None)
+            }
             other => Err(Error::internal(format!("a {} step reached the executor", other.kind()))),
         }
     }

@@ -127,12 +127,27 @@ impl Node {
             recorded: state.plan.attributes.iter().map(|(k, v)| wit::Kv { key: k.clone(), value: v.clone() }).collect(),
         };
         let wplan = self.publish_plan(&plugin, &id, wit_req).await?;
-        let dirs = self.dirs(&id, Some(&staging), Some(&target));
+        // A dynamic volume's own files go below the host's tmpfs at the target (dynamic.rs).
+        let dynamic = request::dynamic_plugins(&req.volume_context, &state.plugin)?;
+        let content = if dynamic.is_some() { target.join(super::dynamic::VOLUME_DIR) } else { target.clone() };
+        if dynamic.is_some()
+            && let Some(other) = state.published.keys().find(|t| **t != target)
+        {
+            return Err(Error::precondition(format!(
+                "volume {id} is dynamic and already published at {}; a dynamic volume serves one pod",
+                other.display()
+            )));
+        }
+        let dirs = self.dirs(&id, Some(&staging), Some(&content));
         let plan = self.check(&plugin, Operation::Publish, &dirs, &state.context, state.ephemeral, &secrets, wplan)?;
         let t_plan = t1.elapsed();
         // Compatible with what is recorded? Compare what the plan makes, not the CO's flag.
-        let readonly = planned_readonly(&plan, &target).unwrap_or(req.readonly);
-        let publication = Publication { readonly, steps: plan.steps.clone() };
+        let readonly = planned_readonly(&plan, &content).unwrap_or(req.readonly);
+        let steps = match &dynamic {
+            Some(_) => super::dynamic::publication_steps(&target, plan.steps),
+            None => plan.steps,
+        };
+        let publication = Publication { readonly, steps, dynamic };
         // Recorded with other flags or other steps (read-only, noexec, ...): the kernel keeps
         // what it has, so it is not the same publication.
         if let Some(p) = state.published.get(&target)
@@ -149,7 +164,11 @@ impl Node {
         let below = target.parent().unwrap_or(&target).to_path_buf();
         let job = Job {
             id: id.clone(),
-            desired: Desired::Publish { staging, target: Root { path: target.clone(), below }, steps: plan.steps },
+            desired: Desired::Publish {
+                staging,
+                target: Root { path: target.clone(), below },
+                steps: publication.steps.clone(),
+            },
             process: None,
             secrets,
             first: None,
@@ -193,6 +212,11 @@ impl Node {
             // An ephemeral volume whose first publish is still waiting for its blobs.
             self.inner.artifacts.forget(&id);
         }
+        let dynamic = state.as_ref().and_then(|s| s.published.get(&target)).is_some_and(|p| p.dynamic.is_some());
+        if dynamic {
+            // Its server and mounts in progress first: nothing may mount below the target now.
+            self.stop_dynamic(&id);
+        }
         let remaining = state.as_ref().map(|s| {
             let mut s = s.clone();
             s.published.remove(&target);
@@ -207,7 +231,12 @@ impl Node {
             keep_secrets: None,
             then: Box::new(move |_| match state {
                 Some(mut st) => match st.published.remove(&target) {
-                    Some(_) => Persist::Save(Box::new(st)),
+                    Some(p) => {
+                        if p.dynamic.is_some() {
+                            st.dynamic.clear();
+                        }
+                        Persist::Save(Box::new(st))
+                    }
                     None => Persist::Keep,
                 },
                 None => Persist::Keep,
@@ -215,6 +244,10 @@ impl Node {
             undo: Undo::Nothing,
         };
         self.blocking(move |n| n.run_job(job)).await?;
+        if dynamic {
+            let dir = self.dynamic_cache(&id);
+            self.blocking(move |n| n.remove_host_dirs(vec![dir])).await?;
+        }
         if let Some(st) = remaining.filter(|s| s.ephemeral && s.published.is_empty()) {
             self.unstage_locked(&id, &st.staging_path).await?;
         }

@@ -167,7 +167,7 @@ impl Host for HostService {
             .collect::<Vec<_>>();
         // Volumes whose stage waits for blobs have no record yet.
         for (id, p) in self.node.pulls() {
-            if volumes.iter().any(|v| v.volume_id == id) {
+            if crate::daemon::dynamic::is_mount_waiter(&id) || volumes.iter().any(|v| v.volume_id == id) {
                 continue;
             }
             volumes.push(VolumeStatus {
@@ -313,7 +313,11 @@ pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()>
     // The runtime tmpfs first (daemon/secret_files.rs): reconciliation recreates sockets in it.
     let report = tokio::task::spawn_blocking(move || {
         n.mount_runtime_tmpfs();
-        n.reconcile()
+        let report = n.reconcile()?;
+        // Every dynamic volume's socket answers again before the daemon says it is ready.
+        let served = n.restore_dynamic();
+        tracing::info!(served, "dynamic volumes' sockets served");
+        Ok::<_, crate::error::Error>(report)
     })
     .await??;
     // Watches, reaps and restarts FUSE processes (daemon/supervise.rs, daemon/heal.rs).

@@ -119,6 +119,7 @@ impl Node {
             restarts: existing.as_ref().map(|s| s.restarts).unwrap_or(0),
             oom_kills: existing.as_ref().map(|s| s.oom_kills).unwrap_or(0),
             capability: Some(staged_capability(&ask.capability)),
+            dynamic: existing.as_ref().map(|s| s.dynamic.clone()).unwrap_or_default(),
             published: existing.map(|s| s.published).unwrap_or_default(),
             ephemeral: ask.ephemeral,
         };

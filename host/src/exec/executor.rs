@@ -163,6 +163,24 @@ pub trait Groups {
     fn oom_kills(&self, group: &str) -> Option<u64>;
 }
 
+/// What a directory entry is, and which inode (to tell a file the host made from one put in
+/// its place).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+    pub kind: FileKind,
+}
+
+/// The kind of a directory entry (a link is never followed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Directory,
+    Socket,
+    Link,
+    Other,
+}
+
 /// Everything the host daemon does to the node: [`Files`], [`Mounts`], [`Processes`],
 /// [`Groups`], the boot it runs in and the sockets it serves. [`super::Linux`] performs it
 /// with real syscalls; [`super::recording::Recording`] records it against a simulated node.
@@ -172,4 +190,15 @@ pub trait Executor: Files + Mounts + Processes + Groups + Send + Sync + 'static 
     /// Listen on a unix socket (0600, or 0660 in `group`; a stale socket file is replaced, a
     /// live one refused).
     fn listen(&self, path: &Path, group: Option<u32>) -> io::Result<tokio::net::UnixListener>;
+    /// Listen on a unix socket named `name` in the directory `dir` (below the anchors, resolved
+    /// without following links), bound through `/proc/self/fd/N/name` so the directory's path
+    /// may be longer than `sun_path` allows, then given mode `mode`. Whatever had the name
+    /// (a stale socket, a file or link a pod put there, a directory tree) is removed first,
+    /// never followed. Returns the listener and the socket's identity.
+    fn listen_in(&self, dir: &Path, name: &str, mode: u32) -> io::Result<(std::os::unix::net::UnixListener, FileId)>;
+    /// What `path` is (not following a link at its end), or `None` if nothing has the name.
+    fn file_id(&self, path: &Path) -> io::Result<Option<FileId>>;
+    /// Make the mount at `target` shared (in a peer group of its own if it was private), so
+    /// mounts made below it later also appear in the copies containers hold of it.
+    fn share(&self, target: &Path) -> Result<(), MountError>;
 }

@@ -6,11 +6,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use rustix::fs::OFlags;
+use rustix::fs::{Mode, OFlags};
 
 use super::beneath::{Anchors, Entry};
 use super::cgroup::Cgroups;
-use super::executor::{Boot, Executor, Exit, Files, Fuse, FuseError, Groups, Mounts, Processes, Usage};
+use super::executor::{
+    Boot, Executor, Exit, FileId, FileKind, Files, Fuse, FuseError, Groups, Mounts, Processes, Usage,
+};
 use super::fuse_log;
 use super::mount::{self, Api, MountError, Opt};
 use super::mountinfo::{self, MountEntry};
@@ -237,4 +239,58 @@ impl Executor for Linux {
     fn listen(&self, path: &Path, group: Option<u32>) -> io::Result<tokio::net::UnixListener> {
         crate::unpriv::socket::listen_for(path, group)
     }
+
+    fn listen_in(&self, dir: &Path, name: &str, mode: u32) -> io::Result<(std::os::unix::net::UnixListener, FileId)> {
+        use std::os::fd::AsRawFd;
+        let dir_fd = self.anchors.open(dir, OFlags::PATH | OFlags::DIRECTORY)?;
+        let path = dir.join(name);
+        match file_id_at(&dir_fd, name)? {
+            Some(FileId { kind: FileKind::Directory, .. }) => self.anchors.remove_tree(&path)?,
+            Some(_) => rustix::fs::unlinkat(&dir_fd, name, rustix::fs::AtFlags::empty())?,
+            None => {}
+        }
+        let listener = std::os::unix::net::UnixListener::bind(format!("/proc/self/fd/{}/{name}", dir_fd.as_raw_fd()))?;
+        // The mode is set through a descriptor of what the name holds now, opened without
+        // following it: a pod that swapped in a link meanwhile gets no chmod of its target.
+        let sock = rustix::fs::openat(&dir_fd, name, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
+        let id = stat_id(&rustix::fs::fstat(&sock)?);
+        if id.kind != FileKind::Socket {
+            return Err(io::Error::other(format!("{} was replaced while it was being bound", path.display())));
+        }
+        rustix::fs::chmod(format!("/proc/self/fd/{}", sock.as_raw_fd()).as_str(), Mode::from_raw_mode(mode))?;
+        listener.set_nonblocking(true)?;
+        Ok((listener, id))
+    }
+
+    fn file_id(&self, path: &Path) -> io::Result<Option<FileId>> {
+        let (parent, name) = match self.anchors.open_parent(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            other => other?,
+        };
+        file_id_at(&parent, &name)
+    }
+
+    fn share(&self, target: &Path) -> Result<(), MountError> {
+        mount::share(&self.anchors, target)
+    }
+}
+
+/// What `name` in `dir` is, not following it.
+fn file_id_at(dir: &std::os::fd::OwnedFd, name: impl rustix::path::Arg) -> io::Result<Option<FileId>> {
+    match rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(stat_id(&st))),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn stat_id(st: &rustix::fs::Stat) -> FileId {
+    use rustix::fs::FileType;
+    let kind = match FileType::from_raw_mode(st.st_mode) {
+        FileType::Directory => FileKind::Directory,
+        FileType::Socket => FileKind::Socket,
+        FileType::Symlink => FileKind::Link,
+        _ => FileKind::Other,
+    };
+    FileId { dev: st.st_dev, ino: st.st_ino, kind }
 }

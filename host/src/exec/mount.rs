@@ -174,6 +174,14 @@ pub fn mount(
     Ok(())
 }
 
+/// Make the mount at `target` (resolved below the anchors) shared: a private mount gets a peer
+/// group of its own, one already shared keeps its group.
+pub fn share(anchors: &Anchors, target: &Path) -> Result<(), MountError> {
+    let fd = anchors.open(target, OFlags::PATH | OFlags::DIRECTORY).map_err(|e| MountError::resolving(target, e))?;
+    rustix::mount::mount_change(fd_path(&fd).as_str(), rustix::mount::MountPropagationFlags::SHARED)
+        .map_err(|e| MountError::new("make shared", target, errno(e)))
+}
+
 /// Bind `source` onto `target`, read-only when asked, with per-mount flags (`nosuid` and
 /// `nodev` always: pods never get set-uid binaries or device nodes through a volume).
 pub fn bind(

@@ -582,6 +582,25 @@ impl Executor for Recording {
         self.sim().calls.push(format!("listen {}", path.display()));
         Err(io::Error::new(io::ErrorKind::Unsupported, "the recording executor serves no sockets"))
     }
+
+    fn listen_in(
+        &self,
+        dir: &Path,
+        name: &str,
+        _mode: u32,
+    ) -> io::Result<(std::os::unix::net::UnixListener, super::FileId)> {
+        self.sim().calls.push(format!("listen {}", dir.join(name).display()));
+        Err(io::Error::new(io::ErrorKind::Unsupported, "the recording executor serves no sockets"))
+    }
+
+    fn file_id(&self, path: &Path) -> io::Result<Option<super::FileId>> {
+        Ok(Files::exists(self, path)?.then_some(super::FileId { dev: 0, ino: 0, kind: super::FileKind::Other }))
+    }
+
+    fn share(&self, target: &Path) -> Result<(), MountError> {
+        self.sim().calls.push(format!("share {}", target.display()));
+        Ok(())
+    }
 }
 
 /// Paths a recording saw mounted, for assertions.

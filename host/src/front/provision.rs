@@ -78,6 +78,7 @@ impl Controller {
             return Err(Error::invalid(format!("capacity_range is invalid: required {required}, limit {limit}")));
         }
         let plugin = self.plugin(&req.parameters).await?;
+        request::dynamic_plugins(&req.parameters, &plugin.info.name)?;
         let params = request::plugin_attrs(&req.parameters);
         let wreq = wit::ProvisionRequest {
             name: name.clone(),
@@ -112,6 +113,12 @@ impl Controller {
         let mut context: HashMap<String, String> = params.into_iter().collect();
         context.extend(out.context.into_iter().map(|kv| (kv.key, kv.value)));
         context.insert(request::PLUGIN_KEY.into(), plugin.info.name.clone());
+        // A dynamic volume's settings are the host's, and travel with the volume.
+        for key in [request::DYNAMIC_KEY, request::DYNAMIC_PLUGINS_KEY] {
+            if let Some(v) = req.parameters.get(key) {
+                context.insert(key.into(), v.clone());
+            }
+        }
         info!(volume.id = %volume_id, name = %name, "volume created");
         Ok(csi::CreateVolumeResponse {
             volume: Some(csi::Volume {

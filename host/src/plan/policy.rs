@@ -61,8 +61,12 @@ impl Operation {
             Operation::Stage => !matches!(step, S::Http(_)),
             Operation::Publish => matches!(step, S::Mkdir(_) | S::Mount(_) | S::Bind(_) | S::Socket(_)),
             Operation::Unstage => matches!(step, S::Remove(_)),
-            // Resolving is a stage's two-call protocol; a pod's mount cannot start it.
-            Operation::DynamicMount => !matches!(step, S::Http(_) | S::Socket(_) | S::Resolve(_) | S::FetchBlob(_)),
+            // A pod's mount lays files out and mounts them read-only: no programs (nothing would
+            // supervise them), no HTTP, no removal. It may resolve an artifact (the two-call
+            // protocol of `daemon::dynamic`) from a registry the volume's StorageClass grants.
+            Operation::DynamicMount => {
+                matches!(step, S::Mkdir(_) | S::Mount(_) | S::Bind(_) | S::Resolve(_) | S::FetchBlob(_) | S::Unpack(_))
+            }
         }
     }
 }
@@ -159,6 +163,11 @@ pub fn check(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> {
             return Err(refuse(format!("a {kind} step is not allowed in a {:?} plan", ctx.operation)));
         }
         let step = check_step(ctx, step, &seen).map_err(refuse)?;
+        if ctx.operation == Operation::DynamicMount
+            && let Step::Bind { readonly: false, .. } | Step::Mount { readonly: false, .. } = &step
+        {
+            return Err(refuse("a dynamic mount is read-only: every bind and mount must be read-only".into()));
+        }
         match &step {
             Step::Fetch { digest, .. } | Step::FetchBlob { digest, .. } => {
                 seen.fetched.insert(digest.clone());
@@ -612,6 +621,10 @@ fn digest(d: &str) -> R<()> {
     }
 }
 
+/// Recorded attributes the host adds itself (a dynamic mount's resolution, see
+/// `daemon::dynamic`); a plan may not record them.
+pub const RESERVED_ATTRIBUTE_PREFIX: &str = "mounthost.";
+
 fn check_attributes(ctx: &Context<'_>, kvs: Vec<wit::Kv>) -> R<Vec<(String, String)>> {
     if kvs.len() > MAX_ATTRIBUTES {
         return Err(format!("{} attributes; at most {MAX_ATTRIBUTES}", kvs.len()));
@@ -620,6 +633,12 @@ fn check_attributes(ctx: &Context<'_>, kvs: Vec<wit::Kv>) -> R<Vec<(String, Stri
         .map(|kv| {
             if kv.key.is_empty() || kv.key.len() > 128 || !kv.key.bytes().all(|b| b.is_ascii_graphic()) {
                 return Err(format!("attribute key {:?} must be 1-128 printable characters", kv.key));
+            }
+            if kv.key.starts_with(RESERVED_ATTRIBUTE_PREFIX) {
+                return Err(format!(
+                    "attribute key {:?} is reserved: the host passes what it resolved under {RESERVED_ATTRIBUTE_PREFIX}*",
+                    kv.key
+                ));
             }
             text(ctx, &kv.value, &format!("attribute {}", kv.key))?;
             Ok((kv.key, kv.value))

@@ -27,6 +27,48 @@ pub const K8S_PREFIX: &str = "csi.storage.k8s.io/";
 /// Set by kubelet on a CSI ephemeral inline volume.
 pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
 
+/// The attribute making a volume dynamic (`"true"`): its published directory gets a socket
+/// through which its pod mounts more into it (`daemon::dynamic`).
+pub const DYNAMIC_KEY: &str = "dynamic";
+/// The plugins a dynamic volume's pod may mount with, comma-separated (default: its own).
+pub const DYNAMIC_PLUGINS_KEY: &str = "dynamicPlugins";
+
+/// A dynamic volume's allowed plugins, or `None` for a volume that is not dynamic.
+pub fn dynamic_plugins(attrs: &HashMap<String, String>, own: &str) -> Result<Option<Vec<String>>, Error> {
+    let dynamic = match attrs.get(DYNAMIC_KEY).map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(Error::invalid(format!(
+                "volume attribute {DYNAMIC_KEY} is {}; use \"true\" or \"false\"",
+                shown(other)
+            )));
+        }
+    };
+    let listed = attrs.get(DYNAMIC_PLUGINS_KEY);
+    if !dynamic {
+        return match listed {
+            Some(_) => Err(Error::invalid(format!(
+                "volume attribute {DYNAMIC_PLUGINS_KEY} is set but {DYNAMIC_KEY} is not \"true\""
+            ))),
+            None => Ok(None),
+        };
+    }
+    let mut plugins = Vec::new();
+    for name in listed.map(|l| l.split(',').map(str::trim).collect()).unwrap_or_else(|| vec![own]) {
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+            return Err(Error::invalid(format!(
+                "volume attribute {DYNAMIC_PLUGINS_KEY}: {} is not a plugin name (lowercase letters, digits, dashes; comma-separated)",
+                shown(name)
+            )));
+        }
+        if !plugins.iter().any(|p| p == name) {
+            plugins.push(name.to_string());
+        }
+    }
+    Ok(Some(plugins))
+}
+
 /// Check a volume id.
 pub fn volume_id(raw: &str) -> Result<String, Error> {
     identifier("volume_id", raw)
@@ -139,7 +181,11 @@ pub fn plugin_attrs(attrs: &HashMap<String, String>) -> BTreeMap<String, String>
 
 /// Keys the host consumes itself.
 pub fn is_reserved(key: &str) -> bool {
-    key == PLUGIN_KEY || key == DIGEST_KEY || key.starts_with(K8S_PREFIX)
+    key == PLUGIN_KEY
+        || key == DIGEST_KEY
+        || key == DYNAMIC_KEY
+        || key == DYNAMIC_PLUGINS_KEY
+        || key.starts_with(K8S_PREFIX)
 }
 
 /// WIT key-value pairs.

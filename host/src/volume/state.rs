@@ -65,6 +65,41 @@ pub struct Publication {
     /// The checked publish plan's steps, replayed to re-bind the target after a restage.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<crate::plan::Step>,
+    /// A dynamic volume's publication (`daemon::dynamic`), with the plugins its pod may mount
+    /// through its socket: the steps mount the host's small tmpfs at the target, the plugin's
+    /// publish under `volume/`, and serve `csi.sock`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic: Option<Vec<String>>,
+}
+
+/// Where a pod's dynamic mount is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MountPhase {
+    /// Accepted and recorded; planning, downloading or about to mount (a restarted daemon
+    /// takes it up again).
+    Pending,
+    /// Mounted.
+    Ready,
+    /// Failed for good; `reason` says why.
+    Failed,
+}
+
+/// A pod's dynamic mount into its own volume (`daemon::dynamic`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DynamicMount {
+    /// The plugin that plans it.
+    pub plugin: String,
+    /// What the pod asked for (no secrets: the API carries none).
+    pub parameters: BTreeMap<String, String>,
+    pub phase: MountPhase,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The checked plan's steps once planned (what a restart mounts again).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<crate::plan::Step>,
 }
 
 /// The persisted state of one volume.
@@ -116,6 +151,9 @@ pub struct VolumeState {
     /// (records written before this field existed have none and accept any).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capability: Option<StagedCapability>,
+    /// A dynamic volume's mounts, by id (at most one publication of such a volume).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dynamic: BTreeMap<String, DynamicMount>,
 }
 
 /// The parts of a CSI volume capability a restage must match.
@@ -430,6 +468,7 @@ mod tests {
             restarts: 0,
             oom_kills: 0,
             capability: None,
+            dynamic: BTreeMap::new(),
         }
     }
 
@@ -453,7 +492,7 @@ mod tests {
         let mut s = state(&id);
         store.save(&s).unwrap();
         s.phase = Phase::Staged;
-        s.published.insert("/pods/u/mount".into(), Publication { readonly: true, steps: Vec::new() });
+        s.published.insert("/pods/u/mount".into(), Publication { readonly: true, steps: Vec::new(), dynamic: None });
         store.save(&s).unwrap();
         assert_eq!(store.load(&id).unwrap(), Some(s.clone()));
         let path = store.path(&id);
@@ -496,7 +535,7 @@ mod tests {
         assert!(!s.can_publish(), "not before stage completed");
         s.phase = Phase::Staged;
         assert!(s.can_publish() && s.can_unstage());
-        s.published.insert("/t".into(), Publication { readonly: false, steps: Vec::new() });
+        s.published.insert("/t".into(), Publication { readonly: false, steps: Vec::new(), dynamic: None });
         assert!(!s.can_unstage(), "not while published");
     }
 

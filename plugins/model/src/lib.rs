@@ -11,7 +11,10 @@
 //! - `stage` plans `resolve`, then, once the host has resolved it, `fetch-blob` and `unpack`
 //!   steps for the selected layers and a read-only bind onto the staging path ([`node`]);
 //! - `publish` binds the staging path onto the target, always read-only, `nosuid,nodev`;
-//! - `unstage` adds nothing: the host removes the volume's cache directory.
+//! - `unstage` adds nothing: the host removes the volume's cache directory;
+//! - `dynamic_mount` plans the same two rounds as `stage` for a model a pod of a dynamic volume
+//!   names, with its own filters, the volume's `mirror` and `insecure`, anonymous pulls, and a
+//!   read-only bind onto the mount's own directory ([`node`]).
 //!
 //! The parameter table lives in [`params`], reference parsing in [`reference`](mod@reference),
 //! the layer filters in [`filters`], manifest reading in [`manifest`].
@@ -38,7 +41,10 @@ impl Plugin for Model {
                           registries, read-only. The host resolves the reference, fetches the \
                           selected layers by digest into its node cache and unpacks them; filters \
                           choose files by path and by layer class (weights, config, docs, code, \
-                          datasets). Registry credentials come from CSI secrets, by key."
+                          datasets). Registry credentials come from CSI secrets, by key. Pods of a \
+                          dynamic volume may mount further models read-only at mounts/<id>/, naming \
+                          reference, include, exclude, weights and types (the volume's mirror and \
+                          insecure apply; no credentials: pulls are anonymous)."
                 .into(),
             parameters: mounthost_plugin_sdk::params::param_docs(params::SPECS),
             programs: Vec::new(),
@@ -65,16 +71,26 @@ impl Plugin for Model {
     }
 
     fn stage(req: StageRequest) -> Result<Plan, BackendError> {
-        let staged = node::stage(&req)?;
-        for note in &staged.notes {
-            log(Level::Warn, note);
-        }
-        Ok(staged.plan)
+        node::stage(&req).map(logged)
     }
 
     fn publish(req: PublishRequest) -> Result<Plan, BackendError> {
         node::publish(&req)
     }
+
+    /// A pod of a dynamic volume mounts another model at `mounts/<id>/`: parameters
+    /// `reference`, `include`, `exclude`, `weights` and `types` ([`params::DYNAMIC`]).
+    fn dynamic_mount(req: DynamicMountRequest) -> Result<Plan, BackendError> {
+        node::dynamic_mount(&req).map(logged)
+    }
+}
+
+/// The plan, after logging its notes.
+fn logged(staged: node::Staged) -> Plan {
+    for note in &staged.notes {
+        log(Level::Warn, note);
+    }
+    staged.plan
 }
 
 export_plugin!(Model);

@@ -1,5 +1,6 @@
 //! The node side: NodeStageVolume lays the model's files out read-only at the staging path,
-//! NodePublishVolume binds them into the pod.
+//! NodePublishVolume binds them into the pod, and a pod's dynamic mount lays another model out
+//! read-only at its own directory, `mounts/<id>/` in the published volume.
 //!
 //! Stage runs in two rounds, because the plugin cannot plan fetches before it has seen the
 //! manifest and never touches the network itself:
@@ -12,6 +13,15 @@
 //!    unpack there, a raw layer becomes `model/<file path>`), and a read-only bind of `model/`
 //!    onto the staging path with `nosuid,nodev`.
 //!
+//! A dynamic mount plans the same two rounds with the same steps (one code path,
+//! `plan_model`), with three differences: the model and its filters come from the pod's
+//! request and only `mirror` and `insecure` from the volume ([`Settings::dynamic`]); the
+//! `resolve` step is always anonymous (a dynamic mount has no CSI secrets); and the bind goes
+//! onto `target`, which the host maps to the mount's own directory, its `cache` being a
+//! directory of that mount alone. The resolution reaches the second round in `recorded`, under
+//! the SDK's reserved keys ([`resolved_from_recorded`]), because contract 0.2.0's
+//! `dynamic-mount-request` has no `resolved` field.
+//!
 //! Plans are diffed against what the node already has, so the same request gives a
 //! byte-identical plan: steps follow the manifest's layer order, and the reference is always
 //! written in its canonical form. A model volume is read-only whatever access mode is asked:
@@ -22,8 +32,9 @@ use std::ops::Bound;
 
 use mounthost_plugin_sdk::params::invalid;
 use mounthost_plugin_sdk::{
-    Archive, BackendError, Bind, FetchBlob, ParamSource, Plan, PublishRequest, Resolve, StageRequest, Step, Unpack,
-    VolumeCapability, cache, kv, staging, target,
+    Archive, BackendError, Bind, CONTRACT_VERSION, DynamicMountRequest, FetchBlob, ParamSource, PathRef, Plan,
+    PublishRequest, RESOLVED_KEYS, RegistryAuth, Resolve, Resolved, StageRequest, Step, Unpack, VolumeCapability,
+    cache, kv, resolved_from_recorded, staging, target,
 };
 
 use crate::manifest::{self, Artifact, Layer};
@@ -51,19 +62,63 @@ pub struct Staged {
     pub notes: Vec<String>,
 }
 
-/// Plan NodeStageVolume (both rounds).
+/// Plan NodeStageVolume (both rounds): the files land read-only on the staging path.
 pub fn stage(req: &StageRequest) -> Result<Staged, BackendError> {
     let ctx = params::open(&req.context, ParamSource::Context)?;
     let settings = Settings::parse(&ctx)?;
     let auth = params::registry_auth(&req.secrets)?;
     check_capability(&req.capability)?;
+    plan_model(&settings, auth, req.resolved.as_ref(), staging(""))
+}
+
+/// Plan a pod's dynamic mount (both rounds): the model the pod names, with the filters it
+/// gives and the volume's `mirror` and `insecure`, pulled anonymously, lands read-only on the
+/// mount's own directory (`target`), laid out in the mount's own cache directory as a stage
+/// lays it out in the volume's. The resolution of the second round arrives in `recorded`
+/// ([`resolved_from_recorded`]); some of its keys without the others is a host bug, refused
+/// as an internal error rather than taken for a first round.
+pub fn dynamic_mount(req: &DynamicMountRequest) -> Result<Staged, BackendError> {
+    if !req.subdir.is_empty() {
+        return Err(BackendError::Internal(format!(
+            "the host asked for a dynamic mount into sub-directory {:?}, but this plugin plans \
+             onto the mount's own directory (contract mounthost:plugin@{CONTRACT_VERSION}: target is \
+             mounts/<id>, subdir empty): the host and the plugin disagree on the contract",
+            req.subdir
+        )));
+    }
+    let resolved = resolved_from_recorded(&req.recorded);
+    if resolved.is_none() {
+        let given: Vec<&str> =
+            RESOLVED_KEYS.into_iter().filter(|k| req.recorded.iter().any(|kv| kv.key == *k)).collect();
+        if !given.is_empty() {
+            return Err(BackendError::Internal(format!(
+                "the host passed the resolution keys {} but not all of {}: the host and the plugin \
+                 disagree on the contract",
+                given.join(", "),
+                RESOLVED_KEYS.join(", ")
+            )));
+        }
+    }
+    let settings = Settings::dynamic(&req.request, &req.context)?;
+    plan_model(&settings, RegistryAuth::Anonymous, resolved.as_ref(), target(""))
+}
+
+/// Plan either round for a model: without `resolved`, one `resolve` step; with it, that step,
+/// the fetches and unpacks of the selected layers into the cache directory [`MODEL_DIR`], and
+/// a read-only bind of it onto `onto`.
+fn plan_model(
+    settings: &Settings,
+    auth: RegistryAuth,
+    resolved: Option<&Resolved>,
+    onto: PathRef,
+) -> Result<Staged, BackendError> {
     let resolve = Resolve {
         reference: settings.reference.canonical(),
         mirror: settings.mirror.clone(),
         auth,
         insecure: settings.insecure,
     };
-    let Some(resolved) = &req.resolved else {
+    let Some(resolved) = resolved else {
         return Ok(Staged {
             plan: Plan { steps: vec![Step::Resolve(resolve)], attributes: Vec::new() },
             notes: Vec::new(),
@@ -71,7 +126,7 @@ pub fn stage(req: &StageRequest) -> Result<Staged, BackendError> {
     };
     if resolved.reference != resolve.reference {
         return Err(BackendError::Internal(format!(
-            "the host resolved {:?}, but the volume's reference is {:?}",
+            "the host resolved {:?}, but the plan asked for {:?}",
             resolved.reference, resolve.reference
         )));
     }
@@ -84,7 +139,7 @@ pub fn stage(req: &StageRequest) -> Result<Staged, BackendError> {
     let artifact = manifest::parse(&resolve.reference, &resolved.manifest, &resolved.config)?;
     let selected: Vec<&Layer> = artifact.layers.iter().filter(|l| settings.filters.selects(&l.path, l.class)).collect();
     if selected.is_empty() {
-        return Err(nothing_selected(&resolve.reference, &settings, &artifact));
+        return Err(nothing_selected(&resolve.reference, settings, &artifact));
     }
     check_layout(&resolve.reference, &selected)?;
 
@@ -111,7 +166,7 @@ pub fn stage(req: &StageRequest) -> Result<Staged, BackendError> {
     }
     steps.push(Step::Bind(Bind {
         source: cache(MODEL_DIR),
-        target: staging(""),
+        target: onto,
         readonly: true,
         options: BIND_OPTIONS.map(String::from).to_vec(),
     }));

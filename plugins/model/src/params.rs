@@ -111,27 +111,85 @@ pub struct Settings {
 impl Settings {
     /// Parse and validate every parameter in `p` (unknown keys are checked by [`open`]).
     pub fn parse(p: &Params<'_>) -> Result<Self, BackendError> {
-        let reference = Reference::parse("parameter \"reference\"", p.required("reference")?)?;
-        let mirror = p
-            .text("mirror")?
-            .map(|v| {
-                check_host_port(v, Port::Optional).map(|()| v.to_string()).map_err(|why| {
-                    invalid(format!(
-                        "parameter \"mirror\" {v:?} is not a registry endpoint ({why}); give one \
-                         host[:port] without a scheme or path, host a DNS name, an IPv4 address or an \
-                         [IPv6] address, such as mirror.example.com:5000"
-                    ))
-                })
-            })
-            .transpose()?;
-        let filters = Filters::parse(filters::Raw {
-            include: p.text("include")?,
-            exclude: p.text("exclude")?,
-            weights: p.choice("weights", filters::WEIGHTS)?,
-            types: p.text("types")?,
-        })?;
-        Ok(Settings { reference, mirror, filters, insecure: p.boolean("insecure")?.unwrap_or(false) })
+        let reference = reference(p)?;
+        let mirror = mirror(p)?;
+        let filters = filters(p)?;
+        Ok(Settings { reference, mirror, filters, insecure: insecure(p)? })
     }
+
+    /// A dynamic mount's settings: the model and its filters from the pod's `request` (only
+    /// the [`DYNAMIC`] keys; filters it leaves out select everything, whatever the volume's
+    /// own filters are), the registry settings `mirror` and `insecure` from the volume's
+    /// `context`. Nothing else of the context applies, and nothing of the context is
+    /// checked but those two: stage checked it all.
+    pub fn dynamic(request: &[Kv], context: &[Kv]) -> Result<Self, BackendError> {
+        let pod = open_dynamic(request)?;
+        let volume = Params::new("parameter", context)?;
+        let reference = reference(&pod)?;
+        let filters = filters(&pod)?;
+        Ok(Settings { reference, mirror: mirror(&volume)?, filters, insecure: insecure(&volume)? })
+    }
+}
+
+/// The keys a pod's dynamic-mount request may hold, in the order `SPECS` lists them: the model
+/// and its filters. The registry settings (`mirror`, `insecure`) are the volume's, and a
+/// dynamic mount has no secrets.
+pub const DYNAMIC: &[&str] = &["reference", "include", "exclude", "weights", "types"];
+
+/// Open a pod's dynamic-mount request and refuse any key but [`DYNAMIC`] ones. Strict: unlike
+/// [`open`], keys with a `/` are refused too (a pod's request carries no orchestrator keys).
+fn open_dynamic(request: &[Kv]) -> Result<Params<'_>, BackendError> {
+    let params = Params::new("parameter", request)?;
+    if let Some(kv) = request.iter().find(|kv| !DYNAMIC.contains(&kv.key.as_str())) {
+        let mut accepted = DYNAMIC.to_vec();
+        accepted.sort_unstable();
+        let why = match SPECS.iter().find(|s| s.name == kv.key).map(|s| s.source) {
+            Some(ParamSource::Secret) => " (a dynamic mount takes no credentials: it pulls anonymously)",
+            Some(_) => " (the volume's registry settings apply: mirror and insecure come from its StorageClass)",
+            None => "",
+        };
+        return Err(invalid(format!(
+            "unknown parameter {:?} for a dynamic mount{why}; accepted: {}",
+            kv.key,
+            accepted.join(", ")
+        )));
+    }
+    Ok(params)
+}
+
+/// `reference`, required.
+fn reference(p: &Params<'_>) -> Result<Reference, BackendError> {
+    Reference::parse("parameter \"reference\"", p.required("reference")?)
+}
+
+/// `mirror`, one `host[:port]`.
+fn mirror(p: &Params<'_>) -> Result<Option<String>, BackendError> {
+    p.text("mirror")?
+        .map(|v| {
+            check_host_port(v, Port::Optional).map(|()| v.to_string()).map_err(|why| {
+                invalid(format!(
+                    "parameter \"mirror\" {v:?} is not a registry endpoint ({why}); give one \
+                     host[:port] without a scheme or path, host a DNS name, an IPv4 address or an \
+                     [IPv6] address, such as mirror.example.com:5000"
+                ))
+            })
+        })
+        .transpose()
+}
+
+/// `include`, `exclude`, `weights` and `types`.
+fn filters(p: &Params<'_>) -> Result<Filters, BackendError> {
+    Filters::parse(filters::Raw {
+        include: p.text("include")?,
+        exclude: p.text("exclude")?,
+        weights: p.choice("weights", filters::WEIGHTS)?,
+        types: p.text("types")?,
+    })
+}
+
+/// `insecure`, default `false`.
+fn insecure(p: &Params<'_>) -> Result<bool, BackendError> {
+    Ok(p.boolean("insecure")?.unwrap_or(false))
 }
 
 /// Check the secrets (known keys, non-empty values, one kind of credential) and name them in

@@ -711,3 +711,219 @@ fn delete_and_unstage_plan_nothing() {
     let unstage = UnstageRequest { volume_id: "0123".into(), context: Vec::new(), recorded: Vec::new() };
     assert_eq!(Model::unstage(unstage).unwrap(), Plan::default());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Dynamic mounts
+
+/// A dynamic volume's context: its own model and filters (which a dynamic mount ignores) and
+/// `extra` registry settings.
+fn volume_ctx(extra: &[(&str, &str)]) -> Vec<Kv> {
+    let mut ctx = kvs(&[("reference", "registry.example.com/models/volume:1"), ("weights", "only")]);
+    ctx.extend(kvs(extra));
+    ctx
+}
+
+fn dynamic_req(ctx: Vec<Kv>, request: &[(&str, &str)], recorded: Vec<Kv>) -> DynamicMountRequest {
+    DynamicMountRequest {
+        volume_id: "model-vol".into(),
+        context: ctx,
+        request: kvs(request),
+        subdir: String::new(),
+        recorded,
+    }
+}
+
+/// What the host records for the volume's stage, then the resolution under the reserved keys.
+fn recorded_with(r: &Resolved) -> Vec<Kv> {
+    let mut recorded = kvs(&[
+        ("reference", "registry.example.com/models/volume:1"),
+        ("manifestDigest", MANIFEST_DIGEST),
+        ("files", "1"),
+    ]);
+    recorded.extend([
+        kv(RESOLVED_REFERENCE, r.reference.as_str()),
+        kv(RESOLVED_MANIFEST_DIGEST, r.manifest_digest.as_str()),
+        kv(RESOLVED_MANIFEST, r.manifest.as_str()),
+        kv(RESOLVED_CONFIG, r.config.as_str()),
+    ]);
+    recorded
+}
+
+/// The standard model's resolution, as the second round's `recorded`.
+fn model_recorded() -> Vec<Kv> {
+    let layers = model_layers();
+    recorded_with(&resolved(&manifest(&layers), &config(layers.len())))
+}
+
+fn dynamic_bind() -> Step {
+    Step::Bind(Bind {
+        source: cache("model"),
+        target: target(""),
+        readonly: true,
+        options: vec!["nosuid".into(), "nodev".into()],
+    })
+}
+
+fn internal(err: BackendError) -> String {
+    match err {
+        BackendError::Internal(m) => m,
+        other => panic!("expected internal, got {other:?}"),
+    }
+}
+
+#[test]
+fn dynamic_first_round_is_one_anonymous_resolve_step() {
+    let plan = Model::dynamic_mount(dynamic_req(volume_ctx(&[]), &[("reference", REF)], Vec::new())).unwrap();
+    assert_eq!(plan, Plan { steps: vec![resolve_step(RegistryAuth::Anonymous)], attributes: vec![] });
+    // The volume's own stage attributes alone are a first round too.
+    let stage_only = kvs(&[("reference", "registry.example.com/models/volume:1"), ("files", "1")]);
+    let plan = Model::dynamic_mount(dynamic_req(volume_ctx(&[]), &[("reference", REF)], stage_only)).unwrap();
+    assert_eq!(plan.steps, vec![resolve_step(RegistryAuth::Anonymous)]);
+}
+
+#[test]
+fn dynamic_second_round_plans_every_layer_onto_the_mount() {
+    // The volume's `weights: only` does not apply: a dynamic mount has its own filters.
+    let plan = Model::dynamic_mount(dynamic_req(volume_ctx(&[]), &[("reference", REF)], model_recorded())).unwrap();
+    assert_eq!(
+        plan,
+        Plan {
+            steps: vec![
+                resolve_step(RegistryAuth::Anonymous),
+                fetch('a', 1000, "weight.v1.tar"),
+                fetch('b', 20, "weight.config.v1.raw"),
+                fetch('e', 30, "doc.v1.tar+gzip"),
+                fetch('f', 5000, "dataset.v1.tar+zstd"),
+                fetch('9', 40, "weight.config.v1.tar"),
+                unpack('a', Archive::Tar, "model"),
+                unpack('b', Archive::Raw, "model/config.json"),
+                unpack('e', Archive::TarGzip, "model"),
+                unpack('f', Archive::TarZstd, "model"),
+                unpack('9', Archive::Tar, "model"),
+                dynamic_bind(),
+            ],
+            attributes: vec![kv("reference", REF), kv("manifestDigest", MANIFEST_DIGEST), kv("files", "5")],
+        }
+    );
+}
+
+#[test]
+fn dynamic_plans_are_stage_plans_but_for_the_bind_and_the_auth() {
+    let filters = [("reference", "registry.example.com/models/llama:3.1"), ("include", "*.json"), ("types", "config")];
+    let dynamic = node::dynamic_mount(&dynamic_req(volume_ctx(&[]), &filters, model_recorded())).unwrap();
+    let mut staged = stage_model(&filters[1..]).unwrap();
+    *staged.plan.steps.last_mut().unwrap() = dynamic_bind();
+    assert_eq!(dynamic, staged);
+    assert_eq!(fetched(&dynamic.plan), vec![digest('b'), digest('9')]);
+}
+
+#[rstest]
+#[case(&[("weights", "only")], &['a'])]
+#[case(&[("weights", "exclude"), ("exclude", "data")], &['b', 'e', '9'])]
+#[case(&[("include", "tokenizer")], &['9'])]
+#[case(&[("types", "doc,dataset")], &['e', 'f'])]
+fn dynamic_filters_are_the_pods(#[case] extra: &[(&str, &str)], #[case] kept: &[char]) {
+    let mut request = vec![("reference", REF)];
+    request.extend_from_slice(extra);
+    let plan = Model::dynamic_mount(dynamic_req(volume_ctx(&[]), &request, model_recorded())).unwrap();
+    assert_eq!(fetched(&plan), kept.iter().map(|c| digest(*c)).collect::<Vec<_>>(), "{extra:?}");
+    assert_eq!(plan.steps.last(), Some(&dynamic_bind()));
+}
+
+#[test]
+fn dynamic_mounts_use_the_volumes_mirror_and_insecure_and_no_credentials() {
+    let ctx = volume_ctx(&[("mirror", "mirror.cluster.local:5000"), ("insecure", "true"), ("include", "*.md")]);
+    let request = [("reference", "localhost:5000/bert")];
+    let want = Step::Resolve(Resolve {
+        reference: "localhost:5000/bert:latest".into(),
+        mirror: Some("mirror.cluster.local:5000".into()),
+        auth: RegistryAuth::Anonymous,
+        insecure: true,
+    });
+    let plan = Model::dynamic_mount(dynamic_req(ctx.clone(), &request, Vec::new())).unwrap();
+    assert_eq!(plan.steps, vec![want.clone()]);
+    let layers = model_layers();
+    let r = Resolved {
+        reference: "localhost:5000/bert:latest".into(),
+        ..resolved(&manifest(&layers), &config(layers.len()))
+    };
+    let plan = Model::dynamic_mount(dynamic_req(ctx, &request, recorded_with(&r))).unwrap();
+    assert_eq!(plan.steps[0], want);
+    assert_eq!(plan.steps.len(), 12, "the volume's include does not apply");
+}
+
+#[rstest]
+#[case(&[("reference", REF), ("mirror", "evil.example.com")], "unknown parameter \"mirror\" for a dynamic mount (the volume's registry settings apply: mirror and insecure come from its StorageClass); accepted: exclude, include, reference, types, weights")]
+#[case(&[("reference", REF), ("insecure", "true")], "unknown parameter \"insecure\" for a dynamic mount (the volume's registry settings apply: mirror and insecure come from its StorageClass); accepted: exclude, include, reference, types, weights")]
+#[case(&[("reference", REF), ("token", "t")], "unknown parameter \"token\" for a dynamic mount (a dynamic mount takes no credentials: it pulls anonymously); accepted: exclude, include, reference, types, weights")]
+#[case(&[("reference", REF), (".dockerconfigjson", "{}")], "unknown parameter \".dockerconfigjson\" for a dynamic mount (a dynamic mount takes no credentials")]
+#[case(&[("reference", REF), ("username", "u"), ("password", "p")], "unknown parameter \"username\" for a dynamic mount (a dynamic mount takes no credentials")]
+#[case(&[("reference", REF), ("filter", "x")], "unknown parameter \"filter\" for a dynamic mount; accepted: exclude, include, reference, types, weights")]
+#[case(&[("reference", REF), ("plugin", "model")], "unknown parameter \"plugin\" for a dynamic mount; accepted:")]
+#[case(&[("reference", REF), ("csi.storage.k8s.io/pod.name", "p")], "unknown parameter \"csi.storage.k8s.io/pod.name\" for a dynamic mount; accepted:")]
+#[case(&[], "parameter \"reference\" is required")]
+#[case(&[("include", "*.json")], "parameter \"reference\" is required")]
+#[case(&[("reference", "")], "parameter \"reference\" is empty")]
+#[case(&[("reference", "models/llama")], "parameter \"reference\" \"models/llama\" is not an OCI reference")]
+#[case(&[("reference", "https://registry.example.com/m")], "parameter \"reference\"")]
+#[case(&[("reference", REF), ("include", "../x")], "parameter \"include\" has a pattern with an empty, . or .. component")]
+#[case(&[("reference", REF), ("weights", "all")], "parameter \"weights\" must be one of include, only, exclude, not \"all\"")]
+#[case(&[("reference", REF), ("types", "doc"), ("weights", "only")], "together they select no layer class")]
+#[case(&[("reference", REF), ("reference", REF)], "parameter \"reference\" is given twice")]
+fn dynamic_requests_are_checked(#[case] request: &[(&str, &str)], #[case] says: &str) {
+    for recorded in [Vec::new(), model_recorded()] {
+        let m = message(Model::dynamic_mount(dynamic_req(volume_ctx(&[]), request, recorded)).unwrap_err());
+        assert!(m.contains(says), "{m}");
+    }
+}
+
+#[test]
+fn a_dynamic_mount_into_a_subdir_is_a_contract_mismatch() {
+    let req = DynamicMountRequest {
+        subdir: "models/a".into(),
+        ..dynamic_req(volume_ctx(&[]), &[("reference", REF)], Vec::new())
+    };
+    let m = internal(Model::dynamic_mount(req).unwrap_err());
+    assert!(m.contains("sub-directory \"models/a\"") && m.contains("disagree on the contract"), "{m}");
+}
+
+#[test]
+fn a_partial_resolution_is_a_contract_mismatch() {
+    for missing in RESOLVED_KEYS {
+        let recorded: Vec<Kv> = model_recorded().into_iter().filter(|kv| kv.key != missing).collect();
+        let m =
+            internal(Model::dynamic_mount(dynamic_req(volume_ctx(&[]), &[("reference", REF)], recorded)).unwrap_err());
+        let given: Vec<&str> = RESOLVED_KEYS.into_iter().filter(|k| *k != missing).collect();
+        assert_eq!(
+            m,
+            format!(
+                "the host passed the resolution keys {} but not all of {}: the host and the plugin disagree on \
+                 the contract",
+                given.join(", "),
+                RESOLVED_KEYS.join(", ")
+            )
+        );
+    }
+}
+
+#[test]
+fn a_dynamic_resolution_of_another_reference_is_an_internal_error() {
+    let layers = model_layers();
+    let other = Resolved {
+        reference: "registry.example.com/models/other:1".into(),
+        ..resolved(&manifest(&layers), &config(layers.len()))
+    };
+    let m = internal(
+        Model::dynamic_mount(dynamic_req(volume_ctx(&[]), &[("reference", REF)], recorded_with(&other))).unwrap_err(),
+    );
+    assert!(m.contains("other:1") && m.contains(REF), "{m}");
+}
+
+#[test]
+fn dynamic_keys_are_documented_parameters() {
+    let info = Model::info();
+    for key in crate::params::DYNAMIC {
+        assert!(SPECS.iter().any(|s| s.name == *key && s.source == ParamSource::Parameter), "{key}");
+        assert!(info.description.contains(key), "the description does not name {key}");
+    }
+}

@@ -26,7 +26,11 @@
 //! that needs an OCI artifact's manifest plans a [`Step::Resolve`] first; the host resolves it
 //! and calls `stage` again with [`StageRequest::resolved`] set, and the plan then answers with
 //! the same `Resolve` step followed by [`Step::FetchBlob`] and [`Step::Unpack`] steps.
+//! `dynamic_mount` runs the same two rounds, with the resolution in `recorded` under reserved
+//! keys ([`resolved_from_recorded`]); [`dynamic`] also says which directories a dynamic-mount
+//! plan's roots name.
 
+pub mod dynamic;
 pub mod net;
 pub mod params;
 pub mod paths;
@@ -48,6 +52,10 @@ pub mod bindings {
 pub use bindings::exports::mounthost::plugin::planner::Guest as __Guest;
 pub use bindings::mounthost::plugin::host::Level;
 pub use bindings::mounthost::plugin::types::*;
+pub use dynamic::{
+    RESOLVED_CONFIG, RESOLVED_KEYS, RESOLVED_MANIFEST, RESOLVED_MANIFEST_DIGEST, RESOLVED_PREFIX, RESOLVED_REFERENCE,
+    resolved_from_recorded,
+};
 pub use params::Params;
 
 /// The plugin contract these bindings implement (`package mounthost:plugin@0.2.0`).
@@ -103,6 +111,13 @@ pub trait Plugin {
     }
 
     /// Plan a dynamic mount asked for by a pod. Default: not supported.
+    ///
+    /// `req.request` is the pod's and untrusted; `req.context` is the volume's. The plan's
+    /// `target` root is the mount's own directory (`<published dir>/mounts/<id>`, so
+    /// `req.subdir` is empty) and `cache` a cache directory of that mount alone; `staging` and
+    /// `runtime` are not available, and every bind or mount onto the target must be read-only.
+    /// A plan that needs an OCI artifact resolves it in two rounds, the resolution arriving in
+    /// `req.recorded` ([`resolved_from_recorded`]). See [`dynamic`].
     fn dynamic_mount(_req: DynamicMountRequest) -> Result<Plan, BackendError> {
         Err(BackendError::InvalidArgument(format!("plugin {} does not support dynamic mounts", Self::info().name)))
     }

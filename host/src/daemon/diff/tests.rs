@@ -53,7 +53,7 @@ fn stage(steps: Vec<Step>, published: &[(&str, bool)], process: Option<ProcessId
         steps,
         published: published
             .iter()
-            .map(|(t, ro)| (p(t), Publication { readonly: *ro, steps: vec![bind(STAGING, t, *ro)] }))
+            .map(|(t, ro)| (p(t), Publication { readonly: *ro, steps: vec![bind(STAGING, t, *ro)], dynamic: None }))
             .collect(),
         process,
     }
@@ -249,7 +249,7 @@ fn a_target_whose_pod_is_gone_is_skipped_and_the_others_get_everything_they_need
         staging: Root { path: p(STAGING), below: p("/k/plugins/v") },
         host_dirs: vec![],
         steps: vec![tmpfs(STAGING, false)],
-        published: [gone, kept].map(|t| (p(t), Publication { readonly: false, steps: steps(t) })).into(),
+        published: [gone, kept].map(|t| (p(t), Publication { readonly: false, steps: steps(t), dynamic: None })).into(),
         process: None,
     };
     let gone_targets = [p(gone)].into();
@@ -264,7 +264,7 @@ fn a_target_whose_pod_is_gone_is_skipped_and_the_others_get_everything_they_need
         staging: Root { path: p(STAGING), below: p("/k/plugins/v") },
         host_dirs: vec![],
         steps: vec![tmpfs(STAGING, false)],
-        published: [(p(kept), Publication { readonly: false, steps: steps(kept) })].into(),
+        published: [(p(kept), Publication { readonly: false, steps: steps(kept), dynamic: None })].into(),
         process: None,
     };
     assert_eq!(run(&alone, &[], false).unwrap(), got);

@@ -223,6 +223,50 @@ fn operations_limit_steps_and_roots() {
 }
 
 #[test]
+fn a_dynamic_mount_is_read_only_files_and_no_programs() {
+    // The host gives a dynamic mount its own directory as `target` and its own cache only.
+    let mut f = Fixture::new();
+    f.dirs = VolumeDirs {
+        staging: None,
+        target: Some("/k/pods/u/mount/mounts/m1".into()),
+        cache: Some("/s/cache/ab/dynamic/m1".into()),
+        runtime: None,
+    };
+    let bind = |readonly| {
+        w::Step::Bind(w::Bind {
+            source: p(DirRoot::Cache, "model"),
+            target: p(DirRoot::Target, ""),
+            readonly,
+            options: vec!["nosuid".into()],
+        })
+    };
+    let plan = f.check(Operation::DynamicMount, vec![w::Step::Mkdir(p(DirRoot::Cache, "model")), bind(true)]).unwrap();
+    assert!(
+        matches!(&plan.steps[1], Step::Bind { source, target, readonly: true, .. }
+            if source == Path::new("/s/cache/ab/dynamic/m1/model") && target == Path::new("/k/pods/u/mount/mounts/m1")),
+        "{plan:?}"
+    );
+    let err = f.check(Operation::DynamicMount, vec![bind(false)]).unwrap_err();
+    assert!(err.reason.contains("read-only"), "{err}");
+    let err = f
+        .check(Operation::DynamicMount, vec![mount("tmpfs", w::MountSource::Named("tmpfs".into()), vec![])])
+        .unwrap_err();
+    assert!(err.reason.contains("read-only"), "{err}");
+    for (step, why) in [
+        (spawn("fusetest", vec![], vec![]), "not allowed in a DynamicMount plan"),
+        (http("http://filer:8888/x"), "not allowed in a DynamicMount plan"),
+        (w::Step::Remove(p(DirRoot::Cache, "x")), "not allowed in a DynamicMount plan"),
+        (w::Step::Socket(p(DirRoot::Target, "s")), "not allowed in a DynamicMount plan"),
+        (w::Step::Mkdir(p(DirRoot::Staging, "x")), "staging directory is not available"),
+        (w::Step::Mkdir(p(DirRoot::Runtime, "x")), "runtime directory is not available"),
+        (w::Step::Mkdir(p(DirRoot::Target, "../other")), "would leave"),
+    ] {
+        let err = f.check(Operation::DynamicMount, vec![step]).unwrap_err();
+        assert!(err.reason.contains(why), "{why}: {err}");
+    }
+}
+
+#[test]
 fn plan_size_and_attributes_are_bounded() {
     let f = Fixture::new();
     let steps = vec![w::Step::Mkdir(p(DirRoot::Cache, "x")); MAX_STEPS + 1];

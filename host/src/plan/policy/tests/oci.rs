@@ -151,9 +151,11 @@ fn an_empty_blob_is_a_blob() {
 }
 
 #[test]
-fn only_stage_plans_resolve() {
+fn only_stage_and_dynamic_mount_plans_resolve() {
     let f = Fixture::new();
-    for op in [Operation::Publish, Operation::DynamicMount, Operation::Unstage, Operation::Provision] {
+    let plan = f.check(Operation::DynamicMount, vec![anonymous("registry.local/m"), blob(&digest('a'), 1)]).unwrap();
+    assert_eq!(plan.steps.len(), 2);
+    for op in [Operation::Publish, Operation::Unstage, Operation::Provision] {
         let err = f.check(op, vec![anonymous("registry.local/m")]).unwrap_err();
         assert!(err.reason.contains("not allowed"), "{op:?}: {err}");
         let err = f.check(op, vec![blob(&digest('a'), 1)]).unwrap_err();

@@ -1,0 +1,160 @@
+//! The HTTP server of one dynamic volume's socket ([`super::api`]). It holds the volume's id;
+//! a request can name a mount of this volume and nothing else.
+//!
+//! Bounds: at most [`MAX_CONNECTIONS`] connections at once (more are closed at accept), request
+//! heads of at most 16 KiB and [`MAX_HEADERS`] headers read within [`HEAD_TIMEOUT`], bodies of
+//! at most [`api::MAX_BODY`] bytes read within [`BODY_TIMEOUT`], a connection open at most
+//! [`CONNECTION_TIMEOUT`]. Every request is logged with the peer's pid, uid and gid.
+
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::UnixListener;
+use tracing::{info, warn};
+
+use super::api::{self, ApiError, CreateMount, MountList};
+use super::{ApiErr, Node};
+use crate::exec::FileId;
+
+/// Connections served at once per volume.
+pub const MAX_CONNECTIONS: usize = 16;
+/// Headers in one request.
+pub const MAX_HEADERS: usize = 32;
+/// Time to read a request's head.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time to read a request's body.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a connection stays open.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(300);
+/// How often the server checks its socket and `mounts/` are still its own.
+const REPAIR_EVERY: Duration = Duration::from_secs(2);
+
+/// Serve `listener` for `volume` (whose target is `target`) until aborted.
+pub async fn run(node: Node, volume: String, target: PathBuf, mut listener: UnixListener, id: Arc<Mutex<FileId>>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut repair = tokio::time::interval(REPAIR_EVERY);
+    repair.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    repair.tick().await;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        warn!(volume.id = %volume, "dynamic socket: too many connections; closing one");
+                        continue;
+                    };
+                    let peer = stream.peer_cred().ok().map(|c| (c.pid().unwrap_or(0), c.uid(), c.gid()));
+                    let (node, volume) = (node.clone(), volume.clone());
+                    tokio::spawn(async move {
+                        let service = hyper::service::service_fn(move |req| {
+                            let (node, volume) = (node.clone(), volume.clone());
+                            async move { Ok::<_, Infallible>(handle(&node, &volume, peer, req).await) }
+                        });
+                        let mut http = hyper::server::conn::http1::Builder::new();
+                        http.timer(TokioTimer::new())
+                            .half_close(true)
+                            .header_read_timeout(HEAD_TIMEOUT)
+                            .max_buf_size(16 << 10)
+                            .max_headers(MAX_HEADERS);
+                        let conn = http.serve_connection(TokioIo::new(stream), service);
+                        let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
+                        drop(slot);
+                    });
+                }
+                Err(e) => {
+                    warn!(volume.id = %volume, error = %e, "dynamic socket: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            _ = repair.tick() => match node.repair(target.clone(), id.clone()).await {
+                Ok(Some(fresh)) => listener = fresh,
+                Ok(None) => {}
+                Err(e) => warn!(volume.id = %volume, error = %e.message, "dynamic socket: repairing the volume's entries"),
+            },
+        }
+    }
+}
+
+type Answer = Response<Full<Bytes>>;
+
+/// One request: routed, answered, logged with its peer.
+async fn handle(node: &Node, volume: &str, peer: Option<(i32, u32, u32)>, req: Request<Incoming>) -> Answer {
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let answer = route(node, volume, req).await;
+    let (pid, uid, gid) = peer.unwrap_or((0, u32::MAX, u32::MAX));
+    let shown: String = path.chars().take(200).flat_map(char::escape_debug).collect();
+    info!(volume.id = %volume, peer.pid = pid, peer.uid = uid, peer.gid = gid, %method, path = %shown,
+        status = answer.status().as_u16(), "dynamic socket request");
+    answer
+}
+
+async fn route(node: &Node, volume: &str, req: Request<Incoming>) -> Answer {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let result = if path == api::MOUNTS_PATH {
+        match method {
+            Method::GET => node.dynamic_list(volume).map(|mounts| json(StatusCode::OK, &MountList { mounts })),
+            Method::POST => create(node, volume, req).await,
+            _ => Err(not_allowed("GET, POST")),
+        }
+    } else if let Some(id) = path.strip_prefix("/mounts/") {
+        match method {
+            Method::GET => node.dynamic_get(volume, id).map(|v| json(StatusCode::OK, &v)),
+            Method::DELETE => node.dynamic_delete(volume, id).await.map(|v| json(StatusCode::OK, &v)),
+            _ => Err(not_allowed("GET, DELETE")),
+        }
+    } else {
+        Err(ApiErr::new(
+            404,
+            "not_found",
+            format!("no such path; the API is {} and {}/<id>", api::MOUNTS_PATH, api::MOUNTS_PATH),
+        ))
+    };
+    result.unwrap_or_else(error)
+}
+
+async fn create(node: &Node, volume: &str, req: Request<Incoming>) -> Result<Answer, ApiErr> {
+    if let Some(ct) = req.headers().get(header::CONTENT_TYPE)
+        && !ct
+            .to_str()
+            .is_ok_and(|v| v.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json")))
+    {
+        return Err(ApiErr::new(415, "bad_request", "the body must be application/json"));
+    }
+    let body = Limited::new(req.into_body(), api::MAX_BODY);
+    let bytes = match tokio::time::timeout(BODY_TIMEOUT, body.collect()).await {
+        Err(_) => return Err(ApiErr::new(408, "bad_request", "the body did not arrive in time")),
+        Ok(Err(e)) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+            return Err(ApiErr::new(413, "too_large", format!("the body is larger than {} bytes", api::MAX_BODY)));
+        }
+        Ok(Err(e)) => return Err(ApiErr::new(400, "bad_request", format!("reading the body: {e}"))),
+        Ok(Ok(c)) => c.to_bytes(),
+    };
+    let ask: CreateMount = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiErr::new(400, "bad_json", format!("the body is not a mount request: {e}")))?;
+    let (status, view) = node.dynamic_create(volume, ask).await?;
+    Ok(json(StatusCode::from_u16(status).unwrap_or(StatusCode::OK), &view))
+}
+
+fn not_allowed(allowed: &str) -> ApiErr {
+    ApiErr::new(405, "method_not_allowed", format!("allowed methods: {allowed}"))
+}
+
+fn json(status: StatusCode, body: &impl serde::Serialize) -> Answer {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    let mut r = Response::new(Full::new(Bytes::from(bytes)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    r
+}
+
+fn error(e: ApiErr) -> Answer {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json(status, &ApiError { code: e.code.to_string(), message: e.message })
+}
