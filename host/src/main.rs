@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use mounthost::cli::{Cli, Command, cache, client, plugin, serve};
+use mounthost::cli::{Cli, Command, cache, client, dynamic, plugin, serve};
 use mounthost::telemetry;
 
 #[tokio::main]
@@ -50,6 +50,19 @@ async fn main() -> ExitCode {
                 Ok(out) => print_out(&out),
                 Err(e) => {
                     eprintln!("error ({:?}): {}", e.code, e.message);
+                    ExitCode::from(2)
+                }
+            };
+        }
+        Command::Dynamic(args) => {
+            return match dynamic::run(args).await {
+                Ok(out) => print_out(&out),
+                Err(e) => {
+                    // A mount that failed or was not ready in time: its last view, then why.
+                    if let Some(out) = &e.output {
+                        print_out(out);
+                    }
+                    eprintln!("error ({}): {}", e.code, e.message);
                     ExitCode::from(2)
                 }
             };

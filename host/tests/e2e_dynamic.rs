@@ -5,216 +5,21 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::registry::{Class, ModelBuilder, Packing, PushedModel, Registry, RegistryOptions};
-use common::{NodeDirs, Proc, guarded, in_private_namespace, mounts_below, stage_req, wait_ready};
+use common::dynamic::*;
+use common::registry::{Registry, RegistryOptions};
+use common::{guarded, in_private_namespace, mounts_below};
 use mounthost::proto::csi;
-use mounthost::proto::csi::node_client::NodeClient;
-use mounthost::unpriv::grpc::channel;
 use serde_json::{Value, json};
-use tonic::Code;
-
-type Node = NodeClient<tonic::transport::Channel>;
 
 /// kubelet-shaped names: a pod uid and a PV name as long as real ones.
 const POD_A: &str = "5b0d5f8e-1c2a-4f3b-9d8e-7a6b5c4d3e2f";
 const POD_B: &str = "9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b";
 const PV_A: &str = "pvc-0f3c2a4e-8b1d-4c55-9e7a-3d2b1c0a9f81";
 const PV_B: &str = "pvc-7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
-
-/// A small model of four files.
-fn tiny_model(registry: &Registry, repo: &str, tag: &str, weights: &[u8]) -> PushedModel {
-    ModelBuilder::new()
-        .file("config.json", format!(r#"{{"name":"{repo}"}}"#).into_bytes(), Class::Config, Packing::Tar)
-        .file("README.md", format!("# {repo}\n").into_bytes(), Class::Doc, Packing::TarZstd)
-        .file("model.safetensors", weights.to_vec(), Class::Weight, Packing::Raw)
-        .push(registry, repo, tag)
-}
-
-/// Every entry below `dir` (links not followed), relative, with the sha256 of each file and
-/// the target of each link: what "byte for byte unchanged" compares.
-fn snapshot(dir: &Path) -> Vec<(String, String)> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
-        let Ok(rd) = std::fs::read_dir(dir) else { return };
-        for e in rd {
-            let p = e.unwrap().path();
-            let rel = p.strip_prefix(root).unwrap().display().to_string();
-            let meta = std::fs::symlink_metadata(&p).unwrap();
-            if meta.is_symlink() {
-                out.push((rel, format!("-> {}", std::fs::read_link(&p).unwrap().display())));
-            } else if meta.is_dir() {
-                out.push((rel, "dir".into()));
-                walk(root, &p, out);
-            } else if meta.is_file() {
-                out.push((rel, common::registry::sha256_file(&p).0));
-            } else {
-                out.push((rel, "special".into()));
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(dir, dir, &mut out);
-    out.sort();
-    out
-}
-
-/// The model's files as [`snapshot`] lists them below a mount.
-fn files_of(model: &PushedModel) -> Vec<(String, String)> {
-    let mut v: Vec<(String, String)> = model.files.iter().map(|(p, h, _)| (p.clone(), h.clone())).collect();
-    v.sort();
-    v
-}
-
-fn regular_files(snap: &[(String, String)]) -> Vec<(String, String)> {
-    snap.iter().filter(|(_, h)| h != "dir").cloned().collect()
-}
-
-/// A connection to `<dir>/csi.sock`, through `/proc/self/fd` of the directory: kubelet's paths
-/// are longer than `sun_path`, as a pod's own short path to it would not be.
-fn connect(dir: &Path) -> std::io::Result<UnixStream> {
-    let d = std::fs::File::open(dir)?;
-    UnixStream::connect(format!("/proc/self/fd/{}/csi.sock", d.as_raw_fd()))
-}
-
-/// Send raw bytes, read the whole answer; its status code (None: no HTTP answer) and body.
-fn raw(dir: &Path, request: &[u8]) -> (Option<u16>, String) {
-    let Ok(mut s) = connect(dir) else { return (None, String::new()) };
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let _ = s.write_all(request);
-    let _ = s.shutdown(std::net::Shutdown::Write);
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out).to_string();
-    let status = text.strip_prefix("HTTP/1.1 ").and_then(|r| r.get(..3)).and_then(|c| c.parse().ok());
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (status, body)
-}
-
-/// One API call: status and JSON body.
-fn call(dir: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: volume\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let (status, body) = raw(dir, req.as_bytes());
-    let status = status.unwrap_or_else(|| panic!("{method} {path}: no HTTP answer"));
-    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
-}
-
-/// Create a mount and wait until it is ready.
-fn mount(dir: &Path, id: &str, reference: &str) -> Value {
-    let (status, v) = call(dir, "POST", "/mounts", Some(json!({"id": id, "parameters": {"reference": reference}})));
-    assert!(matches!(status, 200..=202), "create {id}: {status} {v}");
-    wait_state(dir, id, "ready")
-}
-
-fn wait_state(dir: &Path, id: &str, state: &str) -> Value {
-    let until = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (status, v) = call(dir, "GET", &format!("/mounts/{id}"), None);
-        if status == 200 && v["state"] == state {
-            return v;
-        }
-        assert!(Instant::now() < until && v["state"] != "failed", "{id} did not become {state}: {status} {v}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Does the socket answer within `limit`?
-fn answers_within(dir: &Path, limit: Duration) -> bool {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if let (Some(200), _) = raw(dir, b"GET /mounts HTTP/1.1\r\nHost: v\r\nConnection: close\r\n\r\n") {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
-}
-
-struct DynNode {
-    dirs: NodeDirs,
-    host: std::sync::Mutex<Option<Proc>>,
-    args: Vec<String>,
-    _front: Proc,
-}
-
-impl DynNode {
-    fn start(registry: &Registry) -> DynNode {
-        let dirs = NodeDirs::new();
-        let args = vec![format!("--insecure-registry={}", registry.host())];
-        let host = dirs.start_host(&args);
-        let front = dirs.start_front(&[]);
-        DynNode { dirs, host: std::sync::Mutex::new(Some(host)), args, _front: front }
-    }
-
-    fn restart_host(&self) {
-        if let Some(mut h) = self.host.lock().unwrap().take() {
-            h.kill9();
-        }
-        *self.host.lock().unwrap() = Some(self.dirs.start_host(&self.args));
-    }
-
-    fn host_alive(&self) -> bool {
-        self.host.lock().unwrap().as_mut().is_some_and(|h| h.child.try_wait().unwrap().is_none())
-    }
-
-    async fn node(&self) -> Node {
-        let ch = channel(&self.dirs.csi_sock);
-        wait_ready(&ch).await;
-        NodeClient::new(ch)
-    }
-
-    /// Stage (until the pull is done) and publish a dynamic model volume; its target.
-    async fn dynamic_volume(&self, csi: &mut Node, pv: &str, pod: &str, ctx: &HashMap<String, String>) -> PathBuf {
-        let staging = self.dirs.staging(pv);
-        let req = stage_req(pv, &staging, ctx);
-        let until = Instant::now() + Duration::from_secs(60);
-        loop {
-            match csi.node_stage_volume(req.clone()).await {
-                Ok(_) => break,
-                Err(s) if s.code() == Code::Unavailable && Instant::now() < until => {
-                    tokio::time::sleep(Duration::from_millis(50)).await
-                }
-                Err(s) => panic!("staging {pv}: {s:?}"),
-            }
-        }
-        let target = self.dirs.target(pod, pv);
-        csi.node_publish_volume(publish_req(pv, &staging, &target, ctx)).await.unwrap();
-        target
-    }
-}
-
-fn publish_req(
-    id: &str,
-    staging: &Path,
-    target: &Path,
-    ctx: &HashMap<String, String>,
-) -> csi::NodePublishVolumeRequest {
-    csi::NodePublishVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(common::multi_writer()),
-        readonly: true,
-        volume_context: ctx.clone(),
-        ..Default::default()
-    }
-}
-
-fn dynamic_ctx(reference: &str) -> HashMap<String, String> {
-    [("plugin", "model"), ("reference", reference), ("insecure", "true"), ("dynamic", "true")]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
 
 fn run(node: &DynNode, body: impl AsyncFnOnce()) {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -287,6 +92,13 @@ fn a_pod_mounts_models_into_its_own_volume_and_nothing_else() {
         assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777, 0o666);
         assert!(a.join("mounts").is_dir());
         assert_eq!(regular_files(&snapshot(&a.join("volume"))), files_of(&base));
+
+        // One pod per dynamic volume: a second target is refused.
+        let second = node.dirs.target(POD_B, PV_A);
+        let req = publish_req(PV_A, &node.dirs.staging(PV_A), &second, &dynamic_ctx(&base.reference));
+        let err = csi.node_publish_volume(req).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+        assert!(!second.exists());
 
         // A "container" started before the mount sees it.
         let mut container = Container::start(&a.join("mounts"));
@@ -423,6 +235,27 @@ fn a_pod_mounts_models_into_its_own_volume_and_nothing_else() {
         assert_eq!(snapshot(&a.join("mounts")), before);
         assert!(container.files().iter().any(|f| f.ends_with("mounts/extra/model.safetensors")));
         println!("checked: after kill -9 and restart the socket answers and the mount is intact");
+
+        // The client a pod runs, on the socket at its kubelet-length path.
+        let cli = |args: &[&str]| {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_mounthost"))
+                .arg("dynamic")
+                .arg("--socket")
+                .arg(a.join("csi.sock"))
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            let stdout = String::from_utf8(out.stdout).unwrap();
+            serde_json::from_str::<Value>(stdout.lines().last().unwrap()).unwrap()
+        };
+        let reference = format!("reference={}", other.reference);
+        assert_eq!(cli(&["create", "cli-model", "-p", &reference, "--wait"])["state"], "ready");
+        assert_eq!(regular_files(&snapshot(&a.join("mounts/cli-model"))), files_of(&other));
+        let listed = cli(&["list"]);
+        assert!(listed["mounts"].as_array().unwrap().iter().any(|m| m["id"] == "cli-model"), "{listed}");
+        assert_eq!(cli(&["delete", "cli-model"])["state"], "deleted");
+        println!("checked: mounthost dynamic create --wait, list and delete on the real socket");
 
         // Delete: unmounted and gone.
         let (status, v) = call(&a, "DELETE", "/mounts/extra", None);

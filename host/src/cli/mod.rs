@@ -3,6 +3,7 @@
 
 pub mod cache;
 pub mod client;
+pub mod dynamic;
 pub mod first_volume;
 pub mod plugin;
 pub mod serve;
@@ -132,6 +133,9 @@ pub enum Command {
     /// The node's OCI blob cache, through the host daemon: pull (warm), ls, prune.
     #[command(subcommand)]
     Cache(cache::CacheCommand),
+    /// A dynamic volume's mounts, through the socket in its published directory: create,
+    /// list, get, delete, wait. Needs no host daemon socket and no root.
+    Dynamic(dynamic::DynamicArgs),
 }
 
 impl GlobalArgs {

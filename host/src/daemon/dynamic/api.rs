@@ -63,9 +63,9 @@ pub enum MountState {
     Deleted,
 }
 
-/// One mount as the API shows it.
+/// One mount as the API shows it (answers accept fields a newer server adds).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct MountView {
     pub id: String,
     pub plugin: String,
@@ -85,14 +85,14 @@ pub struct MountView {
 
 /// `GET /mounts`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct MountList {
     pub mounts: Vec<MountView>,
 }
 
 /// The body of every error answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ApiError {
     /// A stable machine-readable code: `bad_request`, `bad_id`, `bad_json`, `too_large`,
     /// `not_found`, `method_not_allowed`, `conflict`, `forbidden_plugin`, `unknown_plugin`,
