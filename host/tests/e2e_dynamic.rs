@@ -93,6 +93,28 @@ fn a_pod_mounts_models_into_its_own_volume_and_nothing_else() {
         assert!(a.join("mounts").is_dir());
         assert_eq!(regular_files(&snapshot(&a.join("volume"))), files_of(&base));
 
+        // CreateVolume carries the dynamic settings from the StorageClass into the volume's
+        // context, and refuses bad ones.
+        let mut controller = mounthost::proto::csi::controller_client::ControllerClient::new(
+            mounthost::unpriv::grpc::channel(&node.dirs.csi_sock),
+        );
+        let create = |params: &[(&str, &str)]| csi::CreateVolumeRequest {
+            name: "pvc-dynamic".into(),
+            volume_capabilities: vec![common::multi_writer()],
+            parameters: dynamic_ctx(&base.reference)
+                .into_iter()
+                .chain(params.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+                .collect(),
+            ..Default::default()
+        };
+        let vol = controller.create_volume(create(&[("dynamicPlugins", "model")])).await.unwrap().into_inner();
+        let ctx = vol.volume.unwrap().volume_context;
+        assert_eq!((ctx["dynamic"].as_str(), ctx["dynamicPlugins"].as_str()), ("true", "model"), "{ctx:?}");
+        for bad in [("dynamic", "yes"), ("dynamicPlugins", "Not A Plugin")] {
+            let err = controller.create_volume(create(&[bad])).await.unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad:?}: {err:?}");
+        }
+
         // One pod per dynamic volume: a second target is refused.
         let second = node.dirs.target(POD_B, PV_A);
         let req = publish_req(PV_A, &node.dirs.staging(PV_A), &second, &dynamic_ctx(&base.reference));

@@ -343,3 +343,32 @@ mod tests {
         assert!(e.message.contains("outside"), "the root itself is refused: {}", e.message);
     }
 }
+
+#[cfg(test)]
+mod dynamic_tests {
+    use super::*;
+
+    fn attrs(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn dynamic_volumes_name_the_plugins_their_pod_may_use() {
+        assert_eq!(dynamic_plugins(&attrs(&[]), "model").unwrap(), None);
+        assert_eq!(dynamic_plugins(&attrs(&[("dynamic", "false")]), "model").unwrap(), None);
+        assert_eq!(dynamic_plugins(&attrs(&[("dynamic", "true")]), "model").unwrap(), Some(vec!["model".into()]));
+        let listed = attrs(&[("dynamic", "true"), ("dynamicPlugins", "model, tmpfs,model")]);
+        assert_eq!(dynamic_plugins(&listed, "model").unwrap(), Some(vec!["model".into(), "tmpfs".into()]));
+        for bad in [
+            attrs(&[("dynamic", "yes")]),
+            attrs(&[("dynamicPlugins", "model")]),
+            attrs(&[("dynamic", "true"), ("dynamicPlugins", "Model")]),
+            attrs(&[("dynamic", "true"), ("dynamicPlugins", "a,,b")]),
+            attrs(&[("dynamic", "true"), ("dynamicPlugins", "../x")]),
+        ] {
+            let e = dynamic_plugins(&bad, "model").unwrap_err();
+            assert_eq!(e.kind, crate::error::ErrorKind::InvalidArgument, "{bad:?}: {e:?}");
+        }
+        assert!(is_reserved(DYNAMIC_KEY) && is_reserved(DYNAMIC_PLUGINS_KEY), "plugins never see them");
+    }
+}

@@ -300,3 +300,97 @@ fn a_lone_bind_onto_a_missing_target_needs_no_mount_table() {
     );
     assert_eq!(publish(vec![bind(&format!("{STAGING}/sub"), &format!("{TARGET}/x"), false)]).lone_bind_target(), None);
 }
+
+/// A dynamic volume's publication at TARGET: the host's tmpfs, the volume under `volume/`,
+/// the socket.
+fn dynamic_publication() -> Publication {
+    let steps =
+        crate::daemon::dynamic::publication_steps(&p(TARGET), vec![bind(STAGING, &format!("{TARGET}/volume"), true)]);
+    Publication { readonly: true, steps, dynamic: Some(vec!["model".into()]) }
+}
+
+#[test]
+fn a_dynamic_publication_is_a_tmpfs_with_the_volume_below_and_a_socket() {
+    let publication = dynamic_publication();
+    let d = publish(publication.steps.clone());
+    let actions = run(&d, &[], false).unwrap();
+    assert!(
+        matches!(&actions[1], Action::Run(Step::Mount { fstype, target, .. }) if fstype == "tmpfs" && *target == p(TARGET)),
+        "{actions:?}"
+    );
+    assert_eq!(actions[2], Action::Mkdir { path: p(&format!("{TARGET}/volume")), below: p(TARGET) });
+    assert!(
+        matches!(actions.last(), Some(Action::Run(Step::Socket { path })) if *path == p(&format!("{TARGET}/csi.sock")))
+    );
+    // Published already: only the socket step runs again (it checks what is there itself).
+    let mounts = [
+        mount(STAGING, "0:9", "/", "fuse.x", false),
+        MountEntry {
+            source: crate::daemon::dynamic::TMPFS_SOURCE.into(),
+            ..mount(TARGET, "0:20", "/", "tmpfs", false)
+        },
+        mount(&format!("{TARGET}/volume"), "0:9", "/", "fuse.x", true),
+    ];
+    assert_eq!(run(&d, &mounts, false).unwrap(), vec![Action::Run(publication.steps.last().unwrap().clone())]);
+}
+
+#[test]
+fn a_restage_binds_a_dynamic_volume_again_below_its_tmpfs_and_keeps_the_pods_mounts() {
+    let mut d = stage(vec![tmpfs(STAGING, false)], &[], None);
+    if let Desired::Stage { published, .. } = &mut d {
+        published.insert(p(TARGET), dynamic_publication());
+    }
+    let mounts = [
+        MountEntry {
+            source: crate::daemon::dynamic::TMPFS_SOURCE.into(),
+            ..mount(TARGET, "0:20", "/", "tmpfs", false)
+        },
+        mount(&format!("{TARGET}/volume"), "0:8", "/", "tmpfs", true),
+        mount(&format!("{TARGET}/mounts/m1"), "0:3", "/cache/m1", "ext4", true),
+    ];
+    let actions = run(&d, &mounts, false).unwrap();
+    assert!(!actions.contains(&Action::Unmount(p(TARGET))), "the tmpfs with the socket stays: {actions:?}");
+    assert!(!actions.contains(&Action::Unmount(p(&format!("{TARGET}/mounts/m1")))), "{actions:?}");
+    assert!(actions.contains(&Action::Unmount(p(&format!("{TARGET}/volume")))), "the stale bind goes: {actions:?}");
+    let rebind = Action::Run(bind(STAGING, &format!("{TARGET}/volume"), true));
+    assert!(actions.contains(&rebind), "{actions:?}");
+}
+
+#[test]
+fn unpublish_clears_mounts_below_the_target_deepest_first() {
+    let mounts = [
+        mount(TARGET, "0:20", "/", "tmpfs", false),
+        mount(&format!("{TARGET}/volume"), "0:9", "/", "fuse.x", true),
+        mount(&format!("{TARGET}/mounts/a"), "0:3", "/c/a", "ext4", true),
+    ];
+    assert_eq!(
+        run(&Desired::Unpublish { target: p(TARGET) }, &mounts, false).unwrap(),
+        vec![
+            Action::Unmount(p(&format!("{TARGET}/volume"))),
+            Action::Unmount(p(&format!("{TARGET}/mounts/a"))),
+            Action::Unmount(p(TARGET)),
+            Action::RemoveEntry(p(TARGET)),
+        ]
+    );
+}
+
+#[test]
+fn a_dynamic_mount_goes_into_its_own_directory_and_refuses_what_is_there() {
+    let target = format!("{TARGET}/mounts/m1");
+    let cache = format!("{CACHE}/dynamic/m1");
+    let d = Desired::Dynamic {
+        target: Root { path: p(&target), below: p(&format!("{TARGET}/mounts")) },
+        cache: Root { path: p(&cache), below: p(&format!("{CACHE}/dynamic")) },
+        steps: vec![bind(&format!("{cache}/model"), &target, true)],
+    };
+    assert_eq!(
+        run(&d, &[], false).unwrap(),
+        vec![
+            Action::PrivateDir(p(&cache)),
+            Action::Mkdir { path: p(&target), below: p(&format!("{TARGET}/mounts")) },
+            Action::Run(bind(&format!("{cache}/model"), &target, true)),
+        ]
+    );
+    let other = [mount(&target, "0:77", "/", "tmpfs", false)];
+    assert!(matches!(run(&d, &other, false), Err(Conflict::Occupied { .. })));
+}

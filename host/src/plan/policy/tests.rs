@@ -248,9 +248,14 @@ fn a_dynamic_mount_is_read_only_files_and_no_programs() {
     );
     let err = f.check(Operation::DynamicMount, vec![bind(false)]).unwrap_err();
     assert!(err.reason.contains("read-only"), "{err}");
-    let err = f
-        .check(Operation::DynamicMount, vec![mount("tmpfs", w::MountSource::Named("tmpfs".into()), vec![])])
-        .unwrap_err();
+    let writable = w::Step::Mount(w::Mount {
+        fstype: "tmpfs".into(),
+        source: w::MountSource::Named("tmpfs".into()),
+        target: p(DirRoot::Target, ""),
+        options: vec![],
+        readonly: false,
+    });
+    let err = f.check(Operation::DynamicMount, vec![writable]).unwrap_err();
     assert!(err.reason.contains("read-only"), "{err}");
     for (step, why) in [
         (spawn("fusetest", vec![], vec![]), "not allowed in a DynamicMount plan"),
