@@ -81,13 +81,18 @@ impl Node {
         result
     }
 
-    /// Blobs the staged volumes' plans fetch, with the volumes that use each.
+    /// Blobs the staged volumes' plans fetch (their dynamic mounts' included), with the
+    /// volumes that use each.
     pub fn cache_in_use(&self) -> Result<BTreeMap<String, Vec<String>>, Error> {
         let mut used: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for st in self.inner.store.all()? {
-            for step in &st.plan.steps {
+            let dynamic = st.dynamic.values().flat_map(|m| m.steps.iter());
+            for step in st.plan.steps.iter().chain(dynamic) {
                 if let Step::FetchBlob { digest, .. } = step {
-                    used.entry(digest.clone()).or_default().push(st.volume_id.clone());
+                    let users = used.entry(digest.clone()).or_default();
+                    if !users.contains(&st.volume_id) {
+                        users.push(st.volume_id.clone());
+                    }
                 }
             }
         }
