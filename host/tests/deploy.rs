@@ -995,7 +995,8 @@ fn plan(at: &str, field: &str, attributes: &Value, extra: &[&str], state: &str) 
         ["--state-dir", state, "plugin", "plan", plugin].iter().map(|s| s.to_string()).collect();
     args.extend(extra.iter().map(|s| s.to_string()));
     for (k, v) in map {
-        if k == "plugin" || k.contains('/') {
+        // Keys the host reads itself never reach the plugin.
+        if mounthost::volume::request::is_reserved(k) {
             continue;
         }
         args.push("--param".into());

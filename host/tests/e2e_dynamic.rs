@@ -110,6 +110,16 @@ fn a_pod_mounts_models_into_its_own_volume_and_nothing_else() {
         let vol = controller.create_volume(create(&[("dynamicPlugins", "model")])).await.unwrap().into_inner();
         let ctx = vol.volume.unwrap().volume_context;
         assert_eq!((ctx["dynamic"].as_str(), ctx["dynamicPlugins"].as_str()), ("true", "model"), "{ctx:?}");
+        // A pinned build travels with the volume too.
+        let list = std::process::Command::new(env!("CARGO_BIN_EXE_mounthost"))
+            .args(["--state-dir", &node.dirs.state.display().to_string(), "plugin", "list"])
+            .output()
+            .unwrap();
+        let list: Value = serde_json::from_slice(&list.stdout).unwrap();
+        let digest = list.as_array().unwrap().iter().find(|p| p["name"] == "model").unwrap()["digest"].clone();
+        let pinned = create(&[("pluginDigest", digest.as_str().unwrap())]);
+        let vol = controller.create_volume(pinned).await.unwrap().into_inner();
+        assert_eq!(vol.volume.unwrap().volume_context["pluginDigest"], digest.as_str().unwrap());
         for bad in [("dynamic", "yes"), ("dynamicPlugins", "Not A Plugin")] {
             let err = controller.create_volume(create(&[bad])).await.unwrap_err();
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad:?}: {err:?}");

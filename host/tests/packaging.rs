@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use mounthost::volume::request::{DIGEST_KEY, K8S_PREFIX, PLUGIN_KEY};
+use mounthost::volume::request::{DIGEST_KEY, DYNAMIC_KEY, DYNAMIC_PLUGINS_KEY, K8S_PREFIX, PLUGIN_KEY};
 
 /// The image every document names.
 fn image() -> String {
@@ -680,7 +680,14 @@ fn the_reference_lists_every_seaweedfs_parameter_and_the_reserved_keys() {
 
     let reserved: BTreeSet<String> =
         table_under(&doc, "### Reserved keys").iter().filter_map(|row| first_code(&row[0])).collect();
-    let expected: BTreeSet<String> = [PLUGIN_KEY.to_string(), DIGEST_KEY.to_string(), format!("{K8S_PREFIX}*")].into();
+    let expected: BTreeSet<String> = [
+        PLUGIN_KEY.to_string(),
+        DIGEST_KEY.to_string(),
+        DYNAMIC_KEY.to_string(),
+        DYNAMIC_PLUGINS_KEY.to_string(),
+        format!("{K8S_PREFIX}*"),
+    ]
+    .into();
     if reserved != expected {
         problems
             .push(format!("docs/reference.md `### Reserved keys` lists {reserved:?}; the host reserves {expected:?}"));

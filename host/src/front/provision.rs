@@ -113,8 +113,8 @@ impl Controller {
         let mut context: HashMap<String, String> = params.into_iter().collect();
         context.extend(out.context.into_iter().map(|kv| (kv.key, kv.value)));
         context.insert(request::PLUGIN_KEY.into(), plugin.info.name.clone());
-        // A dynamic volume's settings are the host's, and travel with the volume.
-        for key in [request::DYNAMIC_KEY, request::DYNAMIC_PLUGINS_KEY] {
+        // The host's own settings (a pinned build, a dynamic volume's) travel with the volume.
+        for key in [request::DIGEST_KEY, request::DYNAMIC_KEY, request::DYNAMIC_PLUGINS_KEY] {
             if let Some(v) = req.parameters.get(key) {
                 context.insert(key.into(), v.clone());
             }

@@ -59,7 +59,8 @@ impl Operation {
         match self {
             Operation::Provision | Operation::Delete => matches!(step, S::Http(_)),
             Operation::Stage => !matches!(step, S::Http(_)),
-            Operation::Publish => matches!(step, S::Mkdir(_) | S::Mount(_) | S::Bind(_) | S::Socket(_)),
+            // A dynamic volume's socket is the host's own step (`daemon::dynamic`), never a plan's.
+            Operation::Publish => matches!(step, S::Mkdir(_) | S::Mount(_) | S::Bind(_)),
             Operation::Unstage => matches!(step, S::Remove(_)),
             // A pod's mount lays files out and mounts them read-only: no programs (nothing would
             // supervise them), no HTTP, no removal. It may resolve an artifact (the two-call

@@ -95,8 +95,9 @@ pub struct MountList {
 #[serde(rename_all = "camelCase")]
 pub struct ApiError {
     /// A stable machine-readable code: `bad_request`, `bad_id`, `bad_json`, `too_large`,
-    /// `not_found`, `method_not_allowed`, `conflict`, `forbidden_plugin`, `unknown_plugin`,
-    /// `invalid_parameters`, `busy`, `unavailable`, `internal`.
+    /// `not_found`, `method_not_allowed`, `conflict`, `too_many_mounts`, `forbidden_plugin`,
+    /// `unknown_plugin`, `invalid_parameters`, `unauthenticated`, `permission_denied`, `busy`,
+    /// `unavailable`, `resource_exhausted`, `data_loss`, `internal`.
     pub code: String,
     /// What went wrong and what to do, for a person.
     pub message: String,

@@ -405,7 +405,10 @@ impl Node {
         // A mount of files already in the cache is ready in milliseconds: answer with it.
         let deadline = tokio::time::Instant::now() + CREATE_WAIT;
         loop {
+            // Registered before the look, so a mount settling in between still wakes this.
             let settled = self.inner.dynamic.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
             let v = self.dynamic_get(volume, &id)?;
             match v.state {
                 MountState::Ready => return Ok((201, v)),
