@@ -253,6 +253,37 @@ fn a_pod_mounts_models_into_its_own_volume_and_nothing_else() {
         assert!(answers_within(&a, Duration::from_secs(10)), "the socket is served again");
         println!("checked: csi.sock replaced by a file is a socket again");
 
+        // A pod renames `mounts/`, with a mount in it, away: DELETE finds the mount where it
+        // went, by what it shows.
+        call(&a, "DELETE", "/mounts/extra", None);
+        mount(&a, "moved", &other.reference);
+        std::fs::rename(a.join("mounts"), a.join("elsewhere")).unwrap();
+        let (status, v) = call(&a, "DELETE", "/mounts/moved", None);
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(mounts_below(&a.join("elsewhere")), Vec::<PathBuf>::new(), "the moved mount is gone");
+        println!("checked: a mount moved away with mounts/ is still unmounted by DELETE");
+        // Files the pod wrote where a mount goes do not stop its DELETE.
+        std::fs::create_dir_all(a.join("mounts/y")).unwrap();
+        std::fs::write(a.join("mounts/y/pod-file"), b"x").unwrap();
+        mount(&a, "y", &other.reference);
+        let (status, v) = call(&a, "DELETE", "/mounts/y", None);
+        assert_eq!(status, 200, "{v}");
+        assert!(!a.join("mounts/y").exists());
+        // A directory holding a mount moved onto `csi.sock`: the socket is served again, and
+        // the mount is still found by DELETE.
+        mount(&a, "z", &other.reference);
+        std::fs::remove_file(a.join("csi.sock")).unwrap();
+        std::fs::rename(a.join("mounts"), a.join("csi.sock")).unwrap();
+        assert!(answers_within(&a, Duration::from_secs(10)), "the socket is served again");
+        let (status, v) = call(&a, "DELETE", "/mounts/z", None);
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(mounts_below(&a.join("mounts")), Vec::<PathBuf>::new());
+        let left: Vec<PathBuf> =
+            mounts_below(&a).into_iter().filter(|m| *m != a && !m.starts_with(a.join("volume"))).collect();
+        assert_eq!(left, Vec::<PathBuf>::new(), "no mount of A's mounts is left anywhere below it");
+        mount(&a, "extra", &extra.reference);
+        println!("checked: a directory with a mount in it moved onto csi.sock: served again, the mount deleted");
+
         assert_eq!(snapshot(&b), b_before, "B is byte for byte unchanged");
         assert_eq!(call(&b, "GET", "/mounts", None), b_list);
         assert_eq!(snapshot(&etc), etc_before, "the /etc stand-in is unchanged");

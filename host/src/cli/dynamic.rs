@@ -30,7 +30,7 @@ use crate::daemon::dynamic::api::{self, ApiError, CreateMount, MOUNTS_PATH, Moun
 use crate::daemon::pull::human_bytes;
 
 /// Largest answer body read, bytes.
-const MAX_ANSWER: usize = 1 << 20;
+const MAX_ANSWER: usize = 8 << 20;
 /// How often `wait` asks.
 const POLL: Duration = Duration::from_millis(200);
 /// Longest one request may take (a server that accepts and never answers).

@@ -139,6 +139,9 @@ impl Desired {
                 [Step::Bind { target: t, .. }] if *t == target.path => Some(&target.path),
                 _ => None,
             },
+            // Likewise a dynamic mount: it mounts only onto its own directory (the policy), and
+            // its sources are compared with nothing else in the table.
+            Desired::Dynamic { target, .. } => Some(&target.path),
             _ => None,
         }
     }

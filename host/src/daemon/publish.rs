@@ -130,6 +130,12 @@ impl Node {
         // A dynamic volume's own files go below the host's tmpfs at the target (dynamic.rs).
         let dynamic = request::dynamic_plugins(&req.volume_context, &state.plugin)?;
         let content = if dynamic.is_some() { target.join(super::dynamic::VOLUME_DIR) } else { target.clone() };
+        if dynamic.is_some() && !self.inner.exec.atomic_read_only_binds() {
+            return Err(Error::precondition(format!(
+                "volume {id} is dynamic, which needs Linux 5.12 or later (mount_setattr): on older kernels a \
+                 read-only bind is attached writable first, and a running pod's copy of it would stay writable"
+            )));
+        }
         if dynamic.is_some()
             && let Some(other) = state.published.keys().find(|t| **t != target)
         {

@@ -283,6 +283,10 @@ fn blob_pulls(p: &crate::exec::oci::Progress) -> Vec<BlobPull> {
 
 /// Reconcile, then serve `node` on `socket` until `shutdown` resolves.
 pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
+    match crate::exec::process::raise_open_files_limit() {
+        Ok(n) => tracing::debug!(open_files = n, "open-files limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open-files limit"),
+    }
     // Listening first refuses to start beside a live daemon (its socket answers), so nothing
     // below runs while another writer of the same state is alive. Calls wait in the backlog
     // until reconciliation is done.

@@ -201,4 +201,8 @@ pub trait Executor: Files + Mounts + Processes + Groups + Send + Sync + 'static 
     /// Make the mount at `target` shared (in a peer group of its own if it was private), so
     /// mounts made below it later also appear in the copies containers hold of it.
     fn share(&self, target: &Path) -> Result<(), MountError>;
+    /// Are read-only binds read-only from the moment they are attached (the new mount API with
+    /// `mount_setattr`, Linux 5.12)? Older kernels attach read-write and remount, and a copy a
+    /// shared parent propagated meanwhile (a container's) stays writable.
+    fn atomic_read_only_binds(&self) -> bool;
 }

@@ -245,7 +245,15 @@ impl Executor for Linux {
         let dir_fd = self.anchors.open(dir, OFlags::PATH | OFlags::DIRECTORY)?;
         let path = dir.join(name);
         match file_id_at(&dir_fd, name)? {
-            Some(FileId { kind: FileKind::Directory, .. }) => self.anchors.remove_tree(&path)?,
+            Some(FileId { kind: FileKind::Directory, .. }) => {
+                // Moved aside first: a tree that cannot be removed (a mount point inside, too
+                // deep) must not keep the socket from its name.
+                let aside = format!(".{name}.removed-{}", std::process::id() as u128 * 1_000_000_007 + nanos());
+                rustix::fs::renameat(&dir_fd, name, &dir_fd, aside.as_str())?;
+                if let Err(e) = self.anchors.remove_tree(&dir.join(&aside)) {
+                    tracing::warn!(path = %dir.join(&aside).display(), error = %e, "a directory put in place of a socket stays");
+                }
+            }
             Some(_) => rustix::fs::unlinkat(&dir_fd, name, rustix::fs::AtFlags::empty())?,
             None => {}
         }
@@ -273,6 +281,14 @@ impl Executor for Linux {
     fn share(&self, target: &Path) -> Result<(), MountError> {
         mount::share(&self.anchors, target)
     }
+
+    fn atomic_read_only_binds(&self) -> bool {
+        self.api == Api::New && mount::setattr_supported()
+    }
+}
+
+fn nanos() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
 }
 
 /// What `name` in `dir` is, not following it.

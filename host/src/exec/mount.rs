@@ -174,6 +174,20 @@ pub fn mount(
     Ok(())
 }
 
+/// Does this kernel have `mount_setattr(2)` (Linux 5.12)? Then a bind made read-only is
+/// read-only before it is attached, so no copy a shared parent propagates can be writable.
+pub fn setattr_supported() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        // SAFETY: an invalid descriptor and a null attribute pointer with size 0: the kernel
+        // answers EBADF or EINVAL when it has the call, ENOSYS when not; it touches no memory.
+        let r = unsafe {
+            nix::libc::syscall(nix::libc::SYS_mount_setattr, -1, c"".as_ptr(), 0, std::ptr::null::<u8>(), 0usize)
+        };
+        !(r == -1 && Errno::last() == Errno::ENOSYS)
+    })
+}
+
 /// Make the mount at `target` (resolved below the anchors) shared: a private mount gets a peer
 /// group of its own, one already shared keeps its group.
 pub fn share(anchors: &Anchors, target: &Path) -> Result<(), MountError> {

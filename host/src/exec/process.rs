@@ -264,3 +264,16 @@ impl From<ProcessError> for crate::error::Error {
         crate::error::Error::internal(e.to_string())
     }
 }
+
+/// Raise this process's soft limit of open files to its hard limit, returning the new soft
+/// limit: every dynamic volume's socket holds a descriptor, and the common default of 1024
+/// would end a node's volumes around the thousandth.
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        setrlimit(Resource::Nofile, limit).map_err(std::io::Error::from)?;
+    }
+    Ok(limit.current.unwrap_or(u64::MAX))
+}

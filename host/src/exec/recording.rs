@@ -601,6 +601,10 @@ impl Executor for Recording {
         self.sim().calls.push(format!("share {}", target.display()));
         Ok(())
     }
+
+    fn atomic_read_only_binds(&self) -> bool {
+        true
+    }
 }
 
 /// Paths a recording saw mounted, for assertions.

@@ -164,10 +164,8 @@ pub fn check(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> {
             return Err(refuse(format!("a {kind} step is not allowed in a {:?} plan", ctx.operation)));
         }
         let step = check_step(ctx, step, &seen).map_err(refuse)?;
-        if ctx.operation == Operation::DynamicMount
-            && let Step::Bind { readonly: false, .. } | Step::Mount { readonly: false, .. } = &step
-        {
-            return Err(refuse("a dynamic mount is read-only: every bind and mount must be read-only".into()));
+        if ctx.operation == Operation::DynamicMount {
+            dynamic_mount_step(ctx, &step).map_err(refuse)?;
         }
         match &step {
             Step::Fetch { digest, .. } | Step::FetchBlob { digest, .. } => {
@@ -179,6 +177,29 @@ pub fn check(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> {
         steps.push(step);
     }
     Ok(Plan { plugin: ctx.plugin.into(), digest: ctx.digest.clone(), steps, attributes })
+}
+
+/// A dynamic mount's step: every bind and mount read-only, and what it reads or fills (bind
+/// and mount sources, unpack destinations) in the mount's own cache directory, never in the
+/// pod-writable target.
+fn dynamic_mount_step(ctx: &Context<'_>, step: &Step) -> R<()> {
+    if let Step::Bind { readonly: false, .. } | Step::Mount { readonly: false, .. } = step {
+        return Err("a dynamic mount is read-only: every bind and mount must be read-only".into());
+    }
+    let in_cache = |p: &Path| ctx.dirs.cache.as_deref().is_some_and(|c| p.starts_with(c));
+    let read = match step {
+        Step::Bind { source, .. } => Some(source.as_path()),
+        Step::Mount { source, .. } if source.starts_with('/') => Some(Path::new(source.as_str())),
+        Step::Unpack { dest, .. } => Some(dest.as_path()),
+        _ => None,
+    };
+    match read {
+        Some(p) if !in_cache(p) => Err(format!(
+            "{} is outside the mount's cache directory: a dynamic mount's sources and unpacked files live there, never in the pod's directory",
+            p.display()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// What the steps before the one being checked did.

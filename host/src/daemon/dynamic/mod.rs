@@ -41,7 +41,7 @@ use super::pipeline::{Job, Persist, Undo};
 use crate::error::{Error, ErrorKind};
 use crate::exec::oci::{BlobRef, Ensure, Prepared};
 use crate::exec::{FileId, FileKind};
-use crate::plan::policy::Operation;
+use crate::plan::policy::{Operation, RESERVED_ATTRIBUTE_PREFIX};
 use crate::plan::{MountOption, Plan, Step};
 use crate::plugin::bindings::types as wit;
 use crate::secrets::Secrets;
@@ -67,6 +67,8 @@ const CREATE_WAIT: Duration = Duration::from_secs(2);
 const PULL_TICK: Duration = Duration::from_millis(20);
 /// How long an API call waits for the volume's lock (another call on the volume).
 const LOCK_WAIT: Duration = Duration::from_secs(10);
+/// How often the sweeper checks every volume's socket and `mounts/`.
+const SWEEP_EVERY: Duration = Duration::from_secs(2);
 
 /// The steps of a dynamic volume's publication at `target`: the host's tmpfs, the plugin's
 /// publish steps (planned with `target/volume` as their target), the socket.
@@ -95,12 +97,30 @@ pub fn is_mount_waiter(key: &str) -> bool {
 }
 
 /// The servers and mount tasks of this daemon.
-#[derive(Default)]
 pub struct Dynamic {
-    servers: Mutex<HashMap<String, Served>>,
+    servers: Mutex<HashMap<String, Arc<Served>>>,
+    /// Sockets that could not be served (a pod's obstacle the host could not clear): the
+    /// sweeper tries again.
+    unserved: Mutex<HashMap<String, PathBuf>>,
     tasks: Mutex<HashMap<String, tokio::task::AbortHandle>>,
     /// Signalled when a mount reaches a final phase.
     settled: tokio::sync::Notify,
+    /// Connections served at once on all sockets of the node.
+    connections: Arc<tokio::sync::Semaphore>,
+    sweeper: std::sync::OnceLock<tokio::task::AbortHandle>,
+}
+
+impl Default for Dynamic {
+    fn default() -> Self {
+        Dynamic {
+            servers: Default::default(),
+            unserved: Default::default(),
+            tasks: Default::default(),
+            settled: Default::default(),
+            connections: Arc::new(tokio::sync::Semaphore::new(server::MAX_NODE_CONNECTIONS)),
+            sweeper: Default::default(),
+        }
+    }
 }
 
 /// What planning one mount needs ([`Node::planning`]).
@@ -112,10 +132,24 @@ struct Planning {
     ephemeral: bool,
 }
 
+/// One volume's server.
 struct Served {
-    socket: PathBuf,
-    id: Arc<Mutex<FileId>>,
+    /// The published directory (the host's tmpfs).
+    target: PathBuf,
+    /// What the sweeper checks, under this lock; `live` false once the volume's server stops,
+    /// so a check that started before never touches the target again.
+    watch: Mutex<Watch>,
+    /// A fresh listener for the server task (its socket was replaced).
+    relisten: tokio::sync::mpsc::UnboundedSender<tokio::net::UnixListener>,
     task: tokio::task::AbortHandle,
+}
+
+struct Watch {
+    live: bool,
+    /// The socket the server listens on.
+    socket: FileId,
+    /// The tmpfs's device: a target that shows another is not the host's tmpfs any more.
+    tmpfs: u64,
 }
 
 impl Drop for Served {
@@ -196,20 +230,33 @@ impl Node {
         let dir = socket.parent().ok_or_else(|| Error::internal("a socket step without a directory"))?;
         exec.share(dir)?;
         self.repair_mounts_dir(dir)?;
-        let mut servers = self.inner.dynamic.servers.lock().unwrap_or_else(|p| p.into_inner());
+        let d = &self.inner.dynamic;
+        let mut servers = d.servers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = servers.get(volume)
-            && s.socket == socket
+            && s.target == dir
             && !s.task.is_finished()
-            && exec.file_id(socket).ok().flatten() == Some(*s.id.lock().unwrap_or_else(|p| p.into_inner()))
+            && exec.file_id(socket).ok().flatten() == Some(lock(&s.watch).socket)
         {
             return Ok(());
         }
+        let tmpfs = exec
+            .file_id(dir)
+            .map_err(|e| super::pipeline::io_error(e, dir))?
+            .ok_or_else(|| Error::precondition(format!("{} is gone", dir.display())))?
+            .dev;
         let (listener, id) = self.listen_dynamic(dir)?;
-        let id = Arc::new(Mutex::new(id));
+        let (relisten, fresh) = tokio::sync::mpsc::unbounded_channel();
         let task = tokio::runtime::Handle::current()
-            .spawn(server::run(self.clone(), volume.to_string(), dir.to_path_buf(), listener, id.clone()))
+            .spawn(server::run(self.clone(), volume.to_string(), listener, fresh, d.connections.clone()))
             .abort_handle();
-        servers.insert(volume.to_string(), Served { socket: socket.to_path_buf(), id, task });
+        let watch = Mutex::new(Watch { live: true, socket: id, tmpfs });
+        let served = Arc::new(Served { target: dir.to_path_buf(), watch, relisten, task });
+        if let Some(old) = servers.insert(volume.to_string(), served) {
+            lock(&old.watch).live = false;
+        }
+        d.unserved.lock().unwrap_or_else(|p| p.into_inner()).remove(volume);
+        drop(servers);
+        self.start_sweeper();
         info!(volume.id = %volume, socket = %socket.display(), "serving the dynamic volume's socket");
         Ok(())
     }
@@ -242,28 +289,91 @@ impl Node {
         exec.mkdir(&mounts, target, 0o755).map_err(|e| super::pipeline::io_error(e, &mounts))
     }
 
-    /// The server's periodic check: its socket still the one it listens on (else a new
-    /// listener, returned), `mounts/` still a directory.
-    async fn repair(&self, target: PathBuf, id: Arc<Mutex<FileId>>) -> Result<Option<tokio::net::UnixListener>, Error> {
-        self.blocking(move |n| {
-            n.repair_mounts_dir(&target)?;
-            let socket = target.join(SOCKET_NAME);
-            let current = *id.lock().unwrap_or_else(|p| p.into_inner());
-            if n.inner.exec.file_id(&socket).ok().flatten() == Some(current) {
-                return Ok(None);
+    /// One sweeper for every server of the node: every [`SWEEP_EVERY`], in one blocking task,
+    /// each volume's socket must still be the one its server listens on (else a new listener
+    /// goes to the server) and `mounts/` a directory; sockets not served yet are tried again.
+    fn start_sweeper(&self) {
+        let d = &self.inner.dynamic;
+        if d.sweeper.get().is_some() {
+            return;
+        }
+        let this = self.clone();
+        let task = tokio::runtime::Handle::current().spawn(async move {
+            let mut tick = tokio::time::interval(SWEEP_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let _ = this
+                    .blocking(|n| {
+                        n.sweep();
+                        Ok(())
+                    })
+                    .await;
             }
-            warn!(socket = %socket.display(), "a pod removed or replaced the volume's socket: serving it again");
-            let (listener, new) = n.listen_dynamic(&target)?;
-            *id.lock().unwrap_or_else(|p| p.into_inner()) = new;
-            Ok(Some(listener))
-        })
-        .await
+        });
+        if let Err(task) = d.sweeper.set(task.abort_handle()) {
+            task.abort();
+        }
     }
 
-    /// Stop a volume's server and its mounts in progress (unpublish, unstage).
+    fn sweep(&self) {
+        let d = &self.inner.dynamic;
+        let servers: Vec<(String, Arc<Served>)> =
+            d.servers.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (volume, s) in servers {
+            if let Err(e) = self.repair(&s) {
+                warn!(volume.id = %volume, error = %e.message, "dynamic socket: repairing the volume's entries");
+            }
+        }
+        let unserved: Vec<(String, PathBuf)> =
+            d.unserved.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (volume, socket) in unserved {
+            let Ok(_guard) = self.inner.locks.try_lock(&volume) else { continue };
+            // Served again only while the volume is still published dynamically there.
+            let still = self
+                .inner
+                .store
+                .load(&volume)
+                .ok()
+                .flatten()
+                .is_some_and(|st| publication(&st).is_some_and(|(t, _)| t.join(SOCKET_NAME) == socket));
+            if !still {
+                d.unserved.lock().unwrap_or_else(|p| p.into_inner()).remove(&volume);
+            } else if let Err(e) = self.serve_socket(&volume, &socket) {
+                warn!(volume.id = %volume, error = %e.message, "dynamic socket: still not served");
+            }
+        }
+    }
+
+    /// The sweeper's check of one server, under its watch lock (so a server stopped meanwhile
+    /// is left alone) and only while its target is still the host's tmpfs.
+    fn repair(&self, s: &Served) -> Result<(), Error> {
+        let mut w = lock(&s.watch);
+        let exec = &self.inner.exec;
+        if !w.live || exec.file_id(&s.target).ok().flatten().map(|f| f.dev) != Some(w.tmpfs) {
+            return Ok(());
+        }
+        self.repair_mounts_dir(&s.target)?;
+        let socket = s.target.join(SOCKET_NAME);
+        if exec.file_id(&socket).ok().flatten() == Some(w.socket) {
+            return Ok(());
+        }
+        warn!(socket = %socket.display(), "a pod removed or replaced the volume's socket: serving it again");
+        let (listener, id) = self.listen_dynamic(&s.target)?;
+        w.socket = id;
+        let _ = s.relisten.send(listener);
+        Ok(())
+    }
+
+    /// Stop a volume's server and its mounts in progress (unpublish).
     pub(super) fn stop_dynamic(&self, volume: &str) {
         let d = &self.inner.dynamic;
-        d.servers.lock().unwrap_or_else(|p| p.into_inner()).remove(volume);
+        if let Some(s) = d.servers.lock().unwrap_or_else(|p| p.into_inner()).remove(volume) {
+            // Waits for a check in progress; none starts after.
+            lock(&s.watch).live = false;
+        }
+        d.unserved.lock().unwrap_or_else(|p| p.into_inner()).remove(volume);
         let prefix = waiter(volume, "");
         let mut tasks = d.tasks.lock().unwrap_or_else(|p| p.into_inner());
         for (key, task) in tasks.iter().filter(|(k, _)| k.starts_with(&prefix)) {
@@ -274,17 +384,29 @@ impl Node {
     }
 
     /// After reconciliation at start: serve every dynamic volume's socket again, mount again
-    /// what a ready mount lost, take up mounts in progress. Blocking; returns the sockets served.
+    /// what a ready mount lost, take up mounts in progress. Each volume under its lock (its
+    /// socket answers meanwhile; a request waits for the lock). Blocking; returns the sockets
+    /// served.
     pub fn restore_dynamic(&self) -> usize {
         let mut served = 0;
         let Ok(listed) = self.inner.store.list() else { return 0 };
         for st in listed.into_iter().filter_map(|(_, st)| st.ok()) {
             let Some((target, _)) = publication(&st) else { continue };
-            if let Err(e) = self.serve_socket(&st.volume_id, &target.join(SOCKET_NAME)) {
-                warn!(volume.id = %st.volume_id, error = %e.message, "serving a dynamic volume's socket again");
-                continue;
+            let Ok(_guard) = self.inner.locks.try_lock(&st.volume_id) else { continue };
+            let socket = target.join(SOCKET_NAME);
+            match self.serve_socket(&st.volume_id, &socket) {
+                Ok(()) => served += 1,
+                Err(e) => {
+                    warn!(volume.id = %st.volume_id, error = %e.message, "serving a dynamic volume's socket again; retrying");
+                    self.inner
+                        .dynamic
+                        .unserved
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(st.volume_id.clone(), socket);
+                    self.start_sweeper();
+                }
             }
-            served += 1;
             for (id, m) in &st.dynamic {
                 match m.phase {
                     MountPhase::Ready => {
@@ -300,13 +422,16 @@ impl Node {
         served
     }
 
-    /// Wait for the volume's lock (another call on it is running) up to [`LOCK_WAIT`].
-    async fn lock_volume(&self, volume: &str) -> Result<crate::volume::lock::VolumeGuard, ApiErr> {
+    /// Wait for the volume's lock (another call on it is running) up to [`LOCK_WAIT`] (an API
+    /// call), or as long as it takes (a mount's task: aborted if its mount goes).
+    async fn lock_volume(&self, volume: &str, forever: bool) -> Result<crate::volume::lock::VolumeGuard, ApiErr> {
         let deadline = tokio::time::Instant::now() + LOCK_WAIT;
         loop {
             match self.inner.locks.try_lock(volume) {
                 Ok(g) => return Ok(g),
-                Err(_) if tokio::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(_) if forever || tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
                 Err(e) => return Err(ApiErr::new(503, "busy", format!("{e}; retry"))),
             }
         }
@@ -351,7 +476,7 @@ impl Node {
         api::check_parameters(&ask.parameters).map_err(|m| ApiErr::new(400, "invalid_parameters", m))?;
         let id = ask.id.clone();
         {
-            let _guard = self.lock_volume(volume).await?;
+            let _guard = self.lock_volume(volume, false).await?;
             let mut st = self.dynamic_state(volume)?;
             let (_, allowed) = publication(&st).expect("checked by dynamic_state");
             let plugin = ask.plugin.clone().unwrap_or_else(|| st.plugin.clone());
@@ -373,7 +498,8 @@ impl Node {
                         format!("mount {id} exists with other parameters; delete it first"),
                     ));
                 }
-                if m.phase != MountPhase::Failed {
+                // A pending mount whose task is gone (its lock wait ended, a bug) starts again.
+                if m.phase == MountPhase::Ready || (m.phase == MountPhase::Pending && self.mount_running(volume, &id)) {
                     return Ok((200, view(&id, m, self.progress_of(volume, &id))));
                 }
             } else if st.dynamic.len() >= MAX_MOUNTS {
@@ -383,8 +509,11 @@ impl Node {
                     format!("the volume holds {MAX_MOUNTS} mounts, the most it may; delete one first"),
                 ));
             }
-            self.inner.runtime.resolve(&plugin, None).await.map_err(|e| {
-                ApiErr::new(404, "unknown_plugin", format!("plugin {plugin:?} is not installed on this node: {e}"))
+            self.inner.runtime.resolve(&plugin, None).await.map_err(|e| match e {
+                crate::plugin::PluginError::UnknownPlugin { .. } => {
+                    ApiErr::new(404, "unknown_plugin", format!("plugin {plugin:?} is not installed on this node: {e}"))
+                }
+                other => ApiErr::from(Error::from(other)),
             })?;
             let record = DynamicMount {
                 plugin,
@@ -397,6 +526,10 @@ impl Node {
             // leave nothing recorded.
             let p = self.planning(&st, &id, &record).await?;
             self.plan_round(&p, volume, &record, Vec::new()).await?;
+            // Whatever an earlier mount of this id left in its cache directory goes first.
+            let cache = self.dynamic_cache(volume).join(&id);
+            self.blocking(move |n| n.inner.exec.remove_tree(&cache).map_err(|e| super::pipeline::io_error(e, &cache)))
+                .await?;
             st.dynamic.insert(id.clone(), record);
             self.inner.store.save(&st).map_err(Error::from)?;
             info!(volume.id = %volume, mount = %id, "dynamic mount accepted");
@@ -421,59 +554,78 @@ impl Node {
         }
     }
 
-    /// `DELETE /mounts/{id}`: unmounted, its directory and cache gone, forgotten.
+    /// `DELETE /mounts/{id}`: unmounted, its directory and cache gone, forgotten. Runs as a
+    /// task of its own with the volume's lock: a client that goes away does not stop it halfway.
     pub async fn dynamic_delete(&self, volume: &str, id: &str) -> Result<MountView, ApiErr> {
         api::check_id(id).map_err(|m| ApiErr::new(400, "bad_id", m))?;
-        let _guard = self.lock_volume(volume).await?;
-        let st = self.dynamic_state(volume)?;
-        let m = st.dynamic.get(id).ok_or_else(|| not_found(id))?.clone();
-        let key = waiter(volume, id);
-        if let Some(task) = self.inner.dynamic.tasks.lock().unwrap_or_else(|p| p.into_inner()).remove(&key) {
-            task.abort();
-        }
-        self.inner.artifacts.forget(&key);
-        let (volume, id2) = (volume.to_string(), id.to_string());
-        self.blocking(move |n| n.remove_mount(&volume, &id2)).await?;
-        let mut v = view(id, &m, None);
-        v.state = MountState::Deleted;
-        v.reason = None;
-        Ok(v)
+        let (this, volume, id) = (self.clone(), volume.to_string(), id.to_string());
+        tokio::spawn(async move {
+            let _guard = this.lock_volume(&volume, false).await?;
+            let st = this.dynamic_state(&volume)?;
+            let m = st.dynamic.get(&id).ok_or_else(|| not_found(&id))?.clone();
+            let key = waiter(&volume, &id);
+            if let Some(task) = this.inner.dynamic.tasks.lock().unwrap_or_else(|p| p.into_inner()).remove(&key) {
+                task.abort();
+            }
+            this.inner.artifacts.forget(&key);
+            let (v2, id2) = (volume.clone(), id.clone());
+            this.blocking(move |n| n.remove_mount(&v2, &id2)).await?;
+            let mut v = view(&id, &m, None);
+            v.state = MountState::Deleted;
+            v.reason = None;
+            Ok(v)
+        })
+        .await
+        .map_err(|e| ApiErr::new(500, "internal", format!("a dynamic mount's deletion panicked: {e}")))?
     }
 
     /// Unmount one dynamic mount, remove its directory and cache, forget it. Blocking, with
-    /// the volume's lock held.
+    /// the volume's lock held. The mount is found where it should be and, by what it shows,
+    /// anywhere below the target a pod may have moved it (renaming `mounts/`); the mount table
+    /// is read once.
     fn remove_mount(&self, volume: &str, id: &str) -> Result<(), Error> {
         let Some(mut st) = self.inner.store.load(volume)? else { return Ok(()) };
         let Some(target) = publication(&st).map(|(t, _)| t.clone()) else { return Ok(()) };
+        let record = st.dynamic.remove(id);
         let dir = target.join(MOUNTS_DIR).join(id);
-        st.dynamic.remove(id);
-        self.repair_mounts_dir(&target)?;
-        let job = Job {
-            id: volume.to_string(),
-            desired: Desired::Unpublish { target: dir },
-            process: None,
-            secrets: Secrets::default(),
-            first: None,
-            keep_secrets: None,
-            then: Box::new(move |_| Persist::Save(Box::new(st))),
-            undo: Undo::Nothing,
-        };
-        self.run_job(job)?;
-        self.remove_host_dirs(vec![self.dynamic_cache(volume).join(id)])?;
+        let cache = self.dynamic_cache(volume).join(id);
+        let table = self
+            .inner
+            .exec
+            .mounts_touching(&[target.as_path(), cache.as_path()])
+            .map_err(|e| Error::internal(format!("reading the mount table: {e}")))?;
+        let mut actions = Vec::new();
+        for at in moved_mounts(&table, &target, &dir, record.as_ref().map(|r| r.steps.as_slice()).unwrap_or(&[])) {
+            actions.push(super::diff::Action::Unmount(at));
+        }
+        let observed =
+            super::diff::Observed { mounts: &table, process_alive: false, gone_targets: &Default::default() };
+        let removed = super::diff::diff(&Desired::Removed { dirs: vec![dir, cache] }, observed)
+            .map_err(|e| Error::internal(e.to_string()))?;
+        actions.extend(removed);
+        self.apply(volume, &actions, &Secrets::default(), &mut Default::default())?;
+        self.inner.store.save(&st)?;
         info!(volume.id = %volume, mount = %id, "dynamic mount deleted");
         Ok(())
+    }
+
+    /// Is a task working on this mount now?
+    fn mount_running(&self, volume: &str, id: &str) -> bool {
+        let tasks = self.inner.dynamic.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        tasks.get(&waiter(volume, id)).is_some_and(|t| !t.is_finished())
     }
 
     /// Start (or start again) the task that plans, pulls and mounts a recorded mount.
     fn start_mount(&self, volume: &str, id: &str) {
         let key = waiter(volume, id);
         let (this, volume, id) = (self.clone(), volume.to_string(), id.to_string());
+        // Registered before the task can end (its end forgets its own handle only).
+        let mut tasks = self.inner.dynamic.tasks.lock().unwrap_or_else(|p| p.into_inner());
         let task = tokio::runtime::Handle::current().spawn(async move {
             let outcome = this.mount_now(&volume, &id).await;
             this.settle(&volume, &id, outcome).await;
         });
-        let old = self.inner.dynamic.tasks.lock().unwrap_or_else(|p| p.into_inner()).insert(key, task.abort_handle());
-        if let Some(old) = old {
+        if let Some(old) = tasks.insert(key, task.abort_handle()) {
             old.abort();
         }
     }
@@ -484,7 +636,7 @@ impl Node {
         self.inner.artifacts.forget(&key);
         if let Err(e) = &outcome {
             warn!(volume.id = %volume, mount = %id, error = %e.message, "dynamic mount failed");
-            if let Ok(_guard) = self.lock_volume(volume).await
+            if let Ok(_guard) = self.lock_volume(volume, true).await
                 && let Ok(Some(mut st)) = self.inner.store.load(volume)
                 && let Some(m) = st.dynamic.get_mut(id).filter(|m| m.phase == MountPhase::Pending)
             {
@@ -495,7 +647,12 @@ impl Node {
                 }
             }
         }
-        self.inner.dynamic.tasks.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+        // Forgotten only if it is still this task's (a POST may have started a newer one).
+        let mut tasks = self.inner.dynamic.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        if tasks.get(&key).is_some_and(|t| tokio::task::try_id() == Some(t.id())) {
+            tasks.remove(&key);
+        }
+        drop(tasks);
         self.inner.dynamic.settled.notify_waiters();
     }
 
@@ -538,7 +695,11 @@ impl Node {
             context: crate::volume::request::kvs(&p.context),
             request: crate::volume::request::kvs(&m.parameters),
             subdir: String::new(),
-            recorded: p.recorded.iter().cloned().chain(resolved).collect(),
+            // The host's resolution first, and no recorded attribute under its prefix.
+            recorded: resolved
+                .into_iter()
+                .chain(p.recorded.iter().filter(|kv| !kv.key.starts_with(RESERVED_ATTRIBUTE_PREFIX)).cloned())
+                .collect(),
         };
         let wplan = self.inner.runtime.call(&p.plugin, volume, req).await?;
         let none = Secrets::default();
@@ -574,7 +735,7 @@ impl Node {
         }
         let key = waiter(volume, id);
         self.inner.artifacts.forget(&key);
-        let _guard = self.lock_volume(volume).await.map_err(|e| Error::unavailable(e.message))?;
+        let _guard = self.lock_volume(volume, true).await.map_err(|e| Error::unavailable(e.message))?;
         let (volume, id) = (volume.to_string(), id.to_string());
         self.blocking(move |n| {
             // Deleted or unpublished while it was being planned: nothing to mount.
@@ -672,6 +833,45 @@ impl Node {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Mounts below `target` but not at `dir` that show what the mount's binds bind (same device
+/// and root as their source): the mount, moved by a pod that renamed `mounts/` or a parent.
+fn moved_mounts(
+    table: &[crate::exec::mountinfo::MountEntry],
+    target: &Path,
+    dir: &Path,
+    steps: &[Step],
+) -> Vec<PathBuf> {
+    let shows = |source: &Path| {
+        table
+            .iter()
+            .filter(|m| source.starts_with(&m.mount_point))
+            .max_by_key(|m| m.mount_point.as_os_str().len())
+            .map(|m| (m.device.clone(), m.root.join(source.strip_prefix(&m.mount_point).expect("filtered"))))
+    };
+    let sources: Vec<(String, PathBuf)> = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Bind { source, .. } => shows(source),
+            _ => None,
+        })
+        .collect();
+    let mut out: Vec<PathBuf> = table
+        .iter()
+        .filter(|m| m.mount_point.starts_with(target) && !m.mount_point.starts_with(dir))
+        .filter(|m| sources.iter().any(|(dev, root)| m.device == *dev && m.root == *root))
+        .map(|m| m.mount_point.clone())
+        .collect();
+    // Deepest first.
+    out.sort();
+    out.dedup();
+    out.reverse();
+    out
+}
+
 fn not_found(id: &str) -> ApiErr {
     ApiErr::new(404, "not_found", format!("this volume has no mount {id}"))
 }
@@ -700,5 +900,67 @@ fn kind_name(kind: ErrorKind) -> &'static str {
         ErrorKind::PermissionDenied => "permission denied",
         ErrorKind::ResourceExhausted => "resource exhausted",
         ErrorKind::DataLoss => "data loss",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::mountinfo::MountEntry;
+
+    fn entry(at: &str, device: &str, root: &str) -> MountEntry {
+        MountEntry {
+            mount_id: 1,
+            parent_id: 1,
+            device: device.into(),
+            root: root.into(),
+            mount_point: at.into(),
+            mount_options: "ro".into(),
+            fstype: "ext4".into(),
+            source: "src".into(),
+            super_options: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_mount_a_pod_moved_is_found_by_what_it_shows() {
+        let t = "/k/pods/p/mount";
+        let table = [
+            entry("/", "8:1", "/"),
+            entry("/s", "8:2", "/"),
+            entry(t, "0:40", "/"),
+            // Moved with `mounts/` renamed to `old/`, and one where it belongs.
+            entry(&format!("{t}/old/m1"), "8:2", "/cache/dyn/m1/model"),
+            entry(&format!("{t}/mounts/m1"), "8:2", "/cache/dyn/m1/model"),
+            // Another mount's, and the volume's own files: not this one.
+            entry(&format!("{t}/old/m2"), "8:2", "/cache/dyn/m2/model"),
+            entry(&format!("{t}/volume"), "8:2", "/cache/dyn/m1/model"),
+        ];
+        let steps = [Step::Bind {
+            source: "/s/cache/dyn/m1/model".into(),
+            target: format!("{t}/mounts/m1").into(),
+            readonly: true,
+            options: vec![],
+        }];
+        let found = moved_mounts(&table, Path::new(t), &Path::new(t).join("mounts/m1"), &steps);
+        assert_eq!(found, vec![PathBuf::from(format!("{t}/volume")), PathBuf::from(format!("{t}/old/m1"))]);
+        assert!(moved_mounts(&table, Path::new(t), &Path::new(t).join("mounts/m1"), &[]).is_empty());
+    }
+
+    #[test]
+    fn a_pending_mount_with_progress_is_pulling() {
+        let m = DynamicMount {
+            plugin: "model".into(),
+            parameters: BTreeMap::new(),
+            phase: MountPhase::Pending,
+            reason: None,
+            steps: vec![],
+        };
+        assert_eq!(view("a", &m, None).state, MountState::Pending);
+        let v = view("a", &m, Some((1, 2)));
+        assert_eq!(
+            (v.state, v.bytes_done, v.bytes_total, v.path.as_str()),
+            (MountState::Pulling, Some(1), Some(2), "mounts/a")
+        );
     }
 }

@@ -1,14 +1,14 @@
 //! The HTTP server of one dynamic volume's socket ([`super::api`]). It holds the volume's id;
 //! a request can name a mount of this volume and nothing else.
 //!
-//! Bounds: at most [`MAX_CONNECTIONS`] connections at once (more are closed at accept), request
+//! Bounds: at most [`MAX_CONNECTIONS`] connections at once per volume and
+//! [`MAX_NODE_CONNECTIONS`] on the node (more are closed at accept), request
 //! heads of at most 16 KiB and [`MAX_HEADERS`] headers read within [`HEAD_TIMEOUT`], bodies of
 //! at most [`api::MAX_BODY`] bytes read within [`BODY_TIMEOUT`], a connection open at most
 //! [`CONNECTION_TIMEOUT`]. Every request is logged with the peer's pid, uid and gid.
 
 use std::convert::Infallible;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode, header};
@@ -16,14 +16,17 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::UnixListener;
+use tokio::sync::Semaphore;
+use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{info, warn};
 
 use super::api::{self, ApiError, CreateMount, MountList};
 use super::{ApiErr, Node};
-use crate::exec::FileId;
 
 /// Connections served at once per volume.
 pub const MAX_CONNECTIONS: usize = 16;
+/// Connections served at once on all the node's dynamic sockets.
+pub const MAX_NODE_CONNECTIONS: usize = 1024;
 /// Headers in one request.
 pub const MAX_HEADERS: usize = 32;
 /// Time to read a request's head.
@@ -32,26 +35,29 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a connection stays open.
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(300);
-/// How often the server checks its socket and `mounts/` are still its own.
-const REPAIR_EVERY: Duration = Duration::from_secs(2);
 
-/// Serve `listener` for `volume` (whose target is `target`) until aborted.
-pub async fn run(node: Node, volume: String, target: PathBuf, mut listener: UnixListener, id: Arc<Mutex<FileId>>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let mut repair = tokio::time::interval(REPAIR_EVERY);
-    repair.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    repair.tick().await;
+/// Serve `listener` for `volume` until aborted, taking a fresh listener from `relisten` when
+/// the sweeper bound the socket again. Its connections end with it.
+pub async fn run(
+    node: Node,
+    volume: String,
+    mut listener: UnixListener,
+    mut relisten: UnboundedReceiver<UnixListener>,
+    node_slots: Arc<Semaphore>,
+) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut connections = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    let (Ok(slot), Ok(node_slot)) = (slots.clone().try_acquire_owned(), node_slots.clone().try_acquire_owned()) else {
                         warn!(volume.id = %volume, "dynamic socket: too many connections; closing one");
                         continue;
                     };
                     let peer = stream.peer_cred().ok().map(|c| (c.pid().unwrap_or(0), c.uid(), c.gid()));
                     let (node, volume) = (node.clone(), volume.clone());
-                    tokio::spawn(async move {
+                    connections.spawn(async move {
                         let service = hyper::service::service_fn(move |req| {
                             let (node, volume) = (node.clone(), volume.clone());
                             async move { Ok::<_, Infallible>(handle(&node, &volume, peer, req).await) }
@@ -64,7 +70,7 @@ pub async fn run(node: Node, volume: String, target: PathBuf, mut listener: Unix
                             .max_headers(MAX_HEADERS);
                         let conn = http.serve_connection(TokioIo::new(stream), service);
                         let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
-                        drop(slot);
+                        drop((slot, node_slot));
                     });
                 }
                 Err(e) => {
@@ -72,11 +78,8 @@ pub async fn run(node: Node, volume: String, target: PathBuf, mut listener: Unix
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
-            _ = repair.tick() => match node.repair(target.clone(), id.clone()).await {
-                Ok(Some(fresh)) => listener = fresh,
-                Ok(None) => {}
-                Err(e) => warn!(volume.id = %volume, error = %e.message, "dynamic socket: repairing the volume's entries"),
-            },
+            Some(fresh) = relisten.recv() => listener = fresh,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
 }

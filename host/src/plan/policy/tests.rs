@@ -268,10 +268,36 @@ fn a_dynamic_mount_is_read_only_files_and_no_programs() {
         (w::Step::Mkdir(p(DirRoot::Staging, "x")), "staging directory is not available"),
         (w::Step::Mkdir(p(DirRoot::Runtime, "x")), "runtime directory is not available"),
         (w::Step::Mkdir(p(DirRoot::Target, "../other")), "would leave"),
+        (
+            w::Step::Bind(w::Bind {
+                source: p(DirRoot::Target, "pod-made"),
+                target: p(DirRoot::Target, ""),
+                readonly: true,
+                options: vec![],
+            }),
+            "outside the mount's cache directory",
+        ),
     ] {
         let err = f.check(Operation::DynamicMount, vec![step]).unwrap_err();
         assert!(err.reason.contains(why), "{why}: {err}");
     }
+    // Unpacked files go into the mount's cache, never into the pod's directory.
+    let digest = format!("sha256:{}", "a".repeat(64));
+    let unpack_into = |dest| {
+        vec![
+            w::Step::Resolve(w::Resolve {
+                reference: "registry.local/m:v1".into(),
+                mirror: None,
+                auth: w::RegistryAuth::Anonymous,
+                insecure: false,
+            }),
+            w::Step::FetchBlob(w::FetchBlob { digest: digest.clone(), size: 1, media_type: "x/y".into() }),
+            w::Step::Unpack(w::Unpack { digest: digest.clone(), format: w::Archive::Raw, dest }),
+        ]
+    };
+    f.check(Operation::DynamicMount, unpack_into(p(DirRoot::Cache, "model/f"))).unwrap();
+    let err = f.check(Operation::DynamicMount, unpack_into(p(DirRoot::Target, "f"))).unwrap_err();
+    assert!(err.reason.contains("outside the mount's cache directory"), "{err}");
 }
 
 #[test]
