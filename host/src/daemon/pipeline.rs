@@ -202,7 +202,13 @@ impl Node {
     }
 
     /// Apply `actions` in order through the executor, noting what was started in `applied`.
-    pub(super) fn apply(&self, id: &str, actions: &[Action], secrets: &Secrets, applied: &mut Applied) -> Result<(), Error> {
+    pub(super) fn apply(
+        &self,
+        id: &str,
+        actions: &[Action],
+        secrets: &Secrets,
+        applied: &mut Applied,
+    ) -> Result<(), Error> {
         for action in actions {
             self.apply_one(id, action, secrets, applied)?;
         }

@@ -112,7 +112,8 @@ impl Controller {
         })?;
         let mut context: HashMap<String, String> = params.into_iter().collect();
         // The plugin's context never sets the host's own keys.
-        context.extend(out.context.into_iter().filter(|kv| !request::is_reserved(&kv.key)).map(|kv| (kv.key, kv.value)));
+        context
+            .extend(out.context.into_iter().filter(|kv| !request::is_reserved(&kv.key)).map(|kv| (kv.key, kv.value)));
         context.insert(request::PLUGIN_KEY.into(), plugin.info.name.clone());
         // The host's own settings (a pinned build, a dynamic volume's) travel with the volume.
         for key in [request::DIGEST_KEY, request::DYNAMIC_KEY, request::DYNAMIC_PLUGINS_KEY] {
