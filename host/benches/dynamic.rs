@@ -11,8 +11,8 @@
 //! 1. the daemon's RSS and open descriptors with 1,000 published dynamic volumes, once every
 //!    socket answers `GET /mounts`, and per volume (past the first 16, which compile the plugin
 //!    and fill pools), vs a daemon of its own, on a fresh state directory, with 1,000 published
-//!    plain volumes of the same plugin; also threads and CPU time over a few idle seconds (each
-//!    volume's server checks its socket and `mounts/` every 2 s);
+//!    plain volumes of the same plugin; also threads and CPU time over a few idle seconds (one
+//!    sweeper checks every volume's socket and `mounts/` every 2 s);
 //! 2. after `kill -9` and a new start: the time from spawn until every one of the 1,000 sockets
 //!    answers `GET /mounts` with 200 (all polled from the spawn on), vs the time until the
 //!    daemon's own host socket answers `Health`;
