@@ -588,8 +588,8 @@ struct Latencies {
     deletes: Vec<Duration>,
     binds: Vec<Duration>,
     not_ready: usize,
-    /// Reading `/proc/self/mountinfo` once (what the daemon does once per POST, twice per
-    /// DELETE), in this namespace at this moment: entries, p50.
+    /// Reading `/proc/self/mountinfo` once (what the daemon does once per DELETE; a POST into
+    /// a fresh directory reads none), in this namespace at this moment: entries, p50.
     mountinfo: (usize, Duration),
 }
 
@@ -712,7 +712,7 @@ impl Latencies {
         row("DELETE /mounts/<id>", &self.deletes);
         row("baseline: `mount --bind` child", &self.binds);
         println!(
-            "  reference: one read of /proc/self/mountinfo ({} entries) p50 {:.2} ms (the daemon reads it once per POST, twice per DELETE)",
+            "  reference: one read of /proc/self/mountinfo ({} entries) p50 {:.2} ms (the daemon reads it once per DELETE, not for a POST into a fresh directory)",
             self.mountinfo.0,
             ms(self.mountinfo.1)
         );

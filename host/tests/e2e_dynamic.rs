@@ -127,7 +127,7 @@ fn a_pod_mounts_models_into_its_own_volume_and_nothing_else() {
 
         // One pod per dynamic volume: a second target is refused.
         let second = node.dirs.target(POD_B, PV_A);
-        let req = publish_req(PV_A, &node.dirs.staging(PV_A), &second, &dynamic_ctx(&base.reference));
+        let req = common::publish_req(PV_A, &node.dirs.staging(PV_A), &second, true, &dynamic_ctx(&base.reference));
         let err = csi.node_publish_volume(req).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
         assert!(!second.exists());

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{
-    NodeDirs, Scrape, Seaweed, guarded, in_private_namespace, mounts_below, multi_writer, pids_with, stage_req,
-    weed_binary, with_seaweed_node,
+    NodeDirs, Scrape, Seaweed, guarded, in_private_namespace, mounts_below, multi_writer, pids_with, publish_req,
+    stage_req, weed_binary, with_seaweed_node,
 };
 use mounthost::proto::csi;
 use mounthost::proto::csi::controller_client::ControllerClient;
@@ -18,24 +18,6 @@ use mounthost::proto::csi::identity_client::IdentityClient;
 use mounthost::proto::csi::node_client::NodeClient;
 use mounthost::unpriv::grpc::channel;
 use tonic::Code;
-
-fn publish_req(
-    id: &str,
-    staging: &Path,
-    target: &Path,
-    readonly: bool,
-    ctx: &HashMap<String, String>,
-) -> csi::NodePublishVolumeRequest {
-    csi::NodePublishVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(multi_writer()),
-        readonly,
-        volume_context: ctx.clone(),
-        ..Default::default()
-    }
-}
 
 fn unpublish_req(id: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {
     csi::NodeUnpublishVolumeRequest { volume_id: id.into(), target_path: target.display().to_string() }

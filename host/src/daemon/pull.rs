@@ -78,16 +78,7 @@ impl Node {
                 plugin.info.name
             )));
         }
-        let blobs: Vec<BlobRef> = plan
-            .steps
-            .iter()
-            .filter_map(|s| match s {
-                Step::FetchBlob { digest, size, media_type } => {
-                    Some(BlobRef { digest: digest.clone(), size: *size, media_type: media_type.clone() })
-                }
-                _ => None,
-            })
-            .collect();
+        let blobs = plan_blobs(&plan);
         // A blob some other volume brought into the cache is this volume's only if its
         // credentials may read it from its registry (asked once per source and blob).
         self.inner.artifacts.authorize(&source, &blobs).await.map_err(|e| oci_error(e, &reference))?;
@@ -177,6 +168,19 @@ impl Node {
     pub fn pulls(&self) -> BTreeMap<String, Progress> {
         self.inner.artifacts.progress()
     }
+}
+
+/// The blobs a plan's `fetch-blob` steps name.
+pub(super) fn plan_blobs(plan: &Plan) -> Vec<BlobRef> {
+    plan.steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::FetchBlob { digest, size, media_type } => {
+                Some(BlobRef { digest: digest.clone(), size: *size, media_type: media_type.clone() })
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The plan's `resolve` step, if any (the policy allows one).

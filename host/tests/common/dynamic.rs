@@ -8,7 +8,6 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use mounthost::proto::csi;
 use mounthost::proto::csi::node_client::NodeClient;
 use mounthost::unpriv::grpc::channel;
 use serde_json::{Value, json};
@@ -178,25 +177,8 @@ impl DynNode {
             }
         }
         let target = self.dirs.target(pod, pv);
-        csi.node_publish_volume(publish_req(pv, &staging, &target, ctx)).await.unwrap();
+        csi.node_publish_volume(super::publish_req(pv, &staging, &target, true, ctx)).await.unwrap();
         target
-    }
-}
-
-pub fn publish_req(
-    id: &str,
-    staging: &Path,
-    target: &Path,
-    ctx: &HashMap<String, String>,
-) -> csi::NodePublishVolumeRequest {
-    csi::NodePublishVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(super::multi_writer()),
-        readonly: true,
-        volume_context: ctx.clone(),
-        ..Default::default()
     }
 }
 

@@ -677,6 +677,25 @@ pub fn multi_writer() -> csi::VolumeCapability {
 }
 
 /// NodeStageVolume of `id` at `staging` with context `ctx`, multi-writer.
+/// NodePublishVolume of a multi-writer volume, kubelet's way.
+pub fn publish_req(
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    readonly: bool,
+    ctx: &HashMap<String, String>,
+) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(multi_writer()),
+        readonly,
+        volume_context: ctx.clone(),
+        ..Default::default()
+    }
+}
+
 pub fn stage_req(id: &str, staging: &Path, ctx: &HashMap<String, String>) -> csi::NodeStageVolumeRequest {
     csi::NodeStageVolumeRequest {
         volume_id: id.into(),

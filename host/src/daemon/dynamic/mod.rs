@@ -39,7 +39,7 @@ use super::Node;
 use super::diff::{Desired, Root};
 use super::pipeline::{Job, Persist, Undo};
 use crate::error::{Error, ErrorKind};
-use crate::exec::oci::{BlobRef, Ensure, Prepared};
+use crate::exec::oci::{Ensure, Prepared};
 use crate::exec::{FileId, FileKind};
 use crate::plan::policy::{Operation, RESERVED_ATTRIBUTE_PREFIX};
 use crate::plan::{MountOption, Plan, Step};
@@ -757,16 +757,7 @@ impl Node {
         plan: &Plan,
         reference: &str,
     ) -> Result<(), Error> {
-        let blobs: Vec<BlobRef> = plan
-            .steps
-            .iter()
-            .filter_map(|s| match s {
-                Step::FetchBlob { digest, size, media_type } => {
-                    Some(BlobRef { digest: digest.clone(), size: *size, media_type: media_type.clone() })
-                }
-                _ => None,
-            })
-            .collect();
+        let blobs = super::pull::plan_blobs(plan);
         let oci = |e| super::pull::oci_error(e, reference);
         self.inner.artifacts.authorize(source, &blobs).await.map_err(oci)?;
         let key = waiter(volume, id);
