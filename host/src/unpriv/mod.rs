@@ -10,3 +10,4 @@ pub mod metrics_http;
 pub mod plugin_files;
 pub mod private_files;
 pub mod socket;
+pub mod unix_http;

@@ -45,6 +45,7 @@ use crate::plan::policy::{Operation, RESERVED_ATTRIBUTE_PREFIX};
 use crate::plan::{MountOption, Plan, Step};
 use crate::plugin::bindings::types as wit;
 use crate::secrets::Secrets;
+use crate::unpriv::unix_http::Listener;
 use crate::volume::VolumeDirs;
 use crate::volume::state::{DynamicMount, MountPhase, VolumeState};
 
@@ -140,7 +141,7 @@ struct Served {
     /// so a check that started before never touches the target again.
     watch: Mutex<Watch>,
     /// A fresh listener for the server task (its socket was replaced).
-    relisten: tokio::sync::mpsc::UnboundedSender<tokio::net::UnixListener>,
+    relisten: tokio::sync::mpsc::UnboundedSender<Listener>,
     task: tokio::task::AbortHandle,
 }
 
@@ -262,13 +263,13 @@ impl Node {
     }
 
     /// Bind the socket in `dir` (replacing whatever has its name).
-    fn listen_dynamic(&self, dir: &Path) -> Result<(tokio::net::UnixListener, FileId), Error> {
+    fn listen_dynamic(&self, dir: &Path) -> Result<(Listener, FileId), Error> {
         let (std, id) = self
             .inner
             .exec
             .listen_in(dir, SOCKET_NAME, 0o666)
             .map_err(|e| super::pipeline::io_error(e, &dir.join(SOCKET_NAME)))?;
-        let listener = tokio::net::UnixListener::from_std(std)
+        let listener = crate::unpriv::unix_http::from_std(std)
             .map_err(|e| Error::internal(format!("serving {}: {e}", dir.join(SOCKET_NAME).display())))?;
         Ok((listener, id))
     }

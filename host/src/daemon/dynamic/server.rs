@@ -7,21 +7,19 @@
 //! at most [`api::MAX_BODY`] bytes read within [`BODY_TIMEOUT`], a connection open at most
 //! [`CONNECTION_TIMEOUT`]. Every request is logged with the peer's pid, uid and gid.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 use tokio::sync::mpsc::UnboundedReceiver;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::api::{self, ApiError, CreateMount, MountList};
 use super::{ApiErr, Node};
+use crate::unpriv::unix_http::{self, Bounds, Listener, Peer};
 
 /// Connections served at once per volume.
 pub const MAX_CONNECTIONS: usize = 16;
@@ -41,56 +39,33 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(300);
 pub async fn run(
     node: Node,
     volume: String,
-    mut listener: UnixListener,
-    mut relisten: UnboundedReceiver<UnixListener>,
+    listener: Listener,
+    relisten: UnboundedReceiver<Listener>,
     node_slots: Arc<Semaphore>,
 ) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let (Ok(slot), Ok(node_slot)) = (slots.clone().try_acquire_owned(), node_slots.clone().try_acquire_owned()) else {
-                        warn!(volume.id = %volume, "dynamic socket: too many connections; closing one");
-                        continue;
-                    };
-                    let peer = stream.peer_cred().ok().map(|c| (c.pid().unwrap_or(0), c.uid(), c.gid()));
-                    let (node, volume) = (node.clone(), volume.clone());
-                    connections.spawn(async move {
-                        let service = hyper::service::service_fn(move |req| {
-                            let (node, volume) = (node.clone(), volume.clone());
-                            async move { Ok::<_, Infallible>(handle(&node, &volume, peer, req).await) }
-                        });
-                        let mut http = hyper::server::conn::http1::Builder::new();
-                        http.timer(TokioTimer::new())
-                            .half_close(true)
-                            .header_read_timeout(HEAD_TIMEOUT)
-                            .max_buf_size(16 << 10)
-                            .max_headers(MAX_HEADERS);
-                        let conn = http.serve_connection(TokioIo::new(stream), service);
-                        let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
-                        drop((slot, node_slot));
-                    });
-                }
-                Err(e) => {
-                    warn!(volume.id = %volume, error = %e, "dynamic socket: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            },
-            Some(fresh) = relisten.recv() => listener = fresh,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
+    let bounds = Bounds {
+        connections: MAX_CONNECTIONS,
+        shared: node_slots,
+        headers: MAX_HEADERS,
+        head_bytes: 16 << 10,
+        head_timeout: HEAD_TIMEOUT,
+        lifetime: CONNECTION_TIMEOUT,
+    };
+    let name = format!("dynamic socket of volume {volume}");
+    let handler = move |peer: Option<Peer>, req: Request<Incoming>| {
+        let (node, volume) = (node.clone(), volume.clone());
+        async move { handle(&node, &volume, peer, req).await }
+    };
+    unix_http::serve(name, listener, relisten, bounds, handler).await
 }
 
 type Answer = Response<Full<Bytes>>;
 
 /// One request: routed, answered, logged with its peer.
-async fn handle(node: &Node, volume: &str, peer: Option<(i32, u32, u32)>, req: Request<Incoming>) -> Answer {
+async fn handle(node: &Node, volume: &str, peer: Option<Peer>, req: Request<Incoming>) -> Answer {
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let answer = route(node, volume, req).await;
-    let (pid, uid, gid) = peer.unwrap_or((0, u32::MAX, u32::MAX));
+    let Peer { pid, uid, gid } = peer.unwrap_or(Peer { pid: 0, uid: u32::MAX, gid: u32::MAX });
     let shown: String = path.chars().take(200).flat_map(char::escape_debug).collect();
     info!(volume.id = %volume, peer.pid = pid, peer.uid = uid, peer.gid = gid, %method, path = %shown,
         status = answer.status().as_u16(), "dynamic socket request");

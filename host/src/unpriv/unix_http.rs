@@ -1,0 +1,104 @@
+//! An HTTP/1.1 server on a unix socket, bounded for clients that are not trusted (a pod on its
+//! dynamic volume's socket, `daemon::dynamic`): connections per server and per process, head
+//! and body sizes and times, a connection's lifetime. Each request reaches the handler with the
+//! peer's credentials (SO_PEERCRED). The connections end with the server (its task aborted).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::UnixListener;
+use tokio::sync::Semaphore;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tracing::warn;
+
+/// A listening unix socket.
+pub type Listener = UnixListener;
+
+/// Who is on the other end of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The bounds of one server.
+#[derive(Debug, Clone)]
+pub struct Bounds {
+    /// Connections at once on this server.
+    pub connections: usize,
+    /// Connections at once on every server sharing this semaphore.
+    pub shared: Arc<Semaphore>,
+    /// Headers in one request.
+    pub headers: usize,
+    /// Bytes of a request head.
+    pub head_bytes: usize,
+    /// Time to read a request head.
+    pub head_timeout: Duration,
+    /// Longest a connection stays open.
+    pub lifetime: Duration,
+}
+
+/// A `std` listener (non-blocking) as one this server takes.
+pub fn from_std(l: std::os::unix::net::UnixListener) -> std::io::Result<Listener> {
+    UnixListener::from_std(l)
+}
+
+/// Serve `listener` with `handler` until aborted, taking a fresh listener from `relisten`
+/// (the socket was bound again). `name` goes into log lines.
+pub async fn serve<H, F>(
+    name: String,
+    mut listener: Listener,
+    mut relisten: UnboundedReceiver<Listener>,
+    bounds: Bounds,
+    handler: H,
+) where
+    H: Fn(Option<Peer>, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(bounds.connections));
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let (Ok(slot), Ok(shared)) =
+                        (slots.clone().try_acquire_owned(), bounds.shared.clone().try_acquire_owned())
+                    else {
+                        warn!(server = %name, "too many connections; closing one");
+                        continue;
+                    };
+                    let peer = stream.peer_cred().ok().map(|c| Peer { pid: c.pid().unwrap_or(0), uid: c.uid(), gid: c.gid() });
+                    let (handler, bounds) = (handler.clone(), bounds.clone());
+                    connections.spawn(async move {
+                        let service = hyper::service::service_fn(move |req| {
+                            let handler = handler.clone();
+                            async move { Ok::<_, Infallible>(handler(peer, req).await) }
+                        });
+                        let mut http = hyper::server::conn::http1::Builder::new();
+                        http.timer(TokioTimer::new())
+                            .half_close(true)
+                            .header_read_timeout(bounds.head_timeout)
+                            .max_buf_size(bounds.head_bytes)
+                            .max_headers(bounds.headers);
+                        let conn = http.serve_connection(TokioIo::new(stream), service);
+                        let _ = tokio::time::timeout(bounds.lifetime, conn).await;
+                        drop((slot, shared));
+                    });
+                }
+                Err(e) => {
+                    warn!(server = %name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(fresh) = relisten.recv() => listener = fresh,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
