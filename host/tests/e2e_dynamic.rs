@@ -319,6 +319,16 @@ fn a_pod_mounts_models_into_its_own_volume_and_nothing_else() {
         assert_eq!(snapshot(&a.join("mounts")), before);
         assert!(container.files().iter().any(|f| f.ends_with("mounts/extra/model.safetensors")));
         println!("checked: after kill -9 and restart the socket answers and the mount is intact");
+        drop(container);
+
+        // The tmpfs detached behind the daemon's back while it was down: the next start
+        // publishes the volume again from its record and mounts the pod's mount again.
+        node.restart_host_with(|| nix::mount::umount2(&a, nix::mount::MntFlags::MNT_DETACH).unwrap());
+        assert!(answers_within(&a, Duration::from_secs(10)), "A's socket answers again");
+        assert_eq!(regular_files(&snapshot(&a.join("volume"))), files_of(&base));
+        assert_eq!(snapshot(&a.join("mounts")), before, "the mount is back");
+        assert!(std::fs::symlink_metadata(a.join("csi.sock")).is_ok());
+        println!("checked: a dynamic volume whose tmpfs vanished is published again at start, its mount too");
 
         // The client a pod runs, on the socket at its kubelet-length path.
         let cli = |args: &[&str]| {
@@ -350,7 +360,6 @@ fn a_pod_mounts_models_into_its_own_volume_and_nothing_else() {
 
         // Unpublish A with a mount in it: everything of A is gone, B is untouched.
         mount(&a, "extra", &extra.reference);
-        drop(container);
         csi.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
             volume_id: PV_A.into(),
             target_path: a.display().to_string(),

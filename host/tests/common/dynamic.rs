@@ -146,9 +146,15 @@ impl DynNode {
     }
 
     pub fn restart_host(&self) {
+        self.restart_host_with(|| {});
+    }
+
+    /// Kill the host daemon (-9), run `meanwhile`, start it again.
+    pub fn restart_host_with(&self, meanwhile: impl FnOnce()) {
         if let Some(mut h) = self.host.lock().unwrap().take() {
             h.kill9();
         }
+        meanwhile();
         *self.host.lock().unwrap() = Some(self.dirs.start_host(&self.args));
     }
 

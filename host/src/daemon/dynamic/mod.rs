@@ -391,12 +391,26 @@ impl Node {
     pub fn restore_dynamic(&self) -> usize {
         let mut served = 0;
         let Ok(listed) = self.inner.store.list() else { return 0 };
+        // Read once: a publication whose tmpfs is still there only needs its socket served.
+        let table = self.mounts().unwrap_or_default();
         for st in listed.into_iter().filter_map(|(_, st)| st.ok()) {
             let Some((target, _)) = publication(&st) else { continue };
             let Ok(_guard) = self.inner.locks.try_lock(&st.volume_id) else { continue };
             let socket = target.join(SOCKET_NAME);
-            match self.serve_socket(&st.volume_id, &socket) {
+            let tmpfs = table.iter().any(|m| m.mount_point == *target && m.source == TMPFS_SOURCE);
+            let result = if tmpfs {
+                self.serve_socket(&st.volume_id, &socket)
+            } else {
+                // Gone (unmounted by someone else): the publication's recorded steps again,
+                // the socket step among them; never a socket in kubelet's own directory.
+                warn!(volume.id = %st.volume_id, target = %target.display(), "the dynamic volume's tmpfs is gone: publishing it again");
+                self.republish(&st, target)
+            };
+            match result {
                 Ok(()) => served += 1,
+                Err(e) if !tmpfs => {
+                    warn!(volume.id = %st.volume_id, error = %e.message, "publishing a dynamic volume again failed");
+                }
                 Err(e) => {
                     warn!(volume.id = %st.volume_id, error = %e.message, "serving a dynamic volume's socket again; retrying");
                     self.inner
@@ -421,6 +435,27 @@ impl Node {
             }
         }
         served
+    }
+
+    /// A dynamic publication's recorded steps applied again at `target` (restore at start).
+    fn republish(&self, st: &VolumeState, target: &Path) -> Result<(), Error> {
+        let steps = st.published.get(target).map(|p| p.steps.clone()).unwrap_or_default();
+        let below = target.parent().unwrap_or(target).to_path_buf();
+        let job = Job {
+            id: st.volume_id.clone(),
+            desired: Desired::Publish {
+                staging: st.staging_path.clone(),
+                target: Root { path: target.to_path_buf(), below },
+                steps,
+            },
+            process: None,
+            secrets: Secrets::default(),
+            first: None,
+            keep_secrets: None,
+            then: Box::new(|_| Persist::Keep),
+            undo: Undo::Nothing,
+        };
+        self.run_job(job).map(|_| ())
     }
 
     /// Wait for the volume's lock (another call on it is running) up to [`LOCK_WAIT`] (an API
