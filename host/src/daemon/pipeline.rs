@@ -42,6 +42,23 @@ pub(super) struct Job {
     pub undo: Undo,
 }
 
+impl Job {
+    /// A job with no process, no secrets, nothing recorded before its actions and nothing
+    /// to undo (unpublish, a dynamic mount, a publication applied again).
+    pub fn plain(id: &str, desired: Desired, then: impl FnOnce(&Applied) -> Persist + Send + 'static) -> Job {
+        Job {
+            id: id.to_string(),
+            desired,
+            process: None,
+            secrets: Secrets::default(),
+            first: None,
+            keep_secrets: None,
+            then: Box::new(then),
+            undo: Undo::Nothing,
+        }
+    }
+}
+
 /// What the actions produced.
 #[derive(Debug, Default, Clone)]
 pub(super) struct Applied {

@@ -26,7 +26,6 @@ use crate::plan::planned_readonly;
 use crate::plan::policy::Operation;
 use crate::plugin::bindings::types as wit;
 use crate::proto::csi;
-use crate::secrets::Secrets;
 use crate::volume::request;
 use crate::volume::state::{Phase, Publication, VolumeState};
 
@@ -228,27 +227,18 @@ impl Node {
             s.published.remove(&target);
             s
         });
-        let job = Job {
-            id: id.clone(),
-            desired: Desired::Unpublish { target: target.clone() },
-            process: None,
-            secrets: Secrets::default(),
-            first: None,
-            keep_secrets: None,
-            then: Box::new(move |_| match state {
-                Some(mut st) => match st.published.remove(&target) {
-                    Some(p) => {
-                        if p.dynamic.is_some() {
-                            st.dynamic.clear();
-                        }
-                        Persist::Save(Box::new(st))
+        let job = Job::plain(&id, Desired::Unpublish { target: target.clone() }, move |_| match state {
+            Some(mut st) => match st.published.remove(&target) {
+                Some(p) => {
+                    if p.dynamic.is_some() {
+                        st.dynamic.clear();
                     }
-                    None => Persist::Keep,
-                },
+                    Persist::Save(Box::new(st))
+                }
                 None => Persist::Keep,
-            }),
-            undo: Undo::Nothing,
-        };
+            },
+            None => Persist::Keep,
+        });
         self.blocking(move |n| n.run_job(job)).await?;
         if dynamic {
             let dir = self.dynamic_cache(&id);

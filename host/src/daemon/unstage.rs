@@ -44,21 +44,16 @@ impl Node {
         // A volume still waiting for its blobs waits no more (a download others share goes on).
         self.inner.artifacts.forget(id);
         let Some(st) = self.inner.store.load(id)? else {
-            let job = Job {
-                id: id.to_string(),
-                desired: Desired::Teardown {
+            let job = Job::plain(
+                &id,
+                Desired::Teardown {
                     staging: staging.to_path_buf(),
                     host_dirs: Vec::new(),
                     steps: Vec::new(),
                     process: None,
                 },
-                process: None,
-                secrets: Secrets::default(),
-                first: None,
-                keep_secrets: None,
-                then: Box::new(|_| Persist::Keep),
-                undo: Undo::Nothing,
-            };
+                |_| Persist::Keep,
+            );
             self.blocking(move |n| n.run_job(job)).await?;
             return Ok(());
         };

@@ -37,7 +37,7 @@ use tracing::{info, warn};
 
 use super::Node;
 use super::diff::{Desired, Root};
-use super::pipeline::{Job, Persist, Undo};
+use super::pipeline::{Job, Persist};
 use crate::error::{Error, ErrorKind};
 use crate::exec::oci::{Ensure, Prepared};
 use crate::exec::{FileId, FileKind};
@@ -441,20 +441,15 @@ impl Node {
     fn republish(&self, st: &VolumeState, target: &Path) -> Result<(), Error> {
         let steps = st.published.get(target).map(|p| p.steps.clone()).unwrap_or_default();
         let below = target.parent().unwrap_or(target).to_path_buf();
-        let job = Job {
-            id: st.volume_id.clone(),
-            desired: Desired::Publish {
+        let job = Job::plain(
+            &st.volume_id,
+            Desired::Publish {
                 staging: st.staging_path.clone(),
                 target: Root { path: target.to_path_buf(), below },
                 steps,
             },
-            process: None,
-            secrets: Secrets::default(),
-            first: None,
-            keep_secrets: None,
-            then: Box::new(|_| Persist::Keep),
-            undo: Undo::Nothing,
-        };
+            |_| Persist::Keep,
+        );
         self.run_job(job).map(|_| ())
     }
 
@@ -840,20 +835,15 @@ impl Node {
             m.steps = steps.clone();
         }
         let unchanged = next == *st;
-        let job = Job {
-            id: st.volume_id.clone(),
-            desired: Desired::Dynamic {
+        let job = Job::plain(
+            &st.volume_id,
+            Desired::Dynamic {
                 target: Root { path: mounts.join(id), below: mounts },
                 cache: Root { path: cache.join(id), below: cache },
                 steps,
             },
-            process: None,
-            secrets: Secrets::default(),
-            first: None,
-            keep_secrets: None,
-            then: Box::new(move |_| if unchanged { Persist::Keep } else { Persist::Save(Box::new(next)) }),
-            undo: Undo::Nothing,
-        };
+            move |_| if unchanged { Persist::Keep } else { Persist::Save(Box::new(next)) },
+        );
         self.run_job(job)?;
         info!(volume.id = %st.volume_id, mount = %id, "dynamic mount ready");
         Ok(())
