@@ -385,3 +385,56 @@ fn a_cached_private_blob_is_handed_only_to_sources_the_registry_lets_read_it() {
     assert_eq!(reg.served_bytes(), served, "no blob byte was fetched to prove it");
     assert_eq!(again.ensure("vol-owner-2", &owner, &blobs), Ensure::Ready);
 }
+
+#[test]
+fn a_download_stopped_by_a_passing_failure_is_not_started_again_at_once() {
+    // A "registry" that accepts connections and closes them at once: every attempt fails with
+    // an error that may pass by itself. Counted, so the test sees each new attempt.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let host = format!("127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let accepts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = accepts.clone();
+    std::thread::spawn(move || {
+        for c in listener.incoming().flatten() {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(c);
+        }
+    });
+    let count = || accepts.load(std::sync::atomic::Ordering::SeqCst);
+    let c = cache(RegistryConfig { insecure: [host.clone()].into(), ..Default::default() });
+    let src = Source {
+        registry: host.clone(),
+        repository: "m".into(),
+        reference: "v1".into(),
+        mirror: None,
+        credentials: Credentials::Anonymous,
+        insecure: true,
+    };
+    let blob = BlobRef { digest: format!("sha256:{}", "a".repeat(64)), size: 10, media_type: "x/y".into() };
+    let rt = runtime();
+    rt.block_on(async {
+        let _ = c.a.ensure("v", &src, std::slice::from_ref(&blob));
+        let until = Instant::now() + Duration::from_secs(10);
+        while c.a.last_errors().is_empty() {
+            assert!(Instant::now() < until, "the first attempt never failed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let after_first = count();
+        assert!(after_first >= 1);
+        // Asked every 10 ms for 300 ms: no new attempt within the first wait (0.5 s).
+        for _ in 0..30 {
+            assert!(matches!(c.a.ensure("v", &src, std::slice::from_ref(&blob)), Ensure::Pulling(_)));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(count(), after_first, "no attempt during the wait");
+        // After the wait, the next ask starts one.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let until = Instant::now() + Duration::from_secs(5);
+        while count() == after_first {
+            let _ = c.a.ensure("v", &src, std::slice::from_ref(&blob));
+            assert!(Instant::now() < until, "no attempt after the wait");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        println!("checked: {after_first} connection(s) in the first attempt, none during the wait, then a new attempt");
+    });
+}

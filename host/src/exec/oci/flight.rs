@@ -31,8 +31,23 @@ pub(super) struct Inner {
     pub volumes: BTreeMap<String, Vec<BlobRef>>,
     /// The last transient failure of a digest's download and the bytes it left on disk
     /// (cleared when a download of it succeeds or fails for good).
-    transient: HashMap<String, (String, u64)>,
+    transient: HashMap<String, Stopped>,
 }
+
+/// A download stopped by a transient failure: no new one starts before `retry_at`, so a
+/// caller that asks every few milliseconds (a dynamic mount, a warm-up) does not hammer a
+/// registry that answers 429 or 5xx.
+struct Stopped {
+    error: String,
+    kept: u64,
+    failures: u32,
+    retry_at: std::time::Instant,
+}
+
+/// The wait after the first transient failure of a download; doubled with each further one.
+const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
+/// The longest wait between two attempts.
+const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub(super) struct Flight {
     live: Arc<Live>,
@@ -106,14 +121,18 @@ impl Core {
                 // Present a moment ago, gone now (evicted): the next call starts it.
                 None => continue,
             };
+            // Stopped by a transient failure a moment ago: not again before its time.
+            if inner.transient.get(hex).is_some_and(|t| t.retry_at > std::time::Instant::now()) {
+                continue;
+            }
             let Some(handle) = tokio::runtime::Handle::try_current().ok().or_else(|| self.handle.clone()) else {
                 failed.get_or_insert(OciError::Config("downloads need a tokio runtime; none is running".into()));
                 continue;
             };
             let live = Arc::new(Live::default());
             // What the last attempt left on disk, until this one has looked.
-            if let Some((_, kept)) = inner.transient.get(hex) {
-                live.covered.store(*kept, Ordering::Relaxed);
+            if let Some(t) = inner.transient.get(hex) {
+                live.covered.store(t.kept, Ordering::Relaxed);
             }
             let blob = Blob { digest: b.digest.clone(), hex: hex.clone(), size: b.size };
             inner.flights.insert(
@@ -158,7 +177,7 @@ impl Core {
             } else {
                 match inner.flights.get(hex) {
                     Some(f) => f.live.covered.load(Ordering::Relaxed).min(b.size),
-                    None => inner.transient.get(hex).map(|(_, kept)| (*kept).min(b.size)).unwrap_or(0),
+                    None => inner.transient.get(hex).map(|t| t.kept.min(b.size)).unwrap_or(0),
                 }
             };
             p.done_bytes += done;
@@ -169,7 +188,7 @@ impl Core {
     }
 
     pub fn last_errors(&self) -> BTreeMap<String, String> {
-        self.inner().transient.iter().map(|(hex, (e, _))| (format!("sha256:{hex}"), e.clone())).collect()
+        self.inner().transient.iter().map(|(hex, t)| (format!("sha256:{hex}"), t.error.clone())).collect()
     }
 
     /// `volume` stops waiting; the downloads it waited for go on.
@@ -241,7 +260,10 @@ impl Core {
                 tracing::warn!(registry = %ep.ctx.registry, digest = %blob.digest, error = %e, "blob download stopped; the next request resumes it");
                 inner.flights.remove(&blob.hex);
                 let kept = live.covered.load(Ordering::Relaxed);
-                inner.transient.insert(blob.hex.clone(), (e.to_string(), kept));
+                let failures = inner.transient.get(&blob.hex).map_or(0, |t| t.failures) + 1;
+                let wait = RETRY_FIRST.saturating_mul(1 << (failures - 1).min(16)).min(RETRY_MAX);
+                let retry_at = std::time::Instant::now() + wait;
+                inner.transient.insert(blob.hex.clone(), Stopped { error: e.to_string(), kept, failures, retry_at });
             }
             Err(e) => {
                 tracing::error!(registry = %ep.ctx.registry, digest = %blob.digest, error = %e, "blob download failed");
