@@ -83,7 +83,11 @@ impl Node {
         // credentials may read it from its registry (asked once per source and blob).
         self.inner.artifacts.authorize(&source, &blobs).await.map_err(|e| oci_error(e, &reference))?;
         match self.inner.artifacts.ensure(&ask.id, &source, &blobs) {
-            Ensure::Ready => self.trees_ready(&ask.id, plan, &reference),
+            // A blob another source brought between the check above and now is proven too.
+            Ensure::Ready => {
+                self.inner.artifacts.authorize(&source, &blobs).await.map_err(|e| oci_error(e, &reference))?;
+                self.trees_ready(&ask.id, plan, &reference)
+            }
             Ensure::Pulling(p) => Err(Error::unavailable(format!(
                 "pulling {reference}: {}; the download goes on in the host daemon, retry later",
                 describe(&p)

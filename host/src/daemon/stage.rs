@@ -197,6 +197,7 @@ impl Node {
             process: state.process,
         };
         let keep_record = healing || !state.published.is_empty();
+        let node = self.clone();
         let done = state.clone();
         Job {
             id: state.volume_id.clone(),
@@ -211,7 +212,11 @@ impl Node {
                 // The old process was stopped; the plan's own is the one that runs now (if any).
                 st.process = applied.spawned;
                 for gone in &applied.gone_targets {
-                    st.published.remove(gone);
+                    // A dynamic volume's pod went away: its server and mounts go with it.
+                    if st.published.remove(gone).is_some_and(|p| p.dynamic.is_some()) {
+                        st.dynamic.clear();
+                        node.stop_dynamic(&st.volume_id);
+                    }
                 }
                 Persist::Save(Box::new(st))
             }),

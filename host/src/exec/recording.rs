@@ -594,7 +594,13 @@ impl Executor for Recording {
     }
 
     fn file_id(&self, path: &Path) -> io::Result<Option<super::FileId>> {
-        Ok(Files::exists(self, path)?.then_some(super::FileId { dev: 0, ino: 0, kind: super::FileKind::Other }))
+        let kind = match self.sim().fs.get(path) {
+            None => return Ok(None),
+            Some(Inode::Dir { .. }) => super::FileKind::Directory,
+            Some(Inode::Link { .. }) => super::FileKind::Link,
+            Some(Inode::File { .. }) => super::FileKind::Other,
+        };
+        Ok(Some(super::FileId { dev: 0, ino: 0, kind }))
     }
 
     fn share(&self, target: &Path) -> Result<(), MountError> {

@@ -58,7 +58,7 @@ impl Operation {
         use wit::Step as S;
         match self {
             Operation::Provision | Operation::Delete => matches!(step, S::Http(_)),
-            Operation::Stage => !matches!(step, S::Http(_)),
+            Operation::Stage => !matches!(step, S::Http(_) | S::Socket(_)),
             // A dynamic volume's socket is the host's own step (`daemon::dynamic`), never a plan's.
             Operation::Publish => matches!(step, S::Mkdir(_) | S::Mount(_) | S::Bind(_)),
             Operation::Unstage => matches!(step, S::Remove(_)),

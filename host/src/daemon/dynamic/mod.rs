@@ -409,7 +409,9 @@ impl Node {
             match result {
                 Ok(()) => served += 1,
                 Err(e) if !tmpfs => {
-                    warn!(volume.id = %st.volume_id, error = %e.message, "publishing a dynamic volume again failed");
+                    // No tmpfs: nothing of the pod's may be mounted into kubelet's own directory.
+                    warn!(volume.id = %st.volume_id, error = %e.message, "publishing a dynamic volume again failed; its mounts stay down");
+                    continue;
                 }
                 Err(e) => {
                     warn!(volume.id = %st.volume_id, error = %e.message, "serving a dynamic volume's socket again; retrying");
@@ -794,7 +796,12 @@ impl Node {
         let key = waiter(volume, id);
         loop {
             match self.inner.artifacts.ensure(&key, source, &blobs) {
-                Ensure::Ready => break,
+                // Another source may have brought a blob meanwhile: this one must prove its own
+                // access to it too (memoized, so a blob it fetched itself costs nothing).
+                Ensure::Ready => {
+                    self.inner.artifacts.authorize(source, &blobs).await.map_err(oci)?;
+                    break;
+                }
                 Ensure::Pulling(_) => tokio::time::sleep(PULL_TICK).await,
                 Ensure::Failed(e) => return Err(oci(e)),
             }
@@ -879,6 +886,8 @@ fn moved_mounts(
     let mut out: Vec<PathBuf> = table
         .iter()
         .filter(|m| m.mount_point.starts_with(target) && !m.mount_point.starts_with(dir))
+        // The volume's own files are never a mount's.
+        .filter(|m| !m.mount_point.starts_with(target.join(VOLUME_DIR)))
         .filter(|m| sources.iter().any(|(dev, root)| m.device == *dev && m.root == *root))
         .map(|m| m.mount_point.clone())
         .collect();
@@ -960,7 +969,7 @@ mod tests {
             options: vec![],
         }];
         let found = moved_mounts(&table, Path::new(t), &Path::new(t).join("mounts/m1"), &steps);
-        assert_eq!(found, vec![PathBuf::from(format!("{t}/volume")), PathBuf::from(format!("{t}/old/m1"))]);
+        assert_eq!(found, vec![PathBuf::from(format!("{t}/old/m1"))]);
         assert!(moved_mounts(&table, Path::new(t), &Path::new(t).join("mounts/m1"), &[]).is_empty());
     }
 

@@ -213,6 +213,8 @@ fn operations_limit_steps_and_roots() {
     // Only the host serves a dynamic volume's socket.
     let err = f.check(Operation::Publish, vec![w::Step::Socket(p(DirRoot::Target, "csi.sock"))]).unwrap_err();
     assert!(err.reason.contains("not allowed in a Publish plan"), "{err}");
+    let err = f.check(Operation::Stage, vec![w::Step::Socket(p(DirRoot::Staging, "csi.sock"))]).unwrap_err();
+    assert!(err.reason.contains("not allowed in a Stage plan"), "{err}");
     let mut f = Fixture::new();
     f.dirs.target = None;
     let bind = w::Step::Bind(w::Bind {
