@@ -45,7 +45,7 @@ impl Node {
         self.inner.artifacts.forget(id);
         let Some(st) = self.inner.store.load(id)? else {
             let job = Job::plain(
-                &id,
+                id,
                 Desired::Teardown {
                     staging: staging.to_path_buf(),
                     host_dirs: Vec::new(),

@@ -241,7 +241,6 @@ impl Executor for Linux {
     }
 
     fn listen_in(&self, dir: &Path, name: &str, mode: u32) -> io::Result<(std::os::unix::net::UnixListener, FileId)> {
-        use std::os::fd::AsRawFd;
         let dir_fd = self.anchors.open(dir, OFlags::PATH | OFlags::DIRECTORY)?;
         let path = dir.join(name);
         match file_id_at(&dir_fd, name)? {
@@ -257,7 +256,7 @@ impl Executor for Linux {
             Some(_) => rustix::fs::unlinkat(&dir_fd, name, rustix::fs::AtFlags::empty())?,
             None => {}
         }
-        let listener = std::os::unix::net::UnixListener::bind(format!("/proc/self/fd/{}/{name}", dir_fd.as_raw_fd()))?;
+        let listener = std::os::unix::net::UnixListener::bind(format!("{}/{name}", mount::fd_path(&dir_fd)))?;
         // The mode is set through a descriptor of what the name holds now, opened without
         // following it: a pod that swapped in a link meanwhile gets no chmod of its target.
         let sock = rustix::fs::openat(&dir_fd, name, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
@@ -265,7 +264,7 @@ impl Executor for Linux {
         if id.kind != FileKind::Socket {
             return Err(io::Error::other(format!("{} was replaced while it was being bound", path.display())));
         }
-        rustix::fs::chmod(format!("/proc/self/fd/{}", sock.as_raw_fd()).as_str(), Mode::from_raw_mode(mode))?;
+        rustix::fs::chmod(mount::fd_path(&sock).as_str(), Mode::from_raw_mode(mode))?;
         listener.set_nonblocking(true)?;
         Ok((listener, id))
     }

@@ -118,7 +118,7 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-fn fd_path(fd: &OwnedFd) -> String {
+pub(super) fn fd_path(fd: &OwnedFd) -> String {
     format!("/proc/self/fd/{}", fd.as_raw_fd())
 }
 

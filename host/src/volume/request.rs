@@ -56,9 +56,9 @@ pub fn dynamic_plugins(attrs: &HashMap<String, String>, own: &str) -> Result<Opt
     }
     let mut plugins = Vec::new();
     for name in listed.map(|l| l.split(',').map(str::trim).collect()).unwrap_or_else(|| vec![own]) {
-        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+        if !crate::plugin::info::valid_name(name) {
             return Err(Error::invalid(format!(
-                "volume attribute {DYNAMIC_PLUGINS_KEY}: {} is not a plugin name (lowercase letters, digits, dashes; comma-separated)",
+                "volume attribute {DYNAMIC_PLUGINS_KEY}: {} is not a plugin name (1 to 63 lowercase letters, digits and dashes, starting with a letter; comma-separated)",
                 shown(name)
             )));
         }
