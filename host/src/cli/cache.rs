@@ -4,17 +4,13 @@
 //! evicts what no staged volume uses.
 
 use std::collections::HashMap;
-use std::io::IsTerminal;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use clap::Subcommand;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use super::client::ClientError;
 use super::plugin::{parse_kv, read_secrets};
-use crate::daemon::pull::human_bytes;
 use crate::proto::host::host_client::HostClient;
 use crate::proto::host::{CacheListRequest, CachePruneRequest, CachePullRequest};
 
@@ -62,13 +58,13 @@ pub async fn run(host_socket: &Path, cmd: CacheCommand) -> Result<String, Client
                 secrets,
             };
             let mut stream = host.cache_pull(req).await?.into_inner();
-            let mut shown = Shown::new();
+            let mut shown = super::progress::Shown::new(None);
             let mut last = None;
             while let Some(update) = stream.message().await? {
                 shown.update(update.done_bytes, update.total_bytes);
                 last = Some(update);
             }
-            shown.finish();
+            shown.finish(true);
             let last = last.ok_or_else(|| ClientError {
                 code: tonic::Code::Internal,
                 message: "the host daemon ended the pull without a word".into(),
@@ -95,48 +91,4 @@ pub async fn run(host_socket: &Path, cmd: CacheCommand) -> Result<String, Client
         }
     };
     Ok(serde_json::to_string_pretty(&out).expect("JSON values serialize"))
-}
-
-/// How progress is shown: a bar on a terminal, a line per second on a pipe (stderr, so the
-/// JSON result on stdout stays clean).
-enum Shown {
-    Bar(ProgressBar),
-    Lines { last: Option<Instant> },
-}
-
-impl Shown {
-    fn new() -> Self {
-        if std::io::stderr().is_terminal() {
-            let bar = ProgressBar::new(0);
-            bar.set_style(
-                ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-                    .expect("the template is valid"),
-            );
-            Shown::Bar(bar)
-        } else {
-            Shown::Lines { last: None }
-        }
-    }
-
-    fn update(&mut self, done: u64, total: u64) {
-        match self {
-            Shown::Bar(bar) => {
-                bar.set_length(total);
-                bar.set_position(done);
-            }
-            Shown::Lines { last } => {
-                if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) || done == total {
-                    let pct = (done * 100).checked_div(total).unwrap_or(0);
-                    eprintln!("pulled {} of {} ({pct}%)", human_bytes(done), human_bytes(total));
-                    *last = Some(Instant::now());
-                }
-            }
-        }
-    }
-
-    fn finish(&self) {
-        if let Shown::Bar(bar) = self {
-            bar.finish();
-        }
-    }
 }

@@ -21,13 +21,11 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use hyperlocal::UnixConnector;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::plugin::parse_kv;
 use crate::daemon::dynamic::api::{self, ApiError, CreateMount, MOUNTS_PATH, MountList, MountState, MountView};
-use crate::daemon::pull::human_bytes;
 
 /// Largest answer body read, bytes.
 const MAX_ANSWER: usize = 8 << 20;
@@ -372,7 +370,7 @@ impl Api {
         match m.state {
             MountState::Ready => format!("{}: {state} at {}", m.id, self.mount_dir(m).display()),
             MountState::Pulling => match (m.bytes_done, m.bytes_total) {
-                (Some(done), Some(total)) => format!("{}: {state}, {}", m.id, progress(done, total)),
+                (Some(done), Some(total)) => format!("{}: {state}, {}", m.id, super::progress::line(done, total)),
                 _ => format!("{}: {state}", m.id),
             },
             MountState::Failed => {
@@ -396,64 +394,23 @@ fn status_code(status: StatusCode) -> String {
     format!("http_{}", status.as_u16())
 }
 
-fn progress(done: u64, total: u64) -> String {
-    let pct = (done * 100).checked_div(total).unwrap_or(0);
-    format!("pulled {} of {} ({pct}%)", human_bytes(done), human_bytes(total))
-}
-
-/// How pulling is shown on stderr, as `mounthost cache pull` does: a bar on a terminal, a line
-/// a second on a pipe. Nothing while the mount is pending.
-enum Shown {
-    Bar { id: String, bar: Option<ProgressBar> },
-    Lines { id: String, last: Option<Instant> },
-}
+/// How pulling is shown on stderr: nothing while the mount is pending.
+struct Shown(super::progress::Shown);
 
 impl Shown {
     fn new(id: &str) -> Self {
-        let id = id.to_string();
-        if std::io::stderr().is_terminal() { Shown::Bar { id, bar: None } } else { Shown::Lines { id, last: None } }
+        Shown(super::progress::Shown::new(Some(id)))
     }
 
     fn update(&mut self, view: &MountView) {
-        if view.state != MountState::Pulling {
-            return;
-        }
-        let (done, total) = (view.bytes_done.unwrap_or(0), view.bytes_total.unwrap_or(0));
-        match self {
-            Shown::Bar { id, bar } => {
-                let bar = bar.get_or_insert_with(|| {
-                    let bar = ProgressBar::new(total);
-                    bar.set_style(
-                        ProgressStyle::with_template(
-                            "{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-                        )
-                        .expect("the template is valid"),
-                    );
-                    bar.set_message(id.clone());
-                    bar
-                });
-                bar.set_length(total);
-                bar.set_position(done);
-            }
-            Shown::Lines { id, last } => {
-                if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) || (total > 0 && done == total) {
-                    eprintln!("{id}: {}", progress(done, total));
-                    *last = Some(Instant::now());
-                }
-            }
+        if view.state == MountState::Pulling {
+            self.0.update(view.bytes_done.unwrap_or(0), view.bytes_total.unwrap_or(0));
         }
     }
 
     /// The mount is ready (`done`: the bar fills) or will not be.
     fn finish(&self, done: bool) {
-        if let Shown::Bar { bar: Some(bar), .. } = self {
-            if done {
-                bar.set_position(bar.length().unwrap_or(0));
-                bar.finish();
-            } else {
-                bar.abandon();
-            }
-        }
+        self.0.finish(done);
     }
 }
 

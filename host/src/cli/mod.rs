@@ -6,6 +6,7 @@ pub mod client;
 pub mod dynamic;
 pub mod first_volume;
 pub mod plugin;
+pub mod progress;
 pub mod serve;
 
 use std::collections::BTreeMap;
