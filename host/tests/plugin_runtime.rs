@@ -205,6 +205,7 @@ impl Policy {
             digest: p.digest.to_string(),
             grant: &self.grant,
             programs: &self.programs,
+            program_args: &Default::default(),
             endpoint_hosts: Default::default(),
             dirs: &self.dirs,
             secrets: &self.secrets,
@@ -365,9 +366,10 @@ async fn a_contract_0_1_0_plugin_loads_and_plans_through_the_adapter() {
     let kinds: Vec<_> = legacy.info.parameters.iter().map(|p| (p.name.as_str(), p.kind)).collect();
     assert_eq!(kinds, [("sizeMiB", "integer"), ("pathOption", "text"), ("fail", "choice")]);
     let current = e.runtime.resolve("misbehave", None).await.unwrap();
-    assert_eq!(current.contract(), Contract::V020, "SDK plugins speak the current contract");
+    assert_eq!(current.contract(), Contract::CURRENT, "SDK plugins speak the current contract");
 
-    // The plan comes back in 0.2.0 terms: a 0.1.0 path argument has an empty suffix.
+    // The plan comes back in current terms (through both adapters): a 0.1.0 path argument has an
+    // empty suffix.
     let plan =
         e.runtime.call(&legacy, "vol-1", legacy_request(&[("sizeMiB", "8"), ("pathOption", "x")])).await.unwrap();
     let cache = wit::PathRef { root: wit::DirRoot::Cache, rel: String::new() };

@@ -1,18 +1,19 @@
-//! The adapter that keeps plugins built against contract `mounthost:plugin@0.1.0` working on a
-//! host that speaks 0.2.0 (DESIGN: "the host keeps running plugins built against every earlier
-//! version through an adapter").
+//! The adapter between contracts `mounthost:plugin@0.1.0` and 0.2.0, which keeps plugins built
+//! against 0.1.0 working (DESIGN: "the host keeps running plugins built against every earlier
+//! version through an adapter"). The host speaks 0.3.0: a 0.1.0 plugin's calls pass through
+//! [`super::adapter_v020`] (0.3.0 ↔ 0.2.0) and then this one (0.2.0 ↔ 0.1.0), so each adapter
+//! only knows one step and stays as frozen as the versions it joins.
 //!
-//! The host builds every request in 0.2.0 terms; [`Downgrade`] turns it into its 0.1.0 form
-//! before the call, and [`Upgrade`] turns what a 0.1.0 plugin answers (its info, plans,
-//! provision plans and errors) into 0.2.0 terms, so policy, diff and execution never see the
-//! old types. 0.2.0 only *adds* to 0.1.0, so the upward direction is total: a 0.1.0 path
+//! [`Downgrade`] turns a 0.2.0 request into its 0.1.0 form before the call, and [`Upgrade`]
+//! turns what a 0.1.0 plugin answers (its info, plans, provision plans and errors) into 0.2.0
+//! terms, so policy, diff and execution never see the old types. 0.2.0 only *adds* to 0.1.0, so the upward direction is total: a 0.1.0 path
 //! argument becomes one with an empty suffix. Downward, everything 0.2.0 adds to a request is
 //! `stage-request.resolved`, which the host sets only for a plan that asked to `resolve`, and a
 //! 0.1.0 plan cannot ask that: such a request reaching a 0.1.0 plugin is a host bug, refused
 //! with [`AdapterError`].
 
-use super::bindings::types as new;
 use super::bindings_v010::types as old;
+use super::bindings_v020::types as new;
 
 /// Why a request cannot be given to a 0.1.0 plugin.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,19 +29,19 @@ pub enum AdapterError {
     },
 }
 
-/// A 0.2.0 request that has a 0.1.0 form.
+/// A request that has a form in the contract before its own (0.3.0 → 0.2.0, 0.2.0 → 0.1.0).
 pub trait Downgrade {
-    /// The 0.1.0 request.
+    /// The older request.
     type Old;
-    /// The request in 0.1.0 terms.
+    /// The request in the older contract's terms.
     fn downgrade(&self) -> Result<Self::Old, AdapterError>;
 }
 
-/// A 0.1.0 answer, seen in 0.2.0 terms.
+/// An answer of an older contract, seen in the next one's terms (0.1.0 → 0.2.0 → 0.3.0).
 pub trait Upgrade {
-    /// The 0.2.0 type.
+    /// The newer type.
     type New;
-    /// The answer in 0.2.0 terms.
+    /// The answer in the newer contract's terms.
     fn upgrade(self) -> Self::New;
 }
 

@@ -1,7 +1,7 @@
 //! One typed entry point per planner export: the request type says which export to call and
 //! what it returns, so callers write `runtime.call(&plugin, volume, stage_request)`. Requests
-//! and answers are always in the current contract's terms; a plugin of contract 0.1.0 is
-//! called through [`super::adapter`].
+//! and answers are always in the current contract's terms; a plugin of contract 0.2.0 is
+//! called through [`super::adapter_v020`], one of 0.1.0 through it and [`super::adapter`].
 
 use std::future::Future;
 
@@ -11,6 +11,7 @@ use super::adapter::{Downgrade, Upgrade};
 use super::bindings::planner::Guest;
 use super::bindings::types as wit;
 use super::bindings_v010::planner::Guest as GuestV010;
+use super::bindings_v020::planner::Guest as GuestV020;
 use super::plugin_error::BackendError;
 use super::store::CallState;
 use crate::secrets::Secrets;
@@ -31,8 +32,16 @@ pub trait PlannerCall: Send + Sync {
         planner: &'a Guest,
         store: &'a mut Store<CallState>,
     ) -> impl Future<Output = wasmtime::Result<Result<Self::Output, wit::BackendError>>> + Send + 'a;
-    /// Call the export of a contract 0.1.0 plugin: the request goes down to 0.1.0, the answer
-    /// comes back up. A request 0.1.0 cannot carry is an `internal` error of the call.
+    /// Call the export of a contract 0.2.0 plugin: the request goes down to 0.2.0, the answer
+    /// comes back up.
+    fn invoke_v020<'a>(
+        &'a self,
+        planner: &'a GuestV020,
+        store: &'a mut Store<CallState>,
+    ) -> impl Future<Output = wasmtime::Result<Result<Self::Output, wit::BackendError>>> + Send + 'a;
+    /// Call the export of a contract 0.1.0 plugin: the request goes down to 0.2.0 and on to
+    /// 0.1.0, the answer comes back up the same way. A request 0.1.0 cannot carry is an
+    /// `internal` error of the call.
     fn invoke_v010<'a>(
         &'a self,
         planner: &'a GuestV010,
@@ -54,12 +63,19 @@ impl PlannerCall for InfoCall {
     ) -> wasmtime::Result<Result<wit::PluginInfo, wit::BackendError>> {
         planner.call_info(store).await.map(Ok)
     }
+    async fn invoke_v020<'a>(
+        &'a self,
+        planner: &'a GuestV020,
+        store: &'a mut Store<CallState>,
+    ) -> wasmtime::Result<Result<wit::PluginInfo, wit::BackendError>> {
+        planner.call_info(store).await.map(|info| Ok(info.upgrade()))
+    }
     async fn invoke_v010<'a>(
         &'a self,
         planner: &'a GuestV010,
         store: &'a mut Store<CallState>,
     ) -> wasmtime::Result<Result<wit::PluginInfo, wit::BackendError>> {
-        planner.call_info(store).await.map(|info| Ok(info.upgrade()))
+        planner.call_info(store).await.map(|info| Ok(info.upgrade().upgrade()))
     }
 }
 
@@ -83,9 +99,9 @@ macro_rules! planner_call {
             ) -> wasmtime::Result<Result<$out, wit::BackendError>> {
                 planner.$method(store, self).await
             }
-            async fn invoke_v010<'a>(
+            async fn invoke_v020<'a>(
                 &'a self,
-                planner: &'a GuestV010,
+                planner: &'a GuestV020,
                 store: &'a mut Store<CallState>,
             ) -> wasmtime::Result<Result<$out, wit::BackendError>> {
                 let req = match self.downgrade() {
@@ -94,6 +110,18 @@ macro_rules! planner_call {
                 };
                 let out = planner.$method(store, &req).await?;
                 Ok(out.map(Upgrade::upgrade).map_err(Upgrade::upgrade))
+            }
+            async fn invoke_v010<'a>(
+                &'a self,
+                planner: &'a GuestV010,
+                store: &'a mut Store<CallState>,
+            ) -> wasmtime::Result<Result<$out, wit::BackendError>> {
+                let req = match self.downgrade().and_then(|r| r.downgrade()) {
+                    Ok(req) => req,
+                    Err(e) => return Ok(Err(wit::BackendError::Internal(e.to_string()))),
+                };
+                let out = planner.$method(store, &req).await?;
+                Ok(out.map(|o| o.upgrade().upgrade()).map_err(|e| e.upgrade().upgrade()))
             }
         }
     };

@@ -16,24 +16,28 @@ pub const PLUGIN_PACKAGE: &str = "mounthost:plugin";
 /// A released version of the plugin contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Contract {
-    /// The first release (`wit/v0.1.0/plugin.wit`), loaded through the adapter.
+    /// The first release (`wit/v0.1.0/plugin.wit`), loaded through both adapters.
     V010,
-    /// The current contract (`wit/plugin.wit`): OCI resolve and blob steps, secret files and
-    /// templates, path values and path-argument suffixes.
+    /// The second release (`wit/v0.2.0/plugin.wit`): OCI resolve and blob steps, secret files
+    /// and templates, path values and path-argument suffixes. Loaded through an adapter.
     V020,
+    /// The current contract (`wit/plugin.wit`): FUSE servers the host mounts for and runs
+    /// unprivileged (`fuse-mount.host-fd`, `arg.fuse-fd`).
+    V030,
 }
 
 impl Contract {
     /// The version the host's own types follow.
-    pub const CURRENT: Contract = Contract::V020;
+    pub const CURRENT: Contract = Contract::V030;
     /// Every version the host loads, newest first.
-    pub const ALL: [Contract; 2] = [Contract::V020, Contract::V010];
+    pub const ALL: [Contract; 3] = [Contract::V030, Contract::V020, Contract::V010];
 
     /// The package version, e.g. `0.2.0`.
     pub fn version(self) -> &'static str {
         match self {
             Contract::V010 => "0.1.0",
             Contract::V020 => "0.2.0",
+            Contract::V030 => "0.3.0",
         }
     }
 
@@ -74,9 +78,12 @@ mod tests {
 
     #[test]
     fn versions_and_exports() {
-        assert_eq!(Contract::CURRENT.to_string(), "0.2.0");
+        assert_eq!(Contract::CURRENT.to_string(), "0.3.0");
         assert_eq!(Contract::V010.planner_export(), "mounthost:plugin/planner@0.1.0");
-        assert_eq!(Contract::known_exports(), "mounthost:plugin/planner@0.2.0 or mounthost:plugin/planner@0.1.0");
+        assert_eq!(
+            Contract::known_exports(),
+            "mounthost:plugin/planner@0.3.0 or mounthost:plugin/planner@0.2.0 or mounthost:plugin/planner@0.1.0"
+        );
         assert_eq!(serde_json::to_string(&Contract::V010).unwrap(), "\"0.1.0\"");
     }
 }

@@ -9,8 +9,8 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{Level, mounthost};
-use super::bindings_v010;
 use super::limits::Limiter;
+use super::{bindings_v010, bindings_v020};
 use crate::secrets::Secrets;
 
 /// Log lines one call may write; further lines are dropped (and that is said once).
@@ -58,6 +58,22 @@ impl mounthost::plugin::types::Host for CallState {}
 
 impl mounthost::plugin::host::Host for CallState {
     async fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
+        self.write_log(level, &message);
+        Ok(())
+    }
+}
+
+impl bindings_v020::mounthost::plugin::types::Host for CallState {}
+
+impl bindings_v020::mounthost::plugin::host::Host for CallState {
+    async fn log(&mut self, level: bindings_v020::Level, message: String) -> wasmtime::Result<()> {
+        let level = match level {
+            bindings_v020::Level::Trace => Level::Trace,
+            bindings_v020::Level::Debug => Level::Debug,
+            bindings_v020::Level::Info => Level::Info,
+            bindings_v020::Level::Warn => Level::Warn,
+            bindings_v020::Level::Error => Level::Error,
+        };
         self.write_log(level, &message);
         Ok(())
     }

@@ -19,7 +19,7 @@
 //! `resolve` step is always anonymous (a dynamic mount has no CSI secrets); and the bind goes
 //! onto `target`, which the host maps to the mount's own directory, its `cache` being a
 //! directory of that mount alone. The resolution reaches the second round in `recorded`, under
-//! the SDK's reserved keys ([`resolved_from_recorded`]), because contract 0.2.0's
+//! the SDK's reserved keys ([`resolved_from_recorded`]), because the contract's
 //! `dynamic-mount-request` has no `resolved` field.
 //!
 //! Plans are diffed against what the node already has, so the same request gives a

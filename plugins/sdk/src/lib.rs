@@ -22,7 +22,12 @@
 //! documentation and its unknown-key checks; [`net`] checks `host[:port]` endpoints; [`paths`]
 //! builds the path references, arguments and values plans must use.
 //!
-//! The SDK builds plugins of contract `mounthost:plugin@0.2.0` ([`CONTRACT_VERSION`]). A plugin
+//! A FUSE server that accepts an already mounted `/dev/fd/N` as its mountpoint (libfuse 3.3 or
+//! later) can run unprivileged: its `spawn-fuse` step says `mount: `[`host_fd`]`(..)` and names
+//! the connection with a [`fuse_fd_arg`]; the host opens `/dev/fuse`, mounts it and starts the
+//! program as its configured unprivileged user with that descriptor only.
+//!
+//! The SDK builds plugins of contract `mounthost:plugin@0.3.0` ([`CONTRACT_VERSION`]). A plugin
 //! that needs an OCI artifact's manifest plans a [`Step::Resolve`] first; the host resolves it
 //! and calls `stage` again with [`StageRequest::resolved`] set, and the plan then answers with
 //! the same `Resolve` step followed by [`Step::FetchBlob`] and [`Step::Unpack`] steps.
@@ -35,7 +40,7 @@ pub mod net;
 pub mod params;
 pub mod paths;
 
-/// Bindings generated from `wit/plugin.wit` (contract `mounthost:plugin@0.2.0`). Plugin code
+/// Bindings generated from `wit/plugin.wit` (contract `mounthost:plugin@0.3.0`). Plugin code
 /// normally uses the re-exports at the crate root instead.
 #[doc(hidden)]
 pub mod bindings {
@@ -58,11 +63,11 @@ pub use dynamic::{
 };
 pub use params::Params;
 
-/// The plugin contract these bindings implement (`package mounthost:plugin@0.2.0`).
-pub const CONTRACT_VERSION: &str = "0.2.0";
+/// The plugin contract these bindings implement (`package mounthost:plugin@0.3.0`).
+pub const CONTRACT_VERSION: &str = "0.3.0";
 pub use paths::{
-    arg, cache, literal, path_arg, path_arg_with_suffix, path_value, runtime, secret, secret_file_arg,
-    secret_file_value, secret_template, staging, target,
+    arg, cache, fuse_fd_arg, host_fd, literal, path_arg, path_arg_with_suffix, path_value, runtime, secret,
+    secret_file_arg, secret_file_value, secret_template, staging, target,
 };
 
 /// What a plugin implements. Only [`Plugin::info`] and [`Plugin::stage`] are required.

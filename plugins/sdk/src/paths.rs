@@ -2,7 +2,7 @@
 //! values: they name one of the volume's directories and a relative path inside it, or a
 //! secret by its key, and the host resolves, checks and fills them in at execution time.
 
-use crate::{Arg, DirRoot, PathArg, PathRef, SecretFileArg, SecretTemplate, Value};
+use crate::{Arg, DirRoot, FuseFdArg, FuseMount, HostFdMount, PathArg, PathRef, SecretFileArg, SecretTemplate, Value};
 
 fn at(root: DirRoot, rel: &str) -> PathRef {
     PathRef { root, rel: rel.to_string() }
@@ -50,6 +50,27 @@ pub fn path_arg_with_suffix(prefix: impl Into<String>, path: PathRef, suffix: im
 /// host refuses it in mount options.
 pub fn secret_file_arg(prefix: impl Into<String>, key: impl Into<String>, suffix: impl Into<String>) -> Arg {
     Arg::SecretFile(SecretFileArg { prefix: prefix.into(), key: key.into(), suffix: suffix.into() })
+}
+
+/// The argument naming the FUSE connection the host mounted (`prefix` + `/dev/fd/3` + `suffix`),
+/// for a `spawn-fuse` whose `mount` is [`host_fd`]; e.g. `fuse_fd_arg("", "")` where the program
+/// expects its mountpoint.
+pub fn fuse_fd_arg(prefix: impl Into<String>, suffix: impl Into<String>) -> Arg {
+    Arg::FuseFd(FuseFdArg { prefix: prefix.into(), suffix: suffix.into() })
+}
+
+/// A `spawn-fuse` mount the host makes: it opens `/dev/fuse`, mounts it at the step's
+/// mountpoint with the step's fstype (`fuse` or `fuse.<subtype>`), `source` as the mount
+/// table's source and `options` (from `default_permissions`, `noexec`, `noatime`, `nodiratime`,
+/// `relatime`, `strictatime`, `max_read=<bytes>`), and runs the program unprivileged with the
+/// connection at [`fuse_fd_arg`]. Secret files then belong to that user and lie in the host's
+/// FUSE files directory, named by absolute path.
+pub fn host_fd(source: impl Into<String>, options: &[&str], readonly: bool) -> FuseMount {
+    FuseMount::HostFd(HostFdMount {
+        source: source.into(),
+        options: options.iter().map(|o| o.to_string()).collect(),
+        readonly,
+    })
 }
 
 /// A plain text value.
@@ -100,5 +121,18 @@ mod tests {
         assert_eq!(secret_file_value("creds"), Value::SecretFile("creds".into()));
         assert_eq!(path_value(runtime("x")), Value::Path(runtime("x")));
         assert_eq!((literal("a"), secret("k")), (Value::Literal("a".into()), Value::Secret("k".into())));
+    }
+
+    #[test]
+    fn host_fd_mounts_name_their_connection() {
+        assert_eq!(
+            fuse_fd_arg("--mnt=", ""),
+            Arg::FuseFd(FuseFdArg { prefix: "--mnt=".into(), suffix: String::new() })
+        );
+        let FuseMount::HostFd(m) = host_fd("u@h:/p", &["default_permissions"], true) else { panic!("not host-fd") };
+        assert_eq!(
+            (m.source.as_str(), m.options, m.readonly),
+            ("u@h:/p", vec!["default_permissions".to_string()], true)
+        );
     }
 }

@@ -9,8 +9,8 @@
 
 use mounthost_plugin_sdk::params::invalid;
 use mounthost_plugin_sdk::{
-    Arg, BackendError, ParamSource, Plan, SpawnFuse, StageRequest, Step, arg, cache, is_read_only, kv, path_arg,
-    runtime, staging,
+    Arg, BackendError, FuseMount, ParamSource, Plan, SpawnFuse, StageRequest, Step, arg, cache, is_read_only, kv,
+    path_arg, runtime, staging,
 };
 
 use crate::mount_options;
@@ -95,6 +95,8 @@ pub fn stage(req: &StageRequest) -> Result<Plan, BackendError> {
         // At most 300 s * 1000, well inside u32.
         ready_timeout_ms: u32::try_from(settings.ready_timeout_sec * 1000).unwrap_or(u32::MAX),
         memory_limit_bytes: settings.memory_limit_mb.map(|mb| mb * 1024 * 1024),
+        // `weed mount` mounts its filesystem itself (as the host's root).
+        mount: FuseMount::ByProgram,
     };
     Ok(Plan {
         steps: vec![Step::SpawnFuse(spawn)],

@@ -68,7 +68,7 @@ fn literals(s: &SpawnFuse) -> Vec<String> {
         .iter()
         .filter_map(|a| match a {
             Arg::Literal(t) => Some(t.clone()),
-            Arg::Path(_) | Arg::SecretFile(_) => None,
+            Arg::Path(_) | Arg::SecretFile(_) | Arg::FuseFd(_) => None,
         })
         .collect()
 }
@@ -410,6 +410,7 @@ fn secrets_are_env_references_and_never_args() {
             Arg::Literal(t) => t.clone(),
             Arg::Path(p) => format!("{}{}", p.prefix, p.suffix),
             Arg::SecretFile(f) => format!("{}{}", f.prefix, f.suffix),
+            Arg::FuseFd(f) => format!("{}{}", f.prefix, f.suffix),
         };
         assert!(!text.to_lowercase().contains("jwt"), "{text}");
     }

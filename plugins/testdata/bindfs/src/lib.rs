@@ -122,6 +122,7 @@ impl Plugin for Bindfs {
                     fstype: FSTYPE.into(),
                     ready_timeout_ms: READY_TIMEOUT_MS,
                     memory_limit_bytes: memory.map(|mib| mib << 20),
+                    mount: FuseMount::ByProgram,
                 }),
             ],
             attributes: Vec::new(),

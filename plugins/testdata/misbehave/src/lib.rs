@@ -39,6 +39,7 @@ fn spawn(program: &str, args: Vec<Arg>, env: Vec<EnvVar>) -> Step {
         fstype: "fuse.test".into(),
         ready_timeout_ms: 1000,
         memory_limit_bytes: None,
+        mount: FuseMount::ByProgram,
     })
 }
 
