@@ -44,6 +44,31 @@ fn a_spawned_program_has_its_own_session_only_its_env_and_a_private_log() {
 }
 
 #[test]
+fn a_spawned_program_gets_stdin_stdout_and_stderr_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("volume.log");
+    // A descriptor of this process without close-on-exec, as a careless library leaves one.
+    let leaked = nix::fcntl::open(dir.path(), nix::fcntl::OFlag::O_RDONLY, nix::sys::stat::Mode::empty()).unwrap();
+    // At a number of its own (dup2 leaves close-on-exec clear on the copy).
+    // SAFETY: a plain syscall on descriptors this test owns.
+    let high = unsafe { nix::libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&leaked), 77) };
+    assert_eq!(high, 77);
+    let flags = nix::fcntl::fcntl(&leaked, nix::fcntl::FcntlArg::F_GETFD).unwrap();
+    assert_eq!(flags & nix::libc::FD_CLOEXEC, 0);
+    // The shell lists its descriptors (the glob's own directory descriptor among them).
+    let id = sh("for f in /proc/$$/fd/*; do echo \"fd ${f##*/}\"; done; echo ready; exec sleep 30", &[], &log);
+    let text = wait_for(&log, "ready");
+    let fds: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("fd ")).collect();
+    assert!(!fds.contains(&"77"), "the daemon's descriptor reached the program: {text}");
+    assert_eq!(&fds[..3], ["0", "1", "2"], "{text}");
+    assert!(fds.len() <= 4, "stdin, stdout, stderr and the glob's directory at most: {text}");
+    // SAFETY: closing the copy this test made.
+    unsafe { nix::libc::close(77) };
+    assert_eq!(process::stop(&id, Duration::from_secs(5)).unwrap(), Stopped::Terminated);
+    drop(leaked);
+}
+
+#[test]
 fn a_program_ignoring_sigterm_is_killed_with_its_helpers() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("stubborn.log");

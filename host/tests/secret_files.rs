@@ -69,6 +69,7 @@ fn spawn_step() -> Step {
         fstype: "fuse.sh".into(),
         ready_timeout_ms: 1000,
         memory_limit_bytes: None,
+        host_mount: None,
     }
 }
 
@@ -130,7 +131,7 @@ fn a_program_reads_its_secrets_from_files_on_the_runtime_tmpfs() {
     exec.private_dir(&runtime).unwrap();
     let step = spawn_step();
     let secrets = secrets();
-    node.write_secret_files(&runtime, &step, &secrets).unwrap();
+    node.write_secret_files(&runtime.join(mounthost::plan::SECRETS_DIR), &step, &secrets, None).unwrap();
     let Step::SpawnFuse { executable, args, env, .. } = &step else { unreachable!() };
     let args: Vec<String> = args.iter().map(|a| a.render(&runtime)).collect();
     let env: Vec<(String, String)> =
@@ -185,7 +186,9 @@ fn secrets_are_refused_rather_than_written_to_disk() {
 
     let runtime = run.join("0123456789abcdef");
     exec.private_dir(&runtime).unwrap();
-    let err = node.write_secret_files(&runtime, &spawn_step(), &secrets()).unwrap_err();
+    let err = node
+        .write_secret_files(&runtime.join(mounthost::plan::SECRETS_DIR), &spawn_step(), &secrets(), None)
+        .unwrap_err();
     assert_eq!(err.kind, ErrorKind::FailedPrecondition, "{}", err.message);
     assert!(!runtime.join("secrets").exists(), "nothing written");
     assert_eq!(files_containing(&state, SECRET, Path::new("/nonexistent")), Vec::<PathBuf>::new());

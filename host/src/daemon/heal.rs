@@ -136,8 +136,11 @@ impl Node {
         } else {
             st.staging_path.parent().unwrap_or(&st.staging_path).to_path_buf()
         };
-        let job = self.stage_job(st, below, secrets, true);
-        match self.run_job(job) {
+        // A record without a FUSE id (written before volumes had them) gets one now, claimed
+        // until the job has recorded it.
+        let ran =
+            self.assign_fuse_id(&mut st).and_then(|_claim| self.run_job(self.stage_job(st, below, secrets, true)));
+        match ran {
             Ok(_) => {
                 self.inner.backoff.clear(id);
                 info!(volume.id = %id, "restarted and re-bound");

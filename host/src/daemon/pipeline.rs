@@ -16,8 +16,8 @@ use super::diff::{self, Action, Conflict, Desired, Observed};
 use crate::error::{Error, ErrorKind};
 use crate::exec::beneath::is_link_refused;
 use crate::exec::process::{ProcessId, Spec};
-use crate::exec::{Fuse, FuseError};
-use crate::plan::{Step, resolve_env};
+use crate::exec::{Fuse, FuseError, HostFuse};
+use crate::plan::{Step, resolve_env_at};
 use crate::secrets::Secrets;
 use crate::volume::dirs::volume_key;
 use crate::volume::state::VolumeState;
@@ -174,7 +174,7 @@ impl Node {
     /// Stop the volume's process, kill what is left in its cgroup, clear its staging mount
     /// (and `targets`), remove the host's directories of the volume. Blocking.
     pub(super) fn teardown(&self, st: &VolumeState, targets: &[PathBuf]) -> Result<(), Error> {
-        let mut host_dirs: Vec<PathBuf> = self.dirs(&st.volume_id, None, None).host_dirs();
+        let mut host_dirs: Vec<PathBuf> = self.host_dirs_of(&st.volume_id, &st.plan);
         if st.ephemeral {
             host_dirs.push(st.staging_path.parent().unwrap_or(&st.staging_path).to_path_buf());
         }
@@ -288,14 +288,26 @@ impl Node {
                 fstype,
                 ready_timeout_ms,
                 memory_limit_bytes,
+                host_mount,
             } => {
                 let runtime = self.dirs(id, None, None).runtime.expect("a volume has a runtime dir");
+                // A program the host mounts for runs as the volume's own id, which its record
+                // holds before it first runs (daemon/fuse_ids.rs).
+                let fuse_id = host_mount.as_ref().map(|_| self.recorded_fuse_id(id)).transpose()?;
                 // Secrets the program reads from files (daemon/secret_files.rs), then its command.
-                self.write_secret_files(&runtime, step, secrets)?;
-                let args: Vec<String> = args.iter().map(|a| a.render(&runtime)).collect();
+                let files_dir = self.secret_files_dir(id, step);
+                self.write_secret_files(&files_dir, step, secrets, fuse_id)?;
+                let args: Vec<String> = args.iter().map(|a| a.render_at(&files_dir)).collect();
                 let env: Vec<(String, String)> =
-                    env.iter().map(|e| (e.name.clone(), resolve_env(&e.value, secrets, &runtime))).collect();
+                    env.iter().map(|e| (e.name.clone(), resolve_env_at(&e.value, secrets, &files_dir))).collect();
                 let log = runtime.join(format!("{program}.log"));
+                let host_mount = host_mount.as_ref().zip(fuse_id).map(|(h, fuse_id)| HostFuse {
+                    source: &h.source,
+                    options: &h.options,
+                    readonly: h.readonly,
+                    uid: fuse_id,
+                    gid: fuse_id,
+                });
                 let fuse = Fuse {
                     spec: Spec { executable, args: &args, env: &env, log: &log },
                     mountpoint,
@@ -303,6 +315,7 @@ impl Node {
                     ready_timeout: std::time::Duration::from_millis(u64::from(*ready_timeout_ms)),
                     group: &volume_key(id),
                     memory_limit: *memory_limit_bytes,
+                    host_mount,
                 };
                 let pid = exec.spawn_fuse(&fuse).map_err(|e| fuse_error(e, secrets))?;
                 // The supervisor watches it from the moment the stage is done.

@@ -73,12 +73,15 @@ impl Node {
         Ok(report)
     }
 
-    /// Remove host directories (`cache/volumes/<key>`, `run/<key>`) that no state file claims:
-    /// left by a crash between creating them and the first state write reaching the disk.
+    /// Remove host directories (`cache/volumes/<key>`, `run/<key>`, `ephemeral/<key>`, and
+    /// `<key>` in the FUSE files directory) that no state file claims: left by a crash between
+    /// creating them and the first state write reaching the disk, or by an unstage the daemon
+    /// did not finish.
     fn sweep_orphans(&self, claimed: &BTreeSet<String>) -> Result<usize, Error> {
         let state_dir = &self.inner.config.state_dir;
         let mut orphans = Vec::new();
-        for dir in HOST_DIRS.map(|d| state_dir.join(d)) {
+        let fuse_files = self.inner.config.fuse_files();
+        for dir in HOST_DIRS.map(|d| state_dir.join(d)).into_iter().chain([fuse_files]) {
             let Ok(entries) = self.inner.exec.list_dir(&dir) else { continue };
             for entry in entries {
                 let name = entry.name.to_string_lossy().into_owned();

@@ -124,7 +124,7 @@ impl Node {
                 Vec::new()
             }
         };
-        let mut host_dirs = dirs.host_dirs();
+        let mut host_dirs = self.host_dirs_of(id, &st.plan);
         if st.ephemeral {
             host_dirs.push(st.staging_path.parent().unwrap_or(&st.staging_path).to_path_buf());
         }

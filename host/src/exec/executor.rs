@@ -42,6 +42,31 @@ pub struct Fuse<'a> {
     /// The volume's cgroup (its state key), and its memory limit.
     pub group: &'a str,
     pub memory_limit: Option<u64>,
+    /// The host mounts the filesystem and runs the program unprivileged; `None`: the program
+    /// mounts it itself, with the daemon's privileges.
+    pub host_mount: Option<HostFuse<'a>>,
+}
+
+/// A FUSE connection the host opens and mounts itself before it starts the program (WIT
+/// `fuse-mount.host-fd`): `/dev/fuse` is opened, mounted at [`Fuse::mountpoint`] with type
+/// [`Fuse::fstype`] and the options `fd=N,rootmode=40000,user_id=<uid>,group_id=<gid>,
+/// allow_other` plus [`HostFuse::options`] (those that are mount flags, `noexec` and the atime
+/// ones, as flags; flags `nosuid`, `nodev`, and `ro` when asked), and
+/// the program gets it as descriptor [`crate::plan::FUSE_FD`], runs as `uid`/`gid` without
+/// supplementary groups or a way to regain privileges (`no_new_privs`), with no other
+/// descriptor than stdin, stdout and stderr.
+#[derive(Debug, Clone)]
+pub struct HostFuse<'a> {
+    /// The source the mount table shows.
+    pub source: &'a str,
+    /// Extra FUSE mount options (checked by the policy).
+    pub options: &'a [String],
+    /// Mount read-only.
+    pub readonly: bool,
+    /// The user the program runs as (the volume's own FUSE id).
+    pub uid: u32,
+    /// Its group.
+    pub gid: u32,
 }
 
 /// A FUSE program did not become ready.
@@ -104,6 +129,8 @@ pub trait Files {
     fn list_dir(&self, path: &Path) -> io::Result<Vec<Entry>>;
     /// When a file was last modified.
     fn modified(&self, path: &Path) -> io::Result<SystemTime>;
+    /// Give `path` (not following a link at its end) to `uid`:`gid`, with mode `mode`.
+    fn set_owner(&self, path: &Path, uid: u32, gid: u32, mode: u32) -> io::Result<()>;
     /// Does `path` exist (not following a link at its end; a link on the way is an error)?
     fn exists(&self, path: &Path) -> io::Result<bool>;
 }
@@ -137,8 +164,9 @@ pub trait Mounts {
 
 /// Long-lived programs (FUSE servers).
 pub trait Processes {
-    /// Start a FUSE program and wait until its mount appears (then a stat of it works). On
-    /// failure nothing is left running.
+    /// Start a FUSE program and wait until its mount appears (then a stat of it works); with
+    /// [`Fuse::host_mount`], mount its connection first. On failure nothing is left running,
+    /// and nothing the host mounted is left mounted.
     fn spawn_fuse(&self, fuse: &Fuse<'_>) -> Result<ProcessId, FuseError>;
     /// Is it still the same live process?
     fn is_alive(&self, id: &ProcessId) -> bool;

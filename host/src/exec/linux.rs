@@ -3,7 +3,9 @@
 //! through [`super::process`], every cgroup through [`Cgroups`].
 
 use std::io;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant, SystemTime};
 
 use rustix::fs::{Mode, OFlags};
@@ -11,7 +13,7 @@ use rustix::fs::{Mode, OFlags};
 use super::beneath::{Anchors, Entry};
 use super::cgroup::Cgroups;
 use super::executor::{
-    Boot, Executor, Exit, FileId, FileKind, Files, Fuse, FuseError, Groups, Mounts, Processes, Usage,
+    Boot, Executor, Exit, FileId, FileKind, Files, Fuse, FuseError, Groups, HostFuse, Mounts, Processes, Usage,
 };
 use super::fuse_log;
 use super::mount::{self, Api, MountError, Opt};
@@ -74,6 +76,17 @@ impl Files for Linux {
 
     fn modified(&self, path: &Path) -> io::Result<SystemTime> {
         self.anchors.modified(path)
+    }
+
+    fn set_owner(&self, path: &Path, uid: u32, gid: u32, mode: u32) -> io::Result<()> {
+        let fd = self.anchors.open(path, OFlags::PATH)?;
+        // Config refuses -1 (which would mean "unchanged").
+        let (uid, gid) = (rustix::fs::Uid::from_raw(uid), rustix::fs::Gid::from_raw(gid));
+        rustix::fs::chownat(&fd, "", Some(uid), Some(gid), rustix::fs::AtFlags::EMPTY_PATH)?;
+        // A path descriptor takes no fchmod; its /proc/self/fd entry names the same inode (the
+        // descriptor is never a link: the anchors refuse them).
+        rustix::fs::chmod(mount::fd_path(&fd).as_str(), Mode::from_raw_mode(mode))?;
+        Ok(())
     }
 
     fn exists(&self, path: &Path) -> io::Result<bool> {
@@ -140,6 +153,9 @@ impl Mounts for Linux {
 
 impl Processes for Linux {
     fn spawn_fuse(&self, fuse: &Fuse<'_>) -> Result<ProcessId, FuseError> {
+        if let Some(host) = &fuse.host_mount {
+            return self.spawn_host_mounted(fuse, host);
+        }
         let log_error = |source| FuseError::Process(ProcessError::Log { path: fuse.spec.log.to_path_buf(), source });
         let log = self.anchors.append(fuse.spec.log, 0o600).map_err(log_error)?;
         // Kept to read the log's tail on failure, through the descriptor, never by name.
@@ -209,6 +225,103 @@ impl Processes for Linux {
 
     fn watch(&self, id: &ProcessId) -> io::Result<Exit> {
         Ok(Box::pin(process::exited(id)?))
+    }
+}
+
+impl Linux {
+    /// [`Processes::spawn_fuse`] of a connection the host mounts ([`HostFuse`]): open
+    /// `/dev/fuse`, mount it, start the program unprivileged with it, close the daemon's copy
+    /// (so the connection dies with the program), and wait until the mount's root answers a
+    /// stat. Before the program answers the kernel's INIT that stat blocks, so it runs on a
+    /// thread of its own; a program that exits or misses its deadline is stopped, which ends
+    /// the connection and the stat with it. On failure the mount is detached.
+    fn spawn_host_mounted(&self, fuse: &Fuse<'_>, host: &HostFuse<'_>) -> Result<ProcessId, FuseError> {
+        let log_error = |source| FuseError::Process(ProcessError::Log { path: fuse.spec.log.to_path_buf(), source });
+        let log = self.anchors.append(fuse.spec.log, 0o600).map_err(log_error)?;
+        let reader = log.try_clone().map_err(log_error)?;
+        let program = fuse.spec.executable.to_path_buf();
+        let mountpoint = fuse.mountpoint.to_path_buf();
+        let dev = rustix::fs::open("/dev/fuse", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| FuseError::Io(io::Error::new(io::Error::from(e).kind(), format!("opening /dev/fuse: {e}"))))?;
+        mount::mount_fuse(
+            &self.anchors,
+            &dev,
+            fuse.fstype,
+            host.source,
+            fuse.mountpoint,
+            host.uid,
+            host.gid,
+            host.options,
+            host.readonly,
+        )
+        .map_err(|e| FuseError::Io(io::Error::other(e.to_string())))?;
+        let detach = || {
+            let _ = mount::unmount(&self.anchors, fuse.mountpoint, true);
+        };
+        let group = match self.cgroups.prepare(fuse.group, fuse.memory_limit) {
+            Ok(g) => g,
+            Err(e) => {
+                detach();
+                return Err(FuseError::Cgroup(e));
+            }
+        };
+        let unprivileged = process::Unprivileged { fuse: dev.as_fd(), uid: host.uid, gid: host.gid };
+        let id = process::spawn_as(&fuse.spec, log, group.as_ref(), Some(unprivileged));
+        drop((group, dev));
+        let id = match id {
+            Ok(id) => id,
+            Err(e) => {
+                detach();
+                let _ = self.cgroups.release(fuse.group);
+                return Err(e.into());
+            }
+        };
+        let (tx, answered) = std::sync::mpsc::channel();
+        let anchors = self.anchors.clone();
+        let probe = mountpoint.clone();
+        std::thread::spawn(move || {
+            let stat = anchors.open(&probe, OFlags::PATH).and_then(|fd| Ok(rustix::fs::fstat(&fd)?));
+            let _ = tx.send(stat.is_ok());
+        });
+        let started = Instant::now();
+        let fail = |stop_grace: Duration| {
+            let _ = process::stop(&id, stop_grace);
+            detach();
+            let _ = self.cgroups.release(fuse.group);
+        };
+        let mut probing = true;
+        loop {
+            if probing {
+                match answered.recv_timeout(Duration::from_millis(10)) {
+                    Ok(true) if process::is_alive(&id) => return Ok(id),
+                    // Failed (the program died and took the connection with it): its exit is
+                    // reported below.
+                    Ok(_) | Err(RecvTimeoutError::Disconnected) => probing = false,
+                    Err(RecvTimeoutError::Timeout) => {}
+                }
+            } else {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if !process::is_alive(&id) {
+                fail(Duration::ZERO);
+                let oom = match (self.cgroups.oom_kills(fuse.group), fuse.memory_limit) {
+                    (Some(n), Some(limit)) if n > 0 => {
+                        format!(" (killed by the OOM killer at its memory limit of {limit} bytes)")
+                    }
+                    _ => String::new(),
+                };
+                return Err(FuseError::Exited { program, mountpoint, oom, log_tail: fuse_log::tail_of(&reader) });
+            }
+            if started.elapsed() >= fuse.ready_timeout {
+                fail(Duration::from_secs(2));
+                return Err(FuseError::Timeout {
+                    program,
+                    mountpoint,
+                    timeout: fuse.ready_timeout,
+                    log_tail: fuse_log::tail_of(&reader),
+                });
+            }
+        }
     }
 }
 

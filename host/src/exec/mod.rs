@@ -18,5 +18,7 @@ pub mod oci;
 pub mod process;
 pub mod recording;
 
-pub use executor::{Boot, Executor, Exit, FileId, FileKind, Files, Fuse, FuseError, Groups, Mounts, Processes, Usage};
+pub use executor::{
+    Boot, Executor, Exit, FileId, FileKind, Files, Fuse, FuseError, Groups, HostFuse, Mounts, Processes, Usage,
+};
 pub use linux::Linux;

@@ -141,6 +141,19 @@ pub fn mount(
     options: &[Opt<'_>],
     readonly: bool,
 ) -> Result<(), MountError> {
+    mount_with(anchors, fstype, source, target, options, readonly, MountFlags::empty())
+}
+
+/// [`mount`] with extra per-mount `flags` (besides `nosuid`, `nodev` and `ro`).
+fn mount_with(
+    anchors: &Anchors,
+    fstype: &str,
+    source: &str,
+    target: &Path,
+    options: &[Opt<'_>],
+    readonly: bool,
+    flags: MountFlags,
+) -> Result<(), MountError> {
     let target_fd =
         anchors.open(target, OFlags::PATH | OFlags::DIRECTORY).map_err(|e| MountError::resolving(target, e))?;
     let mut held = Vec::new();
@@ -164,14 +177,77 @@ pub fn mount(
             }
         }
     }
-    let flags =
-        if readonly { MountFlags::RDONLY } else { MountFlags::empty() } | MountFlags::NOSUID | MountFlags::NODEV;
+    let flags = if readonly { MountFlags::RDONLY } else { MountFlags::empty() }
+        | MountFlags::NOSUID
+        | MountFlags::NODEV
+        | flags;
     let data = std::ffi::CString::new(data.join(",")).map_err(|_| MountError::new("mount", target, Errno::EINVAL))?;
     let data = (!data.is_empty()).then_some(data.as_c_str());
     rustix::mount::mount(source.as_str(), fd_path(&target_fd).as_str(), fstype, flags, data)
         .map_err(|e| MountError::new("mount", target, errno(e)))?;
     drop(held);
     Ok(())
+}
+
+/// The `host-fd` mount options (the policy's `HOST_MOUNT_OPTIONS`) that are per-mount flags of
+/// mount(2), not FUSE data: the kernel's FUSE option parser refuses them (EINVAL). The atime
+/// ones are a choice of one (the last named wins).
+fn fuse_flag(name: &str) -> Option<MountFlags> {
+    Some(match name {
+        "noexec" => MountFlags::NOEXEC,
+        "noatime" => MountFlags::NOATIME,
+        "nodiratime" => MountFlags::NODIRATIME,
+        "relatime" => MountFlags::RELATIME,
+        "strictatime" => MountFlags::STRICTATIME,
+        _ => return None,
+    })
+}
+
+/// Split `host-fd` mount options into mount(2) flags and the FUSE data options left.
+fn fuse_flags(extra: &[String]) -> (MountFlags, Vec<&str>) {
+    let atime = MountFlags::NOATIME | MountFlags::RELATIME | MountFlags::STRICTATIME;
+    let mut flags = MountFlags::empty();
+    let mut data = Vec::new();
+    for o in extra {
+        match fuse_flag(o) {
+            Some(f) if atime.contains(f) => flags = (flags - atime) | f,
+            Some(f) => flags |= f,
+            None => data.push(o.as_str()),
+        }
+    }
+    (flags, data)
+}
+
+/// Mount the FUSE connection `dev` (an open `/dev/fuse`) at `target` (resolved below the
+/// anchors): type `fstype` (`fuse` or `fuse.<subtype>`), source `source`, data
+/// `fd=<dev>,rootmode=40000,user_id=<uid>,group_id=<gid>,allow_other` and the FUSE data options
+/// of `extra` (`default_permissions`, `max_read=`), flags `nosuid`, `nodev`, `ro` when asked
+/// and those of `extra` that are flags (`noexec` and the atime ones, [`fuse_flag`]). The
+/// kernel sends the connection's INIT at once and the mount answers nothing until a server
+/// reads `dev`.
+#[allow(clippy::too_many_arguments)]
+pub fn mount_fuse(
+    anchors: &Anchors,
+    dev: &OwnedFd,
+    fstype: &str,
+    source: &str,
+    target: &Path,
+    uid: u32,
+    gid: u32,
+    extra: &[String],
+    readonly: bool,
+) -> Result<(), MountError> {
+    let mut options = vec![
+        format!("fd={}", dev.as_raw_fd()),
+        "rootmode=40000".to_string(),
+        format!("user_id={uid}"),
+        format!("group_id={gid}"),
+        "allow_other".to_string(),
+    ];
+    let (flags, data) = fuse_flags(extra);
+    options.extend(data.into_iter().map(str::to_string));
+    let options: Vec<Opt<'_>> = options.iter().map(|o| Opt::Text(o)).collect();
+    mount_with(anchors, fstype, source, target, &options, readonly, flags)
 }
 
 /// Does this kernel have `mount_setattr(2)` (Linux 5.12)? Then a bind made read-only is
@@ -330,10 +406,27 @@ impl From<MountError> for crate::error::Error {
 
 #[cfg(test)]
 mod tests {
+    use rustix::mount::MountFlags;
+
     #[test]
     fn every_bind_option_the_policy_allows_is_a_flag_here() {
         for o in crate::plan::policy::BIND_OPTIONS {
             assert!(super::bind_flag(o).is_some(), "{o}");
         }
+    }
+
+    #[test]
+    fn host_fd_options_that_are_mount_flags_never_reach_the_fuse_data() {
+        // What the kernel's FUSE parser accepts as data (fs/fuse/inode.c); the rest are flags.
+        let fuse_data = ["default_permissions"];
+        for o in crate::plan::policy::HOST_MOUNT_OPTIONS {
+            assert!(super::fuse_flag(o).is_some() != fuse_data.contains(o), "{o}");
+        }
+        let opts = |o: &[&str]| super::fuse_flags(&o.iter().map(|s| s.to_string()).collect::<Vec<_>>()).0;
+        let given: Vec<String> = ["noexec", "max_read=65536", "default_permissions"].map(String::from).into();
+        let (flags, data) = super::fuse_flags(&given);
+        assert_eq!((flags, data), (MountFlags::NOEXEC, vec!["max_read=65536", "default_permissions"]));
+        assert_eq!(opts(&["noatime", "strictatime"]), MountFlags::STRICTATIME);
+        assert_eq!(opts(&["relatime", "nodiratime", "noatime"]), MountFlags::NODIRATIME | MountFlags::NOATIME);
     }
 }

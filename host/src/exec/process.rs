@@ -12,6 +12,7 @@
 #![allow(unsafe_code)]
 
 use std::fs::OpenOptions;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -79,6 +80,19 @@ pub enum ProcessError {
     Unkillable { pid: i32, waited: Duration },
 }
 
+/// What a FUSE program whose connection the host mounted gets instead of the daemon's
+/// privileges and descriptors (WIT `fuse-mount.host-fd`).
+#[derive(Debug, Clone, Copy)]
+pub struct Unprivileged<'a> {
+    /// The connection (an open `/dev/fuse`), given to the program as descriptor
+    /// [`crate::plan::FUSE_FD`].
+    pub fuse: BorrowedFd<'a>,
+    /// The user it runs as (never 0: config refuses it).
+    pub uid: u32,
+    /// Its group; it gets no supplementary groups.
+    pub gid: u32,
+}
+
 /// Start `spec` in its own session; with `cgroup` (an open `cgroup.procs`), inside that group
 /// from before its first instruction.
 pub fn spawn(spec: &Spec<'_>, cgroup: Option<&std::fs::File>) -> Result<ProcessId, ProcessError> {
@@ -97,6 +111,20 @@ pub fn spawn_logged(
     log: std::fs::File,
     cgroup: Option<&std::fs::File>,
 ) -> Result<ProcessId, ProcessError> {
+    spawn_as(spec, log, cgroup, None)
+}
+
+/// [`spawn_logged`], unprivileged when asked: after joining the cgroup (as root, which may move
+/// it there), the child puts the FUSE connection at descriptor
+/// [`crate::plan::FUSE_FD`], marks every higher descriptor close-on-exec (so only stdin, stdout,
+/// stderr and the connection survive the exec), sets `no_new_privs`, drops its supplementary
+/// groups and becomes `gid` and `uid` (losing every capability).
+pub fn spawn_as(
+    spec: &Spec<'_>,
+    log: std::fs::File,
+    cgroup: Option<&std::fs::File>,
+    unprivileged: Option<Unprivileged<'_>>,
+) -> Result<ProcessId, ProcessError> {
     let err_log = log.try_clone().map_err(|source| ProcessError::Log { path: spec.log.to_path_buf(), source })?;
     let mut cmd = Command::new(spec.executable);
     cmd.args(spec.args)
@@ -107,10 +135,12 @@ pub fn spawn_logged(
         .stdout(log)
         .stderr(err_log);
     let group_fd = cgroup.map(std::os::fd::AsRawFd::as_raw_fd);
+    let drop_to = unprivileged.map(|u| (u.fuse.as_raw_fd(), u.uid, u.gid));
     // SAFETY: the closure runs in the child between fork and exec, where only
-    // async-signal-safe calls are allowed; setsid(2) and write(2) are, and nothing allocates
-    // (`last_os_error` only reads errno). `group_fd` stays open in the parent until `spawn`
-    // returns, so the child's copy is valid.
+    // async-signal-safe calls are allowed; setsid(2), write(2) and the calls of `drop_privileges`
+    // are, and nothing allocates (`last_os_error` only reads errno). `group_fd` and the
+    // descriptors of `unprivileged` stay open in the parent until this function returns, so
+    // the child's copies are valid.
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
@@ -120,6 +150,12 @@ pub fn spawn_logged(
                     return Err(std::io::Error::last_os_error());
                 }
             }
+            match drop_to {
+                Some((fuse, uid, gid)) => drop_privileges(fuse, uid, gid)?,
+                // Only stdin, stdout and stderr survive the exec: a descriptor the daemon
+                // inherited or opened without close-on-exec never reaches a FUSE program.
+                None => close_from_at_exec(3)?,
+            }
             Ok(())
         });
     }
@@ -128,6 +164,60 @@ pub fn spawn_logged(
     // `child` is dropped without waiting: the process lives on; `stop` or the supervisor reaps it.
     let start_time = start_time(pid).map_err(|source| ProcessError::Stat { pid, source })?;
     Ok(ProcessId { pid, start_time })
+}
+
+/// The child's half of [`spawn_as`] for an unprivileged program. Runs between fork and exec:
+/// plain syscalls only (async-signal-safe), no allocation.
+///
+/// # Safety
+/// Call only in a forked child before exec; `fuse` must be an open descriptor.
+unsafe fn drop_privileges(fuse: i32, uid: u32, gid: u32) -> std::io::Result<()> {
+    use nix::libc;
+    let check = |r: libc::c_int| if r == -1 { Err(std::io::Error::last_os_error()) } else { Ok(()) };
+    let target = crate::plan::FUSE_FD;
+    // SAFETY: each call takes plain integers, a null pointer the kernel reads nothing through
+    // (setgroups with a count of 0) or a pointer to a live local it fills (getrlimit).
+    unsafe {
+        if fuse == target {
+            // Already in place: only clear its close-on-exec flag.
+            check(libc::fcntl(target, libc::F_SETFD, 0))?;
+        } else {
+            // dup2 clears close-on-exec on the copy; whatever held descriptor 3 is closed.
+            check(libc::dup2(fuse, target))?;
+        }
+        close_from_at_exec(target + 1)?;
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+        check(libc::setgroups(0, std::ptr::null()))?;
+        check(libc::setgid(gid))?;
+        check(libc::setuid(uid))?;
+    }
+    Ok(())
+}
+
+/// Mark every descriptor from `first` on close-on-exec: closed at exec, not now (std's own
+/// pipe that reports a failed exec must stay usable until then).
+///
+/// # Safety
+/// Call only in a forked child before exec (plain syscalls, no allocation).
+unsafe fn close_from_at_exec(first: i32) -> std::io::Result<()> {
+    use nix::libc;
+    // SAFETY: plain integers, and a pointer to a live local the kernel fills (getrlimit).
+    unsafe {
+        if libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC)
+            != 0
+        {
+            // Kernels before 5.11: one by one, up to the descriptor limit.
+            let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let end = i32::try_from(limit.rlim_cur).unwrap_or(i32::MAX);
+            for fd in first..end {
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The start time of `pid` and whether it is a zombie, from `/proc/<pid>/stat`.

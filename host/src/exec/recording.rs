@@ -374,6 +374,19 @@ impl Files for Recording {
             .collect())
     }
 
+    fn set_owner(&self, path: &Path, uid: u32, gid: u32, mode: u32) -> io::Result<()> {
+        let mut s = self.sim();
+        s.check(path, false)?;
+        s.calls.push(format!("chown {} {uid}:{gid} {mode:o}", path.display()));
+        match s.fs.get_mut(path) {
+            Some(Inode::Dir { mode: m } | Inode::File { mode: m, .. }) => {
+                *m = mode;
+                Ok(())
+            }
+            _ => Err(not_found(path)),
+        }
+    }
+
     fn exists(&self, path: &Path) -> io::Result<bool> {
         let s = self.sim();
         s.check(path, false)?;
@@ -507,6 +520,17 @@ impl Processes for Recording {
             fuse.spec.args.join(" "),
             fuse.mountpoint.display()
         ));
+        if let Some(h) = &fuse.host_mount {
+            s.calls.push(format!(
+                "host-fd {} {}{}{} as {}:{}",
+                fuse.fstype,
+                h.source,
+                if h.readonly { " ro" } else { "" },
+                h.options.iter().map(|o| format!(" {o}")).collect::<String>(),
+                h.uid,
+                h.gid,
+            ));
+        }
         if let Some(errno) = failing(&mut s, "spawn-fuse") {
             return Err(FuseError::Process(ProcessError::Spawn {
                 path: fuse.spec.executable.into(),
@@ -522,8 +546,12 @@ impl Processes for Recording {
         s.alive.insert(pid);
         s.groups.entry(fuse.group.into()).or_default().insert(pid);
         s.exes.insert(pid, fuse.spec.executable.into());
-        let source = fuse.spec.executable.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        push_mount(&mut s, fuse.fstype, &source, "/", fuse.mountpoint, false);
+        let source = match &fuse.host_mount {
+            Some(h) => h.source.to_string(),
+            None => fuse.spec.executable.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        };
+        let readonly = fuse.host_mount.as_ref().is_some_and(|h| h.readonly);
+        push_mount(&mut s, fuse.fstype, &source, "/", fuse.mountpoint, readonly);
         Ok(ProcessId { pid, start_time: 1 })
     }
 

@@ -77,19 +77,53 @@ pub enum SpawnArg {
     /// `prefix`, the path of the file holding the secret `key` ([`secret_file_path`]), then
     /// `suffix`.
     SecretFile { prefix: String, key: String, suffix: String },
+    /// `prefix`, `/dev/fd/3` ([`FUSE_FD`]), then `suffix`: the FUSE connection the host mounted
+    /// for a spawn with a [`HostMount`].
+    FuseFd {
+        #[serde(rename = "fuseFdPrefix")]
+        prefix: String,
+        #[serde(rename = "fuseFdSuffix")]
+        suffix: String,
+    },
 }
 
 impl SpawnArg {
     /// The argument the program gets, with secret files under the volume's `runtime`
     /// directory. Holds no secret value.
     pub fn render(&self, runtime: &Path) -> String {
+        self.render_at(&runtime.join(SECRETS_DIR))
+    }
+
+    /// The argument the program gets, with secret files in `secrets_dir` as the program names
+    /// it: absolute, or `.` for a program started in that directory (a [`HostMount`] spawn).
+    pub fn render_at(&self, secrets_dir: &Path) -> String {
         match self {
             SpawnArg::Text(t) => t.clone(),
             SpawnArg::SecretFile { prefix, key, suffix } => {
-                format!("{prefix}{}{suffix}", secret_file_path(runtime, key).display())
+                format!("{prefix}{}{suffix}", secrets_dir.join(secret_file_name(key)).display())
             }
+            SpawnArg::FuseFd { prefix, suffix } => format!("{prefix}/dev/fd/{FUSE_FD}{suffix}"),
         }
     }
+}
+
+/// The descriptor a FUSE program started with a [`HostMount`] gets its connection on
+/// (`/dev/fd/3`: the first after stdin, stdout and stderr).
+pub const FUSE_FD: i32 = 3;
+
+/// A FUSE filesystem the host mounts itself (WIT `fuse-mount.host-fd`): it opens `/dev/fuse`,
+/// mounts the connection at the spawn's mountpoint with the spawn's fstype, and starts the
+/// program unprivileged with only that descriptor ([`FUSE_FD`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMount {
+    /// The source the mount table shows.
+    pub source: String,
+    /// Extra FUSE mount options, from the policy's allow-list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+    /// Mount read-only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub readonly: bool,
 }
 
 impl From<&str> for SpawnArg {
@@ -177,6 +211,10 @@ pub enum Step {
         /// cgroup memory limit.
         #[serde(skip_serializing_if = "Option::is_none")]
         memory_limit_bytes: Option<u64>,
+        /// The host mounts the filesystem and runs the program unprivileged; `None`: the
+        /// program mounts it itself.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        host_mount: Option<HostMount>,
     },
     /// mount(2).
     Mount { fstype: String, source: String, target: PathBuf, options: Vec<MountOption>, readonly: bool },
@@ -287,7 +325,7 @@ pub fn secret_files(step: &Step) -> BTreeSet<String> {
     let Step::SpawnFuse { args, env, .. } = step else { return BTreeSet::new() };
     let from_args = args.iter().filter_map(|a| match a {
         SpawnArg::SecretFile { key, .. } => Some(key.clone()),
-        SpawnArg::Text(_) => None,
+        SpawnArg::Text(_) | SpawnArg::FuseFd { .. } => None,
     });
     let from_env = env.iter().filter_map(|e| match &e.value {
         Value::SecretFile(key) => Some(key.clone()),
@@ -300,8 +338,12 @@ pub fn secret_files(step: &Step) -> BTreeSet<String> {
 /// sha256(key)>`. The name is derived from the key, never from the value, and the runtime
 /// directory lives on a tmpfs, outside the state directory, and goes away at unstage.
 pub fn secret_file_path(runtime: &Path, key: &str) -> PathBuf {
-    let hash = Sha256::digest(key.as_bytes());
-    runtime.join(SECRETS_DIR).join(hex::encode(&hash[..8]))
+    runtime.join(SECRETS_DIR).join(secret_file_name(key))
+}
+
+/// The name of the file the secret `key` is written to: 16 hex of sha256(key).
+pub fn secret_file_name(key: &str) -> String {
+    hex::encode(&Sha256::digest(key.as_bytes())[..8])
 }
 
 /// The directory of secret files inside a volume's runtime directory.
@@ -327,8 +369,14 @@ pub fn resolve(v: &Value, secrets: &Secrets) -> String {
 /// An environment value of a spawn, filled in: secrets, paths, and secret files at their
 /// path under the volume's `runtime` directory ([`secret_file_path`]).
 pub fn resolve_env(v: &Value, secrets: &Secrets, runtime: &Path) -> String {
+    resolve_env_at(v, secrets, &runtime.join(SECRETS_DIR))
+}
+
+/// [`resolve_env`] with secret files in `secrets_dir` as the program names it (see
+/// [`SpawnArg::render_at`]).
+pub fn resolve_env_at(v: &Value, secrets: &Secrets, secrets_dir: &Path) -> String {
     match v {
-        Value::SecretFile(key) => secret_file_path(runtime, key).display().to_string(),
+        Value::SecretFile(key) => secrets_dir.join(secret_file_name(key)).display().to_string(),
         other => resolve(other, secrets),
     }
 }
@@ -388,6 +436,7 @@ mod tests {
             fstype: "fuse.p".into(),
             ready_timeout_ms: 1,
             memory_limit_bytes: None,
+            host_mount: None,
         };
         let resolve = Step::Resolve {
             reference: "r.io/m".into(),

@@ -35,6 +35,7 @@ fn spawn() -> Step {
         fstype: "fuse.seaweedfs".into(),
         ready_timeout_ms: 1000,
         memory_limit_bytes: None,
+        host_mount: None,
     }
 }
 
