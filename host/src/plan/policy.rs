@@ -8,7 +8,8 @@
 //!   `.`/`..` components, no empty components. (The executor additionally resolves paths
 //!   without following symlinks planted inside the volume; that needs the filesystem and is
 //!   not this pure check.)
-//! - Environment variable names are validated and the loader's (`LD_*`) refused; secrets may
+//! - Environment variable names are validated and the loader's (`LD_*`) refused; a program
+//!   with host config rules gets only the variables they allow ([`args`]); secrets may
 //!   appear only as references (a secret, a secret inside a template text, a secret file),
 //!   and a literal holding a secret's value is refused. Secret files and path values are for
 //!   programs only: never mount options or HTTP headers.
@@ -17,8 +18,14 @@
 //!   registries and mirrors likewise, granted by config or by the StorageClass's
 //!   `oci-reference` and `endpoint` parameters ([`oci`]).
 //! - Each operation allows only the steps and directories that make sense for it.
+//! - A program's arguments carry no option host config denies it, and only options it
+//!   allows when it has an allow-list; a program's environment, which can make it run other
+//!   programs (`PATH`, `OPENSSL_CONF`, `SSH_ASKPASS`), holds only the variables its rules
+//!   allow once it has any rule ([`args`]).
 //!
-//! A refused plan is an InvalidArgument-class error naming the step and the reason.
+//! A refused plan is an InvalidArgument-class error naming the step and the reason. The same
+//! rules, run by [`missing_grants`], list every grant a plan lacks at once (for
+//! `mounthost plugin plan`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -34,7 +41,12 @@ use super::oci_ref::OciRef;
 use super::url::{HostGrant, Target, parse as parse_url};
 use super::{Archive, EnvVar, Header, MountOption, Plan, SpawnArg, Step, Value};
 
+mod args;
+mod fuse;
 mod oci;
+
+pub use args::{ArgRules, OPTION_SETS, OptionName, SSHFS_DENY, option_set};
+pub use fuse::HOST_MOUNT_OPTIONS;
 
 /// The CSI operation a plan is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +109,9 @@ pub struct Context<'a> {
     pub grant: &'a Grant,
     /// Host config: program name → absolute binary.
     pub programs: &'a BTreeMap<String, PathBuf>,
+    /// Host config: program name → what its arguments may name and which environment
+    /// variables it may be given.
+    pub program_args: &'a BTreeMap<String, ArgRules>,
     /// Hosts granted by the request's endpoint and oci-reference parameters (see
     /// [`endpoint_hosts`]).
     pub endpoint_hosts: BTreeSet<String>,
@@ -118,6 +133,56 @@ pub struct PolicyError {
     pub kind: &'static str,
     /// What is wrong and what would be accepted.
     pub reason: String,
+    /// The grant that would let the step through, when a grant is all it lacks.
+    pub missing: Option<MissingGrant>,
+}
+
+/// A grant a plan needs and the host config does not give ([`missing_grants`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum MissingGrant {
+    /// A program name the plugin is not granted (`--grant PLUGIN:program=NAME`).
+    Program(String),
+    /// A granted program with no binary configured (`--program NAME=/absolute/path`).
+    Binary(String),
+    /// A filesystem type (`--grant PLUGIN:fstype=TYPE`).
+    Fstype(String),
+    /// A host, `host:port` (`--grant PLUGIN:host=HOST:PORT`).
+    Host(String),
+}
+
+impl MissingGrant {
+    /// The host flag that grants it to `plugin`, quoted for a POSIX shell where needed.
+    pub fn flag(&self, plugin: &str) -> String {
+        let (flag, value) = match self {
+            MissingGrant::Program(n) => ("--grant", format!("{plugin}:program={n}")),
+            MissingGrant::Binary(n) => ("--program", format!("{n}=/absolute/path/to/{n}")),
+            MissingGrant::Fstype(t) => ("--grant", format!("{plugin}:fstype={t}")),
+            MissingGrant::Host(h) => ("--grant", format!("{plugin}:host={h}")),
+        };
+        let plain = value.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-+:/=@".contains(&b));
+        if plain { format!("{flag} {value}") } else { format!("{flag} '{}'", value.replace('\'', "'\\''")) }
+    }
+
+    /// Add it to `grant` and `programs` (with a placeholder binary).
+    fn add_to(&self, grant: &mut Grant, programs: &mut BTreeMap<String, PathBuf>) {
+        match self {
+            MissingGrant::Program(n) => _ = grant.programs.insert(n.clone()),
+            MissingGrant::Binary(n) => _ = programs.insert(n.clone(), PathBuf::from("/absolute/path").join(n)),
+            MissingGrant::Fstype(t) => _ = grant.fstypes.insert(t.clone()),
+            MissingGrant::Host(h) => _ = grant.hosts.insert(h.clone()),
+        }
+    }
+}
+
+impl std::fmt::Display for MissingGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MissingGrant::Program(n) => write!(f, "program {n:?}"),
+            MissingGrant::Binary(n) => write!(f, "a binary for program {n:?}"),
+            MissingGrant::Fstype(t) => write!(f, "fstype {t:?}"),
+            MissingGrant::Host(h) => write!(f, "host {h}"),
+        }
+    }
 }
 
 impl PolicyError {
@@ -148,9 +213,38 @@ const DENIED_ENV_PREFIXES: &[&str] = &["LD_", "GCONV_PATH", "MALLOC_", "GLIBC_TU
 
 type R<T> = Result<T, String>;
 
+/// Why a step was refused, and the grant that would let it through when that is all it
+/// lacks. Plain reasons (`String`) convert into it.
+#[derive(Debug)]
+struct Refusal {
+    reason: String,
+    missing: Option<MissingGrant>,
+}
+
+impl From<String> for Refusal {
+    fn from(reason: String) -> Self {
+        Refusal { reason, missing: None }
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(reason: &str) -> Self {
+        Refusal { reason: reason.into(), missing: None }
+    }
+}
+
+/// The result of a check that may lack a grant.
+type G<T> = Result<T, Refusal>;
+
+/// A refusal for want of `missing`.
+fn lacks<T>(missing: MissingGrant, reason: String) -> G<T> {
+    Err(Refusal { reason, missing: Some(missing) })
+}
+
 /// Check a node or controller plan and resolve it.
 pub fn check(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> {
-    let whole = |reason: String| PolicyError { plugin: ctx.plugin.into(), index: 0, kind: "plan", reason };
+    let whole =
+        |reason: String| PolicyError { plugin: ctx.plugin.into(), index: 0, kind: "plan", reason, missing: None };
     if plan.steps.len() > MAX_STEPS {
         return Err(whole(format!("{} steps; at most {MAX_STEPS} are allowed", plan.steps.len())));
     }
@@ -159,13 +253,19 @@ pub fn check(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> {
     let mut steps = Vec::with_capacity(plan.steps.len());
     for (i, step) in plan.steps.into_iter().enumerate() {
         let kind = wit_kind(&step);
-        let refuse = |reason: String| PolicyError { plugin: ctx.plugin.into(), index: i + 1, kind, reason };
+        let refuse = |r: Refusal| PolicyError {
+            plugin: ctx.plugin.into(),
+            index: i + 1,
+            kind,
+            reason: r.reason,
+            missing: r.missing,
+        };
         if !ctx.operation.allows(&step) {
-            return Err(refuse(format!("a {kind} step is not allowed in a {:?} plan", ctx.operation)));
+            return Err(refuse(format!("a {kind} step is not allowed in a {:?} plan", ctx.operation).into()));
         }
         let step = check_step(ctx, step, &seen).map_err(refuse)?;
         if ctx.operation == Operation::DynamicMount {
-            dynamic_mount_step(ctx, &step).map_err(refuse)?;
+            dynamic_mount_step(ctx, &step).map_err(|e| refuse(e.into()))?;
         }
         match &step {
             Step::Fetch { digest, .. } | Step::FetchBlob { digest, .. } => {
@@ -177,6 +277,28 @@ pub fn check(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> {
         steps.push(step);
     }
     Ok(Plan { plugin: ctx.plugin.into(), digest: ctx.digest.clone(), steps, attributes })
+}
+
+/// Every grant `plan` lacks, judged by the rules of [`check`]: check it, and while the refusal
+/// is for want of a grant, add that grant and check again. Empty when the plan passes as it
+/// is; a refusal of another kind (a path leaving the volume, a denied option, ...) is the
+/// error, as [`check`] would give it once the grants are there.
+pub fn missing_grants(ctx: &Context<'_>, plan: &wit::Plan) -> Result<Vec<MissingGrant>, PolicyError> {
+    let mut grant = ctx.grant.clone();
+    let mut programs = ctx.programs.clone();
+    let mut missing: Vec<MissingGrant> = Vec::new();
+    loop {
+        let trial = Context { grant: &grant, programs: &programs, ..ctx.clone() };
+        match check(&trial, plan.clone()) {
+            Ok(_) => return Ok(missing),
+            // Each round adds a grant not added before, from a finite plan: the loop ends.
+            Err(PolicyError { missing: Some(m), .. }) if !missing.contains(&m) => {
+                m.add_to(&mut grant, &mut programs);
+                missing.push(m);
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// A dynamic mount's step: every bind and mount read-only, and what it reads or fills (bind
@@ -249,7 +371,7 @@ fn wit_kind(step: &wit::Step) -> &'static str {
     }
 }
 
-fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> R<Step> {
+fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> G<Step> {
     use wit::Step as S;
     Ok(match step {
         S::Mkdir(p) => Step::Mkdir { path: path(ctx, &p)? },
@@ -263,24 +385,29 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> R<Step> {
             let executable = program(ctx, &s.program)?;
             fstype(ctx, &s.fstype)?;
             if s.args.len() > MAX_ARGS {
-                return Err(format!("{} arguments; at most {MAX_ARGS}", s.args.len()));
+                return Err(format!("{} arguments; at most {MAX_ARGS}", s.args.len()).into());
             }
             if s.env.len() > MAX_ENV {
-                return Err(format!("{} environment variables; at most {MAX_ENV}", s.env.len()));
+                return Err(format!("{} environment variables; at most {MAX_ENV}", s.env.len()).into());
             }
             if !(1..=MAX_READY_TIMEOUT_MS).contains(&s.ready_timeout_ms) {
-                return Err(format!("ready timeout {} ms is outside 1..={MAX_READY_TIMEOUT_MS}", s.ready_timeout_ms));
+                return Err(
+                    format!("ready timeout {} ms is outside 1..={MAX_READY_TIMEOUT_MS}", s.ready_timeout_ms).into()
+                );
             }
             if s.memory_limit_bytes.is_some_and(|m| m < MIN_MEMORY_LIMIT) {
-                return Err(format!("memory limit below the minimum of {MIN_MEMORY_LIMIT} bytes"));
+                return Err(format!("memory limit below the minimum of {MIN_MEMORY_LIMIT} bytes").into());
             }
             let args = s.args.iter().map(|a| arg(ctx, a)).collect::<R<Vec<_>>>()?;
+            program_args(ctx, &s.program, &args)?;
+            let host_mount = fuse::host_mount(ctx, s.mount, &s.fstype, &args)?;
             let mut names = BTreeSet::new();
             let mut env = Vec::with_capacity(s.env.len());
             for e in s.env {
                 env_name(&e.name)?;
+                program_env(ctx, &s.program, &e.name)?;
                 if !names.insert(e.name.clone()) {
-                    return Err(format!("environment variable {} is set twice", e.name));
+                    return Err(format!("environment variable {} is set twice", e.name).into());
                 }
                 env.push(EnvVar {
                     value: value(ctx, e.value, &format!("environment variable {}", e.name), Place::Env)?,
@@ -296,6 +423,7 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> R<Step> {
                 fstype: s.fstype,
                 ready_timeout_ms: s.ready_timeout_ms,
                 memory_limit_bytes: s.memory_limit_bytes,
+                host_mount,
             }
         }
         S::Mount(m) => {
@@ -305,7 +433,7 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> R<Step> {
                     if !token(n) {
                         return Err(format!(
                             "mount source {n:?} must be a pseudo name such as \"tmpfs\" or a path inside the volume; devices are not allowed"
-                        ));
+                        ).into());
                     }
                     n.clone()
                 }
@@ -317,7 +445,9 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> R<Step> {
         S::Bind(b) => {
             for o in &b.options {
                 if !BIND_OPTIONS.contains(&o.as_str()) {
-                    return Err(format!("bind option {o:?} is not allowed; allowed: {}", BIND_OPTIONS.join(", ")));
+                    return Err(
+                        format!("bind option {o:?} is not allowed; allowed: {}", BIND_OPTIONS.join(", ")).into()
+                    );
                 }
             }
             Step::Bind {
@@ -339,7 +469,8 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> R<Step> {
                 return Err(format!(
                     "blob {} is not fetched by an earlier step (a fetch or fetch-blob of it)",
                     u.digest
-                ));
+                )
+                .into());
             }
             let format = match u.format {
                 wit::Archive::Raw => Archive::Raw,
@@ -352,7 +483,7 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> R<Step> {
         S::Http(h) => {
             const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"];
             if !METHODS.contains(&h.method.as_str()) {
-                return Err(format!("HTTP method {:?} is not one of {}", h.method, METHODS.join(", ")));
+                return Err(format!("HTTP method {:?} is not one of {}", h.method, METHODS.join(", ")).into());
             }
             if h.urls.is_empty() || h.urls.len() > 16 {
                 return Err("an http step needs 1 to 16 alternative URLs".into());
@@ -364,7 +495,7 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> R<Step> {
                 return Err("ok-status must list HTTP status codes (100-599)".into());
             }
             if h.body.len() > MAX_HTTP_BODY {
-                return Err(format!("body of {} bytes; at most {MAX_HTTP_BODY}", h.body.len()));
+                return Err(format!("body of {} bytes; at most {MAX_HTTP_BODY}", h.body.len()).into());
             }
             let body = String::from_utf8(h.body).map_err(|_| "the body must be UTF-8 text".to_string())?;
             text(ctx, &body, "the body")?;
@@ -411,36 +542,71 @@ fn path(ctx: &Context<'_>, p: &wit::PathRef) -> R<PathBuf> {
     Ok(root.join(Path::new(rel)))
 }
 
-fn program(ctx: &Context<'_>, name: &str) -> R<PathBuf> {
+fn program(ctx: &Context<'_>, name: &str) -> G<PathBuf> {
     if name.contains('/') {
         return Err(format!(
             "program {name:?} is a path; plans name programs (such as \"weed\") and the host maps names to binaries"
-        ));
+        )
+        .into());
     }
     if !token(name) {
-        return Err(format!("program name {name:?} must be letters, digits, '.', '_' or '-'"));
+        return Err(format!("program name {name:?} must be letters, digits, '.', '_' or '-'").into());
     }
     if !ctx.grant.programs.contains(name) {
-        return Err(format!(
-            "program {name:?} is not granted to plugin {} (granted: {})",
-            ctx.plugin,
-            list(&ctx.grant.programs)
-        ));
+        return lacks(
+            MissingGrant::Program(name.into()),
+            format!(
+                "program {name:?} is not granted to plugin {} (granted: {})",
+                ctx.plugin,
+                list(&ctx.grant.programs)
+            ),
+        );
     }
-    ctx.programs.get(name).cloned().ok_or_else(|| {
-        format!("program {name:?} has no binary configured on this host (host option --program {name}=/absolute/path)")
-    })
+    match ctx.programs.get(name) {
+        Some(binary) => Ok(binary.clone()),
+        None => lacks(
+            MissingGrant::Binary(name.into()),
+            format!(
+                "program {name:?} has no binary configured on this host (host option --program {name}=/absolute/path)"
+            ),
+        ),
+    }
 }
 
-fn fstype(ctx: &Context<'_>, fstype: &str) -> R<()> {
+/// The arguments a program would receive (secret files at their paths, a FUSE descriptor at
+/// its `/dev/fd` path) against what host config lets that program's arguments name.
+fn program_args(ctx: &Context<'_>, program: &str, args: &[SpawnArg]) -> R<()> {
+    let Some(rules) = ctx.program_args.get(program) else { return Ok(()) };
+    // Secret files are rendered in the runtime directory (a plan with secret-file arguments has
+    // one: `secret_file`). The executor may put them in another host directory (a host-fd
+    // spawn's); either is an absolute path the host chooses, and what the plan's prefix and
+    // suffix around it can name does not depend on which.
+    let runtime = ctx.dirs.runtime.as_deref().unwrap_or(Path::new("/"));
+    let rendered: Vec<String> = args.iter().map(|a| a.render(runtime)).collect();
+    rules.check(program, &rendered)
+}
+
+/// An environment variable a plan sets for `program`: any valid one when host config has no
+/// rules for the program, else only those its rules allow.
+fn program_env(ctx: &Context<'_>, program: &str, name: &str) -> R<()> {
+    match ctx.program_args.get(program) {
+        Some(rules) => rules.check_env(program, name),
+        None => Ok(()),
+    }
+}
+
+fn fstype(ctx: &Context<'_>, fstype: &str) -> G<()> {
     if ctx.grant.fstypes.contains(fstype) {
         Ok(())
     } else {
-        Err(format!(
-            "fstype {fstype:?} is not allowed for plugin {} (allowed: {})",
-            ctx.plugin,
-            list(&ctx.grant.fstypes)
-        ))
+        lacks(
+            MissingGrant::Fstype(fstype.into()),
+            format!(
+                "fstype {fstype:?} is not allowed for plugin {} (allowed: {})",
+                ctx.plugin,
+                list(&ctx.grant.fstypes)
+            ),
+        )
     }
 }
 
@@ -460,6 +626,7 @@ fn arg(ctx: &Context<'_>, a: &wit::Arg) -> R<SpawnArg> {
             secret_file(ctx, &f.key, WHAT)?;
             Ok(SpawnArg::SecretFile { prefix: f.prefix.clone(), key: f.key.clone(), suffix: f.suffix.clone() })
         }
+        wit::Arg::FuseFd(f) => fuse::fd_arg(ctx, f),
     }
 }
 
@@ -493,6 +660,10 @@ fn mount_option(ctx: &Context<'_>, o: &wit::Arg) -> R<MountOption> {
         wit::Arg::SecretFile(f) => Err(format!(
             "mount option {:?} names a file holding secret {:?}; secret files are for program arguments and              environment values only (the kernel would read the file's path, not the secret)",
             f.prefix, f.key
+        )),
+        wit::Arg::FuseFd(f) => Err(format!(
+            "mount option {:?} names a fuse-fd argument, which only a host-fd spawn-fuse's program gets",
+            f.prefix
         )),
     }
 }
@@ -570,7 +741,9 @@ fn secret_file(ctx: &Context<'_>, key: &str, what: &str) -> R<()> {
     Ok(())
 }
 
-fn env_name(name: &str) -> R<()> {
+/// An environment variable name a plan, or host config (`--program-args PROGRAM:env=NAME`),
+/// may use: `[A-Za-z_][A-Za-z0-9_]*`, and none of the dynamic loader's.
+pub fn env_name(name: &str) -> Result<(), String> {
     let valid = !name.is_empty()
         && name.len() <= 128
         && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
@@ -614,7 +787,7 @@ fn headers(ctx: &Context<'_>, hs: Vec<wit::Header>) -> R<Vec<Header>> {
 /// [`super::url::parse`], the parser the HTTP client builds its request with, so the approved
 /// host and port are the ones connected to. Grants are normalised the same way; one that does
 /// not parse grants nothing.
-fn url(ctx: &Context<'_>, u: &str) -> R<Target> {
+fn url(ctx: &Context<'_>, u: &str) -> G<Target> {
     text(ctx, u, "URL")?;
     let target = parse_url(u).map_err(|e| e.to_string())?;
     granted(ctx, &target, "host")?;
@@ -623,7 +796,7 @@ fn url(ctx: &Context<'_>, u: &str) -> R<Target> {
 
 /// `target`'s host and port are granted by config or by the StorageClass; `what` names the
 /// host's role in the message (`host`, `registry`, `mirror`).
-fn granted(ctx: &Context<'_>, target: &Target, what: &str) -> R<()> {
+fn granted(ctx: &Context<'_>, target: &Target, what: &str) -> G<()> {
     let granted =
         |set: &BTreeSet<String>| set.iter().filter_map(|g| HostGrant::parse(g).ok()).any(|g| g.allows(target));
     if granted(&ctx.endpoint_hosts) || granted(&ctx.grant.hosts) {
@@ -631,7 +804,10 @@ fn granted(ctx: &Context<'_>, target: &Target, what: &str) -> R<()> {
     } else {
         let mut all: BTreeSet<String> = ctx.grant.hosts.clone();
         all.extend(ctx.endpoint_hosts.iter().cloned());
-        Err(format!("{what} {} is not granted to plugin {} (granted: {})", target.authority(), ctx.plugin, list(&all)))
+        lacks(
+            MissingGrant::Host(target.authority()),
+            format!("{what} {} is not granted to plugin {} (granted: {})", target.authority(), ctx.plugin, list(&all)),
+        )
     }
 }
 

@@ -12,13 +12,13 @@ use crate::plan::url::HostGrant;
 use crate::plan::{RegistryAuth, Step};
 use crate::plugin::bindings::types as wit;
 
-use super::{Context, R, digest, granted, parse_url, secret_key, text};
+use super::{Context, G, R, Refusal, digest, granted, parse_url, secret_key, text};
 
 /// Longest media type accepted (RFC 6838 bounds type and subtype to 127 characters each).
 const MAX_MEDIA_TYPE: usize = 255;
 
 /// Check a `resolve` step; `resolved` says whether an earlier step already resolved.
-pub(super) fn resolve(ctx: &Context<'_>, r: wit::Resolve, resolved: bool) -> R<Step> {
+pub(super) fn resolve(ctx: &Context<'_>, r: wit::Resolve, resolved: bool) -> G<Step> {
     if resolved {
         return Err("a plan resolves at most one OCI reference; this is the second resolve step".into());
     }
@@ -30,7 +30,7 @@ pub(super) fn resolve(ctx: &Context<'_>, r: wit::Resolve, resolved: bool) -> R<S
         text(ctx, m, "the mirror")?;
         // host[:port] only: no scheme, path or userinfo.
         if HostGrant::parse(m).is_err() {
-            return Err(format!("mirror {m:?} must be host[:port], as in mirror.example:5000"));
+            return Err(format!("mirror {m:?} must be host[:port], as in mirror.example:5000").into());
         }
         registry(ctx, m, scheme, "mirror")?;
     }
@@ -49,14 +49,15 @@ pub(super) fn resolve(ctx: &Context<'_>, r: wit::Resolve, resolved: bool) -> R<S
 }
 
 /// A registry (or mirror) `host[:port]` the plan may pull from.
-fn registry(ctx: &Context<'_>, host: &str, scheme: &str, what: &str) -> R<()> {
+fn registry(ctx: &Context<'_>, host: &str, scheme: &str, what: &str) -> G<()> {
     let target = parse_url(&format!("{scheme}://{host}/v2/")).map_err(|e| format!("{what} {host:?}: {e}"))?;
     let parameter = if what == "mirror" { "an endpoint" } else { "an oci-reference" };
-    granted(ctx, &target, what).map_err(|e| {
-        format!(
-            "{e}; name it in {parameter} parameter of the StorageClass or grant it on the host (--grant {}:host={host})",
-            ctx.plugin
-        )
+    granted(ctx, &target, what).map_err(|r| Refusal {
+        reason: format!(
+            "{}; name it in {parameter} parameter of the StorageClass or grant it on the host (--grant {}:host={host})",
+            r.reason, ctx.plugin
+        ),
+        ..r
     })
 }
 

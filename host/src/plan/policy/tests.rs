@@ -35,6 +35,7 @@ fn spawn(program: &str, args: Vec<w::Arg>, env: Vec<w::EnvVar>) -> w::Step {
         fstype: "fuse.test".into(),
         ready_timeout_ms: 1000,
         memory_limit_bytes: None,
+        mount: w::FuseMount::ByProgram,
     })
 }
 
@@ -51,6 +52,7 @@ fn http(url: &str) -> w::Step {
 struct Fixture {
     grant: Grant,
     programs: BTreeMap<String, PathBuf>,
+    program_args: BTreeMap<String, ArgRules>,
     dirs: VolumeDirs,
     secrets: Secrets,
 }
@@ -64,6 +66,7 @@ impl Fixture {
                 hosts: ["registry.local".to_string()].into(),
             },
             programs: [("fusetest".to_string(), PathBuf::from("/usr/bin/fusetest"))].into(),
+            program_args: BTreeMap::new(),
             dirs: VolumeDirs {
                 staging: Some("/k/plugins/x/globalmount".into()),
                 target: Some("/k/pods/u/mount".into()),
@@ -81,6 +84,7 @@ impl Fixture {
             digest: "sha256:00".into(),
             grant: &self.grant,
             programs: &self.programs,
+            program_args: &self.program_args,
             endpoint_hosts: ["filer:8888".to_string()].into(),
             dirs: &self.dirs,
             secrets: &self.secrets,
@@ -517,5 +521,6 @@ async fn a_refused_url_never_connects() {
     assert!(accepted.is_err(), "something connected to the listener: {accepted:?}");
 }
 
+mod args;
 mod oci;
 mod values;
