@@ -86,6 +86,10 @@ impl Node {
     pub fn cache_in_use(&self) -> Result<BTreeMap<String, Vec<String>>, Error> {
         let mut used: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for st in self.inner.store.all()? {
+            // A plugin pulled by OCI reference: its layer is the wasm a restart reloads.
+            if st.source.is_some() {
+                used.entry(st.digest.clone()).or_default().push(st.volume_id.clone());
+            }
             let dynamic = st.dynamic.values().flat_map(|m| m.steps.iter());
             for step in st.plan.steps.iter().chain(dynamic) {
                 if let Step::FetchBlob { digest, .. } = step {

@@ -19,6 +19,7 @@
 pub mod cache;
 pub mod diff;
 pub mod dynamic;
+pub mod fuse_ids;
 pub mod heal;
 pub mod health;
 pub mod pipeline;
@@ -74,6 +75,10 @@ struct Inner {
     artifacts: Arc<crate::exec::oci::Artifacts>,
     /// Dynamic volumes' servers and mounts in progress (see `dynamic`).
     dynamic: dynamic::Dynamic,
+    /// FUSE ids chosen for stages in flight (see `fuse_ids`).
+    fuse_claims: fuse_ids::Claims,
+    /// Held while the FUSE files directory's tmpfs is checked and mounted (see `secret_files`).
+    fuse_tmpfs: std::sync::Mutex<()>,
 }
 
 impl Node {
@@ -107,6 +112,8 @@ impl Node {
                 plans: Default::default(),
                 artifacts: Arc::new(artifacts),
                 dynamic: Default::default(),
+                fuse_claims: Default::default(),
+                fuse_tmpfs: Default::default(),
             }),
         })
     }
@@ -172,6 +179,10 @@ impl Node {
     ///   with a warning; the caller records the new digest when it saves the state anyway.
     ///
     /// Whatever build is returned, its plans go through the policy as always.
+    ///
+    /// A build pulled by OCI reference that is neither loaded nor in the node's blob cache any
+    /// more is pulled again with no credentials: publish and unstage carry none for the
+    /// registry (see [`Node::resolve_build_with`] for a call that does).
     async fn resolve_build(
         &self,
         id: &str,
@@ -179,10 +190,32 @@ impl Node {
         digest: Option<&str>,
         pinned: bool,
     ) -> Result<Arc<LoadedPlugin>, Error> {
+        self.resolve_build_with(id, name, digest, pinned, &Secrets::default()).await
+    }
+
+    /// [`Node::resolve_build`] for a call that carries the registry's credentials
+    /// (`pluginRegistryAuth` in a restage's secrets), used if a pulled build must be pulled
+    /// again.
+    async fn resolve_build_with(
+        &self,
+        id: &str,
+        name: &str,
+        digest: Option<&str>,
+        pinned: bool,
+        secrets: &Secrets,
+    ) -> Result<Arc<LoadedPlugin>, Error> {
         let runtime = &self.inner.runtime;
         let Some(digest) = digest else {
             return Ok(runtime.resolve(name, None).await?);
         };
+        // A plugin pulled by OCI reference: exactly the recorded build, reloaded from the
+        // node's blob cache (its compiled form from the compile cache) after a restart.
+        if let Ok(Some(st)) = self.inner.store.load(id)
+            && let Some(source) = st.source.as_deref().filter(|_| st.digest == digest && st.plugin == name)
+        {
+            let puller = self.puller();
+            return crate::plugin::pulled::reload(runtime, &puller, source, digest, secrets, id).await;
+        }
         match runtime.resolve(name, Some(digest)).await {
             Err(PluginError::UnknownDigest { known, .. }) if pinned => Err(Error::precondition(format!(
                 "volume {id} is pinned (volume attribute {}) to build {digest} of plugin {name}, which is not \
@@ -199,6 +232,11 @@ impl Node {
             }
             other => Ok(other?),
         }
+    }
+
+    /// Plugins selected by OCI reference are pulled through the node's blob cache.
+    fn puller(&self) -> crate::exec::oci::PluginPull {
+        crate::exec::oci::PluginPull::new(self.inner.artifacts.clone(), None)
     }
 
     /// Policy over a plugin's plan, plus: every secret it references must be in the request.
@@ -225,6 +263,7 @@ impl Node {
             digest: plugin.digest.to_string(),
             grant: &grant,
             programs: &cfg.programs,
+            program_args: &cfg.program_args,
             endpoint_hosts: if ephemeral {
                 Default::default()
             } else {
@@ -234,6 +273,13 @@ impl Node {
             secrets,
         };
         let plan = policy::check(&ctx, wplan)?;
+        if crate::plan::secret_refs(&plan).iter().any(|k| k == crate::plugin::pulled::AUTH_SECRET_KEY) {
+            return Err(Error::invalid(format!(
+                "plugin {} references the secret {}, the host's credentials for pulling plugins, which plugins never get",
+                plugin.info.name,
+                crate::plugin::pulled::AUTH_SECRET_KEY
+            )));
+        }
         if let Some(key) = crate::plan::secret_refs(&plan).into_iter().find(|k| secrets.get(k).is_none()) {
             return Err(Error::invalid(format!(
                 "plugin {} needs the secret {key:?}, which the request does not carry (check the StorageClass's secret references)",

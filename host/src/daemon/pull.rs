@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 
 use super::Node;
 use super::stage::StageAsk;
-use crate::error::{Error, ErrorKind};
+use crate::error::Error;
 use crate::exec::oci::{BlobRef, Credentials, Ensure, OciError, Prepared, Progress, Source};
 use crate::plan::oci_ref::OciRef;
 use crate::plan::policy::Operation;
@@ -168,6 +168,43 @@ impl Node {
         })
     }
 
+    /// The plugin a volume's first stage selects by OCI reference (`plugin: oci://…`): pulled
+    /// through the node's cache with the stage's secrets, verified, compiled once. An inline
+    /// volume may not (its attributes are the pod author's), and a `pluginDigest` must name the
+    /// build the reference holds.
+    pub(super) async fn select_pulled(
+        &self,
+        ask: &StageAsk,
+        value: &str,
+        asked_digest: Option<&String>,
+    ) -> Result<crate::plugin::pulled::Selected, Error> {
+        if ask.ephemeral {
+            return Err(Error::invalid(format!(
+                "volume {}: an inline (ephemeral) volume cannot select its plugin by OCI reference ({value}): its \
+                 attributes are the pod author's, and would make the node pull and run code of their choosing; \
+                 use a StorageClass or a PersistentVolume, or a plugin name",
+                ask.id
+            )));
+        }
+        let puller = self.puller();
+        let allow_tags = self.inner.config.allow_plugin_tags;
+        let selected =
+            crate::plugin::pulled::select(&self.inner.runtime, &puller, value, allow_tags, &ask.secrets, &ask.id)
+                .await?;
+        if let Some(d) = asked_digest
+            && *d != selected.plugin.digest.to_string()
+        {
+            return Err(Error::invalid(format!(
+                "volume {}: digest mismatch: volume attribute {} expects plugin build {d}, but {} holds build {}",
+                ask.id,
+                request::DIGEST_KEY,
+                selected.source,
+                selected.plugin.digest
+            )));
+        }
+        Ok(selected)
+    }
+
     /// Volumes waiting for their blobs, with progress (ListVolumes).
     pub fn pulls(&self) -> BTreeMap<String, Progress> {
         self.inner.artifacts.progress()
@@ -227,28 +264,7 @@ pub fn human_bytes(n: u64) -> String {
 
 /// A cache or registry failure as the caller sees it, naming what was asked for.
 pub fn oci_error(e: OciError, reference: &str) -> Error {
-    let mut message = e.to_string();
-    if !message.contains(reference) {
-        message = format!("{reference}: {message}");
-    }
-    // The cache does not know the flags; say which one the operator sets.
-    match &e {
-        OciError::Tls { .. } => message.push_str(" (host daemon flag --registry-ca FILE)"),
-        OciError::InsecureRefused { .. } => message.push_str(" (host daemon flag --insecure-registry HOST[:PORT])"),
-        _ => {}
-    }
-    let kind = match &e {
-        OciError::ManifestNotFound { .. } | OciError::BlobNotFound { .. } => ErrorKind::NotFound,
-        OciError::AuthMissing { .. } => ErrorKind::Unauthenticated,
-        OciError::AuthRefused { .. } => ErrorKind::PermissionDenied,
-        OciError::Tls { .. } | OciError::InsecureRefused { .. } | OciError::Config(_) => ErrorKind::FailedPrecondition,
-        OciError::DigestMismatch { .. } | OciError::SizeMismatch { .. } => ErrorKind::DataLoss,
-        OciError::DiskFull { .. } => ErrorKind::ResourceExhausted,
-        OciError::Unreachable { .. } => ErrorKind::Unavailable,
-        OciError::Registry { transient: true, .. } => ErrorKind::Unavailable,
-        OciError::Registry { .. } | OciError::Protocol { .. } | OciError::Local { .. } => ErrorKind::Internal,
-    };
-    Error::new(kind, message)
+    e.into_error(reference)
 }
 
 #[cfg(test)]

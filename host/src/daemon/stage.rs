@@ -95,21 +95,37 @@ impl Node {
         }
         // A restage uses the recorded build (or, when it is gone and not pinned, the current one).
         let asked_digest = ask.context.get(request::DIGEST_KEY);
-        let (name, digest, pinned) = match &existing {
-            Some(st) => (st.plugin.clone(), Some(st.digest.clone()), st.pinned || asked_digest.is_some()),
-            None => (request::plugin_name(&ask.id, &ask.context)?, asked_digest.cloned(), asked_digest.is_some()),
+        let (plugin, source, pinned) = match &existing {
+            Some(st) => {
+                let pinned = st.pinned || asked_digest.is_some();
+                let plugin =
+                    self.resolve_build_with(&ask.id, &st.plugin, Some(&st.digest), pinned, &ask.secrets).await?;
+                (plugin, st.source.clone(), pinned)
+            }
+            None => {
+                let name = request::plugin_name(&ask.id, &ask.context)?;
+                if crate::plugin::pulled::is_reference(&name) {
+                    // Pulled once, pinned to the manifest it resolved to, for the volume's life.
+                    let selected = self.select_pulled(&ask, &name, asked_digest).await?;
+                    (selected.plugin, Some(selected.source), true)
+                } else {
+                    let digest = asked_digest.map(String::as_str);
+                    (self.resolve_build(&ask.id, &name, digest, digest.is_some()).await?, None, digest.is_some())
+                }
+            }
         };
-        let plugin = self.resolve_build(&ask.id, &name, digest.as_deref(), pinned).await?;
+        let name = plugin.info.name.clone();
         let attrs = request::plugin_attrs(&ask.context);
         let dirs = self.dirs(&ask.id, Some(&ask.staging), None);
         let plan = self.stage_plan(&plugin, &ask, &attrs, &dirs).await?;
         let cached = plan.steps.iter().any(|s| matches!(s, crate::plan::Step::FetchBlob { .. }));
-        let state = VolumeState {
+        let mut state = VolumeState {
             version: SCHEMA_VERSION,
             volume_id: ask.id.clone(),
             plugin: plugin.info.name.clone(),
             digest: plugin.digest.to_string(),
             pinned,
+            source,
             boot_id: self.inner.boot_id.clone(),
             phase: Phase::Staging,
             staging_path: ask.staging.clone(),
@@ -120,11 +136,16 @@ impl Node {
             oom_kills: existing.as_ref().map(|s| s.oom_kills).unwrap_or(0),
             capability: Some(staged_capability(&ask.capability)),
             dynamic: existing.as_ref().map(|s| s.dynamic.clone()).unwrap_or_default(),
+            fuse_id: existing.as_ref().and_then(|s| s.fuse_id),
             published: existing.map(|s| s.published).unwrap_or_default(),
             ephemeral: ask.ephemeral,
         };
-        let job = self.stage_job(state, ask.staging_below, ask.secrets, false);
-        self.blocking(move |n| n.run_job(job)).await?;
+        self.blocking(move |n| {
+            // The volume's FUSE id, claimed until the job has recorded it.
+            let _claim = n.assign_fuse_id(&mut state)?;
+            n.run_job(n.stage_job(state, ask.staging_below, ask.secrets, false))
+        })
+        .await?;
         self.inner.backoff.clear(&ask.id);
         if cached {
             // Now that this volume's blobs count as used, the cache may shrink to its cap.
@@ -148,10 +169,14 @@ impl Node {
                 st.staging_path.display()
             )))
         };
-        if let Some(p) = ask.context.get(request::PLUGIN_KEY)
-            && *p != st.plugin
-        {
-            return refuse(format!("plugin {}, not {p}", st.plugin));
+        if let Some(p) = ask.context.get(request::PLUGIN_KEY) {
+            let (same, staged) = match &st.source {
+                Some(source) => (crate::plugin::pulled::same_source(p, source), source),
+                None => (*p == st.plugin, &st.plugin),
+            };
+            if !same {
+                return refuse(format!("plugin {staged}, not {p}"));
+            }
         }
         if let Some(d) = ask.context.get(request::DIGEST_KEY)
             && *d != st.digest
@@ -185,13 +210,15 @@ impl Node {
     /// The job that stages `state` (a `staging` record with its plan) from scratch: kubelet's
     /// stage, and the supervisor's restart (`healing`: the record is kept on failure).
     pub(super) fn stage_job(&self, state: VolumeState, staging_below: PathBuf, secrets: Secrets, healing: bool) -> Job {
-        let dirs = self.dirs(&state.volume_id, None, None);
+        // The FUSE files directory of a host-mounted program is not among them: it is made on
+        // its own tmpfs, which the spawn mounts first (daemon/secret_files.rs).
+        let host_dirs = self.dirs(&state.volume_id, None, None).host_dirs();
         // Only the secrets the plan references, so a crashed FUSE process can be restarted.
         let kept: BTreeMap<String, String> =
             secret_refs(&state.plan).into_iter().filter_map(|k| secrets.get(&k).map(|v| (k, v.to_string()))).collect();
         let desired = Desired::Stage {
             staging: Root { path: state.staging_path.clone(), below: staging_below },
-            host_dirs: dirs.host_dirs(),
+            host_dirs,
             steps: state.plan.steps.clone(),
             published: state.published.clone(),
             process: state.process,

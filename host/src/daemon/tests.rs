@@ -658,11 +658,18 @@ async fn host_directories_no_volume_claims_are_swept_at_start() {
     e.node.stage(e.stage_req()).await.unwrap();
     let orphan = e.config.state_dir.join("cache/volumes/0123456789abcdef");
     e.rec.add_dir(&orphan);
+    // The FUSE files directory (this daemon's own: derived from its state directory) too.
+    let fuse_files = e.config.fuse_files();
+    assert!(fuse_files.to_string_lossy().starts_with("/run/mounthost/fuse-"), "{}", fuse_files.display());
+    let fuse_orphan = fuse_files.join("fedcba9876543210");
+    e.rec.add_dir(&fuse_orphan);
+    e.rec.add_dir(&fuse_files.join(crate::volume::dirs::volume_key(VOL)));
     e.rec.clear_calls();
     let report = e.restarted().reconcile().unwrap();
-    assert_eq!((report.adopted, report.orphans), (1, 1));
+    assert_eq!((report.adopted, report.orphans), (1, 2));
     let removed: Vec<String> = e.rec.calls().into_iter().filter(|c| c.starts_with("remove-tree")).collect();
-    assert_eq!(removed, vec![format!("remove-tree {}", orphan.display())], "only the unclaimed directory");
+    let want = [&orphan, &fuse_orphan].map(|p| format!("remove-tree {}", p.display()));
+    assert_eq!(removed, want, "only the unclaimed directories");
 }
 
 /// What the daemon's supervisor does in one wake-up, serially: restart every broken volume.

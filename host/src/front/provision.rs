@@ -17,6 +17,12 @@
 //!   for its part of the id means the same. An id naming a valid plugin name that is not loaded
 //!   is FAILED_PRECONDITION: it may well be ours with its plugin missing, and answering OK would
 //!   make the CO forget a volume whose data is still there.
+//! - A volume created with a plugin pulled by OCI reference (`plugin: oci://…`): CreateVolume
+//!   notes, for that volume id, the pinned reference before it answers, and DeleteVolume runs
+//!   exactly that build with its own secrets (never another StorageClass's plugin that reports
+//!   the same name). Without a note and without a folder or stock plugin of that name,
+//!   DeleteVolume is FAILED_PRECONDITION saying where the note belongs; once deleted, the note
+//!   becomes a tombstone so a repeated DeleteVolume answers OK.
 //! - One operation per volume id at a time in this process (a second is ABORTED), so two
 //!   CreateVolume calls for one name cannot interleave their check and their write.
 
@@ -31,6 +37,7 @@ use crate::plan::policy::{self, Context, Operation};
 use crate::plan::{Plan, Step};
 use crate::plan::{resolve, secret_refs};
 use crate::plugin::bindings::types as wit;
+use crate::plugin::pulled::{self, PluginPuller, VolumeNote};
 use crate::plugin::{BackendError, LoadedPlugin, PluginError, PluginRuntime};
 use crate::proto::csi;
 use crate::secrets::Secrets;
@@ -51,12 +58,20 @@ pub struct Controller {
     http: HttpClient,
     /// Volume ids with a CreateVolume or DeleteVolume in flight.
     locks: Arc<VolumeLocks>,
+    /// Where plugins selected by OCI reference come from (none: such a StorageClass is refused).
+    puller: Option<Arc<dyn PluginPuller>>,
 }
 
 impl Controller {
     /// A controller over `runtime`.
     pub fn new(config: Config, runtime: Arc<PluginRuntime>) -> Self {
-        Controller { config, runtime, http: HttpClient::default(), locks: VolumeLocks::new() }
+        Controller { config, runtime, http: HttpClient::default(), locks: VolumeLocks::new(), puller: None }
+    }
+
+    /// Let StorageClasses select plugins by OCI reference (`plugin: oci://…`), pulled by `puller`.
+    pub fn with_puller(mut self, puller: Arc<dyn PluginPuller>) -> Self {
+        self.puller = Some(puller);
+        self
     }
 
     /// CreateVolume.
@@ -77,7 +92,7 @@ impl Controller {
         if required < 0 || limit < 0 || (limit > 0 && required > limit) {
             return Err(Error::invalid(format!("capacity_range is invalid: required {required}, limit {limit}")));
         }
-        let plugin = self.plugin(&req.parameters).await?;
+        let (plugin, source) = self.plugin(&req.parameters, &secrets, &name).await?;
         request::dynamic_plugins(&req.parameters, &plugin.info.name)?;
         let params = request::plugin_attrs(&req.parameters);
         let wreq = wit::ProvisionRequest {
@@ -110,6 +125,12 @@ impl Controller {
             )),
             Failure::Other(e) => e,
         })?;
+        // DeleteVolume gets only the id: note, for this very volume, where its plugin came from.
+        // Before answering, so a volume the CO knows of always has its note (a crash before
+        // this makes the CO retry, which creates nothing new and writes the note).
+        if let Some(source) = &source {
+            self.puller()?.remember(&volume_id, source)?;
+        }
         let mut context: HashMap<String, String> = params.into_iter().collect();
         // The plugin's context never sets the host's own keys.
         context
@@ -120,6 +141,12 @@ impl Controller {
             if let Some(v) = req.parameters.get(key) {
                 context.insert(key.into(), v.clone());
             }
+        }
+        // A plugin pulled by reference: the node pulls the manifest this call resolved (a tag
+        // resolved here once) and runs exactly this build.
+        if let Some(source) = source {
+            context.insert(request::PLUGIN_KEY.into(), source);
+            context.insert(request::DIGEST_KEY.into(), plugin.digest.to_string());
         }
         info!(volume.id = %volume_id, name = %name, "volume created");
         Ok(csi::CreateVolumeResponse {
@@ -134,7 +161,8 @@ impl Controller {
     }
 
     /// DeleteVolume. Ids this driver cannot have made, and ids the plugin does not know, are
-    /// volumes that do not exist: OK.
+    /// volumes that do not exist: OK. A volume created with a plugin pulled by reference runs
+    /// exactly the build noted for it at CreateVolume, with this call's secrets.
     pub async fn delete(&self, req: csi::DeleteVolumeRequest) -> Result<(), Error> {
         let id = request::volume_id(&req.volume_id)?;
         let secrets = request::secrets(&req.secrets)?;
@@ -142,26 +170,37 @@ impl Controller {
             info!(volume.id = %id, "DeleteVolume of an id mounthost never makes (<plugin>~<id>): nothing to delete");
             return Ok(());
         };
-        let plugin = self.runtime.resolve(plugin_name, None).await.map_err(|e| {
+        let note = self.note(&id)?;
+        if let VolumeNote::Deleted(source) = &note {
+            info!(volume.id = %id, %source, "DeleteVolume of a volume deleted before: nothing to delete");
+            return Ok(());
+        }
+        let plugin = self.volume_plugin(&id, plugin_name, &note, &secrets).await.map_err(|e| {
+            if e.kind == ErrorKind::Unavailable {
+                return e;
+            }
             Error::precondition(format!(
                 "volume {id} belongs to plugin {plugin_name}, which cannot be loaded, so its data cannot be \
-                 deleted: {e}; install the plugin again, or delete the data by hand and remove the \
-                 PersistentVolume with reclaimPolicy Retain"
+                 deleted: {e}. Otherwise install the plugin again (its .wasm in the controller's plugin \
+                 folder), or delete the data by hand and remove the PersistentVolume with reclaimPolicy Retain"
             ))
         })?;
         let wreq = wit::DeleteRequest { volume_id: inner.to_string(), secrets: request::secret_kvs(&secrets) };
-        let wplan = match self.runtime.call(&plugin, &id, wreq).await {
-            Ok(plan) => plan,
+        match self.runtime.call(&plugin, &id, wreq).await {
+            Ok(wplan) => {
+                let plan = self.check(&plugin, Operation::Delete, hosts_in_id(inner), &secrets, wplan)?;
+                let _guard = self.locks.try_lock(&id)?;
+                self.execute(&plan, &secrets).await.map_err(Failure::into_error)?;
+                info!(volume.id = %id, "volume deleted");
+            }
             Err(PluginError::Backend { error: BackendError::NotFound(why), .. }) => {
                 info!(volume.id = %id, %why, "the plugin does not know this volume id: nothing to delete");
-                return Ok(());
             }
             Err(e) => return Err(e.into()),
-        };
-        let plan = self.check(&plugin, Operation::Delete, hosts_in_id(inner), &secrets, wplan)?;
-        let _guard = self.locks.try_lock(&id)?;
-        self.execute(&plan, &secrets).await.map_err(Failure::into_error)?;
-        info!(volume.id = %id, "volume deleted");
+        }
+        if matches!(note, VolumeNote::Source(_)) {
+            self.puller()?.deleted(&id)?;
+        }
         Ok(())
     }
 
@@ -185,7 +224,17 @@ impl Controller {
                 Err(e) => return Ok(unconfirmed(e.message)),
             }
         }
-        let plugin = self.runtime.resolve(plugin_name, None).await?;
+        // A volume whose plugin was pulled by reference names it (pinned) in its context.
+        let plugin = match req.volume_context.get(request::PLUGIN_KEY).filter(|v| pulled::is_reference(v)) {
+            Some(source) => {
+                let allow_tags = self.config.allow_plugin_tags;
+                pulled::select(&self.runtime, self.puller()?, source, allow_tags, &secrets, &id).await?.plugin
+            }
+            None => {
+                let note = self.note(&id)?;
+                self.volume_plugin(&id, plugin_name, &note, &secrets).await?
+            }
+        };
         let mut attrs = request::plugin_attrs(&req.volume_context);
         attrs.extend(request::plugin_attrs(&req.parameters));
         let wreq = wit::ValidateRequest {
@@ -210,7 +259,14 @@ impl Controller {
         }
     }
 
-    async fn plugin(&self, params: &HashMap<String, String>) -> Result<Arc<LoadedPlugin>, Error> {
+    /// The plugin `params` select for CreateVolume of `volume`, and for one selected by OCI
+    /// reference, that reference pinned to the manifest it resolved to.
+    async fn plugin(
+        &self,
+        params: &HashMap<String, String>,
+        secrets: &Secrets,
+        volume: &str,
+    ) -> Result<(Arc<LoadedPlugin>, Option<String>), Error> {
         let Some(name) = params.get(request::PLUGIN_KEY) else {
             let known: Vec<String> = self.runtime.list().await.iter().map(|p| p.info.name.clone()).collect();
             return Err(Error::invalid(format!(
@@ -219,8 +275,84 @@ impl Controller {
                 known.join(", ")
             )));
         };
+        let asked_digest = params.get(request::DIGEST_KEY);
+        if pulled::is_reference(name) {
+            let selected = pulled::select(
+                &self.runtime,
+                self.puller()?,
+                name,
+                self.config.allow_plugin_tags,
+                secrets,
+                &format!("CreateVolume {volume}"),
+            )
+            .await?;
+            if let Some(d) = asked_digest
+                && *d != selected.plugin.digest.to_string()
+            {
+                return Err(Error::invalid(format!(
+                    "digest mismatch: parameter {} expects plugin build {d}, but {} holds build {}",
+                    request::DIGEST_KEY,
+                    selected.source,
+                    selected.plugin.digest
+                )));
+            }
+            return Ok((selected.plugin, Some(selected.source)));
+        }
         let name = request::identifier("parameter plugin", name)?;
-        Ok(self.runtime.resolve(&name, params.get(request::DIGEST_KEY).map(String::as_str)).await?)
+        Ok((self.runtime.resolve(&name, asked_digest.map(String::as_str)).await?, None))
+    }
+
+    fn puller(&self) -> Result<&dyn PluginPuller, Error> {
+        self.puller.as_deref().ok_or_else(|| {
+            Error::precondition("this CSI controller cannot pull plugins by OCI reference (it has no blob cache)")
+        })
+    }
+
+    /// What this controller noted at CreateVolume about volume `id`'s pulled plugin.
+    fn note(&self, id: &str) -> Result<VolumeNote, Error> {
+        match self.puller.as_deref() {
+            Some(p) => p.recall(id),
+            None => Ok(VolumeNote::None),
+        }
+    }
+
+    /// The plugin of volume `id` (`<name>~…`) when the call names no reference (DeleteVolume,
+    /// validation): the build pulled from the reference noted for exactly this volume at
+    /// CreateVolume (pulled again with `secrets` when not loaded), else the folder's or the
+    /// stock plugin called `name`.
+    async fn volume_plugin(
+        &self,
+        id: &str,
+        name: &str,
+        note: &VolumeNote,
+        secrets: &Secrets,
+    ) -> Result<Arc<LoadedPlugin>, Error> {
+        if let (VolumeNote::Source(source), Some(puller)) = (note, self.puller.as_deref()) {
+            let selected = pulled::select(&self.runtime, puller, source, false, secrets, id).await?;
+            if selected.plugin.info.name != name {
+                return Err(Error::precondition(format!(
+                    "volume {id} was created with {source}, whose plugin now calls itself {}, not {name}",
+                    selected.plugin.info.name
+                )));
+            }
+            return Ok(selected.plugin);
+        }
+        match self.runtime.resolve(name, None).await {
+            Err(e @ PluginError::UnknownPlugin { .. }) => {
+                let Some(path) = self.puller.as_deref().and_then(|p| p.note_path(id)) else {
+                    return Err(e.into());
+                };
+                Err(Error::precondition(format!(
+                    "{e}; and this controller holds no note of an OCI reference volume {id} was created from \
+                     ({} is missing: the controller's state directory was lost, for example with a replaced \
+                     pod whose state is an emptyDir). If its StorageClass selected the plugin by reference, \
+                     write that reference, pinned (the PersistentVolume's volumeAttributes `plugin`, \
+                     oci://…@sha256:…), into that file and retry",
+                    path.display()
+                )))
+            }
+            other => Ok(other?),
+        }
     }
 
     fn check(
@@ -239,11 +371,19 @@ impl Controller {
             digest: plugin.digest.to_string(),
             grant: &grant,
             programs: &self.config.programs,
+            program_args: &self.config.program_args,
             endpoint_hosts: hosts,
             dirs: &dirs,
             secrets,
         };
         let plan = policy::check(&ctx, wplan)?;
+        if secret_refs(&plan).iter().any(|k| k == crate::plugin::pulled::AUTH_SECRET_KEY) {
+            return Err(Error::invalid(format!(
+                "plugin {} references the secret {}, the host's credentials for pulling plugins, which plugins never get",
+                plugin.info.name,
+                crate::plugin::pulled::AUTH_SECRET_KEY
+            )));
+        }
         if let Some(key) = secret_refs(&plan).into_iter().find(|k| secrets.get(k).is_none()) {
             return Err(Error::invalid(format!(
                 "plugin {} needs the secret {key:?}, which the request does not carry",

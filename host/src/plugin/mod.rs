@@ -8,11 +8,14 @@
 //!
 //! Components of every released contract version load side by side: the version a component
 //! exports is read from its type ([`Contract::detect`]), it is pre-instantiated with that
-//! version's bindings, and calls to an older one go through [`adapter`].
+//! version's bindings, and calls to an older one go through [`adapter_v020`] (and, for 0.1.0,
+//! [`adapter`] before it).
 
 pub mod adapter;
+pub mod adapter_v020;
 pub mod bindings;
 pub mod bindings_v010;
+pub mod bindings_v020;
 pub mod cache;
 pub mod calls;
 pub mod contract;
@@ -23,6 +26,7 @@ pub mod imports;
 pub mod info;
 pub mod limits;
 pub mod plugin_error;
+pub mod pulled;
 pub mod registry;
 pub mod store;
 
@@ -105,6 +109,13 @@ impl LoadedPlugin {
     pub fn contract(&self) -> Contract {
         self.pre.contract()
     }
+
+    /// The names of what the component imports and exports, in its own order.
+    pub fn interfaces(&self, engine: &Engine) -> (Vec<String>, Vec<String>) {
+        let ty = self.pre.component().component_type();
+        let imports = ty.imports(engine).map(|(n, _)| n.to_string()).collect();
+        (imports, ty.exports(engine).map(|(n, _)| n.to_string()).collect())
+    }
 }
 
 impl std::fmt::Debug for LoadedPlugin {
@@ -120,17 +131,37 @@ impl std::fmt::Debug for LoadedPlugin {
 
 /// A component pre-instantiated with the bindings of the contract it exports.
 enum PlannerPre {
-    /// `mounthost:plugin@0.1.0`, called through the adapter.
+    /// `mounthost:plugin@0.1.0`, called through both adapters.
     V010(bindings_v010::PluginPre<CallState>),
-    /// `mounthost:plugin@0.2.0`, the host's own terms.
-    V020(bindings::PluginPre<CallState>),
+    /// `mounthost:plugin@0.2.0`, called through [`adapter_v020`].
+    V020(bindings_v020::PluginPre<CallState>),
+    /// `mounthost:plugin@0.3.0`, the host's own terms.
+    V030(bindings::PluginPre<CallState>),
 }
 
 impl PlannerPre {
+    /// `pre` with the bindings of `contract`.
+    fn new(contract: Contract, pre: wasmtime::component::InstancePre<CallState>) -> wasmtime::Result<Self> {
+        Ok(match contract {
+            Contract::V010 => PlannerPre::V010(bindings_v010::PluginPre::new(pre)?),
+            Contract::V020 => PlannerPre::V020(bindings_v020::PluginPre::new(pre)?),
+            Contract::V030 => PlannerPre::V030(bindings::PluginPre::new(pre)?),
+        })
+    }
+
+    fn component(&self) -> &wasmtime::component::Component {
+        match self {
+            PlannerPre::V010(p) => p.instance_pre().component(),
+            PlannerPre::V020(p) => p.instance_pre().component(),
+            PlannerPre::V030(p) => p.instance_pre().component(),
+        }
+    }
+
     fn contract(&self) -> Contract {
         match self {
             PlannerPre::V010(_) => Contract::V010,
             PlannerPre::V020(_) => Contract::V020,
+            PlannerPre::V030(_) => Contract::V030,
         }
     }
 }
@@ -168,8 +199,9 @@ impl PluginRuntime {
         engine::start_ticker(&engine);
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(setup)?;
-        // Both contracts' `host` interfaces: their names differ by version, so they coexist.
+        // Every contract's `host` interface: their names differ by version, so they coexist.
         bindings::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).map_err(setup)?;
+        bindings_v020::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).map_err(setup)?;
         bindings_v010::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).map_err(setup)?;
         Ok(PluginRuntime {
             engine,
@@ -220,9 +252,13 @@ impl PluginRuntime {
         });
         let run = async {
             match pre {
-                PlannerPre::V020(pre) => {
+                PlannerPre::V030(pre) => {
                     let instance = pre.instantiate_async(&mut store).await?;
                     req.invoke(instance.mounthost_plugin_planner(), &mut store).await
+                }
+                PlannerPre::V020(pre) => {
+                    let instance = pre.instantiate_async(&mut store).await?;
+                    req.invoke_v020(instance.mounthost_plugin_planner(), &mut store).await
                 }
                 PlannerPre::V010(pre) => {
                     let instance = pre.instantiate_async(&mut store).await?;

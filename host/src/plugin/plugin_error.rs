@@ -46,6 +46,13 @@ pub enum PluginError {
         imports.join(", ")
     )]
     ForbiddenImports { origin: String, imports: Vec<String> },
+    /// A plugin pulled by OCI reference reports the name of a stock or folder plugin, whose
+    /// grants it would get.
+    #[error(
+        "plugin {origin} is refused: it calls itself {name:?}, the name of {owner}; grants are given by name, so a \
+         pulled plugin may not take the name of a stock or folder plugin: give it a name of its own and grant that"
+    )]
+    Shadows { origin: String, name: String, owner: String },
     /// The call ran past its deadline and was stopped.
     #[error("plugin {plugin} did not finish {call} within its deadline of {deadline:?} and was stopped")]
     Deadline { plugin: String, call: &'static str, deadline: Duration },
@@ -68,7 +75,7 @@ impl PluginError {
             // The node lacks the build a volume is pinned to (by its context, or by the build it
             // was staged with): not a missing volume.
             PluginError::UnknownDigest { .. } => ErrorKind::FailedPrecondition,
-            PluginError::BadDigest(_) => ErrorKind::InvalidArgument,
+            PluginError::BadDigest(_) | PluginError::Shadows { .. } => ErrorKind::InvalidArgument,
             PluginError::Load { .. } | PluginError::ForbiddenImports { .. } => ErrorKind::FailedPrecondition,
             PluginError::Deadline { .. } => ErrorKind::DeadlineExceeded,
             PluginError::Memory { .. } | PluginError::Trap { .. } => ErrorKind::Internal,

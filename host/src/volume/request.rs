@@ -164,6 +164,14 @@ pub fn access_mode_name(mode: wit::AccessMode) -> &'static str {
 /// mounthost's CreateVolume made.
 pub fn plugin_name(volume_id: &str, attrs: &HashMap<String, String>) -> Result<String, Error> {
     if let Some(p) = attrs.get(PLUGIN_KEY) {
+        // `oci://registry/repository@sha256:…` is longer than an identifier; it is parsed where
+        // it is pulled (`plugin::pulled`).
+        if crate::plugin::pulled::is_reference(p) {
+            if p.len() > crate::plugin::pulled::MAX_VALUE || p.chars().any(char::is_control) {
+                return Err(Error::invalid(format!("volume attribute plugin {} is not an OCI reference", shown(p))));
+            }
+            return Ok(p.clone());
+        }
         return identifier("volume attribute plugin", p);
     }
     match volume_id.split_once('~') {
@@ -193,9 +201,14 @@ pub fn kvs<'a>(pairs: impl IntoIterator<Item = (&'a String, &'a String)>) -> Vec
     pairs.into_iter().map(|(k, v)| wit::Kv { key: k.clone(), value: v.clone() }).collect()
 }
 
-/// Secrets as WIT key-value pairs, for a planner.
+/// Secrets as WIT key-value pairs, for a planner: all but the host's own (the credentials it
+/// pulls plugins with, `plugin::pulled::AUTH_SECRET_KEY`).
 pub fn secret_kvs(secrets: &Secrets) -> Vec<wit::Kv> {
-    secrets.iter().map(|(k, v)| wit::Kv { key: k.into(), value: v.into() }).collect()
+    secrets
+        .iter()
+        .filter(|(k, _)| *k != crate::plugin::pulled::AUTH_SECRET_KEY)
+        .map(|(k, v)| wit::Kv { key: k.into(), value: v.into() })
+        .collect()
 }
 
 /// Longest path accepted (PATH_MAX).

@@ -122,6 +122,12 @@ pub struct VolumeState {
     /// existed read as not pinned.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pinned: bool,
+    /// For a plugin selected by OCI reference (`plugin: oci://…`): that reference pinned to the
+    /// manifest it resolved to at stage (`oci://registry/repository[:tag]@sha256:…`); `digest`
+    /// is then the layer's, and later calls reload exactly that build (from the node's blob
+    /// cache after a restart). Such a volume is always `pinned`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     /// `/proc/sys/kernel/random/boot_id` when the state was written: after a reboot nothing
     /// recorded here is running or mounted any more.
     pub boot_id: String,
@@ -154,6 +160,13 @@ pub struct VolumeState {
     /// A dynamic volume's mounts, by id (at most one publication of such a volume).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub dynamic: BTreeMap<String, DynamicMount>,
+    /// The user and group id its FUSE program runs as when the host mounts for it (WIT
+    /// `fuse-mount.host-fd`): one of `--fuse-ids` no other volume has, allocated at stage and
+    /// recorded before the program first runs, kept until unstage (restarts, restages and a
+    /// restarted daemon use it again). Records written before this field existed have none and
+    /// get one at their next (re)stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fuse_id: Option<u32>,
 }
 
 /// The parts of a CSI volume capability a restage must match.
@@ -440,6 +453,7 @@ mod tests {
             plugin: "seaweedfs".into(),
             digest: format!("sha256:{}", "a".repeat(64)),
             pinned: false,
+            source: None,
             boot_id: "boot-1".into(),
             phase: Phase::Staging,
             staging_path: "/var/lib/kubelet/plugins/kubernetes.io/csi/csi.mounthost.dev/h/globalmount".into(),
@@ -459,6 +473,7 @@ mod tests {
                     fstype: "fuse.seaweedfs".into(),
                     ready_timeout_ms: 30_000,
                     memory_limit_bytes: None,
+                    host_mount: None,
                 }],
                 attributes: vec![],
             },
@@ -469,6 +484,7 @@ mod tests {
             oom_kills: 0,
             capability: None,
             dynamic: BTreeMap::new(),
+            fuse_id: None,
         }
     }
 
@@ -561,6 +577,20 @@ mod tests {
         assert!(store.load("x").unwrap_err().to_string().contains("surprise"));
         assert_eq!(store.keys().unwrap().len(), 4, "unusable files still claim their key");
         assert_eq!(store.remove_stray_temporaries().unwrap(), 1);
+    }
+
+    #[test]
+    fn records_without_a_fuse_id_read_as_none_and_one_is_kept() {
+        let (rec, store) = store();
+        let old = serde_json::to_value(state("old")).unwrap();
+        assert!(old.get("fuseId").is_none(), "a record without one stays as earlier daemons wrote it");
+        rec.add_file(&store.path("old"), old.to_string().as_bytes(), None);
+        assert_eq!(store.load("old").unwrap().unwrap().fuse_id, None);
+        let mut with = state("with");
+        with.fuse_id = Some(2147418112);
+        store.save(&with).unwrap();
+        assert!(text(&rec, &store.path("with")).contains("\"fuseId\":2147418112"));
+        assert_eq!(store.load("with").unwrap().unwrap().fuse_id, Some(2147418112));
     }
 
     #[test]

@@ -46,6 +46,9 @@ const WRITE_BUF: usize = 1 << 20;
 /// written bytes survive in the page cache) fetches again at most, plus the writes in flight.
 /// A save is one small file written and renamed, so 256 per GiB cost nothing measurable.
 const SAVE_EVERY: u64 = 4 << 20;
+/// What a resumed download may fetch again after its daemon was killed: the progress not yet
+/// saved, plus each stream's write buffer and write in flight.
+pub const MAX_REFETCH: u64 = SAVE_EVERY + (STREAMS as u64) * 2 * WRITE_BUF as u64;
 /// The follower's read size.
 const HASH_BUF: usize = 4 << 20;
 

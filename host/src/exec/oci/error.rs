@@ -81,6 +81,40 @@ impl OciError {
         }
     }
 
+    /// The gRPC class of this failure.
+    pub fn kind(&self) -> crate::error::ErrorKind {
+        use crate::error::ErrorKind;
+        match self {
+            OciError::ManifestNotFound { .. } | OciError::BlobNotFound { .. } => ErrorKind::NotFound,
+            OciError::AuthMissing { .. } => ErrorKind::Unauthenticated,
+            OciError::AuthRefused { .. } => ErrorKind::PermissionDenied,
+            OciError::Tls { .. } | OciError::InsecureRefused { .. } | OciError::Config(_) => {
+                ErrorKind::FailedPrecondition
+            }
+            OciError::DigestMismatch { .. } | OciError::SizeMismatch { .. } => ErrorKind::DataLoss,
+            OciError::DiskFull { .. } => ErrorKind::ResourceExhausted,
+            OciError::Unreachable { .. } => ErrorKind::Unavailable,
+            OciError::Registry { transient: true, .. } => ErrorKind::Unavailable,
+            OciError::Registry { .. } | OciError::Protocol { .. } | OciError::Local { .. } => ErrorKind::Internal,
+        }
+    }
+
+    /// This failure as a caller sees it, naming what was asked for (`reference`) and, where the
+    /// operator fixes it with a host flag, the flag.
+    pub fn into_error(self, reference: &str) -> crate::error::Error {
+        let mut message = self.to_string();
+        if !message.contains(reference) {
+            message = format!("{reference}: {message}");
+        }
+        // The cache does not know the flags; say which one the operator sets.
+        match &self {
+            OciError::Tls { .. } => message.push_str(" (host daemon flag --registry-ca FILE)"),
+            OciError::InsecureRefused { .. } => message.push_str(" (host daemon flag --insecure-registry HOST[:PORT])"),
+            _ => {}
+        }
+        crate::error::Error::new(self.kind(), message)
+    }
+
     /// A local I/O failure at `path`; ENOSPC becomes [`OciError::DiskFull`].
     pub(super) fn local(path: &std::path::Path, e: &io::Error, reference: &str, digest: &str) -> OciError {
         if e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error())

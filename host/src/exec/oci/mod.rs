@@ -25,6 +25,8 @@ mod download;
 mod error;
 mod flight;
 mod link;
+mod plugin;
+mod push;
 mod registry;
 mod segments;
 mod store;
@@ -38,7 +40,10 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 pub use auth::{Credentials, credentials_from_docker_config};
+pub use download::MAX_REFETCH;
 pub use error::OciError;
+pub use plugin::PluginPull;
+pub use push::{PushedPlugin, push_plugin};
 
 use crate::plan::Archive;
 
@@ -260,6 +265,46 @@ impl Artifacts {
     /// there are removed. Idempotent.
     pub fn assemble(&self, digest: &str, format: Archive, dest: &Path, below: &Path) -> io::Result<()> {
         self.core.assemble(digest, format, dest, below)
+    }
+
+    /// The bytes of the cached blob `digest`, hashed again; `None` when the cache does not hold
+    /// it whole. A blob larger than `max` bytes is refused. Counts as a use (eviction order).
+    /// Blocking (one file read).
+    pub fn read_blob(&self, digest: &str, max: u64) -> Result<Option<Vec<u8>>, OciError> {
+        let hex = store::hex_of(digest)?;
+        let path = self.core.store.blob(hex);
+        let local = |e: &io::Error| OciError::local(&path, e, digest, digest);
+        let len = match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_file() => m.len(),
+            Ok(_) => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(local(&e)),
+        };
+        if len > max {
+            return Err(OciError::Local {
+                path: path.display().to_string(),
+                detail: format!("blob {digest} is {len} bytes, more than the {max} read here"),
+                kind: io::ErrorKind::InvalidData,
+            });
+        }
+        let bytes = std::fs::read(&path).map_err(|e| local(&e))?;
+        use sha2::Digest as _;
+        let actual = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&bytes)));
+        if actual != digest {
+            return Err(OciError::DigestMismatch {
+                registry: "this node's cache".into(),
+                reference: path.display().to_string(),
+                digest: digest.to_string(),
+                actual,
+            });
+        }
+        self.core.store.touch(hex);
+        Ok(Some(bytes))
+    }
+
+    /// May registry `host` (`host[:port]`) be reached over plain HTTP (the node lists it)?
+    pub fn plain_http_allowed(&self, host: &str) -> bool {
+        self.core.registries.config().insecure.contains(&host.to_ascii_lowercase())
     }
 
     /// Blob bytes received from registries by downloads since start (manifests and configs

@@ -120,7 +120,7 @@ impl Registries {
                     if clients.len() >= MAX_CLIENTS {
                         clients.clear();
                     }
-                    let c = Arc::new(self.client(&host, src.insecure)?);
+                    let c = Arc::new(self.client(&host, src.insecure, false)?);
                     clients.insert(key, c.clone());
                     c
                 }
@@ -140,8 +140,16 @@ impl Registries {
         })
     }
 
-    fn client(&self, host: &str, http: bool) -> Result<Client, OciError> {
+    /// The node's registry settings.
+    pub fn config(&self) -> &RegistryConfig {
+        &self.cfg
+    }
+
+    /// A client for `host` (plain HTTP when `http`), under the node's TLS and proxy settings;
+    /// `monolithic`: blobs are pushed in one `PUT` after the `POST` that opens the upload.
+    pub fn client(&self, host: &str, http: bool, monolithic: bool) -> Result<Client, OciError> {
         let config = ClientConfig {
+            use_monolithic_push: monolithic,
             protocol: if http { ClientProtocol::HttpsExcept(vec![host.to_string()]) } else { ClientProtocol::Https },
             extra_root_certificates: self.ca.clone(),
             platform_resolver: None,
