@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::plan::policy::Grant;
+use crate::plan::policy::{ArgRules, Grant};
 use crate::plugin::{Limits, RuntimeConfig};
 
 /// Default state directory on a Kubernetes node.
@@ -15,6 +15,12 @@ pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
 pub const DRIVER_NAME: &str = "csi.mounthost.dev";
 /// The cgroup (below the hierarchy's root) under which each volume gets a group of its own.
 pub const DEFAULT_CGROUP_PARENT: &str = "mounthost";
+/// Where unprivileged FUSE programs' secret files live unless configured, for a daemon with
+/// the default state directory (others get `/run/mounthost/fuse-<hash>`: [`Config::fuse_files`]).
+pub const DEFAULT_FUSE_FILES_DIR: &str = "/run/mounthost/fuse";
+/// The ids unprivileged FUSE programs run as unless configured: the last 65536-id block below
+/// 2^31 (0x7FFF0000-0x7FFFFFFF), one whole block of kubelet's user-namespace allocator.
+pub const DEFAULT_FUSE_IDS: &str = "2147418112-2147483647";
 /// Where the stock seaweedfs plugin's `weed` is looked for unless configured.
 pub const DEFAULT_WEED: &str = "/usr/local/bin/weed";
 
@@ -27,6 +33,8 @@ pub struct Config {
     pub plugin_dir: PathBuf,
     /// Program name → absolute binary, for `spawn-fuse` steps.
     pub programs: BTreeMap<String, PathBuf>,
+    /// Program name → the options its arguments may not (or only may) name; none: any.
+    pub program_args: BTreeMap<String, ArgRules>,
     /// What each plugin (by name) is granted.
     pub grants: BTreeMap<String, Grant>,
     /// Limits for plugins without their own entry.
@@ -41,6 +49,13 @@ pub struct Config {
     pub node_id: String,
     /// How long a FUSE process gets between SIGTERM and SIGKILL at unstage.
     pub fuse_stop_grace: std::time::Duration,
+    /// The ids FUSE programs whose connection the host mounts run as (WIT
+    /// `fuse-mount.host-fd`): each such volume gets one of its own, as user and group.
+    pub fuse_ids: FuseIds,
+    /// Where those programs' secret files live, one directory per volume: outside the private
+    /// state directory, which they cannot reach (a tmpfs the daemon mounts there). `None`:
+    /// derived from the state directory ([`Config::fuse_files`]).
+    pub fuse_files_dir: Option<PathBuf>,
     /// The host daemon's socket (front ↔ host).
     pub host_socket: PathBuf,
     /// The group of the host daemon's socket: with one, the socket is 0660 in that group (a
@@ -53,6 +68,61 @@ pub struct Config {
     pub cgroup_parent: String,
     /// How the node's OCI blob cache reaches registries.
     pub registries: Registries,
+    /// A `plugin: oci://…` value may name a tag without a digest: it is resolved to a digest
+    /// once (CreateVolume, or a volume's first stage) and the volume is pinned to that.
+    pub allow_plugin_tags: bool,
+}
+
+/// The range of ids (`FIRST-LAST`, inclusive) from which each volume whose FUSE program the
+/// host mounts for gets a user and group id of its own (the same number for both), so one
+/// volume's program can neither read another's files or `/proc/<pid>/environ` nor signal or
+/// trace it. The range holds no id below 1000 (system accounts), neither 65534 (`nobody`) nor
+/// 65535, nor 4294967295 (-1 to the kernel), and at most 2^20 ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FuseIds {
+    /// The first id.
+    pub first: u32,
+    /// The last id (inclusive).
+    pub last: u32,
+}
+
+impl Default for FuseIds {
+    fn default() -> Self {
+        FuseIds::parse(DEFAULT_FUSE_IDS).expect("the default range is valid")
+    }
+}
+
+impl FuseIds {
+    /// The most ids a range may hold.
+    pub const MAX_LEN: u64 = 1 << 20;
+
+    /// `FIRST-LAST` (numbers), checked.
+    pub fn parse(s: &str) -> Result<FuseIds, String> {
+        let (first, last) =
+            s.split_once('-').ok_or_else(|| format!("{s:?} is not FIRST-LAST (e.g. {DEFAULT_FUSE_IDS})"))?;
+        let id = |v: &str| v.parse::<u32>().map_err(|_| format!("{v:?} is not an id (0 to 4294967295)"));
+        let (first, last) = (id(first)?, id(last)?);
+        if first > last {
+            return Err(format!("{s}: the first id is above the last"));
+        }
+        if first < 1000 {
+            return Err(format!("{s}: ids below 1000 are system accounts' (0 is root's)"));
+        }
+        for reserved in [65534, 65535, u32::MAX] {
+            if (first..=last).contains(&reserved) {
+                return Err(format!("{s} holds {reserved}, which is nobody's or -1 to the kernel"));
+            }
+        }
+        if u64::from(last - first) + 1 > Self::MAX_LEN {
+            return Err(format!("{s} holds more than {} ids", Self::MAX_LEN));
+        }
+        Ok(FuseIds { first, last })
+    }
+
+    /// Every id of the range, lowest first.
+    pub fn ids(&self) -> std::ops::RangeInclusive<u32> {
+        self.first..=self.last
+    }
 }
 
 /// Registry access and the size of the node's OCI blob cache (`<state>/cache`).
@@ -102,6 +172,7 @@ impl Config {
             plugin_dir: state_dir.join("plugins"),
             state_dir,
             programs: [("weed".to_string(), PathBuf::from(DEFAULT_WEED))].into(),
+            program_args: BTreeMap::new(),
             grants,
             plugin_limits: Limits::default(),
             plugin_limits_by_name: BTreeMap::new(),
@@ -109,8 +180,11 @@ impl Config {
             kubelet_dir: PathBuf::from(DEFAULT_KUBELET_DIR),
             node_id: default_node_id(),
             fuse_stop_grace: std::time::Duration::from_secs(10),
+            fuse_ids: FuseIds::default(),
+            fuse_files_dir: None,
             cgroup_parent: DEFAULT_CGROUP_PARENT.to_string(),
             registries: Registries::default(),
+            allow_plugin_tags: false,
         }
     }
 
@@ -129,6 +203,22 @@ impl Config {
             limits: self.plugin_limits_by_name.clone(),
             ..RuntimeConfig::default()
         }
+    }
+
+    /// The directory of unprivileged FUSE programs' files: the configured one, or
+    /// [`DEFAULT_FUSE_FILES_DIR`] for the default state directory and
+    /// `/run/mounthost/fuse-<16 hex of sha256(state directory)>` for any other, so daemons with
+    /// different state directories (`mounthost local` beside a node's daemon) never share it.
+    pub fn fuse_files(&self) -> PathBuf {
+        if let Some(dir) = &self.fuse_files_dir {
+            return dir.clone();
+        }
+        if self.state_dir == std::path::Path::new(DEFAULT_STATE_DIR) {
+            return PathBuf::from(DEFAULT_FUSE_FILES_DIR);
+        }
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(self.state_dir.as_os_str().as_encoded_bytes());
+        PathBuf::from(format!("{DEFAULT_FUSE_FILES_DIR}-{}", hex::encode(&digest[..8])))
     }
 
     /// What `plugin` is granted (nothing when it has no entry).
@@ -166,6 +256,40 @@ pub fn default_node_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fuse_ids_are_a_sane_unprivileged_range() {
+        let d = FuseIds::default();
+        assert_eq!((d.first, d.last), (0x7FFF_0000, 0x7FFF_FFFF));
+        assert_eq!(FuseIds::parse("100000-100009"), Ok(FuseIds { first: 100000, last: 100009 }));
+        assert_eq!(FuseIds::parse("5000-5000").unwrap().ids().count(), 1);
+        for bad in [
+            "0-10",
+            "999-2000",
+            "60000-70000",
+            "65535-65535",
+            "4294967000-4294967295",
+            "200000-100000",
+            "100000-2000000",
+            "100000",
+            "a-b",
+            "-1-5",
+            "100000:100010",
+        ] {
+            assert!(FuseIds::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_fuse_files_directory_is_the_state_directorys_own() {
+        let node = Config::default();
+        assert_eq!(node.fuse_files(), PathBuf::from(DEFAULT_FUSE_FILES_DIR));
+        let (a, b) = (Config::new("/tmp/a".into()).fuse_files(), Config::new("/tmp/b".into()).fuse_files());
+        assert_ne!(a, b);
+        assert!(a.to_string_lossy().starts_with("/run/mounthost/fuse-") && a.to_string_lossy().len() == 36, "{a:?}");
+        let set = Config { fuse_files_dir: Some("/x".into()), ..Config::new("/tmp/a".into()) };
+        assert_eq!(set.fuse_files(), PathBuf::from("/x"));
+    }
 
     #[test]
     fn the_proxy_url_is_never_printed() {

@@ -6,6 +6,8 @@ pub mod client;
 pub mod dynamic;
 pub mod first_volume;
 pub mod plugin;
+pub mod plugin_check;
+pub mod plugin_push;
 pub mod progress;
 pub mod serve;
 
@@ -16,6 +18,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{Config, DEFAULT_STATE_DIR};
+use crate::plan::policy::{OPTION_SETS, OptionName, option_set};
 use crate::plugin::Limits;
 use crate::telemetry::LogFormat;
 
@@ -44,6 +47,12 @@ pub struct GlobalArgs {
     /// Grant a plugin something, PLUGIN:program=NAME, PLUGIN:fstype=TYPE or PLUGIN:host=HOST[:PORT] (repeatable).
     #[arg(long = "grant", env = "MOUNTHOST_GRANTS", value_delimiter = ',', value_parser = parse_grant, global = true)]
     pub grants: Vec<GrantArg>,
+    /// Constrain a program's arguments and environment, PROGRAM:deny=OPTION, PROGRAM:deny=@sshfs
+    /// (a built-in set), PROGRAM:allow=OPTION or PROGRAM:env=NAME; OPTION is a long or -o option
+    /// name (ssh_command) or -X. A program with any rule gets only the environment variables
+    /// its env=NAME rules allow (repeatable).
+    #[arg(long = "program-args", env = "MOUNTHOST_PROGRAM_ARGS", value_delimiter = ',', value_parser = parse_program_args, global = true)]
+    pub program_args: Vec<ProgramArgsArg>,
     /// Deadline of one plugin call in milliseconds.
     #[arg(long, env = "MOUNTHOST_PLUGIN_DEADLINE_MS", default_value_t = 1000, global = true)]
     pub plugin_deadline_ms: u64,
@@ -80,6 +89,17 @@ pub struct GlobalArgs {
     /// Seconds a FUSE process gets between SIGTERM and SIGKILL at unstage.
     #[arg(long, env = "MOUNTHOST_FUSE_STOP_GRACE_SECS", default_value_t = 10, global = true)]
     pub fuse_stop_grace_secs: u64,
+    /// Ids (FIRST-LAST) from which each volume whose FUSE program the host mounts for
+    /// (plugins' `fuse-mount.host-fd`) gets a user and group id of its own; none below 1000,
+    /// neither 65534, 65535 nor 4294967295, at most 2^20 of them.
+    #[arg(long, env = "MOUNTHOST_FUSE_IDS", default_value = crate::config::DEFAULT_FUSE_IDS, value_parser = crate::config::FuseIds::parse, global = true)]
+    pub fuse_ids: crate::config::FuseIds,
+    /// Directory of the secret files of FUSE programs the host mounts for, one sub-directory per
+    /// volume (a size-capped tmpfs the host daemon mounts there); its parents must let every
+    /// FUSE id through [default: /run/mounthost/fuse for the default state directory,
+    /// /run/mounthost/fuse-<hash of the state directory> for another].
+    #[arg(long, env = "MOUNTHOST_FUSE_FILES_DIR", global = true)]
+    pub fuse_files_dir: Option<PathBuf>,
     /// The cgroup, relative to the hierarchy's root (v2, or v1's memory hierarchy), under which
     /// every volume's FUSE processes get a group of their own.
     #[arg(long, env = "MOUNTHOST_CGROUP_PARENT", default_value = crate::config::DEFAULT_CGROUP_PARENT, value_parser = parse_cgroup_parent, global = true)]
@@ -97,6 +117,10 @@ pub struct GlobalArgs {
     /// cache is larger than this many MiB [default: no limit].
     #[arg(long, env = "MOUNTHOST_CACHE_MAX_MIB", global = true)]
     pub cache_max_mib: Option<u64>,
+    /// Let a `plugin: oci://...` value name a tag without a digest (resolved to its digest once,
+    /// when the volume is created or first staged, and pinned) [default: a digest is required].
+    #[arg(long, env = "MOUNTHOST_ALLOW_PLUGIN_TAGS", global = true)]
+    pub allow_plugin_tags: bool,
     /// Log filter, e.g. `info` or `info,mounthost=debug`.
     #[arg(long, env = "MOUNTHOST_LOG", default_value = "info", global = true)]
     pub log: String,
@@ -115,6 +139,25 @@ enum GrantKind {
     Program,
     Fstype,
     Host,
+}
+
+/// One `--program-args` value: option names denied to, or allowed for, a program's arguments,
+/// or an environment variable allowed for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgramArgsArg {
+    program: String,
+    rule: ProgramRule,
+}
+
+/// What one `--program-args` value says about its program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ProgramRule {
+    /// `deny=OPTION`, `deny=@SET`.
+    Deny(Vec<OptionName>),
+    /// `allow=OPTION`.
+    Allow(Vec<OptionName>),
+    /// `env=NAME`.
+    Env(String),
 }
 
 /// The subcommands.
@@ -157,6 +200,14 @@ impl GlobalArgs {
             };
             set.insert(g.value.clone());
         }
+        for a in &self.program_args {
+            let rules = cfg.program_args.entry(a.program.clone()).or_default();
+            match &a.rule {
+                ProgramRule::Deny(names) => rules.deny.extend(names.iter().cloned()),
+                ProgramRule::Allow(names) => rules.allow.get_or_insert_default().extend(names.iter().cloned()),
+                ProgramRule::Env(name) => _ = rules.env.insert(name.clone()),
+            }
+        }
         cfg.plugin_limits = Limits {
             deadline: Duration::from_millis(self.plugin_deadline_ms),
             memory_bytes: self.plugin_memory_mib << 20,
@@ -175,6 +226,8 @@ impl GlobalArgs {
             cfg.node_id = n.clone();
         }
         cfg.fuse_stop_grace = Duration::from_secs(self.fuse_stop_grace_secs);
+        cfg.fuse_ids = self.fuse_ids;
+        cfg.fuse_files_dir = self.fuse_files_dir.as_ref().map(std::path::absolute).transpose()?;
         cfg.cgroup_parent = self.cgroup_parent.clone();
         cfg.registries = crate::config::Registries {
             ca_bundle: self.registry_ca.as_ref().map(std::path::absolute).transpose()?,
@@ -187,6 +240,7 @@ impl GlobalArgs {
             proxy: self.registry_proxy.clone(),
             cache_max_bytes: self.cache_max_mib.map(|m| m << 20),
         };
+        cfg.allow_plugin_tags = self.allow_plugin_tags;
         Ok(cfg)
     }
 }
@@ -238,6 +292,38 @@ fn parse_grant(s: &str) -> Result<GrantArg, String> {
         crate::plan::url::HostGrant::parse(value).map_err(|e| format!("{s:?}: {e}"))?;
     }
     Ok(GrantArg { plugin: plugin.into(), what, value: value.to_ascii_lowercase() })
+}
+
+/// `PROGRAM:deny=OPTION`, `PROGRAM:deny=@SET`, `PROGRAM:allow=OPTION` or `PROGRAM:env=NAME`.
+fn parse_program_args(s: &str) -> Result<ProgramArgsArg, String> {
+    let err = || {
+        format!("{s:?}: expected PROGRAM:deny=OPTION, PROGRAM:deny=@sshfs, PROGRAM:allow=OPTION or PROGRAM:env=NAME")
+    };
+    let (program, rest) = s.split_once(':').ok_or_else(err)?;
+    let (what, value) = rest.split_once('=').ok_or_else(err)?;
+    if !matches!(what, "deny" | "allow" | "env") {
+        return Err(err());
+    }
+    if program.is_empty() || program.contains('/') {
+        return Err(format!("{s:?}: program name {program:?} must be non-empty and contain no '/'"));
+    }
+    let option = || OptionName::parse(value).map_err(|e| format!("{s:?}: {e}"));
+    let rule = match (what, value.strip_prefix('@')) {
+        ("env", _) => {
+            crate::plan::policy::env_name(value).map_err(|e| format!("{s:?}: {e}"))?;
+            ProgramRule::Env(value.into())
+        }
+        ("allow", Some(_)) => {
+            return Err(format!("{s:?}: option sets such as {value} are deny sets; allow options one by one"));
+        }
+        ("allow", None) => ProgramRule::Allow(vec![option()?]),
+        (_, Some(set)) => ProgramRule::Deny(option_set(set).ok_or_else(|| {
+            let known: Vec<String> = OPTION_SETS.iter().map(|(n, _)| format!("@{n}")).collect();
+            format!("{s:?}: unknown option set {value} (known: {})", known.join(", "))
+        })?),
+        (_, None) => ProgramRule::Deny(vec![option()?]),
+    };
+    Ok(ProgramArgsArg { program: program.into(), rule })
 }
 
 /// `IP:PORT`, where an IPv6 address may come without brackets (`fd00::1:9810`, as
@@ -322,6 +408,54 @@ mod tests {
     }
 
     #[test]
+    fn program_args_flags_build_the_rules() {
+        use crate::plan::policy::SSHFS_DENY;
+        let cli = Cli::try_parse_from([
+            "mounthost",
+            "--program-args",
+            "sshfs:deny=@sshfs,sshfs:deny=directport",
+            "--program-args",
+            "weed:allow=filer,weed:allow=-f",
+            "--program-args",
+            "weed:env=AWS_REGION,weed:env=HOME",
+            "plugin",
+            "list",
+        ])
+        .unwrap();
+        let cfg = cli.global.config().unwrap();
+        let sshfs = &cfg.program_args["sshfs"];
+        assert_eq!(sshfs.deny.len(), SSHFS_DENY.len() + 1);
+        assert!(sshfs.deny.contains(&OptionName::Long("proxycommand".into())) && sshfs.allow.is_none());
+        assert!(sshfs.env.is_empty(), "@sshfs allows no environment variable");
+        let weed = &cfg.program_args["weed"];
+        assert!(weed.deny.is_empty());
+        assert_eq!(weed.allow, Some([OptionName::Long("filer".into()), OptionName::Short('f')].into()));
+        assert_eq!(weed.env, ["AWS_REGION".to_string(), "HOME".to_string()].into());
+        // Without the flag, nothing is constrained: existing configurations keep working.
+        let cli = Cli::try_parse_from(["mounthost", "plugin", "list"]).unwrap();
+        assert!(cli.global.config().unwrap().program_args.is_empty());
+        for (bad, why) in [
+            ("sshfs", "expected PROGRAM:deny=OPTION"),
+            ("sshfs:deny", "expected PROGRAM:deny=OPTION"),
+            ("sshfs:block=x", "expected PROGRAM:deny=OPTION"),
+            (":deny=x", "must be non-empty"),
+            ("/bin/sshfs:deny=x", "contain no '/'"),
+            ("sshfs:deny=--ssh_command", "without dashes"),
+            ("sshfs:deny=-o", "-o introduces an option list"),
+            ("sshfs:deny=", "must be -X"),
+            ("sshfs:deny=@ssh", "unknown option set @ssh (known: @sshfs)"),
+            ("sshfs:allow=@sshfs", "deny sets"),
+            ("sshfs:env=", "must match [A-Za-z_][A-Za-z0-9_]*"),
+            ("sshfs:env=SSH-ASKPASS", "must match [A-Za-z_][A-Za-z0-9_]*"),
+            ("sshfs:env=LD_PRELOAD", "would change what the dynamic loader runs"),
+            ("sshfs:env=@sshfs", "must match"),
+        ] {
+            let err = parse_program_args(bad).unwrap_err();
+            assert!(err.contains(why), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
     fn relative_directories_become_absolute() {
         let cli = Cli::try_parse_from(["mounthost", "--state-dir", ".local", "plugin", "list"]).unwrap();
         let cfg = cli.global.config().unwrap();
@@ -334,11 +468,14 @@ mod tests {
         for bad in [
             ["--program", "weed=relative/weed"],
             ["--grant", "x:device=/dev/sda"],
+            ["--program-args", "sshfs:deny=--ssh_command"],
             ["--plugin-limit", "x=0/8"],
             ["--cgroup-parent", "../escape"],
             ["--cgroup-parent", "/absolute"],
             ["--cgroup-parent", "a//b"],
             ["--cgroup-parent", "sp ace"],
+            ["--fuse-ids", "0-100"],
+            ["--fuse-ids", "65000-66000"],
         ] {
             let err = Cli::try_parse_from(["mounthost", bad[0], bad[1], "plugin", "list"]).unwrap_err();
             assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad:?}");

@@ -1,6 +1,8 @@
 //! `mounthost plugin info|list|plan`: how plugin authors see what the host would do with their
 //! plugin, without mounting anything. The plan printed is the one the host would execute:
-//! after the policy check, paths resolved, secrets only as references.
+//! after the policy check, paths resolved, secrets only as references. A plan that lacks
+//! grants is refused with every grant it lacks and the host flags that give them
+//! ([`policy::missing_grants`]), not just the first.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,7 +12,8 @@ use serde_json::json;
 
 use crate::config::Config;
 use crate::error::ErrorKind;
-use crate::plan::policy::{self, Context, Operation, PolicyError};
+use crate::plan::Plan;
+use crate::plan::policy::{self, Context, MissingGrant, Operation, PolicyError};
 use crate::plugin::bindings::types as wit;
 use crate::plugin::{LoadedPlugin, PluginError, PluginRuntime};
 use crate::secrets::Secrets;
@@ -29,6 +32,13 @@ pub enum PluginCommand {
     List,
     /// Run a planner and print the checked plan as JSON.
     Plan(PlanArgs),
+    /// Publish a `.wasm` plugin to an OCI registry and print the pinned reference
+    /// (`oci://REGISTRY/REPOSITORY@sha256:...`) a StorageClass's `plugin` parameter takes.
+    Push(super::plugin_push::PushArgs),
+    /// Check a `.wasm` plugin: size, contract version, imports and exports, its `info`, a dry
+    /// plan of every CSI operation with example parameters under this host's policy, and limits.
+    /// Exit status 1 when a check fails.
+    Check(super::plugin_check::CheckArgs),
 }
 
 /// Arguments of `plugin plan`.
@@ -95,8 +105,29 @@ pub enum CliError {
     Plugin(#[from] PluginError),
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    /// The plan lacks these grants (and passes the policy otherwise).
+    #[error(
+        "plan from plugin {plugin} needs what the host config does not grant it: {}\ngrant it with the host flags: {}",
+        list(missing),
+        flags(plugin, missing)
+    )]
+    MissingGrants { plugin: String, missing: Vec<MissingGrant> },
     #[error("{0}")]
     Usage(String),
+    /// `plugin check` found problems: the report.
+    #[error("{0}")]
+    CheckFailed(String),
+    /// A registry or the node's registry configuration refused (`plugin push`).
+    #[error(transparent)]
+    Registry(crate::error::Error),
+}
+
+fn list(missing: &[MissingGrant]) -> String {
+    missing.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+}
+
+fn flags(plugin: &str, missing: &[MissingGrant]) -> String {
+    missing.iter().map(|m| m.flag(plugin)).collect::<Vec<_>>().join(" ")
 }
 
 impl CliError {
@@ -105,7 +136,10 @@ impl CliError {
         match self {
             CliError::Plugin(e) => e.kind(),
             CliError::Policy(e) => e.kind(),
-            CliError::Usage(_) => ErrorKind::InvalidArgument,
+            CliError::MissingGrants { .. } | CliError::Usage(_) | CliError::CheckFailed(_) => {
+                ErrorKind::InvalidArgument
+            }
+            CliError::Registry(e) => e.kind,
         }
     }
 }
@@ -151,6 +185,11 @@ pub async fn run(cfg: &Config, cmd: PluginCommand) -> Result<String, CliError> {
             Ok(pretty(&list))
         }
         PluginCommand::Plan(args) => plan(cfg, &runtime, args).await,
+        PluginCommand::Push(args) => super::plugin_push::run(cfg, &runtime, args).await,
+        PluginCommand::Check(args) => match super::plugin_check::run(cfg, &runtime, args).await? {
+            (report, false) => Ok(report),
+            (report, true) => Err(CliError::CheckFailed(report)),
+        },
     }
 }
 
@@ -207,7 +246,7 @@ fn dirs_for(cfg: &Config, args: &PlanArgs) -> VolumeDirs {
     dirs
 }
 
-async fn plan(cfg: &Config, runtime: &PluginRuntime, args: PlanArgs) -> Result<String, CliError> {
+pub(super) async fn plan(cfg: &Config, runtime: &PluginRuntime, args: PlanArgs) -> Result<String, CliError> {
     for dir in [&args.target, &args.staging].into_iter().flatten() {
         if !dir.is_absolute() {
             return Err(CliError::Usage(format!("{} must be an absolute path", dir.display())));
@@ -231,6 +270,7 @@ async fn plan(cfg: &Config, runtime: &PluginRuntime, args: PlanArgs) -> Result<S
         digest: p.digest.to_string(),
         grant: &grant,
         programs: &cfg.programs,
+        program_args: &cfg.program_args,
         endpoint_hosts: hosts.clone(),
         dirs: &dirs,
         secrets: &secrets,
@@ -252,7 +292,7 @@ async fn plan(cfg: &Config, runtime: &PluginRuntime, args: PlanArgs) -> Result<S
             };
             let out = runtime.call(&p, &id, req).await?;
             let plan = wit::Plan { steps: out.steps, attributes: Vec::new() };
-            let checked = policy::check(&ctx(Operation::Provision), plan)?;
+            let checked = check_all(&ctx(Operation::Provision), plan)?;
             let context: std::collections::BTreeMap<_, _> =
                 out.context.into_iter().map(|kv| (kv.key, kv.value)).collect();
             return Ok(pretty(&json!({
@@ -297,8 +337,18 @@ async fn plan(cfg: &Config, runtime: &PluginRuntime, args: PlanArgs) -> Result<S
         Op::Unstage => Operation::Unstage,
         _ => Operation::Stage,
     };
-    let checked = policy::check(&ctx(operation), wit_plan)?;
+    let checked = check_all(&ctx(operation), wit_plan)?;
     Ok(pretty(&checked))
+}
+
+/// The plan the host would execute; one that lacks grants is refused naming every grant it
+/// lacks (other refusals as the host gives them).
+fn check_all(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, CliError> {
+    let missing = policy::missing_grants(ctx, &plan)?;
+    if !missing.is_empty() {
+        return Err(CliError::MissingGrants { plugin: ctx.plugin.to_string(), missing });
+    }
+    Ok(policy::check(ctx, plan)?)
 }
 
 impl AccessModeArg {

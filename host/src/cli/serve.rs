@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::daemon::Node;
 use crate::exec::Linux;
 use crate::exec::cgroup::Cgroups;
+use crate::exec::oci::{Artifacts, PluginPull, RegistryConfig};
 use crate::front::provision::Controller;
 use crate::front::{self, Mode};
 use crate::plugin::PluginRuntime;
@@ -63,7 +64,20 @@ fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
             "no memory cgroup controller found: FUSE processes run without per-volume cgroups, and plans with a memory limit are refused"
         ),
     }
-    Ok(Arc::new(Linux::new(cgroups, [cfg.state_dir.clone(), cfg.kubelet_dir.clone()])))
+    let mut anchors = vec![cfg.state_dir.clone(), cfg.kubelet_dir.clone()];
+    // Unprivileged FUSE programs' files (derived from the canonical state directory unless
+    // configured): optional (a daemon that cannot make it, say an unprivileged local one,
+    // refuses only the plans that need it). Its tmpfs is mounted at the first stage that needs it.
+    let fuse_files = cfg.fuse_files();
+    match std::fs::create_dir_all(&fuse_files).and_then(|()| std::fs::canonicalize(&fuse_files)) {
+        Ok(dir) => {
+            cfg.fuse_files_dir = Some(dir.clone());
+            anchors.push(dir);
+        }
+        Err(e) => tracing::warn!(path = %fuse_files.display(), error = %e,
+            "no directory for unprivileged FUSE programs' files; plans that give them secret files are refused"),
+    }
+    Ok(Arc::new(Linux::new(cgroups, anchors)))
 }
 
 /// Serve `/metrics`, `/healthz` and `/readyz` when `--metrics-address` is set; `/readyz`
@@ -95,7 +109,14 @@ pub async fn csi(cfg: Config, args: CsiArgs) -> anyhow::Result<()> {
     let host = matches!(args.mode, Mode::Node | Mode::All)
         .then(|| front::Host::new(crate::unpriv::grpc::channel(&cfg.host_socket)));
     let controller = if matches!(args.mode, Mode::Controller | Mode::All) {
-        Some(Controller::new(cfg.clone(), Arc::new(PluginRuntime::new(cfg.runtime())?)))
+        let controller = Controller::new(cfg.clone(), Arc::new(PluginRuntime::new(cfg.runtime())?));
+        Some(match front_puller(&cfg) {
+            Ok(puller) => controller.with_puller(puller),
+            Err(e) => {
+                tracing::warn!(%e, "no blob cache: StorageClasses that select a plugin by OCI reference are refused");
+                controller
+            }
+        })
     } else {
         None
     };
@@ -121,6 +142,8 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
     };
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
     let node = Node::new(cfg.clone(), runtime.clone(), exec)?;
+    // The controller pulls plugins by reference through the node's own blob cache.
+    let puller = PluginPull::new(node.artifacts().clone(), Some(pulled_plugin_notes(&cfg)));
     let host_socket = cfg.host_socket.clone();
     let (tx, rx) = tokio::sync::watch::channel(false);
     let mut rx2 = rx.clone();
@@ -132,7 +155,7 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
         .await
     });
     let host = front::Host::new(crate::unpriv::grpc::channel(&cfg.host_socket));
-    let controller = Controller::new(cfg.clone(), runtime);
+    let controller = Controller::new(cfg.clone(), runtime).with_puller(Arc::new(puller));
     println!(
         "mounthost local: CSI socket {} (host daemon {}, kubelet dir {})",
         csi_socket.display(),
@@ -151,6 +174,23 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
     host_task.await??;
     front_task.await??;
     served
+}
+
+/// Where a controller notes which reference each pulled plugin came from (DeleteVolume knows
+/// only the plugin's name).
+fn pulled_plugin_notes(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join("cache").join("plugin-sources")
+}
+
+/// The CSI controller's own blob cache for plugins selected by OCI reference: `<state>/cache/front`
+/// (apart from the host daemon's, which may share the state directory), with the node's
+/// registry settings.
+fn front_puller(cfg: &Config) -> anyhow::Result<Arc<PluginPull>> {
+    let r = &cfg.registries;
+    let registries =
+        RegistryConfig { ca_bundle: r.ca_bundle.clone(), insecure: r.insecure.clone(), proxy: r.proxy.clone() };
+    let artifacts = Artifacts::new(cfg.state_dir.join("cache").join("front"), registries)?;
+    Ok(Arc::new(PluginPull::new(Arc::new(artifacts), Some(pulled_plugin_notes(cfg)))))
 }
 
 fn on_path(name: &str) -> Option<PathBuf> {
