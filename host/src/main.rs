@@ -22,6 +22,11 @@ async fn main() -> ExitCode {
         Command::Plugin(cmd) => {
             return match plugin::run(&cfg, cmd).await {
                 Ok(out) => print_out(&out),
+                // The report on stdout, as when it passes; exit 1 (2 is for usage errors).
+                Err(plugin::CliError::CheckFailed(report)) => {
+                    print_out(&report);
+                    ExitCode::FAILURE
+                }
                 Err(e) => {
                     eprintln!("error ({:?}): {e}", e.kind());
                     ExitCode::from(2)
