@@ -32,6 +32,7 @@ COPY .cargo/ .cargo/
 COPY wit/ wit/
 COPY proto/ proto/
 COPY plugins/ plugins/
+COPY examples/plugins/ examples/plugins/
 COPY host/ host/
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \

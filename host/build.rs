@@ -11,15 +11,17 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Plugin crates built here: the stock plugins, then the test fixtures.
-const PLUGINS: &[&str] = &["seaweedfs", "model", "misbehave", "fs-reader", "tmpfs", "bindfs", "paths", "legacy"];
+/// Plugin crates built here: the stock plugins, then the test fixtures and the example plugin
+/// of `examples/plugins/sshfs` (tests only, like the fixtures).
+const PLUGINS: &[&str] =
+    &["seaweedfs", "model", "misbehave", "fs-reader", "tmpfs", "bindfs", "paths", "legacy", "sshfs"];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest_dir.parent().unwrap().to_path_buf();
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     println!("cargo:rerun-if-env-changed=MOUNTHOST_PLUGIN_WASM_DIR");
-    for watched in ["plugins", "wit", "Cargo.lock", "Cargo.toml", ".cargo/config.toml"] {
+    for watched in ["plugins", "examples/plugins", "wit", "Cargo.lock", "Cargo.toml", ".cargo/config.toml"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
 

@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 
 echo "--- system packages (fuse3: fusermount lets weed unmount itself; python3-venv for weed and grpcio; bindfs for the chaos test;"
-echo "    docker-registry, apache2-utils (htpasswd), curl and openssl for the registry tests; skopeo for bench/pull.sh)"
+echo "    docker-registry, apache2-utils (htpasswd), curl and openssl for the registry tests; skopeo for bench/pull.sh;"
+echo "    sshfs and openssh-server (sshd, ssh-keygen) for the sshfs example plugin's end-to-end test)"
 need=()
 command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v bindfs >/dev/null || need+=(bindfs)
@@ -16,6 +17,8 @@ command -v htpasswd >/dev/null || need+=(apache2-utils)
 command -v skopeo >/dev/null || need+=(skopeo)
 command -v curl >/dev/null || need+=(curl)
 command -v openssl >/dev/null || need+=(openssl)
+command -v sshfs >/dev/null || need+=(sshfs)
+command -v sshd >/dev/null || need+=(openssh-server)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
