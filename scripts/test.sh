@@ -18,7 +18,7 @@ command -v skopeo >/dev/null || need+=(skopeo)
 command -v curl >/dev/null || need+=(curl)
 command -v openssl >/dev/null || need+=(openssl)
 command -v sshfs >/dev/null || need+=(sshfs)
-command -v sshd >/dev/null || need+=(openssh-server)
+{ [ -x /usr/sbin/sshd ] || command -v sshd >/dev/null; } || need+=(openssh-server)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
