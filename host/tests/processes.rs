@@ -109,3 +109,30 @@ fn spawn_errors_name_the_path() {
     let spec = Spec { executable: Path::new("/bin/true"), args: &[], env: &[], log: &dir.path().join("no/such/dir/l") };
     assert!(matches!(process::spawn(&spec, None).unwrap_err(), ProcessError::Log { .. }));
 }
+
+#[test]
+fn ids_in_use_lists_the_ids_live_processes_run_as() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("volume.log");
+    let (uid, gid) = (2_147_400_001u32, 2_147_400_002u32);
+    assert!(!process::ids_in_use().unwrap().contains(&uid));
+    let args: Vec<String> = [
+        "--reuid",
+        &uid.to_string(),
+        "--regid",
+        &gid.to_string(),
+        "--clear-groups",
+        "/bin/sh",
+        "-c",
+        "echo ready; exec sleep 30",
+    ]
+    .map(str::to_string)
+    .to_vec();
+    let spec = Spec { executable: Path::new("/usr/bin/setpriv"), args: &args, env: &[], log: &log };
+    let id = process::spawn(&spec, None).unwrap();
+    wait_for(&log, "ready");
+    let ids = process::ids_in_use().unwrap();
+    assert!(ids.contains(&uid) && ids.contains(&gid) && ids.contains(&0), "{uid} and {gid} among {} ids", ids.len());
+    assert_eq!(process::stop(&id, Duration::from_secs(5)).unwrap(), Stopped::Terminated);
+    assert!(!process::ids_in_use().unwrap().contains(&uid));
+}

@@ -3,8 +3,9 @@
 //! volume's secret files or `/proc/<pid>/environ` nor signal or trace its program, and no
 //! other software on the node (`nobody`'s, say) shares its id.
 //!
-//! The id is the lowest of `--fuse-ids` that no other volume's record holds and no other stage
-//! in flight has claimed. It is chosen at stage under the volume's lock and goes into the
+//! The id is the lowest of `--fuse-ids` that no other volume's record holds, no other stage in
+//! flight has claimed and no live process has as a user or group id (what an earlier holder
+//! left running, say where no cgroup killed it, or a volume whose record cannot be read). It is chosen at stage under the volume's lock and goes into the
 //! stage's record, which the pipeline saves before the first action: the program never runs
 //! with an id that is not recorded, so a daemon killed at any moment leaves no two volumes
 //! with one id (an id claimed but not yet recorded dies with the daemon, unused). A restart,
@@ -59,11 +60,19 @@ impl Node {
         let claims = self.inner.fuse_claims.clone();
         let mut claimed = claims.lock().unwrap_or_else(|p| p.into_inner());
         let records = self.inner.store.all()?;
+        // An id some process still runs as (one an earlier holder left behind, the program of a
+        // volume whose record cannot be read) is not free either.
+        let running = self
+            .inner
+            .exec
+            .ids_in_use()
+            .map_err(|e| Error::internal(format!("listing the user and group ids of running processes: {e}")))?;
         let taken: BTreeSet<u32> = records
             .iter()
             .filter(|r| r.volume_id != st.volume_id)
             .filter_map(|r| r.fuse_id)
             .chain(claimed.iter().filter(|(v, _)| **v != st.volume_id).map(|(_, id)| *id))
+            .chain(running)
             .collect();
         let id = range.ids().find(|i| !taken.contains(i)).ok_or_else(|| {
             Error::new(
@@ -101,14 +110,20 @@ mod tests {
     use crate::volume::state::{Phase, SCHEMA_VERSION};
 
     fn node(ids: &str) -> (tempfile::TempDir, Node) {
+        let (dir, node, _) = node_with(ids);
+        (dir, node)
+    }
+
+    fn node_with(ids: &str) -> (tempfile::TempDir, Node, Arc<Recording>) {
         let dir = tempfile::tempdir().unwrap();
         let root = std::fs::canonicalize(dir.path()).unwrap();
         let mut config = Config::new(root.join("state"));
         config.kubelet_dir = root.join("kubelet");
         config.fuse_ids = FuseIds::parse(ids).unwrap();
         let runtime = Arc::new(PluginRuntime::new(config.runtime()).unwrap());
-        let node = Node::new(config, runtime, Arc::new(Recording::new())).unwrap();
-        (dir, node)
+        let rec = Arc::new(Recording::new());
+        let node = Node::new(config, runtime, rec.clone()).unwrap();
+        (dir, node, rec)
     }
 
     fn record(id: &str, host_fd: bool) -> VolumeState {
@@ -185,5 +200,20 @@ mod tests {
         let _claim_e = n.assign_fuse_id(&mut e).unwrap();
         assert_eq!(e.fuse_id, Some(100000));
         assert_eq!(n.recorded_fuse_id("a").unwrap_err().kind, ErrorKind::Internal);
+    }
+
+    #[test]
+    fn an_id_a_live_process_still_has_is_not_handed_out() {
+        let (_dir, n, rec) = node_with("100000-100002");
+        // Left running as 100000 by a volume that is gone (no cgroup killed it), and 100001 a
+        // group id of another.
+        rec.hold_id(100000);
+        rec.hold_id(100001);
+        let mut a = record("a", true);
+        let _claim = n.assign_fuse_id(&mut a).unwrap();
+        assert_eq!(a.fuse_id, Some(100002));
+        rec.hold_id(100002);
+        let mut b = record("b", true);
+        assert_eq!(n.assign_fuse_id(&mut b).err().expect("exhausted").kind, ErrorKind::ResourceExhausted);
     }
 }

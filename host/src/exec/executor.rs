@@ -178,6 +178,8 @@ pub trait Processes {
     fn reap(&self) -> usize;
     /// A future that resolves once `id` exits (a pidfd on Linux). Errors if it is gone.
     fn watch(&self, id: &ProcessId) -> io::Result<Exit>;
+    /// Every user and group id some live process has (real, effective, saved or filesystem).
+    fn ids_in_use(&self) -> io::Result<std::collections::BTreeSet<u32>>;
 }
 
 /// Per-volume cgroups.

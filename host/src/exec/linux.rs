@@ -226,6 +226,10 @@ impl Processes for Linux {
     fn watch(&self, id: &ProcessId) -> io::Result<Exit> {
         Ok(Box::pin(process::exited(id)?))
     }
+
+    fn ids_in_use(&self) -> io::Result<std::collections::BTreeSet<u32>> {
+        process::ids_in_use()
+    }
 }
 
 impl Linux {

@@ -243,6 +243,28 @@ pub fn is_alive(id: &ProcessId) -> bool {
     matches!(stat(id.pid), Ok((start, false)) if start == id.start_time)
 }
 
+/// Every user and group id a live process has (the `Uid:` and `Gid:` lines of each
+/// `/proc/<pid>/status`: real, effective, saved and filesystem ids). A process that exits while
+/// it is read is skipped.
+pub fn ids_in_use() -> std::io::Result<std::collections::BTreeSet<u32>> {
+    let mut ids = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let name = entry?.file_name();
+        if !name.to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(std::path::Path::new("/proc").join(&name).join("status")) else {
+            continue;
+        };
+        for line in status.lines() {
+            if let Some(rest) = line.strip_prefix("Uid:").or_else(|| line.strip_prefix("Gid:")) {
+                ids.extend(rest.split_whitespace().filter_map(|v| v.parse::<u32>().ok()));
+            }
+        }
+    }
+    Ok(ids)
+}
+
 /// Reap every exited child of the daemon (a FUSE program that died on its own stays a zombie
 /// until its parent waits for it). Returns how many were reaped.
 pub fn reap_exited_children() -> usize {

@@ -33,6 +33,8 @@ struct Sim {
     calls: Vec<String>,
     mounts: Vec<MountEntry>,
     alive: BTreeSet<i32>,
+    /// Ids live processes hold besides the simulated ones ([`Recording::hold_id`]).
+    held_ids: BTreeSet<u32>,
     /// Each cgroup's member pids.
     groups: BTreeMap<String, BTreeSet<i32>>,
     /// What each spawned pid runs.
@@ -54,6 +56,7 @@ impl Default for Sim {
             calls: Vec::new(),
             mounts: Vec::new(),
             alive: BTreeSet::new(),
+            held_ids: BTreeSet::new(),
             groups: BTreeMap::new(),
             exes: BTreeMap::new(),
             exits: BTreeMap::new(),
@@ -167,6 +170,11 @@ impl Recording {
     }
 
     /// Simulate a crash of a process.
+    /// Some process (say one left by an earlier holder of a FUSE id) runs as `id`.
+    pub fn hold_id(&self, id: u32) {
+        self.sim().held_ids.insert(id);
+    }
+
     pub fn kill(&self, pid: i32) {
         let mut s = self.sim();
         s.alive.remove(&pid);
@@ -581,6 +589,10 @@ impl Processes for Recording {
         }
         let n = s.exits.entry(id.pid).or_default().clone();
         Ok(Box::pin(async move { n.notified().await }))
+    }
+
+    fn ids_in_use(&self) -> io::Result<BTreeSet<u32>> {
+        Ok(self.sim().held_ids.clone())
     }
 }
 
