@@ -18,7 +18,7 @@
 //! mounts exactly there at the first such stage; writing on it never fills the node's `/run`.
 //! Everything in it is root's, readable by the volume's FUSE group only: the volume's directory
 //! 0710 and its files 0640, made afresh (whatever was there removed first) before every spawn.
-//! The program can read its files and nothing else there, and can create, replace, link, lock or
+//! The program can read its files and nothing else there, and can create, replace, link or
 //! grow nothing there. The files are named by absolute path; they go away at unstage, and
 //! entries of volumes without a record at the daemon's start.
 

@@ -94,8 +94,8 @@ impl SpawnArg {
         self.render_at(&runtime.join(SECRETS_DIR))
     }
 
-    /// The argument the program gets, with secret files in `secrets_dir` as the program names
-    /// it: absolute, or `.` for a program started in that directory (a [`HostMount`] spawn).
+    /// The argument the program gets, with secret files in `secrets_dir` (always named by
+    /// absolute path).
     pub fn render_at(&self, secrets_dir: &Path) -> String {
         match self {
             SpawnArg::Text(t) => t.clone(),
