@@ -251,6 +251,20 @@ async fn retrying<T, F: std::future::Future<Output = Result<T, tonic::Status>>>(
     unreachable!()
 }
 
+/// `--program-args=<values>` of docs/policy.md's "Recommended for `sshfs`" block (the same
+/// block tests/cli.rs checks at plan level), so the real sshfs runs under exactly those rules.
+fn recommended_sshfs_rules() -> String {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/policy.md")).unwrap();
+    let section = &doc[doc.find("### Recommended for `sshfs`").expect("the section")..];
+    let block = section.split("```").nth(1).expect("a code block");
+    let values: Vec<&str> = block.split_whitespace().filter(|w| *w != "--program-args" && *w != "\\").collect();
+    assert!(
+        values.contains(&"sshfs:deny=@sshfs") && values.iter().any(|v| v.starts_with("sshfs:allow=")),
+        "{values:?}"
+    );
+    format!("--program-args={}", values.join(","))
+}
+
 #[test]
 fn sshfs_runs_unprivileged_on_a_host_mounted_connection_and_heals() {
     if !binaries_present() || !in_private_namespace("sshfs_runs_unprivileged_on_a_host_mounted_connection_and_heals") {
@@ -271,8 +285,8 @@ fn sshfs_runs_unprivileged_on_a_host_mounted_connection_and_heals() {
         format!("--program=sshfs={SSHFS}"),
         "--grant=sshfs:program=sshfs".into(),
         "--grant=sshfs:fstype=fuse.sshfs".into(),
-        // The program-argument rules docs/policy.md recommends for sshfs.
-        "--program-args=sshfs:deny=@sshfs".into(),
+        // The program-argument rules docs/policy.md recommends for sshfs (its code block).
+        recommended_sshfs_rules(),
         format!("--fuse-files-dir={}", fuse_files.display()),
     ];
     let mut host = dirs.start_host(&args);

@@ -78,7 +78,8 @@ impl Node {
             Error::new(
                 ErrorKind::ResourceExhausted,
                 format!(
-                    "every FUSE id of {}-{} (--fuse-ids) is taken by a staged volume; unstage one or widen the range",
+                    "every FUSE id of {}-{} (--fuse-ids) is taken by a staged volume or a running process; unstage a \
+                     volume or widen the range",
                     range.first, range.last
                 ),
             )
