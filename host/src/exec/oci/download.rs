@@ -38,8 +38,12 @@ pub(super) const PARALLEL_FROM: u64 = 64 << 20;
 /// 1 (~1.4–1.8 s against ~1.5–2.7 s) and 3 (~1.6–1.8 s); each stream is also one connection
 /// a remote registry or CDN may throttle on its own.
 pub(super) const STREAMS: usize = 2;
-/// The range one request of a parallel download asks for.
-pub(super) const CHUNK: u64 = 16 << 20;
+/// The range one request of a parallel download asks for. Each request costs the registry a
+/// lookup and a fresh file reader: pulling 1 GiB from the local `docker-registry` in 16 MiB
+/// ranges cost it 1.1–1.2 CPU-seconds against about 0.6 in 64 MiB ranges, on a 2-core machine
+/// where those cores also hash, and the pull took ~2.1–2.7 s against ~1.8–2.0 s. Larger ranges
+/// would leave the hash further behind the download at its end (up to one range).
+pub(super) const CHUNK: u64 = 64 << 20;
 /// Bytes gathered before one positioned write.
 const WRITE_BUF: usize = 1 << 20;
 /// Progress between two saves of the written ranges: what a daemon killed mid-download (whose

@@ -168,7 +168,7 @@ async fn a_large_blob_comes_in_parallel_ranges() {
     assert_eq!(e.settle("vol-1", std::slice::from_ref(&b)).await, Ensure::Ready);
     assert!(std::fs::read(e.path(&b)).unwrap() == data, "content differs");
     assert_eq!(e.a.bytes_fetched(), data.len() as u64);
-    assert_eq!(e.fake.state.blob_requests.load(Ordering::SeqCst), 5, "70 MiB in 16 MiB ranges");
+    assert_eq!(e.fake.state.blob_requests.load(Ordering::SeqCst), 2, "70 MiB in 64 MiB ranges");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
