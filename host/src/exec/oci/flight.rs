@@ -147,12 +147,17 @@ impl Core {
             tracing::info!(volume.id = %volume, registry = %ep.ctx.registry, digest = %b.digest, bytes = b.size, "pulling a blob");
             handle.spawn(self.clone().fly(ep, blob, live));
         }
+        // A download that has put its blob in place but not yet recorded its end (the proof its
+        // credentials gave among it): ready a moment later, so that `authorize` right after
+        // `Ready` finds the proof.
+        let settling =
+            wanted.iter().any(|(hex, _)| matches!(inner.flights.get(hex), Some(Flight { state: State::Running, .. })));
         drop(inner);
         if let Some(e) = failed {
             return Ensure::Failed(e);
         }
         let progress = self.progress_of(&self.inner(), blobs);
-        if progress.done_bytes == progress.total_bytes && blobs.iter().all(|b| self.present(b)) {
+        if !settling && progress.done_bytes == progress.total_bytes && blobs.iter().all(|b| self.present(b)) {
             Ensure::Ready
         } else {
             Ensure::Pulling(progress)
