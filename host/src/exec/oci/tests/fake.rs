@@ -41,6 +41,9 @@ pub struct State {
     pub redirect: Mutex<Option<String>>,
     /// `/storage/…` answers 500 with an S3-like XML body that echoes a signature.
     pub storage_fails: AtomicBool,
+    /// Answer `POST /v2/<repo>/blobs/uploads/` with `202`, `Location` this (an upload there,
+    /// below `/storage/`, then finds nothing: 404).
+    pub upload_location: Mutex<Option<String>>,
 }
 
 pub struct Fake {
@@ -119,6 +122,16 @@ async fn serve(mut conn: TcpStream, s: Arc<State>) {
             s.heads.fetch_add(1, Ordering::SeqCst);
         }
         if let Some(digest) = path.strip_prefix("/storage/") {
+            // An upload's body: read and dropped, so the answer below reaches the client.
+            let len: usize = headers.get("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+            while buf.len() < len {
+                let mut chunk = [0u8; 4096];
+                match conn.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            buf.drain(..len);
             // Storage behind a presigned URL: no registry auth, its own errors.
             if s.storage_fails.load(Ordering::SeqCst) {
                 let body = "<?xml version=\"1.0\"?><Error><Code>InternalError</Code><Message>try again</Message>\
@@ -155,6 +168,14 @@ async fn serve(mut conn: TcpStream, s: Arc<State>) {
             );
             let body: &[u8] = if head_only { b"" } else { body };
             if conn.write_all(head.as_bytes()).await.is_err() || conn.write_all(body).await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let upload = s.upload_location.lock().unwrap().clone();
+        if let Some(location) = upload.filter(|_| first.starts_with("POST ") && path.ends_with("/blobs/uploads/")) {
+            let head = format!("HTTP/1.1 202 Accepted\r\nLocation: {location}\r\nContent-Length: 0\r\n\r\n");
+            if conn.write_all(head.as_bytes()).await.is_err() {
                 return;
             }
             continue;

@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 
 use super::super::error::redact;
-use super::super::{BlobRef, Ensure};
+use super::super::{BlobRef, Credentials, Ensure, RegistryConfig, push_plugin};
 use super::pull::{env, random};
 
 #[test]
@@ -97,4 +97,22 @@ async fn a_failed_download_reports_no_url_query_either() {
     let Ensure::Failed(err) = got else { panic!("{got:?}") };
     let shown = format!("{err} {err:?}");
     assert!(!shown.contains("STORAGE-SIGNATURE-SECRET") && !shown.contains("X-Amz"), "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_push_reports_no_url_query() {
+    let e = env().await;
+    // The registry hands the upload to presigned storage that cannot be reached: the
+    // transport error names the URL, signature included, before redaction.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    *e.fake.state.upload_location.lock().unwrap() =
+        Some(format!("http://{gone}/storage/upload-1?X-Amz-Signature=UPLOAD-SIGNATURE-SECRET"));
+    let target = crate::plan::oci_ref::OciRef::parse(&format!("{}/plugins/p:v1", e.fake.host)).unwrap();
+    let cfg = RegistryConfig { insecure: [e.fake.host.clone(), gone.to_string()].into(), ..Default::default() };
+    let err = push_plugin(cfg, &target, &Credentials::Anonymous, b"\0asm".to_vec(), "p.wasm", &Default::default())
+        .await
+        .unwrap_err();
+    let shown = format!("{err} {err:?}");
+    assert!(shown.contains("/storage/upload-1"), "the error says where the upload went: {shown}");
+    assert!(!shown.contains("SIGNATURE-SECRET") && !shown.contains("X-Amz"), "{shown}");
 }
