@@ -2,10 +2,10 @@
 //! written at their offsets, a *follower* thread hashing the file's completed prefix as it
 //! grows, then fsync, mode 0444 and a rename to the blob's final name.
 //!
-//! - Blobs of [`PARALLEL_FROM`] bytes or more are cut into [`CHUNK`]-byte ranges taken in file
-//!   order by [`STREAMS`] streams, so the completed prefix (and the hash) advances at the
-//!   streams' combined speed and the follower is at most a few chunks behind at the end. Smaller
-//!   blobs are one request.
+//! - Blobs over [`CHUNK`] bytes are cut into [`CHUNK`]-byte ranges taken in file order by
+//!   [`STREAMS`] streams, so the completed prefix (and the hash) advances at the streams'
+//!   combined speed and the follower is at most about one range per other stream behind at the
+//!   end. A blob of one range or less is one request.
 //! - Written ranges are recorded in memory and, every [`SAVE_EVERY`] bytes and when the
 //!   download stops, in `<hex>.partial.json` ([`Segments`]). The next attempt fetches only the
 //!   gaps and re-hashes what is on disk (while the gaps download).
