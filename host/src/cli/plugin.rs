@@ -235,6 +235,7 @@ fn dirs_for(cfg: &Config, args: &PlanArgs) -> VolumeDirs {
     let default_target =
         kubelet.join(format!("pods/00000000-0000-0000-0000-000000000000/volumes/kubernetes.io~csi/{key}/mount"));
     let mut dirs = VolumeDirs::host_owned(&cfg.state_dir, &args.volume_id);
+    dirs.fuse_files = Some(cfg.fuse_files().join(&key));
     match args.op {
         Op::Stage | Op::Unstage => dirs.staging = Some(args.target.clone().unwrap_or(default_staging)),
         Op::Publish => {

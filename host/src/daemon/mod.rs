@@ -164,6 +164,7 @@ impl Node {
     /// The directories of a volume for one operation.
     fn dirs(&self, id: &str, staging: Option<&Path>, target: Option<&Path>) -> VolumeDirs {
         let mut dirs = VolumeDirs::host_owned(&self.inner.config.state_dir, id);
+        dirs.fuse_files = Some(self.fuse_files_dir(id));
         dirs.staging = staging.map(Path::to_path_buf);
         dirs.target = target.map(Path::to_path_buf);
         dirs

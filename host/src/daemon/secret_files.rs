@@ -29,7 +29,7 @@ use tracing::{info, warn};
 use super::Node;
 use crate::error::Error;
 use crate::exec::mountinfo;
-use crate::plan::{MountOption, SECRETS_DIR, Step, secret_file_name, secret_files};
+use crate::plan::{MountOption, Step, secret_file_name, secret_files};
 use crate::secrets::Secrets;
 
 /// Mode of a secret file the daemon's own programs read.
@@ -73,10 +73,8 @@ impl Node {
     /// Where the secret files of `step` (a spawn of volume `id`) go: `<runtime>/secrets`, or,
     /// for a program the host mounts for, `<fuse files dir>/<volume key>`.
     pub fn secret_files_dir(&self, id: &str, step: &Step) -> PathBuf {
-        match step {
-            Step::SpawnFuse { host_mount: Some(_), .. } => self.fuse_files_dir(id),
-            _ => self.dirs(id, None, None).runtime.expect("a volume has a runtime dir").join(SECRETS_DIR),
-        }
+        let host_mounted = matches!(step, Step::SpawnFuse { host_mount: Some(_), .. });
+        self.dirs(id, None, None).secret_files(host_mounted).expect("a volume has a runtime and a FUSE files dir")
     }
 
     /// The directory of a volume's files for an unprivileged FUSE program.
@@ -238,7 +236,7 @@ mod tests {
     use crate::error::ErrorKind;
     use crate::exec::recording::Recording;
     use crate::exec::{Files, Mounts};
-    use crate::plan::{EnvVar, SpawnArg, Value};
+    use crate::plan::{EnvVar, SECRETS_DIR, SpawnArg, Value};
     use crate::plugin::PluginRuntime;
 
     struct Env {

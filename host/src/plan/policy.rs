@@ -399,8 +399,8 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> G<Step> {
                 return Err(format!("memory limit below the minimum of {MIN_MEMORY_LIMIT} bytes").into());
             }
             let args = s.args.iter().map(|a| arg(ctx, a)).collect::<R<Vec<_>>>()?;
-            program_args(ctx, &s.program, &args)?;
             let host_mount = fuse::host_mount(ctx, s.mount, &s.fstype, &args)?;
+            program_args(ctx, &s.program, &args, host_mount.is_some())?;
             let mut names = BTreeSet::new();
             let mut env = Vec::with_capacity(s.env.len());
             for e in s.env {
@@ -573,16 +573,24 @@ fn program(ctx: &Context<'_>, name: &str) -> G<PathBuf> {
     }
 }
 
-/// The arguments a program would receive (secret files at their paths, a FUSE descriptor at
-/// its `/dev/fd` path) against what host config lets that program's arguments name.
-fn program_args(ctx: &Context<'_>, program: &str, args: &[SpawnArg]) -> R<()> {
+/// The arguments a program would receive (secret files at the paths the executor gives them,
+/// a FUSE descriptor at its `/dev/fd` path) against what host config lets that program's
+/// arguments name. The rules judge exactly the strings the program gets: a path after a `-`
+/// reads as short options, so which directory holds the secret files matters.
+fn program_args(ctx: &Context<'_>, program: &str, args: &[SpawnArg], host_mounted: bool) -> R<()> {
     let Some(rules) = ctx.program_args.get(program) else { return Ok(()) };
-    // Secret files are rendered in the runtime directory (a plan with secret-file arguments has
-    // one: `secret_file`). The executor may put them in another host directory (a host-fd
-    // spawn's); either is an absolute path the host chooses, and what the plan's prefix and
-    // suffix around it can name does not depend on which.
-    let runtime = ctx.dirs.runtime.as_deref().unwrap_or(Path::new("/"));
-    let rendered: Vec<String> = args.iter().map(|a| a.render(runtime)).collect();
+    let names_file = args.iter().any(|a| matches!(a, SpawnArg::SecretFile { .. }));
+    let dir = match ctx.dirs.secret_files(host_mounted) {
+        Some(dir) => dir,
+        None if names_file => {
+            return Err(format!(
+                "an argument names a secret file, and a {:?} plan has no directory for this program's secret files",
+                ctx.operation
+            ));
+        }
+        None => PathBuf::new(),
+    };
+    let rendered: Vec<String> = args.iter().map(|a| a.render_at(&dir)).collect();
     rules.check(program, &rendered)
 }
 

@@ -22,6 +22,9 @@ pub struct VolumeDirs {
     pub cache: Option<PathBuf>,
     /// The volume's runtime directory (sockets).
     pub runtime: Option<PathBuf>,
+    /// The volume's directory for a FUSE program the host mounts for (which runs as the
+    /// volume's own user and reads its secret files there).
+    pub fuse_files: Option<PathBuf>,
 }
 
 /// A short, stable, filesystem-safe name for a volume id.
@@ -39,6 +42,18 @@ impl VolumeDirs {
             target: None,
             cache: Some(state_dir.join("cache").join("volumes").join(&key)),
             runtime: Some(state_dir.join("run").join(&key)),
+            fuse_files: None,
+        }
+    }
+
+    /// Where a spawn's secret files go: the FUSE files directory for a program the host
+    /// mounts for (`host_mounted`), else `<runtime>/secrets`. `None` when the operation has
+    /// no such directory.
+    pub fn secret_files(&self, host_mounted: bool) -> Option<PathBuf> {
+        if host_mounted {
+            self.fuse_files.clone()
+        } else {
+            self.runtime.as_ref().map(|r| r.join(crate::plan::SECRETS_DIR))
         }
     }
 

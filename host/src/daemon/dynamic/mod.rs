@@ -709,6 +709,7 @@ impl Node {
                 target: Some(target.join(MOUNTS_DIR).join(id)),
                 cache: Some(self.dynamic_cache(&st.volume_id).join(id)),
                 runtime: None,
+                fuse_files: None,
             },
             ephemeral: st.ephemeral,
         })

@@ -140,6 +140,7 @@ mod tests {
             target: None,
             cache: Some("/s/cache/ab".into()),
             runtime: Some("/s/run/ab".into()),
+            fuse_files: Some("/f/ab".into()),
         };
         let secrets: Secrets = [("sshKey".to_string(), "PRIVATEKEY".to_string())].into_iter().collect();
         let ctx = Context {

@@ -72,6 +72,7 @@ impl Fixture {
                 target: Some("/k/pods/u/mount".into()),
                 cache: Some("/s/cache/ab".into()),
                 runtime: Some("/s/run/ab".into()),
+                fuse_files: Some("/f/ab".into()),
             },
             secrets: [("token".to_string(), "hunter22".to_string())].into_iter().collect(),
         }
@@ -240,6 +241,7 @@ fn a_dynamic_mount_is_read_only_files_and_no_programs() {
         target: Some("/k/pods/u/mount/mounts/m1".into()),
         cache: Some("/s/cache/ab/dynamic/m1".into()),
         runtime: None,
+        fuse_files: None,
     };
     let bind = |readonly| {
         w::Step::Bind(w::Bind {
@@ -524,3 +526,26 @@ async fn a_refused_url_never_connects() {
 mod args;
 mod oci;
 mod values;
+
+#[test]
+fn argument_rules_judge_secret_files_where_the_executor_puts_them() {
+    // A `-` before a secret file's path makes the path's letters short options, so the rules
+    // must see the directory the program really gets: `<runtime>/secrets` for a program that
+    // mounts by itself, the FUSE files directory for one the host mounts for.
+    let mut f = Fixture::new();
+    f.dirs.fuse_files = Some("/mnt/zz".into());
+    f.program_args.insert("fusetest".into(), ArgRules { deny: [OptionName::Short('z')].into(), ..Default::default() });
+    let file = w::Arg::SecretFile(w::SecretFileArg { prefix: "-".into(), key: "token".into(), suffix: String::new() });
+    let fd = w::Arg::FuseFd(w::FuseFdArg { prefix: String::new(), suffix: String::new() });
+    let by_program = spawn("fusetest", vec![file.clone()], vec![]);
+    f.check(Operation::Stage, vec![by_program]).unwrap();
+    let mut host_fd = spawn("fusetest", vec![fd, file], vec![]);
+    let w::Step::SpawnFuse(s) = &mut host_fd else { unreachable!() };
+    s.mount = w::FuseMount::HostFd(w::HostFdMount { source: "src".into(), options: vec![], readonly: false });
+    let err = f.check(Operation::Stage, vec![host_fd.clone()]).unwrap_err();
+    assert!(err.reason.contains(r#"option "-z" is denied"#), "{err}");
+    // Without a directory for that program's files, a secret-file argument is refused.
+    f.dirs.fuse_files = None;
+    let err = f.check(Operation::Stage, vec![host_fd]).unwrap_err();
+    assert!(err.reason.contains("no directory for this program's secret files"), "{err}");
+}
