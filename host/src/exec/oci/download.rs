@@ -237,7 +237,7 @@ fn prepare(store: &Store, blob: &Blob) -> io::Result<(File, Segments)> {
     Ok((file, segs))
 }
 
-fn libc_flags() -> i32 {
+pub(super) fn libc_flags() -> i32 {
     rustix::fs::OFlags::NOFOLLOW.bits() as i32
 }
 

@@ -274,20 +274,32 @@ impl Artifacts {
         let hex = store::hex_of(digest)?;
         let path = self.core.store.blob(hex);
         let local = |e: &io::Error| OciError::local(&path, e, digest, digest);
-        let len = match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.is_file() => m.len(),
-            Ok(_) => return Ok(None),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        use std::os::unix::fs::OpenOptionsExt as _;
+        // Opened without following a link, then judged and read through that one descriptor.
+        let file = std::fs::OpenOptions::new().read(true).custom_flags(download::libc_flags()).open(&path);
+        let file = match file {
+            Ok(f) => f,
+            Err(e) if matches!(e.kind(), io::ErrorKind::NotFound) => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => return Ok(None),
             Err(e) => return Err(local(&e)),
         };
-        if len > max {
-            return Err(OciError::Local {
-                path: path.display().to_string(),
-                detail: format!("blob {digest} is {len} bytes, more than the {max} read here"),
-                kind: io::ErrorKind::InvalidData,
-            });
+        let meta = file.metadata().map_err(|e| local(&e))?;
+        if !meta.is_file() {
+            return Ok(None);
         }
-        let bytes = std::fs::read(&path).map_err(|e| local(&e))?;
+        let too_big = |len: u64| OciError::Local {
+            path: path.display().to_string(),
+            detail: format!("blob {digest} is {len} bytes, more than the {max} read here"),
+            kind: io::ErrorKind::InvalidData,
+        };
+        if meta.len() > max {
+            return Err(too_big(meta.len()));
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        io::Read::read_to_end(&mut io::Read::take(&file, max.saturating_add(1)), &mut bytes).map_err(|e| local(&e))?;
+        if bytes.len() as u64 > max {
+            return Err(too_big(bytes.len() as u64));
+        }
         use sha2::Digest as _;
         let actual = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&bytes)));
         if actual != digest {

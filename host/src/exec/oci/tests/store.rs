@@ -162,3 +162,24 @@ fn an_unpack_another_daemon_runs_survives_a_start_and_a_dead_ones_does_not() {
     let _b = Artifacts::new(root.join("cache"), RegistryConfig::default()).unwrap();
     assert!(!running.exists());
 }
+
+#[test]
+fn a_cached_blob_is_read_whole_verified_and_never_through_a_link() {
+    let (_t, root, a) = cache();
+    let digest = put(&root, b"plugin bytes", 0);
+    assert_eq!(a.read_blob(&digest, 100).unwrap().as_deref(), Some(&b"plugin bytes"[..]));
+    let err = a.read_blob(&digest, 5).unwrap_err().to_string();
+    assert!(err.contains("more than the 5 read here"), "{err}");
+    // A link in the blob's place (to a file whose bytes even match) reads as not cached.
+    let hex = digest.trim_start_matches("sha256:");
+    let blob = root.join("cache/blobs/sha256").join(hex);
+    let outside = root.join("outside");
+    std::fs::rename(&blob, &outside).unwrap();
+    std::os::unix::fs::symlink(&outside, &blob).unwrap();
+    assert_eq!(a.read_blob(&digest, 100).unwrap(), None);
+    // Bytes that do not match the digest are refused.
+    std::fs::remove_file(&blob).unwrap();
+    std::fs::write(&blob, b"other bytes").unwrap();
+    let err = a.read_blob(&digest, 100).unwrap_err();
+    assert!(matches!(err, crate::exec::oci::OciError::DigestMismatch { .. }), "{err}");
+}
