@@ -125,6 +125,7 @@ pub fn spawn_as(
     cgroup: Option<&std::fs::File>,
     unprivileged: Option<Unprivileged<'_>>,
 ) -> Result<ProcessId, ProcessError> {
+    reserve_low_descriptors();
     let err_log = log.try_clone().map_err(|source| ProcessError::Log { path: spec.log.to_path_buf(), source })?;
     let mut cmd = Command::new(spec.executable);
     cmd.args(spec.args)
@@ -164,6 +165,27 @@ pub fn spawn_as(
     // `child` is dropped without waiting: the process lives on; `stop` or the supervisor reaps it.
     let start_time = start_time(pid).map_err(|source| ProcessError::Stat { pid, source })?;
     Ok(ProcessId { pid, start_time })
+}
+
+/// Hold descriptors 0 to [`crate::plan::FUSE_FD`] for the life of the process, on `/dev/null`
+/// where one is free. The child of [`spawn_as`] rearranges exactly these numbers (its stdio and
+/// `dup2` onto the FUSE descriptor), so neither std's pipe that reports a failed exec nor a
+/// FUSE connection may have one of them: `dup2` would close that pipe (a failed exec would then
+/// read as a started program) and the stdio setup would replace that connection.
+fn reserve_low_descriptors() {
+    static HELD: std::sync::OnceLock<Vec<std::os::fd::OwnedFd>> = std::sync::OnceLock::new();
+    HELD.get_or_init(|| {
+        let mut held = Vec::new();
+        // std opens close-on-exec, and the lowest free number first.
+        while let Ok(f) = std::fs::File::open("/dev/null") {
+            let fd = std::os::fd::OwnedFd::from(f);
+            if fd.as_raw_fd() > crate::plan::FUSE_FD {
+                break;
+            }
+            held.push(fd);
+        }
+        held
+    });
 }
 
 /// The child's half of [`spawn_as`] for an unprivileged program. Runs between fork and exec:
@@ -388,4 +410,20 @@ pub fn raise_open_files_limit() -> std::io::Result<u64> {
         setrlimit(Resource::Nofile, limit).map_err(std::io::Error::from)?;
     }
     Ok(limit.current.unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_descriptors_a_child_rearranges_stay_taken() {
+        reserve_low_descriptors();
+        for fd in 0..=crate::plan::FUSE_FD {
+            // SAFETY: F_GETFD takes and returns integers only.
+            assert_ne!(unsafe { nix::libc::fcntl(fd, nix::libc::F_GETFD) }, -1, "descriptor {fd} is free");
+        }
+        let next = std::fs::File::open("/dev/null").unwrap();
+        assert!(next.as_raw_fd() > crate::plan::FUSE_FD);
+    }
 }
