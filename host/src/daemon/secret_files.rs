@@ -62,7 +62,7 @@ impl Node {
     /// tmpfs is mounted at the first stage that needs it: [`Node::write_secret_files`].)
     pub fn mount_runtime_tmpfs(&self) {
         let run = self.run_root();
-        match self.ensure_run_tmpfs(&run, "0700") {
+        match self.ensure_run_tmpfs(&run) {
             Ok(true) => info!(path = %run.display(), "mounted a runtime tmpfs"),
             Ok(false) => {}
             Err(e) => warn!(path = %run.display(), error = %e.message,
@@ -93,7 +93,7 @@ impl Node {
     }
 
     /// True if it mounted the tmpfs, false if one was there.
-    fn ensure_run_tmpfs(&self, run: &Path, mode: &str) -> Result<bool, Error> {
+    fn ensure_run_tmpfs(&self, run: &Path) -> Result<bool, Error> {
         let exec = &self.inner.exec;
         // On a tmpfs already: mounted by an earlier start, or the whole state directory is.
         if self.run_fstype(run)?.as_deref() == Some("tmpfs") {
@@ -109,7 +109,7 @@ impl Node {
             )));
         }
         exec.private_dir(run).map_err(|e| super::pipeline::io_error(e, run))?;
-        let options = [MountOption::Text(format!("mode={mode}")), MountOption::Text(format!("size={RUN_SIZE}"))];
+        let options = [MountOption::Text("mode=0700".into()), MountOption::Text(format!("size={RUN_SIZE}"))];
         exec.mount("tmpfs", RUN_SOURCE, run, &options, false)?;
         Ok(true)
     }

@@ -169,12 +169,12 @@ impl Recording {
         self.sim().fail_next = Some((op.into(), errno));
     }
 
-    /// Simulate a crash of a process.
     /// Some process (say one left by an earlier holder of a FUSE id) runs as `id`.
     pub fn hold_id(&self, id: u32) {
         self.sim().held_ids.insert(id);
     }
 
+    /// Simulate a crash of a process.
     pub fn kill(&self, pid: i32) {
         let mut s = self.sim();
         s.alive.remove(&pid);

@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 
 use oci_client::Reference;
 use oci_client::manifest::OCI_IMAGE_MEDIA_TYPE;
-use sha2::Digest as _;
 
 use super::error::{Ctx, OciError, What};
 use super::registry::Registries;
@@ -38,7 +37,7 @@ pub struct PushedPlugin {
 }
 
 fn sha256(bytes: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+    crate::plugin::Digest::of(bytes).to_string()
 }
 
 /// The manifest of a plugin whose layer is `layer_digest` (`size` bytes); `annotations` go on
