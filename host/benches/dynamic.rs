@@ -45,7 +45,7 @@ use tokio::net::UnixStream;
 
 use registry::{Class, ModelBuilder, Packing, Registry, RegistryOptions};
 
-type Client = HostClient<tonic::transport::Channel>;
+type Client = HostClient<mounthost::unpriv::grpc::UnixChannel>;
 
 /// RSS target of the issue, MiB.
 const RSS_TARGET_MIB: f64 = 64.0;

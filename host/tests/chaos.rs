@@ -25,9 +25,9 @@ use mounthost::proto::csi::controller_client::ControllerClient;
 use mounthost::proto::csi::identity_client::IdentityClient;
 use mounthost::proto::csi::node_client::NodeClient;
 use mounthost::proto::host::{ListVolumesRequest, VolumeStatus, host_client::HostClient};
+use mounthost::unpriv::grpc::UnixChannel;
 use mounthost::unpriv::grpc::channel;
 use mounthost::volume::dirs::volume_key;
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 /// Volumes in the test; those with `i % 5 < 3` end published, the others end gone.
@@ -209,7 +209,7 @@ async fn call<T, Fut>(
     op: Op,
     what: &str,
     pv: &str,
-    mut attempt: impl FnMut(Channel) -> Fut,
+    mut attempt: impl FnMut(UnixChannel) -> Fut,
 ) -> Option<T>
 where
     Fut: Future<Output = Result<tonic::Response<T>, Status>>,

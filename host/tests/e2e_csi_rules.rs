@@ -23,8 +23,8 @@ use common::{
 use mounthost::proto::csi;
 use mounthost::proto::csi::controller_client::ControllerClient;
 use mounthost::proto::csi::node_client::NodeClient;
+use mounthost::unpriv::grpc::UnixChannel;
 use tonic::Code;
-use tonic::transport::Channel;
 
 const GIB: i64 = 1 << 30;
 
@@ -71,8 +71,8 @@ fn weed_mounts(dirs: &NodeDirs) -> Vec<i32> {
 struct Node<'a> {
     weed: &'a Seaweed,
     dirs: &'a NodeDirs,
-    node: NodeClient<Channel>,
-    controller: ControllerClient<Channel>,
+    node: NodeClient<UnixChannel>,
+    controller: ControllerClient<UnixChannel>,
 }
 
 /// Start SeaweedFS, the host and the front (real processes), wait until the front is ready, and

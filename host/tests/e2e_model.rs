@@ -25,7 +25,7 @@ use mounthost::proto::host::host_client::HostClient;
 use mounthost::unpriv::grpc::channel;
 use tonic::Code;
 
-type Node = NodeClient<tonic::transport::Channel>;
+type Node = NodeClient<mounthost::unpriv::grpc::UnixChannel>;
 
 /// A running node: host daemon and front, and a runtime to drive them.
 struct ModelNode {

@@ -24,9 +24,9 @@ use mounthost::proto::csi;
 use mounthost::proto::csi::controller_client::ControllerClient;
 use mounthost::proto::csi::node_client::NodeClient;
 use mounthost::proto::csi::volume_capability::access_mode::Mode;
+use mounthost::unpriv::grpc::UnixChannel;
 use mounthost::unpriv::grpc::channel;
 use tonic::Code;
-use tonic::transport::Channel;
 
 fn capability(mode: Mode) -> csi::VolumeCapability {
     csi::VolumeCapability {
@@ -95,7 +95,7 @@ async fn snapshot(dirs: &NodeDirs) -> Snapshot {
     Snapshot { weed_pids, mounts, published }
 }
 
-async fn create(controller: &mut ControllerClient<Channel>, weed: &Seaweed, name: &str) -> csi::Volume {
+async fn create(controller: &mut ControllerClient<UnixChannel>, weed: &Seaweed, name: &str) -> csi::Volume {
     let req = csi::CreateVolumeRequest {
         name: name.into(),
         parameters: [("plugin".to_string(), "seaweedfs".to_string()), ("filer".into(), weed.filer.clone())].into(),
@@ -116,8 +116,8 @@ fn node_rpcs_answer_the_spec_codes_and_change_nothing() {
 async fn rules(
     weed: &Seaweed,
     dirs: &NodeDirs,
-    mut node: NodeClient<Channel>,
-    mut controller: ControllerClient<Channel>,
+    mut node: NodeClient<UnixChannel>,
+    mut controller: ControllerClient<UnixChannel>,
 ) {
     let mut checked = Vec::new();
 

@@ -29,7 +29,7 @@ use mounthost::secrets::Secrets;
 use mounthost::unpriv::grpc::channel;
 use tonic::Code;
 
-type Node = NodeClient<tonic::transport::Channel>;
+type Node = NodeClient<mounthost::unpriv::grpc::UnixChannel>;
 
 /// A fixture component built with the plugins.
 fn fixture(name: &str) -> PathBuf {
@@ -102,7 +102,7 @@ impl PluginNode {
         self.front = Some(self.dirs.start_front(args));
     }
 
-    async fn clients(&self) -> (Node, ControllerClient<tonic::transport::Channel>) {
+    async fn clients(&self) -> (Node, ControllerClient<mounthost::unpriv::grpc::UnixChannel>) {
         let ch = channel(&self.dirs.csi_sock);
         wait_ready(&ch).await;
         (NodeClient::new(ch.clone()), ControllerClient::new(ch))

@@ -25,8 +25,8 @@ fn unpublish_req(id: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {
 
 /// CreateVolume (seaweedfs, the test's filer), NodeStage, NodePublish into `pod`.
 async fn create_stage_publish(
-    controller: &mut ControllerClient<tonic::transport::Channel>,
-    node: &mut NodeClient<tonic::transport::Channel>,
+    controller: &mut ControllerClient<mounthost::unpriv::grpc::UnixChannel>,
+    node: &mut NodeClient<mounthost::unpriv::grpc::UnixChannel>,
     weed: &Seaweed,
     dirs: &NodeDirs,
     pv: &str,
@@ -63,7 +63,7 @@ async fn host_volumes(dirs: &NodeDirs) -> Vec<mounthost::proto::host::VolumeStat
 /// NodeUnpublishVolume then NodeUnstageVolume, retried like kubelet while the volume is busy
 /// (the host may be restarting its FUSE process).
 async fn unpublish_and_unstage(
-    node: &mut NodeClient<tonic::transport::Channel>,
+    node: &mut NodeClient<mounthost::unpriv::grpc::UnixChannel>,
     volume_id: &str,
     staging: &Path,
     target: &Path,
@@ -93,7 +93,7 @@ fn entries(dir: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
-async fn wait_ready(id: &mut IdentityClient<tonic::transport::Channel>) {
+async fn wait_ready(id: &mut IdentityClient<mounthost::unpriv::grpc::UnixChannel>) {
     for _ in 0..200 {
         if let Ok(r) = id.probe(csi::ProbeRequest {}).await
             && r.into_inner().ready == Some(true)

@@ -34,7 +34,12 @@ fn cap() -> csi::VolumeCapability {
     }
 }
 
-async fn stage_and_publish(node: &mut NodeClient<tonic::transport::Channel>, id: &str, staging: &Path, target: &Path) {
+async fn stage_and_publish(
+    node: &mut NodeClient<mounthost::unpriv::grpc::UnixChannel>,
+    id: &str,
+    staging: &Path,
+    target: &Path,
+) {
     let stage = csi::NodeStageVolumeRequest {
         volume_id: id.into(),
         staging_target_path: staging.display().to_string(),
@@ -59,7 +64,7 @@ async fn list(dirs: &NodeDirs) -> Vec<mounthost::proto::host::VolumeStatus> {
     HostClient::new(channel(&dirs.host_sock)).list_volumes(ListVolumesRequest {}).await.unwrap().into_inner().volumes
 }
 
-async fn ready(ch: &tonic::transport::Channel) {
+async fn ready(ch: &mounthost::unpriv::grpc::UnixChannel) {
     let mut id = IdentityClient::new(ch.clone());
     for _ in 0..400 {
         if id.probe(csi::ProbeRequest {}).await.is_ok_and(|r| r.into_inner().ready == Some(true)) {

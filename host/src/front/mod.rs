@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use clap::ValueEnum;
 use tokio_stream::wrappers::UnixListenerStream;
-use tonic::transport::Channel;
 
 use crate::proto::csi;
 use crate::proto::host::host_client::HostClient;
@@ -41,7 +40,7 @@ impl Mode {
 }
 
 /// A client of the host daemon.
-pub type Host = HostClient<Channel>;
+pub type Host = HostClient<crate::unpriv::grpc::UnixChannel>;
 
 /// Serve the CSI services of `mode` on `socket` until `shutdown`.
 pub async fn serve(
@@ -81,5 +80,74 @@ pub fn host_down(e: tonic::Status) -> tonic::Status {
         tonic::Status::unavailable(format!("the mounthost host daemon is not reachable: {}", e.message()))
     } else {
         e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::csi::identity_client::IdentityClient;
+    use crate::unpriv::grpc::channel;
+
+    /// Serve the front on `socket` until the returned sender is dropped or sent to.
+    fn start(socket: &Path, host: Host) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let socket = socket.to_path_buf();
+        let task = tokio::spawn(async move {
+            serve(Mode::Node, &socket, Some(host), None, async move {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        });
+        (stop, task)
+    }
+
+    async fn probe(client: &mut IdentityClient<crate::unpriv::grpc::UnixChannel>) -> Result<bool, tonic::Status> {
+        client.probe(csi::ProbeRequest {}).await.map(|r| r.into_inner().ready == Some(true))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_channel_connects_at_its_first_call_and_again_after_its_server_restarts() {
+        let dir = tempfile::tempdir().unwrap();
+        let csi_sock = dir.path().join("csi.sock");
+        // The host socket has no server: the front's calls through its channel fail, which
+        // Probe reports as not ready (and forwarded calls as UNAVAILABLE).
+        let host = Host::new(channel(&dir.path().join("host.sock")));
+        let mut client = IdentityClient::new(channel(&csi_sock));
+        let err = probe(&mut client).await.unwrap_err();
+        assert!(err.message().contains("No such file"), "{err:?}");
+
+        let (stop, task) = start(&csi_sock, host.clone());
+        let mut ready = None;
+        for _ in 0..200 {
+            if let Ok(r) = probe(&mut client).await {
+                ready = Some(r);
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(ready, Some(false), "served, and the host is unreachable");
+        let forwarded = host_down(
+            host.clone().health(crate::proto::host::HealthRequest {}).await.expect_err("no host daemon runs"),
+        );
+        assert_eq!(forwarded.code(), tonic::Code::Unavailable, "{forwarded:?}");
+
+        // The server goes away and comes back on the same path: the same channel gets through
+        // again (a call may fail while the old connection's end is still being noticed).
+        stop.send(()).unwrap();
+        task.await.unwrap();
+        let (stop, task) = start(&csi_sock, host);
+        let mut answered = false;
+        for _ in 0..200 {
+            if probe(&mut client).await.is_ok() {
+                answered = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(answered, "the channel never reconnected");
+        stop.send(()).unwrap();
+        task.await.unwrap();
     }
 }

@@ -16,7 +16,7 @@ use tonic::Code;
 use super::registry::{Class, ModelBuilder, Packing, PushedModel, Registry};
 use super::{NodeDirs, Proc, stage_req, wait_ready};
 
-pub type Node = NodeClient<tonic::transport::Channel>;
+pub type Node = NodeClient<mounthost::unpriv::grpc::UnixChannel>;
 
 /// A small model of four files.
 pub fn tiny_model(registry: &Registry, repo: &str, tag: &str, weights: &[u8]) -> PushedModel {

@@ -620,7 +620,7 @@ impl Seaweed {
 }
 
 /// Wait until the CSI front at `ch` reports ready (Probe), at most 10 s.
-pub async fn wait_ready(ch: &tonic::transport::Channel) {
+pub async fn wait_ready(ch: &mounthost::unpriv::grpc::UnixChannel) {
     let mut identity = mounthost::proto::csi::identity_client::IdentityClient::new(ch.clone());
     let until = Instant::now() + Duration::from_secs(10);
     loop {
@@ -636,8 +636,8 @@ pub async fn wait_ready(ch: &tonic::transport::Channel) {
 
 /// The CSI clients of a running node.
 pub type Clients = (
-    mounthost::proto::csi::node_client::NodeClient<tonic::transport::Channel>,
-    mounthost::proto::csi::controller_client::ControllerClient<tonic::transport::Channel>,
+    mounthost::proto::csi::node_client::NodeClient<mounthost::unpriv::grpc::UnixChannel>,
+    mounthost::proto::csi::controller_client::ControllerClient<mounthost::unpriv::grpc::UnixChannel>,
 );
 
 /// Start a real SeaweedFS, `mounthost host` and `mounthost csi --mode all`, wait until the front
