@@ -8,7 +8,8 @@
 //! 1. publish latency p50/p99 over 500 publishes of one staged volume into fresh targets,
 //!    vs the raw bind syscall and vs `mount --bind` run as a child process (what drivers built
 //!    on the common Go mount library do), with and without the `mkdir` of the target; the child
-//!    baselines are measured in a helper process, interleaved with the publishes;
+//!    baselines are measured in a helper process, interleaved with the publishes, and so is a
+//!    `mkdir` beside each target (what creating a target costs on that filesystem then);
 //! 2. 200 concurrent publishes of 200 distinct staged volumes (errors, wall time) vs the same
 //!    publishes one by one.
 
@@ -180,10 +181,16 @@ async fn run() {
     println!("NodePublishVolume after stage, {n} publishes (front → host → plugin → bind → state file replaced)");
     let mut ours = Vec::with_capacity(n);
     let (mut child, mut mkdir_child) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let mut mkdir = Vec::with_capacity(n);
     for i in 0..n {
         child.push(helper.time("bind", i));
         mkdir_child.push(helper.time("mkdir-bind", i));
         let t = target(i);
+        // What creating the target costs on this filesystem, right now: a sibling of it.
+        let sibling = t.with_file_name("sibling");
+        let started = Instant::now();
+        std::fs::create_dir(&sibling).unwrap();
+        mkdir.push(started.elapsed());
         let started = Instant::now();
         client.clone().node_publish_volume(publish("bench-0", &staging, &t)).await.unwrap();
         ours.push(started.elapsed());
@@ -199,6 +206,7 @@ async fn run() {
     let p_ours = summary("mounthost NodePublishVolume", ours);
     summary("reference: NodeGetCapabilities (front only)", one_hop);
     summary("reference: NodeGetInfo (front → host)", two_hops);
+    summary("reference: mkdir beside each target", mkdir);
     let p_floor = summary("reference: fsync'd atomic write of 2 KiB", floor);
     let p_raw = summary("baseline: bind syscall", raw);
     let p_child = summary("baseline: `mount --bind` child process", child);
