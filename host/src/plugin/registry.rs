@@ -225,7 +225,7 @@ impl PluginRuntime {
         if let Some(p) = self.loaded_pulled(&digest).await? {
             return Ok(p);
         }
-        let prepared = self.prepare(bytes, origin).await?;
+        let prepared = self.prepare(bytes, digest.clone(), origin).await?;
         let mut index = self.index.lock().await;
         self.rescan(&mut index).await;
         if let Some(p) = index.by_digest.get(&digest).cloned() {
@@ -271,14 +271,14 @@ impl PluginRuntime {
             index.pulled_only.remove(&digest);
             return Ok(p.clone());
         }
-        let plugin = self.prepare(bytes, origin).await?;
+        let plugin = self.prepare(bytes, digest, origin).await?;
         index.by_digest.insert(plugin.digest.clone(), plugin.clone());
         Ok(plugin)
     }
 
-    /// Compile (or fetch from cache), check, and describe one component, without indexing it.
-    async fn prepare(&self, bytes: Vec<u8>, origin: String) -> Result<Arc<LoadedPlugin>, PluginError> {
-        let digest = Digest::of(&bytes);
+    /// Compile (or fetch from cache), check, and describe one component (`digest` is its
+    /// bytes' own, hashed once by the caller), without indexing it.
+    async fn prepare(&self, bytes: Vec<u8>, digest: Digest, origin: String) -> Result<Arc<LoadedPlugin>, PluginError> {
         let load_err = |reason: String| PluginError::Load { origin: origin.clone(), reason };
         let (engine, cache, d) = (self.engine.clone(), self.cache.clone(), digest.clone());
         let (component, obtained) = tokio::task::spawn_blocking(move || cache.load_or_compile(&engine, &d, &bytes))
