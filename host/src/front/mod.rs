@@ -116,7 +116,8 @@ mod tests {
         let host = Host::new(channel(&dir.path().join("host.sock")));
         let mut client = IdentityClient::new(channel(&csi_sock));
         let err = probe(&mut client).await.unwrap_err();
-        assert!(err.message().contains("No such file"), "{err:?}");
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+        assert!(err.message().contains(&format!("connecting to {}", csi_sock.display())), "{err:?}");
 
         let (stop, task) = start(&csi_sock, host.clone());
         let mut ready = None;
@@ -132,21 +133,35 @@ mod tests {
             host.clone().health(crate::proto::host::HealthRequest {}).await.expect_err("no host daemon runs"),
         );
         assert_eq!(forwarded.code(), tonic::Code::Unavailable, "{forwarded:?}");
+        assert!(forwarded.message().contains("host daemon is not reachable"), "{forwarded:?}");
 
-        // The server goes away and comes back on the same path: the same channel gets through
-        // again (a call may fail while the old connection's end is still being noticed).
+        // The server goes away and comes back on the same path: once it answers a new channel,
+        // the old one gets through at its first call (a request its closed connection did not
+        // send goes out on a new one).
         stop.send(()).unwrap();
         task.await.unwrap();
         let (stop, task) = start(&csi_sock, host);
-        let mut answered = false;
+        let mut fresh = IdentityClient::new(channel(&csi_sock));
+        let mut up = false;
         for _ in 0..200 {
-            if probe(&mut client).await.is_ok() {
-                answered = true;
+            if probe(&mut fresh).await.is_ok() {
+                up = true;
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        assert!(answered, "the channel never reconnected");
+        assert!(up, "the restarted front never answered");
+        assert_eq!(probe(&mut client).await.unwrap(), false, "the old channel's first call after the restart");
+        // Many calls at once share the one connection.
+        let calls: Vec<_> = (0..200)
+            .map(|_| {
+                let mut c = client.clone();
+                tokio::spawn(async move { probe(&mut c).await })
+            })
+            .collect();
+        for c in calls {
+            c.await.unwrap().unwrap();
+        }
         stop.send(()).unwrap();
         task.await.unwrap();
     }

@@ -25,7 +25,8 @@ pub struct UnixChannel {
 
 struct Inner {
     path: PathBuf,
-    sender: tokio::sync::Mutex<Option<SendRequest<tonic::body::Body>>>,
+    /// The connection's sender and which connection of this channel it is (1, 2, ...).
+    sender: tokio::sync::Mutex<(u64, Option<SendRequest<tonic::body::Body>>)>,
 }
 
 /// A channel to the gRPC server on the unix socket `path`; connects at the first call.
@@ -34,19 +35,30 @@ pub fn channel(path: &Path) -> UnixChannel {
 }
 
 impl Inner {
-    /// The open connection's sender, connecting when there is none or it closed.
-    async fn sender(&self) -> Result<SendRequest<tonic::body::Body>, ChannelError> {
+    /// The open connection's sender and its number, connecting when there is none, it closed,
+    /// or it is connection `stale` (which a call just found closed, though its sender may not
+    /// say so yet). Failing to connect is a [`tonic::ConnectError`], which tonic reports as
+    /// UNAVAILABLE.
+    async fn sender(&self, stale: Option<u64>) -> Result<(u64, SendRequest<tonic::body::Body>), ChannelError> {
         let mut held = self.sender.lock().await;
-        if let Some(s) = held.as_ref().filter(|s| !s.is_closed()) {
-            return Ok(s.clone());
+        let (number, sender) = &mut *held;
+        if let Some(s) = sender.as_ref().filter(|s| !s.is_closed())
+            && stale != Some(*number)
+        {
+            return Ok((*number, s.clone()));
         }
-        *held = None;
-        let io = TokioIo::new(UnixStream::connect(&self.path).await?);
-        let (sender, connection) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await?;
+        *sender = None;
+        let connect_error = |e: &dyn std::fmt::Display| {
+            tonic::ConnectError(format!("connecting to {}: {e}", self.path.display()).into())
+        };
+        let io = TokioIo::new(UnixStream::connect(&self.path).await.map_err(|e| connect_error(&e))?);
+        let (sender, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.map_err(|e| connect_error(&e))?;
         // Drives the connection until either side closes it; the sender then reports closed.
         tokio::spawn(connection);
-        *held = Some(sender.clone());
-        Ok(sender)
+        held.0 += 1;
+        held.1 = Some(sender.clone());
+        Ok((held.0, sender))
     }
 }
 
@@ -71,9 +83,20 @@ impl tower::Service<http::Request<tonic::body::Body>> for UnixChannel {
                 parts.authority = Some(http::uri::Authority::from_static("localhost"));
                 *req.uri_mut() = http::Uri::from_parts(parts)?;
             }
-            let mut sender = inner.sender().await?;
-            sender.ready().await?;
-            Ok(sender.send_request(req).await?)
+            let (number, mut sender) = inner.sender(None).await?;
+            match sender.try_send_request(req).await {
+                Ok(answer) => Ok(answer),
+                // The connection closed before the request went out (the server restarted
+                // since the last call, and the sender had not noticed yet): nothing was sent,
+                // so it goes once more on a new connection.
+                Err(mut e) => match e.take_message() {
+                    Some(req) => {
+                        let (_, mut fresh) = inner.sender(Some(number)).await?;
+                        Ok(fresh.send_request(req).await?)
+                    }
+                    None => Err(e.into_error().into()),
+                },
+            }
         })
     }
 }
