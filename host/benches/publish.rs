@@ -8,8 +8,9 @@
 //! 1. publish latency p50/p99 over 500 publishes of one staged volume into fresh targets,
 //!    vs the raw bind syscall and vs `mount --bind` run as a child process (what drivers built
 //!    on the common Go mount library do), with and without the `mkdir` of the target; the child
-//!    baselines are measured in a helper process, interleaved with the publishes, and so is a
-//!    `mkdir` beside each target (what creating a target costs on that filesystem then);
+//!    baselines are measured in a helper process, interleaved with the publishes; before each
+//!    publish this process times a `mkdir` beside its target (what creating a target costs on
+//!    that filesystem then);
 //! 2. 200 concurrent publishes of 200 distinct staged volumes (errors, wall time) vs the same
 //!    publishes one by one.
 

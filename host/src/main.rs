@@ -7,8 +7,20 @@ use clap::Parser;
 use mounthost::cli::{Cli, Command, cache, client, dynamic, plugin, serve};
 use mounthost::telemetry;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // Before the runtime or anything else opens a descriptor (see the function).
+    mounthost::exec::process::reserve_low_descriptors();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
+    match runtime {
+        Ok(runtime) => runtime.block_on(run()),
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.global.log_format, &cli.global.log);
     let mut cfg = match cli.global.config() {

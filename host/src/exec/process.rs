@@ -171,8 +171,11 @@ pub fn spawn_as(
 /// where one is free. The child of [`spawn_as`] rearranges exactly these numbers (its stdio and
 /// `dup2` onto the FUSE descriptor), so neither std's pipe that reports a failed exec nor a
 /// FUSE connection may have one of them: `dup2` would close that pipe (a failed exec would then
-/// read as a started program) and the stdio setup would replace that connection.
-fn reserve_low_descriptors() {
+/// read as a started program) and the stdio setup would replace that connection. `main` calls
+/// it first, before anything else opens a descriptor (a number free then and taken by nothing
+/// of ours is held from then on); [`spawn_as`] calls it too, for programs that embed the
+/// daemon (tests, benchmarks). Only the first call acts.
+pub fn reserve_low_descriptors() {
     static HELD: std::sync::OnceLock<Vec<std::os::fd::OwnedFd>> = std::sync::OnceLock::new();
     HELD.get_or_init(|| {
         let mut held = Vec::new();
@@ -416,14 +419,36 @@ pub fn raise_open_files_limit() -> std::io::Result<u64> {
 mod tests {
     use super::*;
 
+    const CHILD: &str = "MOUNTHOST_TEST_RESERVE_CHILD";
+
+    /// In a process of its own (this test binary run again for this test alone) that starts
+    /// with descriptors 0 and 3 free, as a daemon started with stdin closed would: after the
+    /// reservation both are held, and new files get higher numbers.
     #[test]
-    fn the_descriptors_a_child_rearranges_stay_taken() {
-        reserve_low_descriptors();
-        for fd in 0..=crate::plan::FUSE_FD {
-            // SAFETY: F_GETFD takes and returns integers only.
-            assert_ne!(unsafe { nix::libc::fcntl(fd, nix::libc::F_GETFD) }, -1, "descriptor {fd} is free");
+    fn free_descriptors_a_child_rearranges_are_held() {
+        const NAME: &str = "exec::process::tests::free_descriptors_a_child_rearranges_are_held";
+        if std::env::var_os(CHILD).is_some() {
+            // SAFETY: close takes an integer; nothing in this process uses 0 or 3 (stdin is
+            // not read, and 3 is closed before anything of this test opens a file).
+            unsafe {
+                nix::libc::close(0);
+                nix::libc::close(3);
+            }
+            reserve_low_descriptors();
+            for fd in 0..=crate::plan::FUSE_FD {
+                // SAFETY: F_GETFD takes and returns integers only.
+                assert_ne!(unsafe { nix::libc::fcntl(fd, nix::libc::F_GETFD) }, -1, "descriptor {fd} is free");
+            }
+            let next = std::fs::File::open("/dev/null").unwrap();
+            assert!(next.as_raw_fd() > crate::plan::FUSE_FD, "a new file got {}", next.as_raw_fd());
+            return;
         }
-        let next = std::fs::File::open("/dev/null").unwrap();
-        assert!(next.as_raw_fd() > crate::plan::FUSE_FD);
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--test-threads=1"])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}{}", String::from_utf8_lossy(&out.stderr));
     }
 }

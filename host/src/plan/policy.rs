@@ -741,8 +741,8 @@ fn secret_file(ctx: &Context<'_>, key: &str, what: &str) -> R<()> {
     secret_key(ctx, key, what)?;
     if ctx.dirs.runtime.is_none() {
         return Err(format!(
-            "{what} names a secret file, which lives in the volume's runtime directory; that is not available in a \
-             {:?} plan",
+            "{what} names a secret file, which lives in a host directory of the volume (its runtime directory or \
+             its FUSE files directory); a {:?} plan has none",
             ctx.operation
         ));
     }

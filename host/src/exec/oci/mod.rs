@@ -275,8 +275,10 @@ impl Artifacts {
         let path = self.core.store.blob(hex);
         let local = |e: &io::Error| OciError::local(&path, e, digest, digest);
         use std::os::unix::fs::OpenOptionsExt as _;
-        // Opened without following a link, then judged and read through that one descriptor.
-        let file = std::fs::OpenOptions::new().read(true).custom_flags(download::libc_flags()).open(&path);
+        // Opened without following a link and without waiting (a FIFO in its place would block
+        // a plain open), then judged and read through that one descriptor.
+        let flags = download::libc_flags() | rustix::fs::OFlags::NONBLOCK.bits() as i32;
+        let file = std::fs::OpenOptions::new().read(true).custom_flags(flags).open(&path);
         let file = match file {
             Ok(f) => f,
             Err(e) if matches!(e.kind(), io::ErrorKind::NotFound) => return Ok(None),

@@ -177,6 +177,10 @@ fn a_cached_blob_is_read_whole_verified_and_never_through_a_link() {
     std::fs::rename(&blob, &outside).unwrap();
     std::os::unix::fs::symlink(&outside, &blob).unwrap();
     assert_eq!(a.read_blob(&digest, 100).unwrap(), None);
+    // So does a FIFO (opened without waiting for a writer, then refused as not a file).
+    std::fs::remove_file(&blob).unwrap();
+    nix::unistd::mkfifo(&blob, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    assert_eq!(a.read_blob(&digest, 100).unwrap(), None);
     // Bytes that do not match the digest are refused.
     std::fs::remove_file(&blob).unwrap();
     std::fs::write(&blob, b"other bytes").unwrap();
