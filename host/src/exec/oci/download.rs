@@ -32,9 +32,6 @@ use super::registry::Endpoint;
 use super::segments::{Segments, chunks};
 use super::store::Store;
 
-/// Blobs from this size on are fetched by range requests of [`CHUNK`] bytes, in parallel streams
-/// when there is more than one range (a blob of one range or less is one request).
-pub(super) const PARALLEL_FROM: u64 = 64 << 20;
 /// Parallel streams for a large blob. On a 2-core machine pulling 1 GiB over loopback, 2 beat
 /// 1 (~1.4–1.8 s against ~1.5–2.7 s) and 3 (~1.6–1.8 s); each stream is also one connection
 /// a remote registry or CDN may throttle on its own.
@@ -112,7 +109,7 @@ pub(super) async fn download(
     })?;
     live.covered.store(segs.covered(), Ordering::Relaxed);
     let gaps = segs.gaps(blob.size);
-    let (streams, pieces) = if blob.size >= PARALLEL_FROM {
+    let (streams, pieces) = if blob.size > CHUNK {
         let pieces = chunks(&gaps, CHUNK);
         (STREAMS.min(pieces.len()), pieces)
     } else {

@@ -302,8 +302,7 @@ impl Artifacts {
         if bytes.len() as u64 > max {
             return Err(too_big(bytes.len() as u64));
         }
-        use sha2::Digest as _;
-        let actual = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&bytes)));
+        let actual = crate::plugin::Digest::of(&bytes).to_string();
         if actual != digest {
             return Err(OciError::DigestMismatch {
                 registry: "this node's cache".into(),
