@@ -10,6 +10,9 @@
 //!   naming the parent; a target reached through a symbolic link: FAILED_PRECONDITION naming it.
 //! - NodeGetVolumeStats at a path that does not hold the volume, a relative one included:
 //!   NOT_FOUND.
+//! - NodeUnpublishVolume at a path the volume is not published at but a record holds (another
+//!   volume's target, its own staging path, a directory above or inside a publication): OK,
+//!   and nothing is unmounted or removed.
 //!
 //! Each refused call is checked to have changed nothing: same weed process, same publications,
 //! nothing mounted or created.
@@ -200,6 +203,28 @@ async fn rules(
     }
     code(node.node_get_volume_stats(stats("seaweedfs~nowhere", staging.to_str().unwrap())).await, Code::NotFound);
     checked.push("stats of foreign, relative and unknown paths NOT_FOUND");
+
+    // Unpublish at a path the volume is not published at, which a record holds (pod a's target
+    // for another volume id, the volume's own staging path, the pod's directory above its
+    // target, a directory inside the volume): OK (not published there), and nothing changes.
+    std::fs::create_dir(a.join("inside")).unwrap();
+    let unpublish = |who: &str, p: &Path| csi::NodeUnpublishVolumeRequest {
+        volume_id: who.into(),
+        target_path: p.display().to_string(),
+    };
+    let asks = [
+        unpublish("seaweedfs~other", &a),
+        unpublish(&id, &staging),
+        unpublish(&id, a.parent().unwrap()),
+        unpublish("seaweedfs~other", &a.join("inside")),
+    ];
+    for ask in asks {
+        node.node_unpublish_volume(ask).await.unwrap();
+    }
+    assert_eq!(snapshot(dirs).await, before, "an unpublish elsewhere changes nothing");
+    assert_eq!(std::fs::read(a.join("marker")).unwrap(), b"in the volume");
+    assert!(a.join("inside").is_dir() && staging.is_dir());
+    checked.push("unpublish at a path another record holds: OK, nothing changed");
 
     // Tear down: nothing left.
     node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {

@@ -13,7 +13,11 @@
 //! - the target's parent must exist (the CO creates it); the target itself is created.
 //!
 //! Unpublish: nothing mounted at the target and no target afterwards (a target already gone is
-//! OK); the publication is forgotten; an ephemeral volume's last unpublish unstages it.
+//! OK); the publication is forgotten; an ephemeral volume's last unpublish unstages it. A target
+//! the volume is not published at is cleared only when no volume records anything at, below or
+//! above it (what a crash between a bind and its record leaves); otherwise (another volume's
+//! stage or pod, this volume's own staging path, a directory inside a volume) it is left as it
+//! is and the answer is OK: the volume is not published there.
 
 use std::path::PathBuf;
 
@@ -213,6 +217,17 @@ impl Node {
         let target = self.inner.roots.check("target_path", &req.target_path)?;
         let _guard = self.inner.locks.try_lock(&id)?;
         let state = self.inner.store.load(&id)?;
+        // Not published there: the target is cleared only if no volume's record holds it.
+        if !state.as_ref().is_some_and(|s| s.published.contains_key(&target))
+            && let Some(holder) = self.recorded_at(&target)?
+        {
+            tracing::warn!(
+                path = %target.display(),
+                holds = %holder,
+                "unpublish of a path the volume is not published at, which holds {holder}: left alone"
+            );
+            return Ok(());
+        }
         if state.is_none() {
             // An ephemeral volume whose first publish is still waiting for its blobs.
             self.inner.artifacts.forget(&id);
@@ -253,6 +268,25 @@ impl Node {
 
 /// Plans kept at most (then the memo starts afresh).
 const MAX_MEMO: usize = 4096;
+
+impl Node {
+    /// What a volume record (any volume's, this one's included) keeps at `path`, below it or
+    /// above it: a staging path or a publication, described for a log line. An unpublish that
+    /// names such a path for a volume not published there must not clear it (it would unmount
+    /// another volume's stage or pod, or remove a directory inside a volume).
+    fn recorded_at(&self, path: &std::path::Path) -> Result<Option<String>, Error> {
+        let overlaps = |p: &std::path::Path| p.starts_with(path) || path.starts_with(p);
+        for st in self.inner.store.all()? {
+            if overlaps(&st.staging_path) {
+                return Ok(Some(format!("volume {}'s staging path {}", st.volume_id, st.staging_path.display())));
+            }
+            if let Some(t) = st.published.keys().find(|t| overlaps(t)) {
+                return Ok(Some(format!("volume {}'s publication at {}", st.volume_id, t.display())));
+            }
+        }
+        Ok(None)
+    }
+}
 
 impl Node {
     /// The plugin's publish plan. Planners are pure functions of their request (the contract:

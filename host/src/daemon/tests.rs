@@ -284,6 +284,47 @@ async fn unstage_waits_for_unpublish_then_tears_everything_down() {
 }
 
 #[tokio::test]
+async fn unpublish_clears_only_targets_no_record_holds() {
+    let e = Env::new();
+    let a = e.target("pod-a");
+    e.node.stage(e.stage_req()).await.unwrap();
+    e.node.publish(e.publish_req(&a, false)).await.unwrap();
+    e.rec.add_dir(&e.staging().join("data"));
+    e.rec.clear_calls();
+    let before = e.rec.mounts().unwrap();
+    // Paths a record holds, asked for by a volume not published there: another volume's
+    // publication, this volume's own staging path, a directory inside the staged volume, and a
+    // directory above a publication.
+    let other =
+        |target: &Path| csi::NodeUnpublishVolumeRequest { volume_id: "tmpfs~other".into(), target_path: s(target) };
+    let asks = [
+        other(&a),
+        e.unpublish_req(&e.staging()),
+        other(&e.staging().join("data")),
+        e.unpublish_req(a.parent().unwrap()),
+    ];
+    for ask in asks {
+        let path = ask.target_path.clone();
+        e.node.unpublish(ask).await.unwrap_or_else(|err| panic!("unpublish at {path}: {err:?}"));
+        assert_eq!(e.rec.calls(), Vec::<String>::new(), "unpublish at {path} touched something");
+    }
+    assert_eq!(e.rec.mounts().unwrap(), before);
+    assert!(e.rec.exists(&e.staging().join("data")) && e.rec.exists(&a));
+    assert_eq!(e.node.store().load(VOL).unwrap().unwrap().published.len(), 1);
+
+    // A target no record holds is cleared (a bind whose record a crash lost), and so is the
+    // volume's own publication.
+    let b = e.target("pod-b");
+    e.rec.add_dir(&b);
+    e.rec.add_mount("tmpfs", "lost", &b);
+    e.node.unpublish(e.unpublish_req(&b)).await.unwrap();
+    e.node.unpublish(e.unpublish_req(&a)).await.unwrap();
+    assert_eq!(e.calls("unmount"), vec![format!("unmount {}", b.display()), format!("unmount {}", a.display())]);
+    assert_eq!(mount_points(&e.rec), vec![e.staging()]);
+    assert!(!e.rec.exists(&a) && !e.rec.exists(&b));
+}
+
+#[tokio::test]
 async fn bad_requests_are_refused_before_anything_runs() {
     let e = Env::new();
     let kubelet = e.kubelet.display().to_string();
