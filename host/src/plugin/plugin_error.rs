@@ -42,7 +42,7 @@ pub enum PluginError {
     /// The component imports interfaces plugins may not use.
     #[error(
         "plugin {origin} is refused: it imports {}, but plugins may only import \
-         mounthost:plugin/host and WASI clocks, random, io and cli (no filesystem, sockets or http)",
+         mounthost:plugin/host, mounthost:plugin/types and WASI clocks, random, io and cli (no filesystem, sockets or http)",
         imports.join(", ")
     )]
     ForbiddenImports { origin: String, imports: Vec<String> },
