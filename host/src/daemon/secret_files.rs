@@ -217,10 +217,10 @@ impl Node {
             match group {
                 Some(gid) => {
                     // Root's alone until it is the group's.
-                    exec.write_file(&path, value.as_bytes(), SECRET_FILE_MODE).map_err(|e| io(e, &path))?;
+                    exec.write_secret_file(&path, value.as_bytes(), SECRET_FILE_MODE).map_err(|e| io(e, &path))?;
                     exec.set_owner(&path, 0, gid, FUSE_FILE_MODE).map_err(|e| io(e, &path))?;
                 }
-                None => exec.write_file(&path, value.as_bytes(), SECRET_FILE_MODE).map_err(|e| io(e, &path))?,
+                None => exec.write_secret_file(&path, value.as_bytes(), SECRET_FILE_MODE).map_err(|e| io(e, &path))?,
             }
         }
         Ok(true)

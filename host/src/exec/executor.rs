@@ -123,6 +123,10 @@ pub trait Files {
     /// Replace a file atomically with mode `mode`, without fsync (state files: a spare swapped
     /// in with `RENAME_EXCHANGE`, see `exec::beneath` and `volume::state`).
     fn write_file(&self, path: &Path, bytes: &[u8], mode: u32) -> io::Result<()>;
+    /// Replace a file holding secrets atomically with mode `mode`: a fresh file, fsync'd, renamed
+    /// over it, and no spare, so nothing of an earlier content (a rotated credential) stays
+    /// under another name.
+    fn write_secret_file(&self, path: &Path, bytes: &[u8], mode: u32) -> io::Result<()>;
     /// A file's content, or `None` if it does not exist.
     fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
     /// A directory's entries, sorted by name (empty if it does not exist).

@@ -66,6 +66,10 @@ impl Files for Linux {
         self.anchors.write_atomic(path, bytes, mode, false)
     }
 
+    fn write_secret_file(&self, path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+        self.anchors.write_atomic(path, bytes, mode, true)
+    }
+
     fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
         self.anchors.read(path)
     }

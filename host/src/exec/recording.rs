@@ -343,6 +343,11 @@ impl Files for Recording {
         Ok(())
     }
 
+    /// The simulation keeps no spares: recorded as a `write` like any file.
+    fn write_secret_file(&self, path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+        self.write_file(path, bytes, mode)
+    }
+
     fn write_file(&self, path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
         let mut s = self.sim();
         s.calls.push(format!("write {}", path.display()));

@@ -328,7 +328,7 @@ impl StateStore {
         let dir = self.secrets_dir.clone();
         self.files.private_dir(&dir).map_err(|source| StateError::Io { path: dir, source })?;
         let json = serde_json::to_vec(secrets).expect("strings serialize");
-        self.files.write_file(&path, &json, 0o600).map_err(|source| StateError::Io { path, source })
+        self.files.write_secret_file(&path, &json, 0o600).map_err(|source| StateError::Io { path, source })
     }
 
     /// The secrets kept for `volume_id` (empty if none).

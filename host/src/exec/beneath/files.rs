@@ -24,8 +24,8 @@ impl Anchors {
     /// `flock`; the writer holds an exclusive one on the spare while it writes and
     /// [`Anchors::read`] a shared one, so a reader that still holds the inode swapped out
     /// earlier never sees it rewritten. Filesystems without the exchange
-    /// get the temporary file. With `sync`, a fresh temporary file, fsync'd, is renamed over the file and
-    /// the directory fsync'd.
+    /// get the temporary file. With `sync` (secrets), a fresh temporary file, fsync'd, is renamed over
+    /// the file, its spare (an earlier content) removed and the directory fsync'd.
     pub fn write_atomic(&self, path: &Path, bytes: &[u8], mode: u32, sync: bool) -> io::Result<()> {
         let (_, rel) = self.split(path)?;
         let name = rel.file_name().ok_or_else(|| io::Error::other(format!("{} has no file name", path.display())))?;
@@ -61,6 +61,12 @@ impl Anchors {
             }
             rustix::fs::renameat(&parent, &tmp, &parent, name)?;
             if sync {
+                // An earlier content swapped out into the spare goes too (secrets: a rotated
+                // credential must not stay on disk).
+                match rustix::fs::unlinkat(&parent, spare_name(name), AtFlags::empty()) {
+                    Ok(()) | Err(Errno::NOENT) => {}
+                    Err(e) => return Err(e.into()),
+                }
                 rustix::fs::fsync(&parent)?;
             }
             Ok::<_, io::Error>(())

@@ -76,6 +76,23 @@ fn remove_tree_unlinks_links_and_stops_at_nothing_outside() {
 }
 
 #[test]
+fn a_synced_write_leaves_no_earlier_content_in_a_spare() {
+    let (_d, root, _outside) = setup();
+    let a = &both(&root)[0];
+    let p = root.join("a/secrets.json");
+    for old in [&b"rotated-1"[..], b"rotated-2"] {
+        a.write_atomic(&p, old, 0o600, false).unwrap();
+    }
+    let spare = root.join("a/.secrets.json.spare");
+    assert_eq!(std::fs::read(&spare).unwrap(), b"rotated-1", "the exchange keeps the earlier content");
+    a.write_atomic(&p, b"current", 0o600, true).unwrap();
+    assert_eq!(a.read(&p).unwrap().unwrap(), b"current");
+    assert!(!spare.exists(), "the spare with an earlier secret is gone");
+    let names: Vec<_> = std::fs::read_dir(root.join("a")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(!names.iter().any(|n| n.to_string_lossy().contains(".tmp.")), "{names:?}");
+}
+
+#[test]
 fn atomic_writes_are_private_and_leave_no_temporary() {
     let (_d, root, outside) = setup();
     let a = &both(&root)[0];
