@@ -72,10 +72,13 @@ pub async fn serve(
     Ok(())
 }
 
-/// The host is unreachable: kubelet should retry.
+/// A call to the host daemon failed on the way (no connection, or one cut mid-call): UNAVAILABLE,
+/// saying so, so kubelet retries. A status the daemon answered (no error source: it came in the
+/// response, e.g. a registry it could not reach) passes as it is.
 pub fn host_down(e: tonic::Status) -> tonic::Status {
+    let local = std::error::Error::source(&e).is_some();
     let transport =
-        e.code() == tonic::Code::Unknown || (e.code() == tonic::Code::Unavailable && e.message().contains("connect"));
+        local && matches!(e.code(), tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Cancelled);
     if transport {
         tonic::Status::unavailable(format!("the mounthost host daemon is not reachable: {}", e.message()))
     } else {
@@ -107,6 +110,25 @@ mod tests {
         client.probe(csi::ProbeRequest {}).await.map(|r| r.into_inner().ready == Some(true))
     }
 
+    #[tokio::test]
+    async fn a_host_gone_mid_call_is_unavailable() {
+        use tokio::io::AsyncReadExt;
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("host.sock");
+        // A daemon that takes the request and dies before answering (its socket goes with it).
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let daemon = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            conn.read(&mut buf).await.unwrap()
+        });
+        let e = Host::new(channel(&sock)).health(crate::proto::host::HealthRequest {}).await.unwrap_err();
+        assert!(daemon.await.unwrap() > 0, "the request reached the daemon");
+        let e = host_down(e);
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        assert!(e.message().contains("host daemon is not reachable"), "{e:?}");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_channel_connects_at_its_first_call_and_again_after_its_server_restarts() {
         let dir = tempfile::tempdir().unwrap();
@@ -134,6 +156,14 @@ mod tests {
         );
         assert_eq!(forwarded.code(), tonic::Code::Unavailable, "{forwarded:?}");
         assert!(forwarded.message().contains("host daemon is not reachable"), "{forwarded:?}");
+        // What the daemon itself answered passes unchanged, "connect" in its message or not.
+        for answered in [
+            tonic::Status::unavailable("registry 127.0.0.1:5055 is unreachable: tcp connect error: Connection refused"),
+            tonic::Status::unknown("something the daemon said"),
+        ] {
+            let passed = host_down(answered.clone());
+            assert_eq!((passed.code(), passed.message()), (answered.code(), answered.message()));
+        }
 
         // The server goes away and comes back on the same path: once it answers a new channel,
         // the old one gets through at its first call (a request its closed connection did not
