@@ -108,7 +108,10 @@ impl OciError {
         }
         // The cache does not know the flags; say which one the operator sets.
         match &self {
-            OciError::Tls { .. } => message.push_str(" (host daemon flag --registry-ca FILE)"),
+            // A plain-HTTP registry's hint names its own flag.
+            OciError::Tls { hint, .. } if !hint.contains("--insecure-registry") => {
+                message.push_str(" (host daemon flag --registry-ca FILE)")
+            }
             OciError::InsecureRefused { .. } => message.push_str(" (host daemon flag --insecure-registry HOST[:PORT])"),
             _ => {}
         }
@@ -306,7 +309,11 @@ impl Ctx {
             TlsKind::Expired => {
                 "; the certificate is expired or not yet valid (check the registry's certificate and the node's clock)"
             }
-            TlsKind::NotTls => "; the registry does not speak TLS here (if it serves plain HTTP, list it as insecure)",
+            TlsKind::NotTls => {
+                "; the registry does not speak TLS here: if it serves plain HTTP, list it with the host daemon flag \
+                 --insecure-registry HOST[:PORT] and ask for plain HTTP (a model volume's parameter insecure: \"true\", \
+                 `mounthost cache pull --insecure`)"
+            }
             TlsKind::Other => "",
         };
         OciError::Tls { registry: self.registry.clone(), detail: cause.detail, hint: hint.to_string() }

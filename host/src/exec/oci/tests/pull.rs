@@ -319,6 +319,37 @@ async fn plain_http_to_an_unlisted_registry_is_refused_before_connecting() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_a_plain_http_registry_says_how_to_ask_for_plain_http() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A plain-HTTP server answers a TLS ClientHello the way HTTP servers do.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let host = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut hello = [0u8; 512];
+            let _ = conn.read(&mut hello).await;
+            let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n").await;
+        }
+    });
+    let (_t, root) = tempdir();
+    let a = Artifacts::new(root.join("cache"), RegistryConfig::default()).unwrap();
+    let src = Source {
+        registry: host,
+        repository: "org/model".into(),
+        reference: "v1".into(),
+        mirror: None,
+        credentials: Credentials::Anonymous,
+        insecure: false,
+    };
+    let err = a.resolve(&src).await.unwrap_err();
+    assert!(matches!(err, OciError::Tls { .. }), "{err:?}");
+    let msg = err.into_error("ref").message;
+    assert!(msg.contains("does not speak TLS") && msg.contains("--insecure-registry"), "{msg}");
+    assert!(msg.contains("insecure: \"true\"") && msg.contains("cache pull --insecure"), "{msg}");
+    assert!(!msg.contains("--registry-ca"), "the CA flag does not help here: {msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mirror_is_asked_for_the_same_repository() {
     let e = env().await;
     let config = e.fake.blob(b"{}".to_vec());
