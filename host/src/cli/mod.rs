@@ -108,7 +108,7 @@ pub struct GlobalArgs {
     #[arg(long, env = "MOUNTHOST_REGISTRY_CA", global = true)]
     pub registry_ca: Option<PathBuf>,
     /// An OCI registry, HOST[:PORT], that plans may reach over plain HTTP (repeatable).
-    #[arg(long = "insecure-registry", env = "MOUNTHOST_INSECURE_REGISTRIES", value_delimiter = ',', global = true)]
+    #[arg(long = "insecure-registry", env = "MOUNTHOST_INSECURE_REGISTRIES", value_delimiter = ',', value_parser = parse_registry, global = true)]
     pub insecure_registries: Vec<String>,
     /// HTTP(S) proxy URL for OCI registry traffic (e.g. a P2P distribution daemon).
     #[arg(long, env = "MOUNTHOST_REGISTRY_PROXY", global = true)]
@@ -231,17 +231,25 @@ impl GlobalArgs {
         cfg.cgroup_parent = self.cgroup_parent.clone();
         cfg.registries = crate::config::Registries {
             ca_bundle: self.registry_ca.as_ref().map(std::path::absolute).transpose()?,
-            insecure: self
-                .insecure_registries
-                .iter()
-                .map(|h| h.trim().to_ascii_lowercase())
-                .filter(|h| !h.is_empty())
-                .collect(),
+            insecure: self.insecure_registries.iter().filter(|h| !h.is_empty()).cloned().collect(),
             proxy: self.registry_proxy.clone(),
             cache_max_bytes: self.cache_max_mib.map(|m| m << 20),
         };
         cfg.allow_plugin_tags = self.allow_plugin_tags;
         Ok(cfg)
+    }
+}
+
+/// A registry as references name it, `HOST[:PORT]`, lower-cased (blank: none); a scheme, a path
+/// or credentials could never match a reference's registry, so they are refused at start.
+fn parse_registry(s: &str) -> Result<String, String> {
+    let host = s.trim().to_ascii_lowercase();
+    if host.is_empty() || crate::plan::oci_ref::is_host_port(&host) {
+        Ok(host)
+    } else {
+        Err(format!(
+            "{s:?} is not a registry HOST[:PORT] as references name it (no scheme or path), e.g. 127.0.0.1:5000"
+        ))
     }
 }
 
@@ -368,6 +376,16 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn insecure_registries_are_host_and_port_only() {
+        assert_eq!(parse_registry(" Registry.Local:5000 ").unwrap(), "registry.local:5000");
+        assert_eq!(parse_registry("127.0.0.1").unwrap(), "127.0.0.1");
+        for bad in ["http://127.0.0.1:5055", "127.0.0.1:5055/v2", "u:p@reg.local", "reg.local:99999", "reg local"] {
+            let e = parse_registry(bad).unwrap_err();
+            assert!(e.contains("HOST[:PORT]"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn host_grants_are_parsed_as_the_policy_parses_them() {

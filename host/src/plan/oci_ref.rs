@@ -132,7 +132,7 @@ pub fn is_sha256(s: &str) -> bool {
 
 /// `host` or `host:port`: DNS labels of letters, digits and inner dashes; a decimal port
 /// 1-65535 without a sign or leading zeros.
-fn is_host_port(s: &str) -> bool {
+pub fn is_host_port(s: &str) -> bool {
     let (host, port) = match s.split_once(':') {
         Some((host, port)) => (host, Some(port)),
         None => (s, None),
