@@ -190,6 +190,10 @@ fn the_run_command_mounts_a_first_volume_and_ctrl_c_takes_it_down() {
     assert_eq!(left_running(root), Vec::<String>::new(), "{out}");
     assert!(http("GET", filer, path, &[], b"").is_err(), "the filer still answers:\n{out}");
     assert!(state.join("seaweedfs/data").is_dir() && state.join("seaweedfs/weed.log").is_file(), "{out}");
+    // Its directory for unprivileged FUSE programs' files (under /run/mounthost, outside the
+    // test's temp dir), unused by the demo, is gone too.
+    let fuse_files = mounthost::config::Config::new(std::fs::canonicalize(&state).unwrap()).fuse_files();
+    assert!(!fuse_files.exists(), "{} left behind:\n{out}", fuse_files.display());
     let stopped_in = began.elapsed();
 
     // Second run: the same SeaweedFS data, ports and volume; the file is there. A second

@@ -80,6 +80,18 @@ fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
     Ok(Arc::new(Linux::new(cgroups, anchors)))
 }
 
+/// At the daemon's exit, its FUSE files directory goes if it is unused: empty and no tmpfs on
+/// it (`rmdir` refuses anything else). Every non-default state directory has one of its own
+/// under `/run/mounthost`, which would otherwise stay after each `mounthost local`.
+fn remove_unused_fuse_files_dir(cfg: &Config) {
+    if let Some(dir) = &cfg.fuse_files_dir {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => tracing::debug!(path = %dir.display(), "removed the unused FUSE files directory"),
+            Err(e) => tracing::debug!(path = %dir.display(), error = %e, "keeping the FUSE files directory"),
+        }
+    }
+}
+
 /// Serve `/metrics`, `/healthz` and `/readyz` when `--metrics-address` is set; `/readyz`
 /// waits for each of `roles`.
 async fn metrics_listener(cfg: &Config, roles: &[&'static str]) -> anyhow::Result<()> {
@@ -99,7 +111,9 @@ pub async fn host(mut cfg: Config) -> anyhow::Result<()> {
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
     let socket = cfg.host_socket.clone();
     let node = Node::new(cfg.clone(), runtime, exec)?;
-    crate::daemon::service::serve(node, &socket, stop_signal()).await
+    let served = crate::daemon::service::serve(node, &socket, stop_signal()).await;
+    remove_unused_fuse_files_dir(&cfg);
+    served
 }
 
 /// `mounthost csi`.
@@ -173,6 +187,7 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
     let _ = tx.send(true);
     host_task.await??;
     front_task.await??;
+    remove_unused_fuse_files_dir(&cfg);
     served
 }
 
