@@ -390,3 +390,32 @@ fn fuse_error(e: FuseError, secrets: &Secrets) -> Error {
         FuseError::Process(_) | FuseError::Io(_) | FuseError::Cgroup(_) => Error::internal(message),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fuse_programs_log_quote_keeps_no_secret() {
+        let secrets: Secrets = [("password".to_string(), "hunter22".to_string())].into_iter().collect();
+        let log_tail = "E1202 filer auth failed for user admin with password hunter22\nusage: weed mount".to_string();
+        let exited = FuseError::Exited {
+            program: "/usr/bin/weed".into(),
+            mountpoint: "/var/lib/kubelet/x/globalmount".into(),
+            oom: String::new(),
+            log_tail: log_tail.clone(),
+        };
+        let timeout = FuseError::Timeout {
+            program: "/usr/bin/weed".into(),
+            mountpoint: "/var/lib/kubelet/x/globalmount".into(),
+            timeout: std::time::Duration::from_secs(1),
+            log_tail,
+        };
+        for (e, kind) in [(exited, ErrorKind::Unavailable), (timeout, ErrorKind::DeadlineExceeded)] {
+            let err = fuse_error(e, &secrets);
+            assert_eq!(err.kind, kind);
+            assert!(err.message.contains("auth failed for user admin"), "the cause is quoted: {}", err.message);
+            assert!(!err.message.contains("hunter22"), "{}", err.message);
+        }
+    }
+}

@@ -142,3 +142,38 @@ impl CallState {
         self.logged
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A writer the log lines land in.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_plugins_log_line_keeps_no_secret() {
+        let lines = Lines::default();
+        let sink = lines.clone();
+        let subscriber = tracing_subscriber::fmt().with_writer(move || sink.clone()).with_ansi(false).finish();
+        let secrets: Secrets = [("token".to_string(), "s3cr3t-t0ken".to_string())].into_iter().collect();
+        let mut call = CallState::new("model", "vol-1", secrets, Limiter::new(1 << 20));
+        tracing::subscriber::with_default(subscriber, || {
+            call.write_log(Level::Warn, "registry said 401 to Bearer s3cr3t-t0ken");
+        });
+        let out = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        assert!(out.contains("registry said 401 to Bearer") && out.contains("vol-1"), "{out}");
+        assert!(!out.contains("s3cr3t-t0ken"), "{out}");
+    }
+}
