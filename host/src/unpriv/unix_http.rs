@@ -102,3 +102,77 @@ pub async fn serve<H, F>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::UnixStream;
+
+    /// Serve `socket` with bounds of `per_server` connections, `shared` across servers and a
+    /// `lifetime`; every request is answered "ok".
+    fn start(
+        socket: &std::path::Path,
+        per_server: usize,
+        shared: Arc<Semaphore>,
+        lifetime: Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let listener = UnixListener::bind(socket).unwrap();
+        let (_keep, relisten) = tokio::sync::mpsc::unbounded_channel();
+        let bounds = Bounds {
+            connections: per_server,
+            shared,
+            headers: 16,
+            head_bytes: 16 << 10,
+            head_timeout: Duration::from_secs(5),
+            lifetime,
+        };
+        tokio::spawn(async move {
+            let _keep = _keep;
+            serve("test".into(), listener, relisten, bounds, |_, _| async {
+                Response::new(Full::new(Bytes::from("ok")))
+            })
+            .await
+        })
+    }
+
+    /// Does a request on `conn` get an answer (false: the server closed it)?
+    async fn answered(conn: &mut UnixStream) -> bool {
+        let asked = conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.is_ok();
+        let mut buf = [0u8; 256];
+        asked && matches!(conn.read(&mut buf).await, Ok(n) if n > 0 && buf[..n].starts_with(b"HTTP/1.1 200"))
+    }
+
+    #[tokio::test]
+    async fn connections_are_capped_per_server_and_across_servers_and_end_at_their_lifetime() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.sock"), dir.path().join("b.sock"));
+        let shared = Arc::new(Semaphore::new(3));
+        let servers = [
+            start(&a, 2, shared.clone(), Duration::from_secs(60)),
+            start(&b, 2, shared.clone(), Duration::from_millis(300)),
+        ];
+        // Two on a: both served; a third is closed at accept (the server's own cap).
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut c = UnixStream::connect(&a).await.unwrap();
+            assert!(answered(&mut c).await);
+            held.push(c);
+        }
+        let mut third = UnixStream::connect(&a).await.unwrap();
+        assert!(!answered(&mut third).await, "a third connection on one server is closed");
+        // One on b fits the shared cap of 3; a second on b does not (b's own cap is 2).
+        let mut on_b = UnixStream::connect(&b).await.unwrap();
+        assert!(answered(&mut on_b).await);
+        let mut over = UnixStream::connect(&b).await.unwrap();
+        assert!(!answered(&mut over).await, "the fourth connection across both servers is closed");
+        // b's lifetime ends its connection; its slot is free again.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!answered(&mut on_b).await, "a connection past its lifetime is closed");
+        let mut again = UnixStream::connect(&b).await.unwrap();
+        assert!(answered(&mut again).await, "the slot came back");
+        for s in servers {
+            s.abort();
+        }
+    }
+}
