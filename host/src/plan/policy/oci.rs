@@ -54,7 +54,8 @@ fn registry(ctx: &Context<'_>, host: &str, scheme: &str, what: &str) -> G<()> {
     let parameter = if what == "mirror" { "an endpoint" } else { "an oci-reference" };
     granted(ctx, &target, what).map_err(|r| Refusal {
         reason: format!(
-            "{}; name it in {parameter} parameter of the StorageClass or grant it on the host (--grant {}:host={host})",
+            "{}; grant it on the host (--grant {}:host={host}) or name it in {parameter} parameter of the StorageClass \
+             (an inline volume's attributes grant nothing)",
             r.reason, ctx.plugin
         ),
         ..r
