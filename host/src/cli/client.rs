@@ -56,6 +56,7 @@ pub enum ClientCommand {
     },
     /// DeleteVolume.
     Delete {
+        /// The volume id (as CreateVolume returned it, or any for a static volume).
         #[arg(long)]
         volume_id: String,
         #[arg(long = "secret", value_parser = parse_kv)]
@@ -63,8 +64,10 @@ pub enum ClientCommand {
     },
     /// NodeStageVolume.
     Stage {
+        /// The volume id (as CreateVolume returned it, or any for a static volume).
         #[arg(long)]
         volume_id: String,
+        /// The staging path (kubelet's `.../globalmount`).
         #[arg(long)]
         staging: PathBuf,
         #[command(flatten)]
@@ -72,13 +75,16 @@ pub enum ClientCommand {
     },
     /// NodePublishVolume.
     Publish {
+        /// The volume id (as CreateVolume returned it, or any for a static volume).
         #[arg(long)]
         volume_id: String,
         /// The staging path (omit with --ephemeral).
         #[arg(long)]
         staging: Option<PathBuf>,
+        /// The pod's target path (its parent must exist).
         #[arg(long)]
         target: PathBuf,
+        /// Ask for a read-only publication.
         #[arg(long)]
         readonly: bool,
         /// A CSI ephemeral inline volume.
@@ -89,20 +95,25 @@ pub enum ClientCommand {
     },
     /// NodeUnpublishVolume.
     Unpublish {
+        /// The volume id (as CreateVolume returned it, or any for a static volume).
         #[arg(long)]
         volume_id: String,
+        /// The pod's target path (its parent must exist).
         #[arg(long)]
         target: PathBuf,
     },
     /// NodeUnstageVolume.
     Unstage {
+        /// The volume id (as CreateVolume returned it, or any for a static volume).
         #[arg(long)]
         volume_id: String,
+        /// The staging path (kubelet's `.../globalmount`).
         #[arg(long)]
         staging: PathBuf,
     },
     /// NodeGetVolumeStats.
     Stats {
+        /// The volume id (as CreateVolume returned it, or any for a static volume).
         #[arg(long)]
         volume_id: String,
         /// The staging path or a target.

@@ -32,8 +32,10 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Options every subcommand shares.
+/// Options every subcommand shares (listed after a subcommand's own, under their own heading:
+/// most configure the daemons).
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Global options (daemons and clients)")]
 pub struct GlobalArgs {
     /// State directory (volume state, caches, sockets).
     #[arg(long, env = "MOUNTHOST_STATE_DIR", default_value = DEFAULT_STATE_DIR, global = true)]
