@@ -485,7 +485,8 @@ fn parse_help(text: &str) -> BTreeMap<String, Flag> {
     };
     for line in text.lines() {
         if !line.starts_with(' ') && !line.is_empty() {
-            in_options = line.trim_end() == "Options:";
+            // A subcommand's own "Options:", then the shared "Global options:".
+            in_options = matches!(line.trim_end(), "Options:" | "Global options:");
             finish(current.take(), &mut flags);
             continue;
         }

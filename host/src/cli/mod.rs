@@ -35,7 +35,7 @@ pub struct Cli {
 /// Options every subcommand shares (listed after a subcommand's own, under their own heading:
 /// most configure the daemons).
 #[derive(Debug, Args)]
-#[command(next_help_heading = "Global options (daemons and clients)")]
+#[command(next_help_heading = "Global options")]
 pub struct GlobalArgs {
     /// State directory (volume state, caches, sockets).
     #[arg(long, env = "MOUNTHOST_STATE_DIR", default_value = DEFAULT_STATE_DIR, global = true)]
