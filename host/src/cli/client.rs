@@ -98,7 +98,7 @@ pub enum ClientCommand {
         /// The volume id (as CreateVolume returned it, or any for a static volume).
         #[arg(long)]
         volume_id: String,
-        /// The pod's target path (its parent must exist).
+        /// The pod's target path (already gone is OK).
         #[arg(long)]
         target: PathBuf,
     },

@@ -301,6 +301,8 @@ mod tests {
             let file = crate::plan::secret_file_path(&runtime, key);
             assert_eq!(e.rec.read_file(&file).unwrap().as_deref(), Some(value.as_bytes()), "{key}");
             assert_eq!(e.rec.mode(&file), Some(0o600), "{key}");
+            // Written as a secret: a fresh file, no spare keeping an earlier value.
+            assert!(e.rec.calls().contains(&format!("write-secret {}", file.display())), "{:?}", e.rec.calls());
         }
         assert_eq!(e.rec.mode(&runtime.join(SECRETS_DIR)), Some(0o700));
         // Nothing else of the state directory holds them.

@@ -921,7 +921,7 @@ async fn the_recording_sees_every_effect_of_a_volume_s_life_state_and_secrets_in
         // NodeStageVolume: the record and the kept secret before the first syscall.
         format!("write {}", d(&record)),
         format!("private-dir {}", d(&state.join("secrets"))),
-        format!("write {}", d(&kept)),
+        format!("write-secret {}", d(&kept)),
         format!("mkdir {}", d(&staging)),
         format!("private-dir {}", d(&cache)),
         format!("private-dir {}", d(&run)),

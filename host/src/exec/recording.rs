@@ -295,6 +295,24 @@ fn containing<'a>(mounts: &'a [MountEntry], path: &Path) -> Option<(&'a MountEnt
         .map(|m| (m, path.strip_prefix(&m.mount_point).unwrap_or(Path::new("")).to_path_buf()))
 }
 
+impl Recording {
+    /// A file write recorded as `<op> <path>` (a failure planned for `write` applies to both).
+    fn write_as(&self, op: &str, path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+        let mut s = self.sim();
+        s.calls.push(format!("{op} {}", path.display()));
+        if let Some(errno) = failing(&mut s, "write") {
+            return Err(errno.into());
+        }
+        s.check(path, false)?;
+        if !s.is_dir(path.parent().unwrap_or(path)) {
+            return Err(not_found(path));
+        }
+        let modified = s.tick();
+        s.fs.insert(path.to_path_buf(), Inode::File { bytes: bytes.to_vec(), mode, modified });
+        Ok(())
+    }
+}
+
 impl Files for Recording {
     fn mkdir(&self, path: &Path, below: &Path, mode: u32) -> io::Result<()> {
         let mut s = self.sim();
@@ -343,24 +361,13 @@ impl Files for Recording {
         Ok(())
     }
 
-    /// The simulation keeps no spares: recorded as a `write` like any file.
+    /// Recorded as `write-secret <path>` (the simulation keeps no spares either way).
     fn write_secret_file(&self, path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-        self.write_file(path, bytes, mode)
+        self.write_as("write-secret", path, bytes, mode)
     }
 
     fn write_file(&self, path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-        let mut s = self.sim();
-        s.calls.push(format!("write {}", path.display()));
-        if let Some(errno) = failing(&mut s, "write") {
-            return Err(errno.into());
-        }
-        s.check(path, false)?;
-        if !s.is_dir(path.parent().unwrap_or(path)) {
-            return Err(not_found(path));
-        }
-        let modified = s.tick();
-        s.fs.insert(path.to_path_buf(), Inode::File { bytes: bytes.to_vec(), mode, modified });
-        Ok(())
+        self.write_as("write", path, bytes, mode)
     }
 
     fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {

@@ -355,16 +355,16 @@ impl StateStore {
     /// at start, while no writer of this store is alive. Returns how many were removed.
     pub fn remove_stray_temporaries(&self) -> Result<usize, StateError> {
         let mut removed = 0;
-        for dir in [&self.dir, &self.secrets_dir] {
+        for (dir, secrets) in [(&self.dir, false), (&self.secrets_dir, true)] {
             let entries = self.files.list_dir(dir).map_err(|source| StateError::Io { path: dir.clone(), source })?;
             let names: BTreeSet<String> = entries.iter().map(|e| e.name.to_string_lossy().into_owned()).collect();
             for e in &entries {
                 let name = e.name.to_string_lossy();
-                // A spare whose file is gone (a crash between removing the two).
-                let orphan_spare = name
-                    .strip_prefix('.')
-                    .and_then(|n| n.strip_suffix(SPARE_MARK))
-                    .is_some_and(|live| !names.contains(live));
+                // A spare whose file is gone (a crash between removing the two), and any spare
+                // among the secrets, which are written without one: it can only hold an earlier
+                // value (a crash right after a write, or a write of an older version).
+                let spare_of = name.strip_prefix('.').and_then(|n| n.strip_suffix(SPARE_MARK));
+                let orphan_spare = spare_of.is_some_and(|live| !names.contains(live) || secrets);
                 if name.starts_with('.') && (name.contains(TMP_MARK) || orphan_spare) && e.is_file {
                     let path = dir.join(&e.name);
                     self.files.remove_entry(&path).map_err(|source| StateError::Io { path, source })?;
@@ -577,6 +577,22 @@ mod tests {
         assert!(store.load("x").unwrap_err().to_string().contains("surprise"));
         assert_eq!(store.keys().unwrap().len(), 4, "unusable files still claim their key");
         assert_eq!(store.remove_stray_temporaries().unwrap(), 1);
+    }
+
+    #[test]
+    fn start_up_removes_every_spare_of_the_secrets_and_only_orphans_of_the_state() {
+        let (rec, store) = store();
+        store.save_secrets("v", &[("k".to_string(), "current".to_string())].into()).unwrap();
+        store.save(&state("v")).unwrap();
+        let key = volume_key("v");
+        let secret_spare = Path::new(DIR).join(format!("secrets/.{key}.json.spare"));
+        let state_spare = Path::new(DIR).join(format!("volumes/.{key}.json.spare"));
+        rec.add_file(&secret_spare, b"{\"k\":\"rotated\"}", None);
+        rec.add_file(&state_spare, b"{}", None);
+        assert_eq!(store.remove_stray_temporaries().unwrap(), 1);
+        assert!(!rec.exists(&secret_spare), "a secrets spare holds an earlier value");
+        assert!(rec.exists(&state_spare), "a live state file keeps its spare");
+        assert_eq!(store.load_secrets("v").unwrap()["k"], "current");
     }
 
     #[test]

@@ -63,8 +63,12 @@ impl Anchors {
             if sync {
                 // An earlier content swapped out into the spare goes too (secrets: a rotated
                 // credential must not stay on disk).
-                match rustix::fs::unlinkat(&parent, spare_name(name), AtFlags::empty()) {
+                let spare = spare_name(name);
+                match rustix::fs::unlinkat(&parent, &spare, AtFlags::empty()) {
                     Ok(()) | Err(Errno::NOENT) => {}
+                    // Not a file this writer made: an empty directory goes too, anything else
+                    // is an error naming it.
+                    Err(Errno::ISDIR) => rustix::fs::unlinkat(&parent, &spare, AtFlags::REMOVEDIR)?,
                     Err(e) => return Err(e.into()),
                 }
                 rustix::fs::fsync(&parent)?;

@@ -22,7 +22,7 @@ pub enum OciError {
     /// The TLS handshake with the registry failed (untrusted or wrong certificate, or the
     /// registry speaks plain HTTP).
     #[error("TLS with registry {registry} failed: {detail}{hint}")]
-    Tls { registry: String, detail: String, hint: String },
+    Tls { registry: String, detail: String, hint: String, plain_http: bool },
     /// Plain HTTP was asked for a registry the node's configuration does not list as insecure.
     #[error(
         "registry {registry} is to be reached over plain HTTP, but the node's registry configuration does not list it as insecure; add it there or use HTTPS"
@@ -106,12 +106,9 @@ impl OciError {
         if !message.contains(reference) {
             message = format!("{reference}: {message}");
         }
-        // The cache does not know the flags; say which one the operator sets.
+        // Say which host flag the operator sets (a plain-HTTP registry's hint names its own).
         match &self {
-            // A plain-HTTP registry's hint names its own flag.
-            OciError::Tls { hint, .. } if !hint.contains("--insecure-registry") => {
-                message.push_str(" (host daemon flag --registry-ca FILE)")
-            }
+            OciError::Tls { plain_http: false, .. } => message.push_str(" (host daemon flag --registry-ca FILE)"),
             OciError::InsecureRefused { .. } => message.push_str(" (host daemon flag --insecure-registry HOST[:PORT])"),
             _ => {}
         }
@@ -138,8 +135,8 @@ impl OciError {
     pub(super) fn redacted(self) -> OciError {
         let r = |s: String| redact(&s);
         match self {
-            OciError::Tls { registry, detail, hint } => {
-                OciError::Tls { registry: r(registry), detail: r(detail), hint }
+            OciError::Tls { registry, detail, hint, plain_http } => {
+                OciError::Tls { registry: r(registry), detail: r(detail), hint, plain_http }
             }
             OciError::InsecureRefused { registry } => OciError::InsecureRefused { registry: r(registry) },
             OciError::AuthMissing { registry, reference } => {
@@ -316,7 +313,12 @@ impl Ctx {
             }
             TlsKind::Other => "",
         };
-        OciError::Tls { registry: self.registry.clone(), detail: cause.detail, hint: hint.to_string() }
+        OciError::Tls {
+            registry: self.registry.clone(),
+            detail: cause.detail,
+            hint: hint.to_string(),
+            plain_http: cause.kind == TlsKind::NotTls,
+        }
     }
 }
 
