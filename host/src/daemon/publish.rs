@@ -15,9 +15,9 @@
 //! Unpublish: nothing mounted at the target and no target afterwards (a target already gone is
 //! OK); the publication is forgotten; an ephemeral volume's last unpublish unstages it. A target
 //! the volume is not published at is cleared only when no readable volume record holds anything
-//! at, below or above it (what a crash between a bind and its record leaves); otherwise (another volume's
-//! stage or pod, this volume's own staging path, a directory inside a volume) it is left as it
-//! is and the answer is OK: the volume is not published there.
+//! at, below or above it (what a crash between a bind and its record leaves); otherwise
+//! (another volume's stage or pod, this volume's own staging path, a directory inside a
+//! volume) it is left as it is and the answer is OK: the volume is not published there.
 
 use std::path::PathBuf;
 
