@@ -69,7 +69,7 @@ fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
     // configured): optional (a daemon that cannot make it, say an unprivileged local one,
     // refuses only the plans that need it). Its tmpfs is mounted at the first stage that needs it.
     let fuse_files = cfg.fuse_files();
-    match std::fs::create_dir_all(&fuse_files).and_then(|()| std::fs::canonicalize(&fuse_files)) {
+    match Linux::make_root(&fuse_files) {
         Ok(dir) => {
             cfg.fuse_files_dir = Some(dir.clone());
             anchors.push(dir);
@@ -85,7 +85,7 @@ fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
 /// under `/run/mounthost`, which would otherwise stay after each `mounthost local`.
 fn remove_unused_fuse_files_dir(cfg: &Config) {
     if let Some(dir) = &cfg.fuse_files_dir {
-        match std::fs::remove_dir(dir) {
+        match Linux::remove_unused_root(dir) {
             Ok(()) => tracing::debug!(path = %dir.display(), "removed the unused FUSE files directory"),
             Err(e) => tracing::debug!(path = %dir.display(), error = %e, "keeping the FUSE files directory"),
         }

@@ -43,6 +43,18 @@ impl Linux {
         self.api = Api::Legacy;
         self
     }
+
+    /// Make a root directory the daemon owns outside the anchors (the FUSE files directory
+    /// under `/run/mounthost`) and its parents; its canonical path, to be an anchor.
+    pub fn make_root(dir: &Path) -> io::Result<PathBuf> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::canonicalize(dir)
+    }
+
+    /// Remove such a root if it is unused: `rmdir` refuses one that holds entries or a mount.
+    pub fn remove_unused_root(dir: &Path) -> io::Result<()> {
+        std::fs::remove_dir(dir)
+    }
 }
 
 impl Files for Linux {
