@@ -54,9 +54,8 @@ pub async fn stop_signal() {
 /// whose `/var/lib/kubelet` is itself a link is resolved here, once.
 fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
     crate::unpriv::private_files::private_dir(&cfg.state_dir)?;
-    std::fs::create_dir_all(&cfg.kubelet_dir)?;
     cfg.state_dir = std::fs::canonicalize(&cfg.state_dir)?;
-    cfg.kubelet_dir = std::fs::canonicalize(&cfg.kubelet_dir)?;
+    cfg.kubelet_dir = Linux::make_root(&cfg.kubelet_dir)?;
     let cgroups = Cgroups::detect(&cfg.cgroup_parent);
     match (cgroups.version(), cgroups.parent_dir()) {
         (Some(v), Some(dir)) => tracing::info!(version = ?v, parent = %dir.display(), "per-volume cgroups"),

@@ -44,8 +44,9 @@ impl Linux {
         self
     }
 
-    /// Make a root directory the daemon owns outside the anchors (the FUSE files directory
-    /// under `/run/mounthost`) and its parents; its canonical path, to be an anchor.
+    /// Make a root directory the daemon works below (kubelet's directory; the FUSE files
+    /// directory under `/run/mounthost`) and its parents, if missing; its canonical path, to be
+    /// an anchor.
     pub fn make_root(dir: &Path) -> io::Result<PathBuf> {
         std::fs::create_dir_all(dir)?;
         std::fs::canonicalize(dir)
