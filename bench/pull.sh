@@ -6,7 +6,8 @@
 # It starts its own docker-registry on 127.0.0.1 (config, storage and log in a temp dir on disk,
 # never the packaged service config), pushes a random weights file (SIZE_MIB, default 1024) as a
 # ModelPack artifact (LAYER=raw, the default, or LAYER=tar: one file in a tar) over the registry's
-# HTTP API with curl, then times RUNS (default 3) pulls of each contender and prints the median.
+# HTTP API with curl, then times RUNS (default 3) pulls of each contender and prints the median
+# time and the median CPU seconds (the puller's processes; for mounthost its daemon and client).
 # Before every pull the page cache is dropped (`sync; echo 3 > /proc/sys/vm/drop_caches`, root),
 # so the registry reads from disk; each time includes a final `sync`, so it ends with the data
 # on disk for all three alike. mounthost runs as `mounthost local --no-demo` (host daemon and
@@ -147,27 +148,42 @@ if [ -n "$mounthost" ] && "$mounthost" cache pull --help >/dev/null 2>&1; then
     have_mounthost=1
 fi
 
+# ticks PID FIELDS: the sum of those fields (comma-separated numbers, as in proc(5)) of
+# /proc/PID/stat, in clock ticks: 14,15 a process's own user and system CPU time (all its
+# threads), 16,17 that of its children it has waited for.
+ticks() { awk -v f="$2" '{ sub(/^.*\) /, ""); n = split(f, a, ","); s = 0; for (i = 1; i <= n; i++) s += $(a[i] - 2); print s }' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+
 # time_run NAME CMD...: run it RUNS times after dropping caches (output dir cleared before each
-# run), each timed to the end of a final sync; prints the seconds of each run to $work/NAME.times.
+# run), each timed to the end of a final sync; prints the seconds of each run to $work/NAME.times
+# and the CPU seconds it used to $work/NAME.cpu: the command's and its children's, plus those of
+# the process $DAEMON_PID (mounthost's daemon) if set.
 out=$work/out
 time_run() {
-    local name=$1 i start end
+    local name=$1 i start end c0 c1 d0 d1
     shift
     : >"$work/$name.times"
+    : >"$work/$name.cpu"
     for i in $(seq "$RUNS"); do
         rm -rf "$out"
         mkdir -p "$out"
         drop_caches
+        d0=0 d1=0
+        [ -z "${DAEMON_PID:-}" ] || d0=$(ticks "$DAEMON_PID" 14,15)
+        c0=$(ticks $$ 16,17)
         start=$EPOCHREALTIME
         "$@" >"$work/$name.log" 2>&1 || { echo "$name failed:" >&2; cat "$work/$name.log" >&2; exit 1; }
         sync
         end=$EPOCHREALTIME
+        c1=$(ticks $$ 16,17)
+        [ -z "${DAEMON_PID:-}" ] || d1=$(ticks "$DAEMON_PID" 14,15)
         echo "$start $end" | awk '{ printf "%.3f\n", $2 - $1 }' >>"$work/$name.times"
+        echo $((c1 - c0 + d1 - d0)) | awk -v hz="$hz" '{ printf "%.2f\n", $1 / hz }' >>"$work/$name.cpu"
     done
 }
 
-# median NAME: the median of NAME's times.
-median() { sort -g "$work/$1.times" | awk '{ t[NR] = $1 } END { print t[int((NR + 1) / 2)] }'; }
+# median NAME [KIND]: the median of NAME's times (KIND times, the default) or CPU seconds (cpu).
+median() { sort -g "$work/$1.${2:-times}" | awk '{ t[NR] = $1 } END { print t[int((NR + 1) / 2)] }'; }
 mbps() { awk -v b="$layer_size" -v s="$1" 'BEGIN { printf "%.0f", b / s / 1e6 }'; }
 
 echo "--- $RUNS runs each, page cache dropped before each ($( [ "$can_drop" = 1 ] && echo yes || echo NO)), time includes sync"
@@ -189,10 +205,12 @@ if [ "$have_mounthost" = 1 ]; then
     # Each run: an empty cache (prune runs before time_run drops the caches), then the pull.
     pull_fresh() { mh cache pull --insecure "$ref"; }
     : >"$work/mounthost.times"
+    : >"$work/mounthost.cpu"
     for i in $(seq "$RUNS"); do
         mh cache prune >/dev/null
-        RUNS=1 time_run mounthost.one pull_fresh
+        RUNS=1 DAEMON_PID=$local_pid time_run mounthost.one pull_fresh
         cat "$work/mounthost.one.times" >>"$work/mounthost.times"
+        cat "$work/mounthost.one.cpu" >>"$work/mounthost.cpu"
     done
     # The cached blob (the raw layer is the file itself; a tar layer is unpacked at stage).
     blob=$work/mh/cache/blobs/sha256/${layer_digest#sha256:}
@@ -216,12 +234,13 @@ fi
 
 curl_s=$(median curl)
 skopeo_s=$(median skopeo)
-printf '%-10s %10s %10s   %s\n' contender "median s" "MB/s" "runs (s)"
-printf '%-10s %10s %10s   %s\n' curl "$curl_s" "$(mbps "$curl_s")" "$(tr '\n' ' ' <"$work/curl.times")"
-printf '%-10s %10s %10s   %s\n' skopeo "$skopeo_s" "$(mbps "$skopeo_s")" "$(tr '\n' ' ' <"$work/skopeo.times")"
+row() { printf '%-10s %10s %10s %10s   %s\n' "$1" "$2" "$(mbps "$2")" "$(median "$1" cpu)" "$(tr '\n' ' ' <"$work/$1.times")"; }
+printf '%-10s %10s %10s %10s   %s\n' contender "median s" "MB/s" "CPU s" "runs (s)"
+row curl "$curl_s"
+row skopeo "$skopeo_s"
 if [ "$have_mounthost" = 1 ]; then
     mh_s=$(median mounthost)
-    printf '%-10s %10s %10s   %s\n' mounthost "$mh_s" "$(mbps "$mh_s")" "$(tr '\n' ' ' <"$work/mounthost.times")"
+    row mounthost "$mh_s"
     awk -v m="$mh_s" -v c="$curl_s" -v s="$skopeo_s" \
         'BEGIN { printf "mounthost/curl throughput %.2fx, mounthost/skopeo %.2fx\n", c / m, s / m }'
     echo "mounthost result verified (sha256 $file_sha): $verified"
