@@ -9,7 +9,8 @@
 # `--program weed=/path/to/weed` (env MOUNTHOST_PROGRAMS=weed=/path/to/weed; several mappings
 # are comma-separated). A deployment provides the binary in one of two ways:
 #   - an init container of the host DaemonSet running the `chrislusf/seaweedfs:4.48` image copies
-#     its /usr/bin/weed into a volume (hostPath or emptyDir) that the host container mounts, say
+#     its /usr/bin/weed into a hostPath volume (a FUSE process outlives its pod, and a restarted
+#     one must still find the binary) that the host container mounts, say
 #     at /var/lib/mounthost-programs, and the host runs with `--program weed=/var/lib/mounthost-programs/weed`;
 #   - or an image of your own built on this one:
 #       FROM ghcr.io/mounthost/mounthost:0.1.0

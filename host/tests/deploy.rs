@@ -624,7 +624,11 @@ fn sockets_paths_and_probes_line_up() {
         check_programs(&host, &mut problems);
         for f in [&host, &node, &controller] {
             check_no_api_token(f, &mut problems);
+            if f.spec["nodeSelector"]["kubernetes.io/os"] != "linux" {
+                problems.push(format!("{}: no nodeSelector kubernetes.io/os: linux (the image is Linux-only)", f.at));
+            }
         }
+        check_csi_driver(r, &mut problems);
     }
     for r in rendered() {
         for o in &r.objects {
@@ -634,6 +638,25 @@ fn sockets_paths_and_probes_line_up() {
         }
     }
     fail_with(problems);
+}
+
+/// kubelet tells a CSI inline volume from a persistent one only by the volume context key
+/// `csi.storage.k8s.io/ephemeral`, which it sends only with `podInfoOnMount: true`: without it
+/// every inline volume fails to publish (it has no staging path).
+fn check_csi_driver(r: &Rendered, problems: &mut Vec<String>) {
+    let drivers: Vec<&Value> = r.objects.iter().filter(|o| o["kind"] == "CSIDriver").collect();
+    if drivers.len() != 1 {
+        problems.push(format!("{}: {} CSIDriver objects, not one", r.dir, drivers.len()));
+    }
+    for d in drivers {
+        let modes = strs(&d["spec"]["volumeLifecycleModes"]);
+        if modes.iter().any(|m| m == "Ephemeral") && d["spec"]["podInfoOnMount"] != true {
+            problems.push(format!(
+                "{}: the CSIDriver allows Ephemeral volumes without podInfoOnMount: true, so kubelet never says a volume is inline",
+                r.dir
+            ));
+        }
+    }
 }
 
 /// mounthost never talks to the API server: its containers get no service account token (the
