@@ -70,6 +70,28 @@ impl Node {
         }
     }
 
+    /// At the daemon's exit: unmount the runtime tmpfs and the FUSE files tmpfs where they are
+    /// the host's own and hold nothing (no volume has a directory on them), so that a node, or
+    /// a `mounthost local` run, with no volume left keeps no mount of mounthost's. The next
+    /// start mounts the runtime tmpfs again, and the first stage that needs it the FUSE files
+    /// one. Best effort: a tmpfs that is busy or in use stays.
+    pub fn release_unused_tmpfs(&self) {
+        let exec = &self.inner.exec;
+        for (dir, source) in [(self.run_root(), RUN_SOURCE), (self.inner.config.fuse_files(), FUSE_FILES_SOURCE)] {
+            let Ok(mounts) = exec.mounts_touching(&[&dir]) else { continue };
+            if !mountinfo::at(&mounts, &dir).is_some_and(|m| m.fstype == "tmpfs" && m.source == source) {
+                continue;
+            }
+            if !exec.list_dir(&dir).is_ok_and(|entries| entries.is_empty()) {
+                continue;
+            }
+            match exec.unmount(&dir, false) {
+                Ok(()) => info!(path = %dir.display(), "unmounted an unused tmpfs"),
+                Err(e) => warn!(path = %dir.display(), error = %e, "keeping a tmpfs"),
+            }
+        }
+    }
+
     /// Where the secret files of `step` (a spawn of volume `id`) go: `<runtime>/secrets`, or,
     /// for a program the host mounts for, `<fuse files dir>/<volume key>`.
     pub fn secret_files_dir(&self, id: &str, step: &Step) -> PathBuf {
@@ -398,6 +420,45 @@ mod tests {
         let err = e.node.write_secret_files(&dir, &host_fd_spawn(), &secrets(), Some(5000)).unwrap_err();
         assert_eq!(err.kind, ErrorKind::FailedPrecondition, "{}", err.message);
         assert!(e.rec.calls().iter().all(|c| !c.starts_with("mount ")), "{:?}", e.rec.calls());
+    }
+
+    #[test]
+    fn an_unused_tmpfs_is_unmounted_at_exit_and_one_in_use_stays() {
+        let e = env();
+        let run = e.state.join("run");
+        e.node.mount_runtime_tmpfs();
+        // A volume's runtime directory on it: it stays.
+        e.rec.private_dir(&run.join("0123456789abcdef")).unwrap();
+        e.rec.clear_calls();
+        e.node.release_unused_tmpfs();
+        assert!(e.rec.calls().iter().all(|c| !c.starts_with("unmount ")), "{:?}", e.rec.calls());
+        // Unstaged: nothing on it any more, so it goes; a second exit finds nothing to do.
+        e.rec.remove_tree(&run.join("0123456789abcdef")).unwrap();
+        e.rec.clear_calls();
+        e.node.release_unused_tmpfs();
+        assert_eq!(
+            e.rec.calls().iter().filter(|c| c.starts_with("unmount ")).cloned().collect::<Vec<_>>(),
+            [format!("unmount {}", run.display())]
+        );
+        e.rec.clear_calls();
+        e.node.release_unused_tmpfs();
+        assert!(e.rec.calls().iter().all(|c| !c.starts_with("unmount ")), "{:?}", e.rec.calls());
+        // A directory that is not the host's tmpfs (another mount, or none) is never unmounted.
+        let fuse = e.state.parent().unwrap().join("fuse");
+        e.rec.add_dir(&fuse);
+        e.rec.mount("tmpfs", "someone-else", &fuse, &[], false).unwrap();
+        e.rec.clear_calls();
+        e.node.release_unused_tmpfs();
+        assert!(e.rec.calls().iter().all(|c| !c.starts_with("unmount ")), "{:?}", e.rec.calls());
+        // The FUSE files tmpfs the host mounted, empty: it goes too.
+        e.rec.unmount(&fuse, false).unwrap();
+        e.node.ensure_fuse_tmpfs().unwrap();
+        e.rec.clear_calls();
+        e.node.release_unused_tmpfs();
+        assert_eq!(
+            e.rec.calls().iter().filter(|c| c.starts_with("unmount ")).cloned().collect::<Vec<_>>(),
+            [format!("unmount {}", fuse.display())]
+        );
     }
 
     #[test]

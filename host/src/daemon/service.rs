@@ -328,10 +328,12 @@ pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()>
     let supervisor = tokio::spawn(crate::daemon::supervise::run(node.clone()));
     tracing::info!(socket = %socket.display(), adopted = report.adopted, cleaned = report.cleaned, unhealthy = report.unhealthy, "host daemon ready");
     metrics.set_ready("host");
+    let last = node.clone();
     tonic::transport::Server::builder()
         .add_service(HostServer::new(HostService::new(node)))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await?;
     supervisor.abort();
+    let _ = tokio::task::spawn_blocking(move || last.release_unused_tmpfs()).await;
     Ok(())
 }
