@@ -30,6 +30,7 @@ use mounthost::plan::policy::Grant;
 use mounthost::plugin::PluginRuntime;
 use mounthost::proto::csi;
 use mounthost::proto::csi::node_client::NodeClient;
+use mounthost::unpriv::grpc::UnixChannel;
 
 fn iterations() -> usize {
     std::env::var("MOUNTHOST_BENCH_PUBLISHES").ok().and_then(|v| v.parse().ok()).unwrap_or(500)
@@ -72,6 +73,17 @@ fn publish(id: &str, staging: &Path, target: &Path) -> csi::NodePublishVolumeReq
         volume_context: ctx(),
         ..Default::default()
     }
+}
+
+/// Publish the staged volume `bench-0` at `target`, then unpublish it: the publish's time.
+async fn publish_then_unpublish(client: &NodeClient<UnixChannel>, staging: &Path, target: &Path) -> Duration {
+    let started = Instant::now();
+    client.clone().node_publish_volume(publish("bench-0", staging, target)).await.unwrap();
+    let took = started.elapsed();
+    let unpublish =
+        csi::NodeUnpublishVolumeRequest { volume_id: "bench-0".into(), target_path: target.display().to_string() };
+    client.clone().node_unpublish_volume(unpublish).await.unwrap();
+    took
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -157,16 +169,7 @@ async fn run() {
     };
     // Warm up (plugin instance pool, connections).
     for i in 0..20 {
-        let t = target(i);
-        client.clone().node_publish_volume(publish("bench-0", &staging, &t)).await.unwrap();
-        client
-            .clone()
-            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                volume_id: "bench-0".into(),
-                target_path: t.display().to_string(),
-            })
-            .await
-            .unwrap();
+        publish_then_unpublish(&client, &staging, &target(i)).await;
     }
 
     // Where the time of a call goes besides the work: one gRPC hop (answered by the front) and two
@@ -193,35 +196,14 @@ async fn run() {
         let started = Instant::now();
         std::fs::create_dir(&sibling).unwrap();
         mkdir.push(started.elapsed());
-        let started = Instant::now();
-        client.clone().node_publish_volume(publish("bench-0", &staging, &t)).await.unwrap();
-        ours.push(started.elapsed());
-        client
-            .clone()
-            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                volume_id: "bench-0".into(),
-                target_path: t.display().to_string(),
-            })
-            .await
-            .unwrap();
+        ours.push(publish_then_unpublish(&client, &staging, &t).await);
     }
     // The same publishes back to back, with no child process run between them: what the
     // interleaved runs above lose to caches and predictors the child evicts and to waking idle
     // CPUs (the target's ratio is the interleaved one).
     let mut warm = Vec::with_capacity(n);
     for i in 0..n {
-        let t = target(n + i);
-        let started = Instant::now();
-        client.clone().node_publish_volume(publish("bench-0", &staging, &t)).await.unwrap();
-        warm.push(started.elapsed());
-        client
-            .clone()
-            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                volume_id: "bench-0".into(),
-                target_path: t.display().to_string(),
-            })
-            .await
-            .unwrap();
+        warm.push(publish_then_unpublish(&client, &staging, &target(n + i)).await);
     }
     let p_ours = summary("mounthost NodePublishVolume", ours);
     let p_warm = summary("reference: the same, back to back", warm);
