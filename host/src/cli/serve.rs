@@ -80,8 +80,7 @@ fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
 }
 
 /// At the daemon's exit, its FUSE files directory goes if it is unused: empty and no tmpfs on
-/// it (`rmdir` refuses anything else; the daemon has unmounted its tmpfs if no volume used
-/// it, `Node::release_unused_tmpfs`). Every non-default state directory has one of its own
+/// it (`rmdir` refuses anything else). Every non-default state directory has one of its own
 /// under `/run/mounthost`, which would otherwise stay after each `mounthost local`.
 fn remove_unused_fuse_files_dir(cfg: &Config) {
     if let Some(dir) = &cfg.fuse_files_dir {

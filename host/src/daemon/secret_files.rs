@@ -70,25 +70,31 @@ impl Node {
         }
     }
 
-    /// At the daemon's exit: unmount the runtime tmpfs and the FUSE files tmpfs where they are
-    /// the host's own and hold nothing (no volume has a directory on them), so that a node, or
-    /// a `mounthost local` run, with no volume left keeps no mount of mounthost's. The next
-    /// start mounts the runtime tmpfs again, and the first stage that needs it the FUSE files
-    /// one. Best effort: a tmpfs that is busy or in use stays.
+    /// At the daemon's exit: unmount the runtime tmpfs when the daemon holds no volume at all
+    /// (no state file, usable or not) and nothing is on it, so that a node, or a `mounthost
+    /// local` run, with no volume left keeps no mount of mounthost's there; the next start
+    /// mounts it again. Only the host's own tmpfs exactly at `<state>/run` is touched. A stage
+    /// still finishing after the server stopped has written its first record before it makes
+    /// anything there (docs/node-lifecycle.md), so this leaves it alone; one that has not yet
+    /// finds no tmpfs and is refused (secrets are written only to a tmpfs). Best effort. (The
+    /// FUSE files tmpfs stays: its directory is an anchor of the executor, which unmounts only
+    /// below anchors.)
     pub fn release_unused_tmpfs(&self) {
         let exec = &self.inner.exec;
-        for (dir, source) in [(self.run_root(), RUN_SOURCE), (self.inner.config.fuse_files(), FUSE_FILES_SOURCE)] {
-            let Ok(mounts) = exec.mounts_touching(&[&dir]) else { continue };
-            if !mountinfo::at(&mounts, &dir).is_some_and(|m| m.fstype == "tmpfs" && m.source == source) {
-                continue;
-            }
-            if !exec.list_dir(&dir).is_ok_and(|entries| entries.is_empty()) {
-                continue;
-            }
-            match exec.unmount(&dir, false) {
-                Ok(()) => info!(path = %dir.display(), "unmounted an unused tmpfs"),
-                Err(e) => warn!(path = %dir.display(), error = %e, "keeping a tmpfs"),
-            }
+        let run = self.run_root();
+        if !self.inner.store.list().is_ok_and(|records| records.is_empty()) {
+            return;
+        }
+        let Ok(mounts) = exec.mounts_touching(&[&run]) else { return };
+        if !mountinfo::at(&mounts, &run).is_some_and(|m| m.fstype == "tmpfs" && m.source == RUN_SOURCE) {
+            return;
+        }
+        if !exec.list_dir(&run).is_ok_and(|entries| entries.is_empty()) {
+            return;
+        }
+        match exec.unmount(&run, false) {
+            Ok(()) => info!(path = %run.display(), "unmounted the unused runtime tmpfs"),
+            Err(e) => warn!(path = %run.display(), error = %e, "keeping the runtime tmpfs"),
         }
     }
 
@@ -423,42 +429,37 @@ mod tests {
     }
 
     #[test]
-    fn an_unused_tmpfs_is_unmounted_at_exit_and_one_in_use_stays() {
+    fn the_runtime_tmpfs_is_unmounted_at_exit_only_when_no_volume_is_left() {
         let e = env();
         let run = e.state.join("run");
         e.node.mount_runtime_tmpfs();
+        let unmounts =
+            |e: &Env| e.rec.calls().iter().filter(|c| c.starts_with("unmount ")).cloned().collect::<Vec<_>>();
         // A volume's runtime directory on it: it stays.
         e.rec.private_dir(&run.join("0123456789abcdef")).unwrap();
         e.rec.clear_calls();
         e.node.release_unused_tmpfs();
-        assert!(e.rec.calls().iter().all(|c| !c.starts_with("unmount ")), "{:?}", e.rec.calls());
-        // Unstaged: nothing on it any more, so it goes; a second exit finds nothing to do.
+        assert_eq!(unmounts(&e), Vec::<String>::new());
+        // Nothing on it, but a volume's record (a stage that has not made its directory yet): it stays.
         e.rec.remove_tree(&run.join("0123456789abcdef")).unwrap();
+        let record = e.state.join("volumes").join(format!("{}.json", crate::volume::dirs::volume_key("vol-1")));
+        e.rec.write_file(&record, b"{}", 0o600).unwrap();
         e.rec.clear_calls();
         e.node.release_unused_tmpfs();
-        assert_eq!(
-            e.rec.calls().iter().filter(|c| c.starts_with("unmount ")).cloned().collect::<Vec<_>>(),
-            [format!("unmount {}", run.display())]
-        );
+        assert_eq!(unmounts(&e), Vec::<String>::new());
+        // No volume left: it goes; a second exit finds nothing to do.
+        e.rec.remove_entry(&record).unwrap();
         e.rec.clear_calls();
         e.node.release_unused_tmpfs();
-        assert!(e.rec.calls().iter().all(|c| !c.starts_with("unmount ")), "{:?}", e.rec.calls());
-        // A directory that is not the host's tmpfs (another mount, or none) is never unmounted.
-        let fuse = e.state.parent().unwrap().join("fuse");
-        e.rec.add_dir(&fuse);
-        e.rec.mount("tmpfs", "someone-else", &fuse, &[], false).unwrap();
+        assert_eq!(unmounts(&e), [format!("unmount {}", run.display())]);
         e.rec.clear_calls();
         e.node.release_unused_tmpfs();
-        assert!(e.rec.calls().iter().all(|c| !c.starts_with("unmount ")), "{:?}", e.rec.calls());
-        // The FUSE files tmpfs the host mounted, empty: it goes too.
-        e.rec.unmount(&fuse, false).unwrap();
-        e.node.ensure_fuse_tmpfs().unwrap();
+        assert_eq!(unmounts(&e), Vec::<String>::new());
+        // Another tmpfs at the place is not the host's: never unmounted.
+        e.rec.mount("tmpfs", "someone-else", &run, &[], false).unwrap();
         e.rec.clear_calls();
         e.node.release_unused_tmpfs();
-        assert_eq!(
-            e.rec.calls().iter().filter(|c| c.starts_with("unmount ")).cloned().collect::<Vec<_>>(),
-            [format!("unmount {}", fuse.display())]
-        );
+        assert_eq!(unmounts(&e), Vec::<String>::new());
     }
 
     #[test]

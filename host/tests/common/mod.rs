@@ -343,7 +343,7 @@ pub fn pids_of(program: &str, needle: &str) -> Vec<i32> {
 
 /// Mount points (from this namespace's mountinfo) below `dir`, except the host daemon's own
 /// runtime tmpfs (`<state>/run`, source `mounthost-run`), which it mounts at start and keeps
-/// while a volume has a directory on it (it unmounts it at exit when none has).
+/// while it holds a volume (it unmounts it at exit when it holds none).
 pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
     mounthost::exec::mountinfo::read()
         .unwrap()
