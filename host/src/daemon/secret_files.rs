@@ -75,18 +75,18 @@ impl Node {
     /// local` run, with no volume left keeps no mount of mounthost's there; the next start
     /// mounts it again. Only the host's own tmpfs exactly at `<state>/run` is touched. A stage
     /// still finishing after the server stopped has written its first record before it makes
-    /// anything there (docs/node-lifecycle.md), so this leaves it alone; one that has not yet
-    /// finds no tmpfs and is refused (secrets are written only to a tmpfs). Best effort. (The
-    /// FUSE files tmpfs stays: its directory is an anchor of the executor, which unmounts only
-    /// below anchors.)
+    /// anything there (the pipeline saves it before applying), so this leaves it alone. One
+    /// that has not yet written it makes its directory on the disk below instead: a plan with
+    /// secret files is then refused (they are written only to a tmpfs), and the next start
+    /// mounts no tmpfs over that directory until it is gone. Best effort. (The FUSE files tmpfs
+    /// stays: its directory is an anchor of the executor, which unmounts only below anchors.)
     pub fn release_unused_tmpfs(&self) {
         let exec = &self.inner.exec;
         let run = self.run_root();
         if !self.inner.store.list().is_ok_and(|records| records.is_empty()) {
             return;
         }
-        let Ok(mounts) = exec.mounts_touching(&[&run]) else { return };
-        if !mountinfo::at(&mounts, &run).is_some_and(|m| m.fstype == "tmpfs" && m.source == RUN_SOURCE) {
+        if !self.own_tmpfs_at(&run, RUN_SOURCE).unwrap_or(false) {
             return;
         }
         if !exec.list_dir(&run).is_ok_and(|entries| entries.is_empty()) {
@@ -150,9 +150,7 @@ impl Node {
         let _held = self.inner.fuse_tmpfs.lock().unwrap_or_else(|p| p.into_inner());
         let exec = &self.inner.exec;
         let dir = self.inner.config.fuse_files();
-        let mounts =
-            exec.mounts_touching(&[&dir]).map_err(|e| Error::internal(format!("reading the mount table: {e}")))?;
-        if mountinfo::at(&mounts, &dir).is_some_and(|m| m.fstype == "tmpfs" && m.source == FUSE_FILES_SOURCE) {
+        if self.own_tmpfs_at(&dir, FUSE_FILES_SOURCE)? {
             return Ok(());
         }
         let entries = exec.list_dir(&dir).map_err(|e| super::pipeline::io_error(e, &dir))?;
@@ -174,6 +172,16 @@ impl Node {
         })?;
         info!(path = %dir.display(), "mounted the FUSE files tmpfs");
         Ok(())
+    }
+
+    /// Whether the mount table's top mount exactly at `dir` is the host's tmpfs `source`.
+    fn own_tmpfs_at(&self, dir: &Path, source: &str) -> Result<bool, Error> {
+        let mounts = self
+            .inner
+            .exec
+            .mounts_touching(&[dir])
+            .map_err(|e| Error::internal(format!("reading the mount table: {e}")))?;
+        Ok(mountinfo::at(&mounts, dir).is_some_and(|m| m.fstype == "tmpfs" && m.source == source))
     }
 
     /// The fstype of the mount `path` is on, if the mount table says.
