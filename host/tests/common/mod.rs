@@ -530,10 +530,25 @@ pub fn detach_below(root: &Path, cgroups: &mounthost::exec::cgroup::Cgroups) {
     }
 }
 
+/// Remove the FUSE files directory (`/run/mounthost/fuse-<hash>`) of a daemon whose state
+/// directory was `state`, detaching what this namespace has mounted there first: a daemon
+/// killed with -9 cannot remove it at exit as a stopped one does. The node's default
+/// directory is never touched.
+pub fn remove_fuse_files_dir(state: &Path) {
+    let state = std::fs::canonicalize(state).unwrap_or_else(|_| state.to_path_buf());
+    let dir = mounthost::config::Config::new(state).fuse_files();
+    if dir == Path::new(mounthost::config::DEFAULT_FUSE_FILES_DIR) {
+        return;
+    }
+    while nix::mount::umount2(&dir, nix::mount::MntFlags::MNT_DETACH).is_ok() {}
+    let _ = std::fs::remove_dir(&dir);
+}
+
 impl Drop for NodeDirs {
-    /// Leave nothing mounted below the root, and no cgroup.
+    /// Leave nothing mounted below the root, no cgroup, and no FUSE files directory.
     fn drop(&mut self) {
         detach_below(self.root.path(), &self.cgroups);
+        remove_fuse_files_dir(&self.state);
     }
 }
 
