@@ -4,20 +4,33 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, ready};
 
-use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use bytes::Bytes;
+use h2::client::{ResponseFuture, SendRequest};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
 use tokio::net::UnixStream;
 
 /// What a call through a [`UnixChannel`] fails with.
 pub type ChannelError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The receive windows a channel offers its server, per call and in all (hyper's client defaults).
+const STREAM_WINDOW: u32 = 2 << 20;
+const CONNECTION_WINDOW: u32 = 5 << 20;
+
 /// A gRPC channel to the server on one unix socket: a single HTTP/2 connection, opened at the
 /// first call and again at the first call after it closed (the server restarted), so a client
-/// outlives its server's restarts. A call goes straight to the connection's sender: unlike
-/// tonic's `Channel`, no buffer task sits between the caller and the connection (one task
-/// hand-off less each way).
+/// outlives its server's restarts.
+///
+/// A call drives the HTTP/2 stream itself, in the caller's task: it queues the request's
+/// headers and then its body on the connection before the connection's task writes either, so
+/// the two can go out in one write and reach the server together. (hyper's client connection
+/// sends the body from a task of its own, which waits until the connection's task has opened
+/// the stream: two writes and a task hand-off per request. tonic's `Channel` adds a buffer
+/// task on top.) Request bodies are queued as they come, before the answer is awaited: every
+/// call this project makes sends one message.
 #[derive(Clone)]
 pub struct UnixChannel {
     inner: Arc<Inner>,
@@ -25,45 +38,104 @@ pub struct UnixChannel {
 
 struct Inner {
     path: PathBuf,
-    /// The connection's sender and which connection of this channel it is (1, 2, ...).
-    sender: tokio::sync::Mutex<(u64, Option<SendRequest<tonic::body::Body>>)>,
+    /// The open connection and which connection of this channel it is (1, 2, ...).
+    connection: tokio::sync::Mutex<(u64, Option<Connection>)>,
+}
+
+struct Connection {
+    sender: SendRequest<Bytes>,
+    /// Set when the connection's task ended (either side closed it).
+    closed: Arc<AtomicBool>,
 }
 
 /// A channel to the gRPC server on the unix socket `path`; connects at the first call.
 pub fn channel(path: &Path) -> UnixChannel {
-    UnixChannel { inner: Arc::new(Inner { path: path.to_path_buf(), sender: Default::default() }) }
+    UnixChannel { inner: Arc::new(Inner { path: path.to_path_buf(), connection: Default::default() }) }
 }
 
 impl Inner {
     /// The open connection's sender and its number, connecting when there is none, it closed,
-    /// or it is connection `stale` (which a call just found closed, though its sender may not
-    /// say so yet). Failing to connect is a [`tonic::ConnectError`], which tonic reports as
+    /// or it is connection `stale` (which a call just found closed, though its task may not
+    /// have ended yet). Failing to connect is a [`tonic::ConnectError`], which tonic reports as
     /// UNAVAILABLE.
-    async fn sender(&self, stale: Option<u64>) -> Result<(u64, SendRequest<tonic::body::Body>), ChannelError> {
-        let mut held = self.sender.lock().await;
-        let (number, sender) = &mut *held;
-        if let Some(s) = sender.as_ref().filter(|s| !s.is_closed())
+    async fn sender(&self, stale: Option<u64>) -> Result<(u64, SendRequest<Bytes>), ChannelError> {
+        let mut held = self.connection.lock().await;
+        let (number, open) = &mut *held;
+        if let Some(c) = open.as_ref().filter(|c| !c.closed.load(Ordering::Acquire))
             && stale != Some(*number)
         {
-            return Ok((*number, s.clone()));
+            return Ok((*number, c.sender.clone()));
         }
-        *sender = None;
+        *open = None;
         let connect_error = |e: &dyn std::fmt::Display| {
             tonic::ConnectError(format!("connecting to {}: {e}", self.path.display()).into())
         };
-        let io = TokioIo::new(UnixStream::connect(&self.path).await.map_err(|e| connect_error(&e))?);
-        let (sender, connection) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.map_err(|e| connect_error(&e))?;
-        // Drives the connection until either side closes it; the sender then reports closed.
-        tokio::spawn(connection);
+        let io = UnixStream::connect(&self.path).await.map_err(|e| connect_error(&e))?;
+        let (sender, connection) = h2::client::Builder::new()
+            .enable_push(false)
+            .initial_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .handshake(io)
+            .await
+            .map_err(|e| connect_error(&e))?;
+        let closed = Arc::new(AtomicBool::new(false));
+        let ended = closed.clone();
+        // Drives the connection until either side closes it.
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "gRPC connection over a unix socket ended");
+            }
+            ended.store(true, Ordering::Release);
+        });
         held.0 += 1;
-        held.1 = Some(sender.clone());
+        held.1 = Some(Connection { sender: sender.clone(), closed });
         Ok((held.0, sender))
     }
 }
 
+/// Open a stream for a request with `head` on the connection of `sender`, once it takes one.
+/// An error here means nothing was sent.
+async fn open(
+    sender: SendRequest<Bytes>,
+    head: &http::request::Parts,
+) -> Result<(ResponseFuture, h2::SendStream<Bytes>), h2::Error> {
+    let mut sender = sender.ready().await?;
+    let mut request = http::Request::new(());
+    *request.method_mut() = head.method.clone();
+    *request.uri_mut() = head.uri.clone();
+    *request.headers_mut() = head.headers.clone();
+    sender.send_request(request, false)
+}
+
+/// Queue `body` on `stream`, frame by frame, ending the stream after its last one.
+async fn send_body(mut body: tonic::body::Body, stream: &mut h2::SendStream<Bytes>) -> Result<(), ChannelError> {
+    loop {
+        match body.frame().await {
+            None => return Ok(stream.send_data(Bytes::new(), true)?),
+            Some(Err(e)) => {
+                stream.send_reset(h2::Reason::CANCEL);
+                return Err(e.into());
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    let last = body.is_end_stream();
+                    stream.send_data(data, last)?;
+                    if last {
+                        return Ok(());
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        return Ok(stream.send_trailers(trailers)?);
+                    }
+                }
+            },
+        }
+    }
+}
+
 impl tower::Service<http::Request<tonic::body::Body>> for UnixChannel {
-    type Response = http::Response<hyper::body::Incoming>;
+    type Response = http::Response<ResponseBody>;
     type Error = ChannelError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
@@ -72,32 +144,59 @@ impl tower::Service<http::Request<tonic::body::Body>> for UnixChannel {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut req: http::Request<tonic::body::Body>) -> Self::Future {
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
         let inner = self.inner.clone();
         Box::pin(async move {
+            let (mut head, body) = req.into_parts();
             // A client made with `new` names only the path; HTTP/2 needs a scheme and an
             // authority, and a server on a unix socket has no host name: `localhost`.
-            if req.uri().authority().is_none() {
-                let mut parts = std::mem::take(req.uri_mut()).into_parts();
+            if head.uri.authority().is_none() {
+                let mut parts = std::mem::take(&mut head.uri).into_parts();
                 parts.scheme = Some(http::uri::Scheme::HTTP);
                 parts.authority = Some(http::uri::Authority::from_static("localhost"));
-                *req.uri_mut() = http::Uri::from_parts(parts)?;
+                head.uri = http::Uri::from_parts(parts)?;
             }
-            let (number, mut sender) = inner.sender(None).await?;
-            match sender.try_send_request(req).await {
-                Ok(answer) => Ok(answer),
+            let (number, sender) = inner.sender(None).await?;
+            let (answer, mut stream) = match open(sender, &head).await {
+                Ok(opened) => opened,
                 // The connection closed before the request went out (the server restarted
-                // since the last call, and the sender had not noticed yet): nothing was sent,
-                // so it goes once more on a new connection.
-                Err(mut e) => match e.take_message() {
-                    Some(req) => {
-                        let (_, mut fresh) = inner.sender(Some(number)).await?;
-                        Ok(fresh.send_request(req).await?)
-                    }
-                    None => Err(e.into_error().into()),
-                },
-            }
+                // since the last call, and the connection's task had not ended yet): nothing
+                // was sent, so it goes once more on a new connection.
+                Err(_) => {
+                    let (_, fresh) = inner.sender(Some(number)).await?;
+                    open(fresh, &head).await?
+                }
+            };
+            send_body(body, &mut stream).await?;
+            Ok(answer.await?.map(ResponseBody))
         })
+    }
+}
+
+/// An answer's body: its DATA frames, each handed back to the flow-control window as it is
+/// read, then its trailers (where gRPC puts the status).
+pub struct ResponseBody(h2::RecvStream);
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        let recv = &mut self.0;
+        match ready!(recv.poll_data(cx)) {
+            Some(Ok(data)) => {
+                // Fails only when the stream is gone, which the next poll reports.
+                let _ = recv.flow_control().release_capacity(data.len());
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
+            Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+            None => {}
+        }
+        Poll::Ready(ready!(recv.poll_trailers(cx)).transpose().map(|t| t.map(Frame::trailers)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
     }
 }
 
