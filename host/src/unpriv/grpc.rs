@@ -16,9 +16,13 @@ use tokio::net::UnixStream;
 /// What a call through a [`UnixChannel`] fails with.
 pub type ChannelError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The receive windows a channel offers its server, per call and in all (hyper's client defaults).
+/// The receive windows a channel offers its server, per call and in all, the largest header
+/// list it takes, and how many calls it opens before the server's settings arrive: hyper's
+/// client defaults.
 const STREAM_WINDOW: u32 = 2 << 20;
 const CONNECTION_WINDOW: u32 = 5 << 20;
+const MAX_HEADER_LIST: u32 = 16 << 10;
+const MAX_SEND_STREAMS: usize = 100;
 
 /// A gRPC channel to the server on one unix socket: a single HTTP/2 connection, opened at the
 /// first call and again at the first call after it closed (the server restarted), so a client
@@ -44,8 +48,17 @@ struct Inner {
 
 struct Connection {
     sender: SendRequest<Bytes>,
-    /// Set when the connection's task ended (either side closed it).
+    /// Set when the connection's task ended (either side closed it) or was dropped.
     closed: Arc<AtomicBool>,
+}
+
+/// Sets its flag when dropped: when the connection's task ends, or is dropped unfinished.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 /// A channel to the gRPC server on the unix socket `path`; connects at the first call.
@@ -75,17 +88,19 @@ impl Inner {
             .enable_push(false)
             .initial_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_header_list_size(MAX_HEADER_LIST)
+            .initial_max_send_streams(MAX_SEND_STREAMS)
             .handshake(io)
             .await
             .map_err(|e| connect_error(&e))?;
         let closed = Arc::new(AtomicBool::new(false));
-        let ended = closed.clone();
+        let ended = SetOnDrop(closed.clone());
         // Drives the connection until either side closes it.
         tokio::spawn(async move {
+            let _ended = ended;
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "gRPC connection over a unix socket ended");
             }
-            ended.store(true, Ordering::Release);
         });
         held.0 += 1;
         held.1 = Some(Connection { sender: sender.clone(), closed });
@@ -94,7 +109,8 @@ impl Inner {
 }
 
 /// Open a stream for a request with `head` on the connection of `sender`, once it takes one.
-/// An error here means nothing was sent.
+/// An error here means nothing was sent; [`connection_gone`] says whether it was the
+/// connection's.
 async fn open(
     sender: SendRequest<Bytes>,
     head: &http::request::Parts,
@@ -107,25 +123,44 @@ async fn open(
     sender.send_request(request, false)
 }
 
-/// Queue `body` on `stream`, frame by frame, ending the stream after its last one.
+/// The connection failed (closed, reset, or told to go away), as opposed to h2 refusing the
+/// request itself (a header HTTP/2 does not allow), which a new connection would refuse too.
+fn connection_gone(e: &h2::Error) -> bool {
+    e.is_io() || e.is_go_away()
+}
+
+/// Queue `body` on `stream`, frame by frame. A DATA frame is held until the body's next frame
+/// is ready (or the body waits), so the last one carries the end of the stream (no empty frame
+/// after it).
 async fn send_body(mut body: tonic::body::Body, stream: &mut h2::SendStream<Bytes>) -> Result<(), ChannelError> {
+    let mut held: Option<Bytes> = None;
     loop {
-        match body.frame().await {
-            None => return Ok(stream.send_data(Bytes::new(), true)?),
+        let next = match std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await {
+            Poll::Ready(next) => next,
+            Poll::Pending => {
+                if let Some(previous) = held.take() {
+                    stream.send_data(previous, false)?;
+                }
+                body.frame().await
+            }
+        };
+        match next {
+            None => return Ok(stream.send_data(held.unwrap_or_default(), true)?),
             Some(Err(e)) => {
                 stream.send_reset(h2::Reason::CANCEL);
                 return Err(e.into());
             }
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => {
-                    let last = body.is_end_stream();
-                    stream.send_data(data, last)?;
-                    if last {
-                        return Ok(());
+                    if let Some(previous) = held.replace(data) {
+                        stream.send_data(previous, false)?;
                     }
                 }
                 Err(frame) => {
                     if let Ok(trailers) = frame.into_trailers() {
+                        if let Some(previous) = held.take() {
+                            stream.send_data(previous, false)?;
+                        }
                         return Ok(stream.send_trailers(trailers)?);
                     }
                 }
@@ -162,20 +197,37 @@ impl tower::Service<http::Request<tonic::body::Body>> for UnixChannel {
                 // The connection closed before the request went out (the server restarted
                 // since the last call, and the connection's task had not ended yet): nothing
                 // was sent, so it goes once more on a new connection.
-                Err(_) => {
+                Err(e) if connection_gone(&e) => {
                     let (_, fresh) = inner.sender(Some(number)).await?;
                     open(fresh, &head).await?
                 }
+                Err(e) => return Err(e.into()),
             };
-            send_body(body, &mut stream).await?;
+            if let Err(e) = send_body(body, &mut stream).await {
+                // The server may have answered already (and reset the stream, so the body
+                // could not go on): its answer says more than the failed send.
+                return match answer.await {
+                    Ok(answered) => Ok(answered.map(ResponseBody)),
+                    Err(_) => Err(e),
+                };
+            }
             Ok(answer.await?.map(ResponseBody))
         })
     }
 }
 
 /// An answer's body: its DATA frames, each handed back to the flow-control window as it is
-/// read, then its trailers (where gRPC puts the status).
+/// read, then its trailers (where gRPC puts the status). A reset with NO_ERROR ends it
+/// cleanly: the server needs no more of the request (HTTP/2, RFC 9113 section 8.1).
 pub struct ResponseBody(h2::RecvStream);
+
+/// `polled` with a NO_ERROR reset from the server read as the end of the body.
+fn ended_cleanly<T>(polled: Option<Result<T, h2::Error>>) -> Option<Result<T, h2::Error>> {
+    match polled {
+        Some(Err(e)) if e.is_remote() && e.reason() == Some(h2::Reason::NO_ERROR) => None,
+        other => other,
+    }
+}
 
 impl Body for ResponseBody {
     type Data = Bytes;
@@ -183,7 +235,7 @@ impl Body for ResponseBody {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
         let recv = &mut self.0;
-        match ready!(recv.poll_data(cx)) {
+        match ended_cleanly(ready!(recv.poll_data(cx))) {
             Some(Ok(data)) => {
                 // Fails only when the stream is gone, which the next poll reports.
                 let _ = recv.flow_control().release_capacity(data.len());
@@ -192,7 +244,7 @@ impl Body for ResponseBody {
             Some(Err(e)) => return Poll::Ready(Some(Err(e))),
             None => {}
         }
-        Poll::Ready(ready!(recv.poll_trailers(cx)).transpose().map(|t| t.map(Frame::trailers)))
+        Poll::Ready(ended_cleanly(ready!(recv.poll_trailers(cx)).transpose()).map(|t| t.map(Frame::trailers)))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -208,5 +260,51 @@ pub fn socket_path(endpoint: &str) -> Result<PathBuf, String> {
         Ok(path)
     } else {
         Err(format!("{endpoint:?}: expected unix:///absolute/path.sock"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::csi::{self, identity_client::IdentityClient};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_h2_refuses_fails_alone_and_the_connection_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("csi.sock");
+        let host = crate::front::Host::new(channel(&dir.path().join("host.sock")));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = sock.clone();
+        let server = tokio::spawn(async move {
+            crate::front::serve(crate::front::Mode::Node, &served, Some(host), None, async move {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        });
+        let channel = channel(&sock);
+        let mut client = IdentityClient::new(channel.clone());
+        let mut answered = false;
+        for _ in 0..200 {
+            if client.probe(csi::ProbeRequest {}).await.is_ok() {
+                answered = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(answered, "the front never answered");
+        let first = channel.inner.connection.lock().await.0;
+
+        // HTTP/2 has no `connection` header: h2 refuses the request before sending anything.
+        let mut refused = tonic::Request::new(csi::ProbeRequest {});
+        refused.metadata_mut().insert("connection", "close".parse().unwrap());
+        let e = client.probe(refused).await.unwrap_err();
+        assert!(e.message().to_lowercase().contains("header"), "{e:?}");
+        // Not the connection's fault: the next call goes out on the same one.
+        client.probe(csi::ProbeRequest {}).await.unwrap();
+        assert_eq!(channel.inner.connection.lock().await.0, first, "a refused request opened a new connection");
+
+        stop.send(()).unwrap();
+        server.await.unwrap();
     }
 }
