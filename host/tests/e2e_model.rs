@@ -29,9 +29,10 @@ type Node = NodeClient<mounthost::unpriv::grpc::UnixChannel>;
 
 /// A running node: host daemon and front, and a runtime to drive them.
 struct ModelNode {
-    dirs: NodeDirs,
     host: std::sync::Mutex<Option<Proc>>,
     _front: Proc,
+    /// Last: fields drop in order, so the daemons are dead before their directories are cleaned.
+    dirs: NodeDirs,
 }
 
 impl ModelNode {

@@ -80,9 +80,10 @@ fn manifest_digest(reference: &str) -> &str {
 
 /// A node: host daemon and front (`--mode all`), both with `args`.
 struct PluginNode {
-    dirs: NodeDirs,
     host: Option<Proc>,
     front: Option<Proc>,
+    /// Last: fields drop in order, so the daemons are dead before their directories are cleaned.
+    dirs: NodeDirs,
 }
 
 impl PluginNode {

@@ -29,8 +29,8 @@ const MAX_SEND_STREAMS: usize = 100;
 /// outlives its server's restarts.
 ///
 /// A call drives the HTTP/2 stream itself, in the caller's task: it queues the request's
-/// headers and then its body on the connection before the connection's task writes either, so
-/// the two can go out in one write and reach the server together. (hyper's client connection
+/// headers and then its body on the connection, usually before the connection's task writes
+/// either, so the two go out in one write and reach the server together. (hyper's client connection
 /// sends the body from a task of its own, which waits until the connection's task has opened
 /// the stream: two writes and a task hand-off per request. tonic's `Channel` adds a buffer
 /// task on top.) Request bodies are queued as they come, before the answer is awaited: every
@@ -204,10 +204,13 @@ impl tower::Service<http::Request<tonic::body::Body>> for UnixChannel {
                 Err(e) => return Err(e.into()),
             };
             if let Err(e) = send_body(body, &mut stream).await {
-                // The server may have answered already (and reset the stream, so the body
-                // could not go on): its answer says more than the failed send.
+                // The stream ends here (a no-op when the server reset it already). The server
+                // may have answered first, or said why it reset the stream: either says more
+                // than the failed send.
+                stream.send_reset(h2::Reason::CANCEL);
                 return match answer.await {
                     Ok(answered) => Ok(answered.map(ResponseBody)),
+                    Err(server) if server.is_remote() || server.is_io() => Err(server.into()),
                     Err(_) => Err(e),
                 };
             }
@@ -217,8 +220,9 @@ impl tower::Service<http::Request<tonic::body::Body>> for UnixChannel {
 }
 
 /// An answer's body: its DATA frames, each handed back to the flow-control window as it is
-/// read, then its trailers (where gRPC puts the status). A reset with NO_ERROR ends it
-/// cleanly: the server needs no more of the request (HTTP/2, RFC 9113 section 8.1).
+/// read, then its trailers (where gRPC puts the status). A NO_ERROR from the server (a reset or
+/// a GOAWAY) ends it cleanly: a reset with NO_ERROR means the server needs no more of the
+/// request (HTTP/2, RFC 9113 section 8.1).
 pub struct ResponseBody(h2::RecvStream);
 
 /// `polled` with a NO_ERROR reset from the server read as the end of the body.

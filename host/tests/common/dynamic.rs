@@ -130,10 +130,11 @@ pub fn answers_within(dir: &Path, limit: Duration) -> bool {
 }
 
 pub struct DynNode {
-    pub dirs: NodeDirs,
     host: std::sync::Mutex<Option<Proc>>,
     args: Vec<String>,
     _front: Proc,
+    /// Last: fields drop in order, so the daemons are dead before their directories are cleaned.
+    pub dirs: NodeDirs,
 }
 
 impl DynNode {
