@@ -222,10 +222,12 @@ impl Node {
         parent.join("mount")
     }
 
-    /// Kill whatever runs, and detach everything mounted below the root.
+    /// Kill whatever runs, detach everything mounted below the root, and remove the daemon's
+    /// FUSE files directory.
     fn clean_up(&self, daemon: Option<Daemon>) {
         drop(daemon);
         common::unmount_below(&self.root);
+        common::remove_fuse_files_dir(&self.root.join("state"));
         let cgroups = mounthost::exec::cgroup::Cgroups::detect(&self.cgroup_parent());
         for group in cgroups.groups().unwrap_or_default() {
             let _ = cgroups.release(&group);

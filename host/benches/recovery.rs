@@ -195,4 +195,5 @@ async fn run() {
         let _ = std::fs::remove_dir(dir);
     }
     common::unmount_below(root);
+    common::remove_fuse_files_dir(&root.join("state"));
 }

@@ -34,3 +34,15 @@ pub fn unmount_below(dir: &std::path::Path) {
         let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
     }
 }
+
+/// Remove the FUSE files directory (`/run/mounthost/fuse-<hash>`) a daemon with state directory
+/// `state` made: a daemon killed with SIGKILL cannot. `/run` is the machine's, so the directory
+/// outlives this namespace. The node's default directory is never touched.
+#[allow(dead_code, reason = "publish.rs runs its daemon in this process, which makes no such directory")]
+pub fn remove_fuse_files_dir(state: &std::path::Path) {
+    let state = std::fs::canonicalize(state).unwrap_or_else(|_| state.to_path_buf());
+    let dir = mounthost::config::Config::new(state).fuse_files();
+    if dir != std::path::Path::new(mounthost::config::DEFAULT_FUSE_FILES_DIR) {
+        let _ = std::fs::remove_dir(&dir);
+    }
+}
