@@ -43,6 +43,6 @@ pub fn remove_fuse_files_dir(state: &std::path::Path) {
     let state = std::fs::canonicalize(state).unwrap_or_else(|_| state.to_path_buf());
     let dir = mounthost::config::Config::new(state).fuse_files();
     if dir != std::path::Path::new(mounthost::config::DEFAULT_FUSE_FILES_DIR) {
-        let _ = std::fs::remove_dir(&dir);
+        let _ = mounthost::exec::Linux::remove_unused_root(&dir);
     }
 }

@@ -30,10 +30,10 @@ const MAX_SEND_STREAMS: usize = 100;
 ///
 /// A call drives the HTTP/2 stream itself, in the caller's task: it queues the request's
 /// headers and then its body on the connection, usually before the connection's task writes
-/// either, so the two go out in one write and reach the server together. (hyper's client connection
-/// sends the body from a task of its own, which waits until the connection's task has opened
-/// the stream: two writes and a task hand-off per request. tonic's `Channel` adds a buffer
-/// task on top.) Request bodies are queued as they come, before the answer is awaited: every
+/// either, so the two go out in one write and reach the server together. (hyper's client
+/// connection sends the body from a task of its own, which waits until the connection's task
+/// has opened the stream: two writes and a task hand-off per request. tonic's `Channel` adds a
+/// buffer task on top.) Request bodies are queued as they come, before the answer is awaited: every
 /// call this project makes sends one message.
 #[derive(Clone)]
 pub struct UnixChannel {
@@ -131,7 +131,7 @@ fn connection_gone(e: &h2::Error) -> bool {
 
 /// Queue `body` on `stream`, frame by frame. A DATA frame is held until the body's next frame
 /// is ready (or the body waits), so the last one carries the end of the stream (no empty frame
-/// after it).
+/// after it). On an error the caller resets the stream.
 async fn send_body(mut body: tonic::body::Body, stream: &mut h2::SendStream<Bytes>) -> Result<(), ChannelError> {
     let mut held: Option<Bytes> = None;
     loop {
@@ -146,10 +146,7 @@ async fn send_body(mut body: tonic::body::Body, stream: &mut h2::SendStream<Byte
         };
         match next {
             None => return Ok(stream.send_data(held.unwrap_or_default(), true)?),
-            Some(Err(e)) => {
-                stream.send_reset(h2::Reason::CANCEL);
-                return Err(e.into());
-            }
+            Some(Err(e)) => return Err(e.into()),
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => {
                     if let Some(previous) = held.replace(data) {
@@ -225,7 +222,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for UnixChannel {
 /// request (HTTP/2, RFC 9113 section 8.1).
 pub struct ResponseBody(h2::RecvStream);
 
-/// `polled` with a NO_ERROR reset from the server read as the end of the body.
+/// `polled` with a NO_ERROR from the server (a reset or a GOAWAY) read as the end of the body.
 fn ended_cleanly<T>(polled: Option<Result<T, h2::Error>>) -> Option<Result<T, h2::Error>> {
     match polled {
         Some(Err(e)) if e.is_remote() && e.reason() == Some(h2::Reason::NO_ERROR) => None,

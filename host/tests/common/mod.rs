@@ -541,7 +541,7 @@ pub fn remove_fuse_files_dir(state: &Path) {
         return;
     }
     while nix::mount::umount2(&dir, nix::mount::MntFlags::MNT_DETACH).is_ok() {}
-    let _ = std::fs::remove_dir(&dir);
+    let _ = mounthost::exec::Linux::remove_unused_root(&dir);
 }
 
 impl Drop for NodeDirs {
