@@ -260,16 +260,16 @@ if [ "$have_mounthost" = 1 ]; then
     row mounthost "$mh_s"
     awk -v m="$mh_s" -v c="$curl_s" -v s="$skopeo_s" \
         'BEGIN { printf "mounthost/curl throughput %.2fx, mounthost/skopeo %.2fx\n", c / m, s / m }'
-    if [ -n "$sha_mbps" ]; then
-        awk -v b="$layer_size" -v r="$sha_mbps" -v c="$curl_s" 'BEGIN {
-            floor = b / (r * 1e6)
-            printf "floor of a verified pull here: %.3f s (the blob at one core'"'"'s sha256 speed)", floor
-            if (c < floor) printf "; curl took %.3f s, under it: no verified pull can match curl on this machine now", c
-            printf "\n" }'
-    fi
     echo "mounthost result verified (sha256 $file_sha): $verified"
     echo "stage of a cached $SIZE_MIB MiB model (client process included): first volume ${first_stage}s, second volume ${second_stage}s"
     [ "$verified" != no ] || exit 1
 else
     echo "mounthost: not available (${mounthost:-no binary} has no 'cache pull'; build it or set MOUNTHOST)"
+fi
+if [ -n "$sha_mbps" ]; then
+    awk -v b="$layer_size" -v r="$sha_mbps" -v c="$curl_s" 'BEGIN {
+        floor = b / (r * 1e6)
+        printf "floor of a verified pull here: %.3f s (the blob at one core'"'"'s sha256 speed)", floor
+        if (c < floor) printf "; curl took %.3f s, under it: no verified pull can match curl on this machine now", c
+        printf "\n" }'
 fi
