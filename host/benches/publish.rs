@@ -11,7 +11,9 @@
 //!    baselines are measured in a helper process, interleaved with the publishes; before each
 //!    publish this process times a `mkdir` beside its target (what creating a target costs on
 //!    that filesystem then); then the same publishes back to back, without the child runs
-//!    between them, as a reference;
+//!    between them, and the same each after 4 ms of idle CPUs (no child run), as references;
+//!    and what a round trip to a thread on another CPU costs on this machine, busy and after
+//!    the same idle time;
 //! 2. 200 concurrent publishes of 200 distinct staged volumes (errors, wall time) vs the same
 //!    publishes one by one.
 
@@ -205,8 +207,16 @@ async fn run() {
     for i in 0..n {
         warm.push(publish_then_unpublish(&client, &staging, &target(n + i)).await);
     }
+    // The same again, each after the CPUs were left idle for about as long as the two child
+    // runs take, with no child run: which of the two the interleaved runs lose to.
+    let mut idle = Vec::with_capacity(n);
+    for i in 0..n {
+        std::thread::sleep(IDLE);
+        idle.push(publish_then_unpublish(&client, &staging, &target(2 * n + i)).await);
+    }
     let p_ours = summary("mounthost NodePublishVolume", ours);
     let p_warm = summary("reference: the same, back to back", warm);
+    let p_idle = summary("reference: the same, each after 4 ms idle", idle);
     summary("reference: NodeGetCapabilities (front only)", one_hop);
     summary("reference: NodeGetInfo (front → host)", two_hops);
     summary("reference: mkdir beside each target", mkdir);
@@ -227,6 +237,19 @@ async fn run() {
         "ratio p50 back-to-back mounthost / child process = {:.2} (not the target's measure: no child runs between)",
         p_warm.as_secs_f64() / p_child.as_secs_f64()
     );
+    println!(
+        "ratio p50 after-idle mounthost / child process = {:.2} (no child runs between, the CPUs idle as long)",
+        p_idle.as_secs_f64() / p_child.as_secs_f64()
+    );
+    match cross_cpu_wake(n) {
+        Some((busy, after_idle)) => println!(
+            "this machine: a round trip to a thread on another CPU (socket pair, both pinned) p50 {:.1} µs busy, {:.1} µs \
+             after 4 ms idle; a call here crosses threads several times",
+            busy.as_secs_f64() * 1e6,
+            after_idle.as_secs_f64() * 1e6
+        ),
+        None => println!("this machine: one CPU, no cross-CPU wake-up to measure"),
+    }
     println!(
         "an fsync'd state write would add about {:.1} µs to the p50 (ratio then {:.2})",
         p_floor.as_secs_f64() * 1e6,
@@ -301,6 +324,58 @@ async fn run() {
     let _ = host_task.await;
     let _ = front_task.await;
     common::unmount_below(root.path());
+}
+
+/// How long the CPUs stay idle before each publish of the after-idle reference: about what the
+/// two child runs of one interleaved round take.
+const IDLE: Duration = Duration::from_millis(4);
+
+/// What waking a thread on another CPU costs on this machine, busy and after [`IDLE`]: p50 of
+/// `n` one-byte round trips over a socket pair between two threads pinned to two CPUs this
+/// process may use (`None` with fewer than two). On a virtual machine an idle virtual CPU is
+/// halted, and waking it goes through the hypervisor.
+fn cross_cpu_wake(n: usize) -> Option<(Duration, Duration)> {
+    use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
+    use std::io::{Read, Write};
+    let allowed = sched_getaffinity(None).ok()?;
+    let mut cpus = (0..CpuSet::MAX_CPU).filter(|&c| allowed.is_set(c));
+    let (a, b) = (cpus.next()?, cpus.next()?);
+    let pin = |cpu: usize| {
+        let mut set = CpuSet::new();
+        set.set(cpu);
+        sched_setaffinity(None, &set).unwrap();
+    };
+    let (mut near, mut far) = std::os::unix::net::UnixStream::pair().unwrap();
+    let echo = std::thread::spawn(move || {
+        pin(b);
+        let mut byte = [0u8];
+        while far.read_exact(&mut byte).is_ok() {
+            far.write_all(&byte).unwrap();
+        }
+    });
+    let timed = std::thread::spawn(move || {
+        pin(a);
+        let mut round = |byte: &mut [u8; 1]| {
+            let started = Instant::now();
+            near.write_all(byte).unwrap();
+            near.read_exact(byte).unwrap();
+            started.elapsed()
+        };
+        let mut byte = [0u8];
+        let mut busy: Vec<_> = (0..n).map(|_| round(&mut byte)).collect();
+        let mut idle: Vec<_> = (0..n)
+            .map(|_| {
+                std::thread::sleep(IDLE);
+                round(&mut byte)
+            })
+            .collect();
+        busy.sort();
+        idle.sort();
+        (pct(&busy, 0.5), pct(&idle, 0.5))
+    });
+    let result = timed.join().unwrap();
+    echo.join().unwrap();
+    Some(result)
 }
 
 /// The raw bind syscall, `n` times onto fresh targets from a tmpfs; and, for reference, what
