@@ -1,6 +1,8 @@
 //! The one wasmtime Engine of the process: pooling allocator, epoch interruption, and the
-//! ticker thread that advances epochs.
+//! ticker thread that advances epochs while calls run.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -53,20 +55,165 @@ pub fn build(opts: EngineOptions) -> wasmtime::Result<Engine> {
     Engine::new(&cfg)
 }
 
-/// Start the thread that advances the engine's epoch. It holds only a weak reference and
-/// ends by itself once the engine is dropped.
-pub fn start_ticker(engine: &Engine) {
-    let weak = engine.weak();
-    thread::Builder::new()
-        .name("mounthost-epoch".into())
-        .spawn(move || {
-            loop {
-                thread::sleep(EPOCH_TICK);
-                match weak.upgrade() {
-                    Some(engine) => engine.increment_epoch(),
-                    None => break,
+/// Advances the engine's epoch every [`EPOCH_TICK`] while at least one call holds a
+/// [`Ticking`] guard, and sleeps otherwise: an idle daemon wakes no CPU for it (a tick every
+/// 5 ms for ever cost each process 200 wake-ups a second). The thread holds only a weak
+/// reference to the engine and ends when the ticker is dropped or the engine is gone.
+pub struct Ticker {
+    shared: Arc<TickerShared>,
+}
+
+struct TickerShared {
+    /// Guards held now, and whether the ticker was dropped.
+    state: Mutex<TickerState>,
+    wake: Condvar,
+    /// Epochs advanced so far.
+    ticks: AtomicU64,
+}
+
+#[derive(Default)]
+struct TickerState {
+    calls: usize,
+    stopped: bool,
+    /// The thread waits for a call (a call then wakes it; otherwise no wake-up is needed).
+    waiting: bool,
+}
+
+/// Held by a call while it runs: the epoch advances while any is held.
+pub struct Ticking<'a> {
+    ticker: &'a Ticker,
+}
+
+impl Ticker {
+    /// Start the ticker thread of `engine`.
+    pub fn start(engine: &Engine) -> Ticker {
+        let shared = Arc::new(TickerShared {
+            state: Mutex::new(TickerState::default()),
+            wake: Condvar::new(),
+            ticks: AtomicU64::new(0),
+        });
+        let (weak, thread_shared) = (engine.weak(), shared.clone());
+        thread::Builder::new()
+            .name("mounthost-epoch".into())
+            .spawn(move || thread_shared.run(weak))
+            .expect("spawning the epoch ticker thread");
+        Ticker { shared }
+    }
+
+    /// A guard for one call: the epoch advances from now until every guard is dropped.
+    pub fn ticking(&self) -> Ticking<'_> {
+        let mut state = self.shared.lock();
+        state.calls += 1;
+        if state.waiting {
+            self.shared.wake.notify_one();
+        }
+        Ticking { ticker: self }
+    }
+
+    /// Epochs advanced since the start.
+    pub fn ticks(&self) -> u64 {
+        self.shared.ticks.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Ticking<'_> {
+    fn drop(&mut self) {
+        self.ticker.shared.lock().calls -= 1;
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.shared.lock().stopped = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+impl TickerShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TickerState> {
+        // The counter stays consistent even if a holder panicked: no update spans a panic.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn run(&self, engine: wasmtime::EngineWeak) {
+        loop {
+            {
+                let mut state = self.lock();
+                while state.calls == 0 && !state.stopped {
+                    state.waiting = true;
+                    state = self.wake.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+                    state.waiting = false;
+                }
+                if state.stopped {
+                    return;
                 }
             }
-        })
-        .expect("spawning the epoch ticker thread");
+            thread::sleep(EPOCH_TICK);
+            match engine.upgrade() {
+                Some(engine) => engine.increment_epoch(),
+                None => return,
+            }
+            self.ticks.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine() -> Engine {
+        build(EngineOptions { concurrency: 1, max_memory_bytes: 1 << 20 }).unwrap()
+    }
+
+    /// Wait up to 10 s for the ticker to reach `at_least` ticks.
+    fn ticks_reach(ticker: &Ticker, at_least: u64) -> bool {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < until {
+            if ticker.ticks() >= at_least {
+                return true;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    /// No guard, no tick; a guard, ticks; all guards dropped, the ticks stop again (at most the
+    /// tick already asleep lands).
+    #[test]
+    fn the_epoch_advances_only_while_a_call_runs() {
+        let engine = engine();
+        let ticker = Ticker::start(&engine);
+        thread::sleep(EPOCH_TICK * 10);
+        assert_eq!(ticker.ticks(), 0, "ticked with no call running");
+
+        let first = ticker.ticking();
+        let second = ticker.ticking();
+        assert!(ticks_reach(&ticker, 3), "only {} ticks while two calls ran", ticker.ticks());
+        drop(first);
+        let before = ticker.ticks();
+        assert!(ticks_reach(&ticker, before + 2), "the ticks stopped while a call still ran");
+        drop(second);
+        thread::sleep(EPOCH_TICK * 2);
+        let stopped_at = ticker.ticks();
+        thread::sleep(EPOCH_TICK * 10);
+        assert_eq!(ticker.ticks(), stopped_at, "ticked after every call ended");
+
+        let _third = ticker.ticking();
+        assert!(ticks_reach(&ticker, stopped_at + 2), "no tick after a new call started");
+    }
+
+    /// Dropping the ticker ends its thread, even while it waits for a call.
+    #[test]
+    fn a_dropped_ticker_ends_its_thread() {
+        let engine = engine();
+        let ticker = Ticker::start(&engine);
+        let shared = Arc::downgrade(&ticker.shared);
+        drop(ticker);
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while shared.upgrade().is_some() && std::time::Instant::now() < until {
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert!(shared.upgrade().is_none(), "the ticker thread still holds its state");
+    }
 }

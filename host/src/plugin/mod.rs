@@ -169,6 +169,7 @@ impl PlannerPre {
 /// The runtime. Cheap to share behind an `Arc`.
 pub struct PluginRuntime {
     engine: Engine,
+    ticker: engine::Ticker,
     linker: Linker<CallState>,
     cache: cache::ArtifactCache,
     permits: Semaphore,
@@ -196,7 +197,7 @@ impl PluginRuntime {
         let engine =
             engine::build(engine::EngineOptions { concurrency: config.concurrency, max_memory_bytes: max_memory })
                 .map_err(setup)?;
-        engine::start_ticker(&engine);
+        let ticker = engine::Ticker::start(&engine);
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(setup)?;
         // Every contract's `host` interface: their names differ by version, so they coexist.
@@ -205,6 +206,7 @@ impl PluginRuntime {
         bindings_v010::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).map_err(setup)?;
         Ok(PluginRuntime {
             engine,
+            ticker,
             linker,
             cache: cache::ArtifactCache::new(config.cache_dir.clone(), config.files.clone()),
             permits: Semaphore::new(config.concurrency.max(1) as usize),
@@ -237,6 +239,8 @@ impl PluginRuntime {
         req: C,
     ) -> Result<C::Output, PluginError> {
         let _permit = self.permits.acquire().await.expect("the semaphore is never closed");
+        // Before the store: its deadline counts ticks from the epoch of now.
+        let _ticking = self.ticker.ticking();
         let state = CallState::new(plugin, volume, req.secrets(), Limiter::new(limits.memory_bytes));
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
