@@ -11,9 +11,9 @@
 //!    baselines are measured in a helper process, interleaved with the publishes; before each
 //!    publish this process times a `mkdir` beside its target (what creating a target costs on
 //!    that filesystem then); then the same publishes back to back, without the child runs
-//!    between them, and the same each after 4 ms of idle CPUs (no child run), as references;
-//!    and what a round trip to a thread on another CPU costs on this machine, busy and after
-//!    the same idle time;
+//!    between them, and the same each after the CPUs idled as long as the two child runs take
+//!    (no child run), as references; and what a round trip to a thread on another CPU costs on
+//!    this machine, busy and after the same idle time;
 //! 2. 200 concurrent publishes of 200 distinct staged volumes (errors, wall time) vs the same
 //!    publishes one by one.
 
@@ -207,16 +207,19 @@ async fn run() {
     for i in 0..n {
         warm.push(publish_then_unpublish(&client, &staging, &target(n + i)).await);
     }
-    // The same again, each after the CPUs were left idle for about as long as the two child
-    // runs take, with no child run: which of the two the interleaved runs lose to.
+    // The same again, each after the CPUs were left idle for as long as the two child runs of a
+    // round take (the sum of their p50s), with no child run: which of the two the interleaved
+    // runs lose to.
+    let idle_for = median(&child) + median(&mkdir_child);
     let mut idle = Vec::with_capacity(n);
     for i in 0..n {
-        std::thread::sleep(IDLE);
+        std::thread::sleep(idle_for);
         idle.push(publish_then_unpublish(&client, &staging, &target(2 * n + i)).await);
     }
     let p_ours = summary("mounthost NodePublishVolume", ours);
     let p_warm = summary("reference: the same, back to back", warm);
-    let p_idle = summary("reference: the same, each after 4 ms idle", idle);
+    let idle_ms = idle_for.as_secs_f64() * 1e3;
+    let p_idle = summary(&format!("reference: the same, each after {idle_ms:.1} ms idle"), idle);
     summary("reference: NodeGetCapabilities (front only)", one_hop);
     summary("reference: NodeGetInfo (front → host)", two_hops);
     summary("reference: mkdir beside each target", mkdir);
@@ -241,14 +244,14 @@ async fn run() {
         "ratio p50 after-idle mounthost / child process = {:.2} (no child runs between, the CPUs idle as long)",
         p_idle.as_secs_f64() / p_child.as_secs_f64()
     );
-    match cross_cpu_wake(n) {
+    match cross_cpu_wake(n, idle_for) {
         Some((busy, after_idle)) => println!(
             "this machine: a round trip to a thread on another CPU (socket pair, both pinned) p50 {:.1} µs busy, {:.1} µs \
-             after 4 ms idle; a call here crosses threads several times",
+             after {idle_ms:.1} ms idle; a call here crosses threads several times",
             busy.as_secs_f64() * 1e6,
             after_idle.as_secs_f64() * 1e6
         ),
-        None => println!("this machine: one CPU, no cross-CPU wake-up to measure"),
+        None => println!("this machine: fewer than two usable CPUs (or no affinity), no cross-CPU wake-up measured"),
     }
     println!(
         "an fsync'd state write would add about {:.1} µs to the p50 (ratio then {:.2})",
@@ -326,15 +329,18 @@ async fn run() {
     common::unmount_below(root.path());
 }
 
-/// How long the CPUs stay idle before each publish of the after-idle reference: about what the
-/// two child runs of one interleaved round take.
-const IDLE: Duration = Duration::from_millis(4);
+/// The p50 of `v`.
+fn median(v: &[Duration]) -> Duration {
+    let mut v = v.to_vec();
+    v.sort();
+    pct(&v, 0.5)
+}
 
-/// What waking a thread on another CPU costs on this machine, busy and after [`IDLE`]: p50 of
+/// What waking a thread on another CPU costs on this machine, busy and after `idle`: p50 of
 /// `n` one-byte round trips over a socket pair between two threads pinned to two CPUs this
-/// process may use (`None` with fewer than two). On a virtual machine an idle virtual CPU is
-/// halted, and waking it goes through the hypervisor.
-fn cross_cpu_wake(n: usize) -> Option<(Duration, Duration)> {
+/// process may use (`None` with fewer than two, or when the affinity cannot be read). On a
+/// virtual machine an idle virtual CPU is halted, and waking it goes through the hypervisor.
+fn cross_cpu_wake(n: usize, idle: Duration) -> Option<(Duration, Duration)> {
     use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
     use std::io::{Read, Write};
     let allowed = sched_getaffinity(None).ok()?;
@@ -365,7 +371,7 @@ fn cross_cpu_wake(n: usize) -> Option<(Duration, Duration)> {
         let mut busy: Vec<_> = (0..n).map(|_| round(&mut byte)).collect();
         let mut idle: Vec<_> = (0..n)
             .map(|_| {
-                std::thread::sleep(IDLE);
+                std::thread::sleep(idle);
                 round(&mut byte)
             })
             .collect();

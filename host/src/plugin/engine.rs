@@ -1,6 +1,7 @@
 //! The one wasmtime Engine of the process: pooling allocator, epoch interruption, and the
 //! ticker thread that advances epochs while calls run.
 
+#[cfg(test)]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
@@ -56,24 +57,27 @@ pub fn build(opts: EngineOptions) -> wasmtime::Result<Engine> {
 }
 
 /// Advances the engine's epoch every [`EPOCH_TICK`] while at least one call holds a
-/// [`Ticking`] guard, and sleeps otherwise: an idle daemon wakes no CPU for it (a tick every
-/// 5 ms for ever cost each process 200 wake-ups a second). The thread holds only a weak
-/// reference to the engine and ends when the ticker is dropped or the engine is gone.
+/// [`Ticking`] guard, and waits otherwise (after at most one more tick): an idle daemon wakes
+/// no CPU for it (a tick every 5 ms for ever cost each process 200 wake-ups a second). The
+/// thread holds only a weak reference to the engine; it ends when the ticker is dropped, or at
+/// its next tick once the engine is gone.
 pub struct Ticker {
     shared: Arc<TickerShared>,
 }
 
 struct TickerShared {
-    /// Guards held now, and whether the ticker was dropped.
     state: Mutex<TickerState>,
     wake: Condvar,
-    /// Epochs advanced so far.
+    /// Epochs advanced so far (what the tests watch).
+    #[cfg(test)]
     ticks: AtomicU64,
 }
 
 #[derive(Default)]
 struct TickerState {
+    /// Guards held now.
     calls: usize,
+    /// The ticker was dropped.
     stopped: bool,
     /// The thread waits for a call (a call then wakes it; otherwise no wake-up is needed).
     waiting: bool,
@@ -90,6 +94,7 @@ impl Ticker {
         let shared = Arc::new(TickerShared {
             state: Mutex::new(TickerState::default()),
             wake: Condvar::new(),
+            #[cfg(test)]
             ticks: AtomicU64::new(0),
         });
         let (weak, thread_shared) = (engine.weak(), shared.clone());
@@ -102,17 +107,15 @@ impl Ticker {
 
     /// A guard for one call: the epoch advances from now until every guard is dropped.
     pub fn ticking(&self) -> Ticking<'_> {
-        let mut state = self.shared.lock();
-        state.calls += 1;
-        if state.waiting {
+        let waiting = {
+            let mut state = self.shared.lock();
+            state.calls += 1;
+            state.waiting
+        };
+        if waiting {
             self.shared.wake.notify_one();
         }
         Ticking { ticker: self }
-    }
-
-    /// Epochs advanced since the start.
-    pub fn ticks(&self) -> u64 {
-        self.shared.ticks.load(Ordering::Relaxed)
     }
 }
 
@@ -153,6 +156,7 @@ impl TickerShared {
                 Some(engine) => engine.increment_epoch(),
                 None => return,
             }
+            #[cfg(test)]
             self.ticks.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -166,16 +170,30 @@ mod tests {
         build(EngineOptions { concurrency: 1, max_memory_bytes: 1 << 20 }).unwrap()
     }
 
-    /// Wait up to 10 s for the ticker to reach `at_least` ticks.
-    fn ticks_reach(ticker: &Ticker, at_least: u64) -> bool {
+    fn ticks(ticker: &Ticker) -> u64 {
+        ticker.shared.ticks.load(Ordering::Relaxed)
+    }
+
+    /// Poll `done` for up to 10 s.
+    fn within_10s(done: impl Fn() -> bool) -> bool {
         let until = std::time::Instant::now() + Duration::from_secs(10);
         while std::time::Instant::now() < until {
-            if ticker.ticks() >= at_least {
+            if done() {
                 return true;
             }
             thread::sleep(Duration::from_millis(5));
         }
         false
+    }
+
+    /// Wait up to 10 s for the ticker to reach `at_least` ticks.
+    fn ticks_reach(ticker: &Ticker, at_least: u64) -> bool {
+        within_10s(|| ticks(ticker) >= at_least)
+    }
+
+    /// Wait up to 10 s until the ticker's thread waits for a call (no tick can land then).
+    fn waits(ticker: &Ticker) -> bool {
+        within_10s(|| ticker.shared.lock().waiting)
     }
 
     /// No guard, no tick; a guard, ticks; all guards dropped, the ticks stop again (at most the
@@ -184,20 +202,21 @@ mod tests {
     fn the_epoch_advances_only_while_a_call_runs() {
         let engine = engine();
         let ticker = Ticker::start(&engine);
+        assert!(waits(&ticker), "the ticker never waited");
         thread::sleep(EPOCH_TICK * 10);
-        assert_eq!(ticker.ticks(), 0, "ticked with no call running");
+        assert_eq!(ticks(&ticker), 0, "ticked with no call running");
 
         let first = ticker.ticking();
         let second = ticker.ticking();
-        assert!(ticks_reach(&ticker, 3), "only {} ticks while two calls ran", ticker.ticks());
+        assert!(ticks_reach(&ticker, 3), "only {} ticks while two calls ran", ticks(&ticker));
         drop(first);
-        let before = ticker.ticks();
+        let before = ticks(&ticker);
         assert!(ticks_reach(&ticker, before + 2), "the ticks stopped while a call still ran");
         drop(second);
-        thread::sleep(EPOCH_TICK * 2);
-        let stopped_at = ticker.ticks();
+        assert!(waits(&ticker), "the ticker did not stop after every call ended");
+        let stopped_at = ticks(&ticker);
         thread::sleep(EPOCH_TICK * 10);
-        assert_eq!(ticker.ticks(), stopped_at, "ticked after every call ended");
+        assert_eq!(ticks(&ticker), stopped_at, "ticked after every call ended");
 
         let _third = ticker.ticking();
         assert!(ticks_reach(&ticker, stopped_at + 2), "no tick after a new call started");
@@ -208,6 +227,7 @@ mod tests {
     fn a_dropped_ticker_ends_its_thread() {
         let engine = engine();
         let ticker = Ticker::start(&engine);
+        assert!(waits(&ticker), "the ticker never waited");
         let shared = Arc::downgrade(&ticker.shared);
         drop(ticker);
         let until = std::time::Instant::now() + Duration::from_secs(10);

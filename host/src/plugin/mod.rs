@@ -239,7 +239,8 @@ impl PluginRuntime {
         req: C,
     ) -> Result<C::Output, PluginError> {
         let _permit = self.permits.acquire().await.expect("the semaphore is never closed");
-        // Before the store: its deadline counts ticks from the epoch of now.
+        // Held from before any guest code runs until the call ends: the epoch (deadline checks,
+        // yields) advances only while a call holds one.
         let _ticking = self.ticker.ticking();
         let state = CallState::new(plugin, volume, req.secrets(), Limiter::new(limits.memory_bytes));
         let mut store = Store::new(&self.engine, state);
