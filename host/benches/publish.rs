@@ -368,16 +368,14 @@ fn cross_cpu_wake(n: usize, idle: Duration) -> Option<(Duration, Duration)> {
             started.elapsed()
         };
         let mut byte = [0u8];
-        let mut busy: Vec<_> = (0..n).map(|_| round(&mut byte)).collect();
-        let mut idle: Vec<_> = (0..n)
+        let busy: Vec<_> = (0..n).map(|_| round(&mut byte)).collect();
+        let after_idle: Vec<_> = (0..n)
             .map(|_| {
                 std::thread::sleep(idle);
                 round(&mut byte)
             })
             .collect();
-        busy.sort();
-        idle.sort();
-        (pct(&busy, 0.5), pct(&idle, 0.5))
+        (median(&busy), median(&after_idle))
     });
     let result = timed.join().unwrap();
     echo.join().unwrap();
