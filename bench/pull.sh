@@ -17,7 +17,11 @@
 # volume of the cached model through the front (`mounthost client stage`, each a new process:
 # the time includes starting it). The binary is MOUNTHOST=path, else target/release,
 # target/debug or PATH; without one the script says "mounthost: not available" and measures
-# the baselines only. It also prints what bounds the result on this machine: one core's sha256
+# the baselines only. For each mounthost run it prints what the daemon logged of the layer (its
+# download module's debug line, in JSON): the milliseconds from the first request to the last
+# byte received, to the end of the hash, and to the file stored (fsync'd and renamed), which
+# tells a CPU-bound pull (the hash ends late) from a disk-bound one (the store ends late). It
+# also prints what bounds the result on this machine: one core's sha256
 # speed (`openssl speed`; a blob's digest is one sequential chain, so a verified pull takes at
 # least size / that speed) and the disk's write speed (SIZE_MIB written with `dd conv=fsync`
 # into the temp dir). Everything is removed on exit.
@@ -215,7 +219,10 @@ if [ "$have_mounthost" = 1 ]; then
     mh() { "$mounthost" --state-dir "$work/mh" --log warn "$@"; }
     # Started directly (not through the `mh` function, whose `&` would fork a subshell), so
     # `$!` is mounthost's own pid and the clean-up stops it.
-    "$mounthost" --state-dir "$work/mh" --log warn local --no-demo --insecure-registry "$host" >"$work/local.log" 2>&1 &
+    # Its download module logs one JSON line per blob (when all bytes were received, hashed
+    # and stored), read back after the runs.
+    "$mounthost" --state-dir "$work/mh" --log warn,mounthost::exec::oci::download=debug --log-format json \
+        local --no-demo --insecure-registry "$host" >"$work/local.log" 2>&1 &
     local_pid=$!
     for _ in $(seq 300); do [ -S "$work/mh/csi.sock" ] && break; sleep 0.1; done
     [ -S "$work/mh/csi.sock" ] || { echo "mounthost local did not start:" >&2; cat "$work/local.log" >&2; exit 1; }
@@ -261,6 +268,22 @@ if [ "$have_mounthost" = 1 ]; then
     awk -v m="$mh_s" -v c="$curl_s" -v s="$skopeo_s" \
         'BEGIN { printf "mounthost/curl throughput %.2fx, mounthost/skopeo %.2fx\n", c / m, s / m }'
     echo "mounthost result verified (sha256 $file_sha): $verified"
+    # Where the layer's time went inside the daemon, per run: the streams' last byte against
+    # the hash's end (the follower hashes what the streams wrote; on a CPU-bound machine it
+    # falls behind), then the fsync and rename.
+    python3 - "$work/local.log" "$layer_digest" <<'PY'
+import json, sys
+runs = []
+for line in open(sys.argv[1], errors="replace"):
+    try:
+        e = json.loads(line)
+    except ValueError:
+        continue
+    f = e.get("fields", {})
+    if f.get("message") == "blob downloaded" and f.get("digest") == sys.argv[2]:
+        runs.append(f"{f['received_ms']}/{f['verified_ms']}/{f['stored_ms']}")
+print("mounthost inside the daemon, ms from the layer's first request to its last byte received/hashed/stored:", " ".join(runs) or "not logged")
+PY
     echo "stage of a cached $SIZE_MIB MiB model (client process included): first volume ${first_stage}s, second volume ${second_stage}s"
     [ "$verified" != no ] || exit 1
 else
