@@ -6,7 +6,9 @@
 //! with the kernel's new mount API and `openat2`, and with what kernels before 5.2 and 5.6 offer
 //! (`mount(2)` on `/proc/self/fd` paths, a component walk).
 
+use std::ffi::OsStr;
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -59,6 +61,26 @@ fn a_tmpfs_mount_shows_in_mountinfo_and_goes_away() {
         assert!(mounted(&target).is_none(), "{api}");
         assert!(!target.join("f").exists(), "the file lived on the tmpfs");
     }
+}
+
+/// A pod can give a path holding mounts any name, UTF-8 or not (it renames a directory in its own
+/// volume to `$'\xff'`): the table must still read, and name that mount point byte for byte.
+#[test]
+fn a_mount_point_that_is_not_utf8_reads_byte_for_byte() {
+    if !in_private_namespace("a_mount_point_that_is_not_utf8_reads_byte_for_byte") {
+        return;
+    }
+    let (_d, root) = root();
+    let target = root.join(OsStr::from_bytes(b"pod\xff dir"));
+    std::fs::create_dir(&target).unwrap();
+    let [(_, x), _] = executors(&root);
+    x.mount("tmpfs", "mounthost-test", &target, &[text("size=1m")], false).unwrap();
+    let table = mountinfo::read().expect("one path that is not UTF-8 does not hide the table");
+    let entry = mountinfo::at(&table, &target).expect("the mount is in mountinfo");
+    assert_eq!(entry.mount_point.as_os_str().as_bytes(), target.as_os_str().as_bytes());
+    assert_eq!(entry.source, "mounthost-test");
+    x.unmount(&target, false).unwrap();
+    assert!(mounted(&target).is_none());
 }
 
 #[test]

@@ -5,7 +5,15 @@
 //! start, so the parser must be exact: octal escapes in paths (`\040` for a space), optional
 //! fields of any number up to the `-` separator, and the topmost mount winning when several are
 //! stacked on one path.
+//!
+//! The table is bytes, not text: the kernel escapes only space, tab, newline and backslash, so a
+//! path holds any other byte as it is, UTF-8 or not (a pod that renames a directory holding
+//! mounts inside its volume to `$'\xff'` puts one there). Paths stay byte-exact; the other fields
+//! are decoded lossily, since nothing compares them to paths.
 
+use std::borrow::Cow;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 /// One line of mountinfo.
@@ -44,55 +52,82 @@ impl MountEntry {
 pub struct ParseError {
     /// 1-based line number.
     pub line: usize,
-    /// The line.
+    /// The line (decoded lossily).
     pub text: String,
 }
 
-/// Parse the text of a mountinfo file.
-pub fn parse(text: &str) -> Result<Vec<MountEntry>, ParseError> {
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| parse_line(l).ok_or_else(|| ParseError { line: i + 1, text: l.to_string() }))
-        .collect()
+/// Parse the bytes of a mountinfo file.
+pub fn parse(text: &[u8]) -> Result<Vec<MountEntry>, ParseError> {
+    lines(text).map(|(i, l)| parse_line(l).ok_or_else(|| malformed(i, l))).collect()
 }
 
-fn parse_line(line: &str) -> Option<MountEntry> {
-    let (head, tail) = line.split_once(" - ")?;
-    let mut h = head.split(' ');
-    let mount_id = h.next()?.parse().ok()?;
-    let parent_id = h.next()?.parse().ok()?;
-    let device = h.next()?.to_string();
-    let root = PathBuf::from(unescape(h.next()?));
-    let mount_point = PathBuf::from(unescape(h.next()?));
-    let mount_options = h.next()?.to_string();
+/// The non-blank lines of `text`, each with its 1-based number.
+fn lines(text: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
+    text.split(|&b| b == b'\n').enumerate().map(|(i, l)| (i + 1, l)).filter(|(_, l)| !l.trim_ascii().is_empty())
+}
+
+/// The space-separated fields of `s`.
+fn fields(s: &[u8]) -> impl Iterator<Item = &[u8]> {
+    s.split(|&b| b == b' ')
+}
+
+fn malformed(line: usize, text: &[u8]) -> ParseError {
+    ParseError { line, text: String::from_utf8_lossy(text).into_owned() }
+}
+
+fn parse_line(line: &[u8]) -> Option<MountEntry> {
+    // The first " - " ends the optional fields: paths before it have their spaces escaped.
+    let sep = line.windows(3).position(|w| w == b" - ")?;
+    let (head, tail) = (&line[..sep], &line[sep + 3..]);
+    let mut h = fields(head);
+    let mount_id = std::str::from_utf8(h.next()?).ok()?.parse().ok()?;
+    let parent_id = std::str::from_utf8(h.next()?).ok()?.parse().ok()?;
+    let device = lossy(h.next()?);
+    let root = path(h.next()?).into_owned();
+    let mount_point = path(h.next()?).into_owned();
+    let mount_options = lossy(h.next()?);
     // The rest of `head` are optional fields (shared:N, master:N, ...), zero or more.
-    let mut t = tail.split(' ');
-    let fstype = unescape(t.next()?);
-    let source = unescape(t.next()?);
-    let super_options = t.next().unwrap_or_default().to_string();
+    let mut t = fields(tail);
+    let fstype = lossy(&unescape(t.next()?));
+    let source = lossy(&unescape(t.next()?));
+    let super_options = t.next().map(lossy).unwrap_or_default();
     Some(MountEntry { mount_id, parent_id, device, root, mount_point, mount_options, fstype, source, super_options })
 }
 
-/// Undo the kernel's octal escapes (`\040` space, `\011` tab, `\012` newline, `\134` backslash).
-fn unescape(s: &str) -> String {
-    if !s.contains('\\') {
-        return s.to_string();
+/// A text field that no path is compared to: invalid UTF-8 becomes U+FFFD.
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A path field, unescaped, byte for byte (borrowed when it holds no escape).
+fn path(field: &[u8]) -> Cow<'_, Path> {
+    match unescape(field) {
+        Cow::Borrowed(b) => Cow::Borrowed(Path::new(OsStr::from_bytes(b))),
+        Cow::Owned(b) => Cow::Owned(PathBuf::from(OsString::from_vec(b))),
     }
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
+}
+
+/// Undo the kernel's octal escapes (`\040` space, `\011` tab, `\012` newline, `\134` backslash):
+/// each yields one raw byte. Anything else, `\400` and up included, stays as it is.
+fn unescape(s: &[u8]) -> Cow<'_, [u8]> {
+    if !s.contains(&b'\\') {
+        return Cow::Borrowed(s);
+    }
+    let mut out = Vec::with_capacity(s.len());
     let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
+    while i < s.len() {
+        match s.get(i..i + 4) {
+            Some(&[b'\\', a @ b'0'..=b'3', b @ b'0'..=b'7', c @ b'0'..=b'7']) => {
+                out.push((a - b'0') * 64 + (b - b'0') * 8 + (c - b'0'));
+                i += 4;
+            }
+            _ => {
+                out.push(s[i]);
+                i += 1;
+            }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    Cow::Owned(out)
 }
 
 /// Read this process's mount table.
@@ -116,19 +151,17 @@ pub fn read_where(keep: impl Fn(&Path) -> bool) -> std::io::Result<Vec<MountEntr
             break;
         }
     }
-    let text = String::from_utf8(buf).map_err(std::io::Error::other)?;
-    parse_where(&text, keep).map_err(std::io::Error::other)
+    // Bytes, never a `String`: one mount point that is not UTF-8 must not hide the whole table.
+    parse_where(&buf, keep).map_err(std::io::Error::other)
 }
 
 /// [`parse`], keeping only the entries whose mount point `keep` accepts.
-pub fn parse_where(text: &str, keep: impl Fn(&Path) -> bool) -> Result<Vec<MountEntry>, ParseError> {
+pub fn parse_where(text: &[u8], keep: impl Fn(&Path) -> bool) -> Result<Vec<MountEntry>, ParseError> {
     let mut out = Vec::new();
-    for (i, l) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let bad = || ParseError { line: i + 1, text: l.to_string() };
-        let point = l.split(' ').nth(4).ok_or_else(bad)?;
-        let point = if point.contains('\\') { PathBuf::from(unescape(point)) } else { PathBuf::from(point) };
-        if keep(&point) {
-            out.push(parse_line(l).ok_or_else(bad)?);
+    for (i, l) in lines(text) {
+        let point = fields(l).nth(4).ok_or_else(|| malformed(i, l))?;
+        if keep(&path(point)) {
+            out.push(parse_line(l).ok_or_else(|| malformed(i, l))?);
         }
     }
     Ok(out)
@@ -153,7 +186,7 @@ mod tests {
 
     #[test]
     fn parses_optional_fields_and_escapes() {
-        let e = parse(SAMPLE).unwrap();
+        let e = parse(SAMPLE.as_bytes()).unwrap();
         assert_eq!(e.len(), 5);
         assert_eq!(e[1].mount_point, PathBuf::from("/var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/pv 1/mount"));
         assert_eq!((e[1].fstype.as_str(), e[1].source.as_str()), ("tmpfs", "tmpfs"));
@@ -165,23 +198,42 @@ mod tests {
 
     #[test]
     fn the_topmost_mount_wins() {
-        let e = parse(SAMPLE).unwrap();
+        let e = parse(SAMPLE.as_bytes()).unwrap();
         assert_eq!(at(&e, Path::new("/mnt/weed")).unwrap().mount_id, 39);
         assert!(at(&e, Path::new("/mnt")).is_none());
     }
 
     #[test]
     fn malformed_lines_are_errors() {
-        let err = parse("22 1 8:1 / / rw\n").unwrap_err();
+        let err = parse(b"22 1 8:1 / / rw\n").unwrap_err();
         assert_eq!(err.line, 1);
-        assert!(parse("x 1 8:1 / / rw - ext4 /dev/sda1 rw").is_err());
+        assert!(parse(b"x 1 8:1 / / rw - ext4 /dev/sda1 rw").is_err());
     }
 
     #[test]
     fn unescape_handles_edges() {
-        assert_eq!(unescape("a\\134b"), "a\\b");
-        assert_eq!(unescape("tail\\04"), "tail\\04");
-        assert_eq!(unescape("\\011\\012"), "\t\n");
+        assert_eq!(&*unescape(b"a\\134b"), b"a\\b");
+        assert_eq!(&*unescape(b"tail\\04"), b"tail\\04");
+        assert_eq!(&*unescape(b"\\011\\012"), b"\t\n");
+        // Each escape is one raw byte, even one that is not UTF-8; past `\377` is no escape.
+        assert_eq!(&*unescape(b"\\377\\400"), b"\xff\\400");
+    }
+
+    #[test]
+    fn paths_that_are_not_utf8_parse_byte_for_byte() {
+        // A root and a mount point holding a raw 0xff next to an escaped space, amid other lines.
+        let line = b"40 22 0:31 /r\xff\\040x /mnt/a\xff\\040b rw shared:9 - tmpfs tmpfs rw\n";
+        let table = [SAMPLE.as_bytes(), line].concat();
+        let e = parse(&table).unwrap();
+        assert_eq!(e.len(), 6, "every other line still parses");
+        assert_eq!(e[1].mount_point, PathBuf::from("/var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/pv 1/mount"));
+        assert_eq!(e[5].mount_point.as_os_str().as_bytes(), b"/mnt/a\xff b");
+        assert_eq!(e[5].root.as_os_str().as_bytes(), b"/r\xff x");
+        assert_eq!((e[5].mount_id, e[5].fstype.as_str()), (40, "tmpfs"));
+        // The pre-filter sees the same exact bytes.
+        let kept = parse_where(&table, |p| p.as_os_str().as_bytes() == b"/mnt/a\xff b").unwrap();
+        assert_eq!(kept, [e[5].clone()]);
+        assert_eq!(parse_where(&table, |p| p == Path::new("/mnt/weed")).unwrap().len(), 2);
     }
 
     #[test]
