@@ -13,6 +13,9 @@
 //! - NodeUnpublishVolume at a path the volume is not published at but a record holds (another
 //!   volume's target, its own staging path, a directory above or inside a publication): OK,
 //!   and nothing is unmounted or removed.
+//! - NodeUnstageVolume of a volume id the node has no record of, at another volume's staging
+//!   path: OK ("not staged to the staging_target_path"), and that volume's stage stays mounted
+//!   and still publishes.
 //!
 //! Each refused call is checked to have changed nothing: same weed process, same publications,
 //! nothing mounted or created.
@@ -225,6 +228,34 @@ async fn rules(
     assert_eq!(std::fs::read(a.join("marker")).unwrap(), b"in the volume");
     assert!(a.join("inside").is_dir() && staging.is_dir());
     checked.push("unpublish at a path another record holds: OK, nothing changed");
+
+    // Unstage of an id with no record at this volume's staging path: OK, and nothing changes.
+    let weed_mount = |p: &Path| {
+        mounthost::exec::mountinfo::read()
+            .unwrap()
+            .into_iter()
+            .any(|m| m.mount_point == p && m.fstype == "fuse.seaweedfs")
+    };
+    assert!(weed_mount(&staging));
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: "seaweedfs~unknown".into(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert!(weed_mount(&staging), "the stage is still mounted (/proc/self/mountinfo)");
+    assert_eq!(snapshot(dirs).await, before, "an unstage of an unknown id changes nothing");
+    // The volume still publishes: a fresh bind from its stage shows its file.
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        target_path: a.display().to_string(),
+    })
+    .await
+    .unwrap();
+    node.node_publish_volume(publish(&id, &staging, &a, false, Mode::SingleNodeWriter)).await.unwrap();
+    assert_eq!(std::fs::read(a.join("marker")).unwrap(), b"in the volume");
+    assert_eq!(snapshot(dirs).await, before);
+    checked.push("unstage of an unknown id at another volume's staging path: OK, nothing changed");
 
     // Tear down: nothing left.
     node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {

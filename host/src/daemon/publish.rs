@@ -10,6 +10,10 @@
 //!   and the volume does not pin it; see `Node::resolve_build`), the policy checks, the diff
 //!   skips what the target already holds and refuses another mount there, or this volume with
 //!   other flags (ALREADY_EXISTS);
+//! - a read-only publish (`readonly`) is refused (INVALID_ARGUMENT, as any refused plan) when
+//!   the plugin's plan mounts or binds nothing read-only at the volume's root in the target, or
+//!   anything read-write at or below it: plugins are untrusted planners, and CSI's `readonly`
+//!   ("the volume should be published as readonly") is the host's to keep;
 //! - the target's parent must exist (the CO creates it); the target itself is created.
 //!
 //! Unpublish: nothing mounted at the target and no target afterwards (a target already gone is
@@ -17,7 +21,8 @@
 //! the volume is not published at is cleared only when no readable volume record holds anything
 //! at, below or above it (what a crash between a bind and its record leaves); otherwise
 //! (another volume's stage or pod, this volume's own staging path, a directory inside a
-//! volume) it is left as it is and the answer is OK: the volume is not published there.
+//! volume) it is left as it is and the answer is OK: the volume is not published there
+//! (`Node::recorded_at`, which NodeUnstageVolume of a volume with no record uses too).
 
 use std::path::PathBuf;
 
@@ -26,8 +31,8 @@ use super::diff::{Desired, Root};
 use super::pipeline::{Job, Persist, Undo};
 use super::stage::StageAsk;
 use crate::error::Error;
-use crate::plan::planned_readonly;
 use crate::plan::policy::Operation;
+use crate::plan::{planned_readonly, read_only_publication};
 use crate::plugin::bindings::types as wit;
 use crate::proto::csi;
 use crate::volume::request;
@@ -149,6 +154,16 @@ impl Node {
         }
         let dirs = self.dirs(&id, Some(&staging), Some(&content));
         let plan = self.check(&plugin, Operation::Publish, &dirs, &state.context, state.ephemeral, &secrets, wplan)?;
+        // A read-only publish gets a read-only volume whatever the plugin planned (a dynamic
+        // volume's tmpfs and socket are the host's own steps, added below, and not judged).
+        if req.readonly
+            && let Err(why) = read_only_publication(&plan, &content)
+        {
+            return Err(Error::invalid(format!(
+                "plan from plugin {} refused: it makes {why}, but the publish asked for read-only",
+                plugin.info.name
+            )));
+        }
         let t_plan = t1.elapsed();
         // Compatible with what is recorded? Compare what the plan makes, not the CO's flag.
         let readonly = planned_readonly(&plan, &content).unwrap_or(req.readonly);
@@ -272,9 +287,10 @@ const MAX_MEMO: usize = 4096;
 impl Node {
     /// What a volume record (any volume's, this one's included) keeps at `path`, below it or
     /// above it: a staging path or a publication, described for a log line. An unpublish that
-    /// names such a path for a volume not published there must not clear it (it would unmount
-    /// another volume's stage or pod, or remove a directory inside a volume).
-    fn recorded_at(&self, path: &std::path::Path) -> Result<Option<String>, Error> {
+    /// names such a path for a volume not published there, or an unstage of a volume with no
+    /// record, must not clear it (it would unmount another volume's stage or pod, or remove a
+    /// directory inside a volume).
+    pub(super) fn recorded_at(&self, path: &std::path::Path) -> Result<Option<String>, Error> {
         let overlaps = |p: &std::path::Path| p.starts_with(path) || path.starts_with(p);
         for st in self.inner.store.all()? {
             if overlaps(&st.staging_path) {
@@ -315,7 +331,7 @@ impl Node {
 }
 
 /// A digest of everything a publish planner sees, each field length-prefixed.
-fn publish_key(digest: &str, req: &wit::PublishRequest) -> [u8; 32] {
+pub(super) fn publish_key(digest: &str, req: &wit::PublishRequest) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     let mut put = |s: &[u8]| {

@@ -325,6 +325,91 @@ async fn unpublish_clears_only_targets_no_record_holds() {
 }
 
 #[tokio::test]
+async fn unstage_of_an_unknown_volume_leaves_paths_a_record_holds() {
+    let e = Env::new();
+    let (a, b) = (e.target("pod-a"), e.target("pod-b"));
+    e.node.stage(e.stage_req()).await.unwrap();
+    e.node.publish(e.publish_req(&a, false)).await.unwrap();
+    e.rec.add_dir(&e.staging().join("data"));
+    e.rec.clear_calls();
+    let before = e.rec.mounts().unwrap();
+    let recorded = e.node.store().load(VOL).unwrap();
+    // An id with no record, at paths the volume's record holds: its staging path, its pod's
+    // target, a directory inside the stage and the directory above it. CSI: "not staged to the
+    // staging_target_path ... MUST reply 0 OK", and nothing is touched.
+    let unknown =
+        |path: &Path| csi::NodeUnstageVolumeRequest { volume_id: "tmpfs~other".into(), staging_target_path: s(path) };
+    for path in [e.staging(), a.clone(), e.staging().join("data"), e.staging().parent().unwrap().to_path_buf()] {
+        e.node.unstage(unknown(&path)).await.unwrap_or_else(|err| panic!("unstage at {}: {err:?}", path.display()));
+        assert_eq!(e.rec.calls(), Vec::<String>::new(), "unstage at {} touched something", path.display());
+    }
+    assert_eq!(e.rec.mounts().unwrap(), before);
+    assert_eq!(e.node.store().load(VOL).unwrap(), recorded);
+    // The volume is still staged and publishes.
+    e.node.publish(e.publish_req(&b, true)).await.unwrap();
+    assert_eq!(e.calls("bind"), vec![format!("bind {} {} ro", e.staging().display(), b.display())]);
+
+    // A staging path no record holds is cleared (what a crash left there).
+    let lost = e.kubelet.join("plugins/kubernetes.io/csi/csi.mounthost.dev/lost/globalmount");
+    e.rec.add_dir(&lost);
+    e.rec.add_mount("tmpfs", "lost", &lost);
+    e.rec.clear_calls();
+    e.node.unstage(unknown(&lost)).await.unwrap();
+    assert_eq!(e.calls("unmount"), vec![format!("unmount {}", lost.display())]);
+    assert_eq!(mount_points(&e.rec), vec![e.staging(), a.clone(), b.clone()]);
+}
+
+#[tokio::test]
+async fn a_read_only_publish_refuses_a_plan_that_leaves_the_pod_a_writable_target() {
+    use crate::plugin::bindings::types as wit;
+    use crate::volume::request;
+    let e = Env::new();
+    let a = e.target("pod-a");
+    e.node.stage(e.stage_req()).await.unwrap();
+    // No fixture plugin answers a read-only publish with a writable plan: the node's plan memo
+    // is handed the plans such a plugin could answer with, under the key of this request.
+    let req = e.publish_req(&a, true);
+    let asked = wit::PublishRequest {
+        volume_id: VOL.into(),
+        context: request::kvs(&request::plugin_attrs(&req.volume_context)),
+        secrets: Vec::new(),
+        capability: request::capability(req.volume_capability.as_ref()).unwrap(),
+        readonly: true,
+        recorded: Vec::new(),
+    };
+    let key = super::publish::publish_key(&e.current_digest().await, &asked);
+    let path = |root, rel: &str| wit::PathRef { root, rel: rel.into() };
+    let bind = |rel: &str, readonly| {
+        wit::Step::Bind(wit::Bind {
+            source: path(wit::DirRoot::Staging, ""),
+            target: path(wit::DirRoot::Target, rel),
+            readonly,
+            options: Vec::new(),
+        })
+    };
+    let sub = a.join("sub");
+    let cases = [
+        (vec![bind("", false)], format!("a read-write bind at {}", a.display())),
+        (vec![wit::Step::Mkdir(path(wit::DirRoot::Target, ""))], format!("no mount or bind at {}", a.display())),
+        (vec![bind("", true), bind("sub", false)], format!("a read-write bind at {}", sub.display())),
+    ];
+    e.rec.clear_calls();
+    for (steps, says) in cases {
+        e.node.inner.plans.lock().unwrap().insert(key, wit::Plan { steps, attributes: Vec::new() });
+        let err = err_of(e.node.publish(req.clone()).await, ErrorKind::InvalidArgument);
+        let m = &err.message;
+        assert!(m.contains("plugin tmpfs") && m.contains(&says) && m.contains("asked for read-only"), "{m}");
+        assert_eq!(e.rec.calls(), Vec::<String>::new(), "refused before anything ran: {says}");
+        assert!(!e.rec.exists(&a));
+        assert!(e.node.store().load(VOL).unwrap().unwrap().published.is_empty());
+    }
+    // The fixture's own plan, a read-only bind, passes.
+    e.node.inner.plans.lock().unwrap().clear();
+    e.node.publish(req).await.unwrap();
+    assert_eq!(e.calls("bind"), vec![format!("bind {} {} ro", e.staging().display(), a.display())]);
+}
+
+#[tokio::test]
 async fn bad_requests_are_refused_before_anything_runs() {
     let e = Env::new();
     let kubelet = e.kubelet.display().to_string();

@@ -1,7 +1,12 @@
 //! NodeUnstageVolume: what differs from the other RPCs.
 //!
 //! - Nothing recorded: whatever is still mounted at the staging path is cleared (and anything
-//!   left in the volume's cgroup killed); OK.
+//!   left in the volume's cgroup killed); OK. That is how a crash's leftovers go. But when a
+//!   record of any volume holds something at, below or above that path (another volume's
+//!   stage or pod), nothing is touched, a warning names the holder, and the answer is OK: CSI
+//!   v1.12, "If the volume corresponding to the volume_id is not staged to the
+//!   staging_target_path, the Plugin MUST reply 0 OK". The same guard as NodeUnpublishVolume's
+//!   (`Node::recorded_at`).
 //! - Staged elsewhere: FAILED_PRECONDITION. Still published (targets that kubelet has not
 //!   unmounted yet): FAILED_PRECONDITION naming them; targets kubelet already removed are
 //!   forgotten first.
@@ -44,6 +49,16 @@ impl Node {
         // A volume still waiting for its blobs waits no more (a download others share goes on).
         self.inner.artifacts.forget(id);
         let Some(st) = self.inner.store.load(id)? else {
+            // Not this volume's: an unknown id must not unmount another volume's stage or pod.
+            if let Some(holder) = self.recorded_at(staging)? {
+                warn!(
+                    volume.id = %id,
+                    path = %staging.display(),
+                    holds = %holder,
+                    "unstage of a volume with no record at a path that holds {holder}: left alone"
+                );
+                return Ok(());
+            }
             let job = Job::plain(
                 id,
                 Desired::Teardown {

@@ -281,6 +281,43 @@ pub fn planned_readonly(plan: &Plan, target: &Path) -> Option<bool> {
     })
 }
 
+/// Why a publish plan would not give the pod a read-only volume at `content`, the root the
+/// publish makes the volume appear at (the target, or `<target>/volume` for a dynamic volume).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotReadOnly {
+    /// A mount or bind at `content` or below it is read-write.
+    #[error("a read-write {kind} at {}", path.display())]
+    Writable {
+        /// The step's kind (`bind`, `mount`).
+        kind: &'static str,
+        /// Where it mounts.
+        path: PathBuf,
+    },
+    /// Nothing is mounted or bound at `content`: the pod would get the bare directory, writable,
+    /// on the node's disk.
+    #[error("no mount or bind at {} (the pod would get a writable empty directory on the node's disk)", .0.display())]
+    NothingAt(PathBuf),
+}
+
+/// NodePublishVolume with `readonly`: the host's own check of a plugin's publish plan (plugins
+/// are untrusted planners). The plan must mount or bind something at `content`, and every
+/// mount and bind at `content` or below it must be read-only. Steps elsewhere (a sibling path,
+/// the staging path) are not the publication's and are not judged here.
+pub fn read_only_publication(plan: &Plan, content: &Path) -> Result<(), NotReadOnly> {
+    let mut at_root = false;
+    for step in &plan.steps {
+        let (Step::Bind { target, readonly, .. } | Step::Mount { target, readonly, .. }) = step else { continue };
+        if !target.starts_with(content) {
+            continue;
+        }
+        if !readonly {
+            return Err(NotReadOnly::Writable { kind: step.kind(), path: target.clone() });
+        }
+        at_root |= target == content;
+    }
+    if at_root { Ok(()) } else { Err(NotReadOnly::NothingAt(content.to_path_buf())) }
+}
+
 /// Keys of every secret a plan's steps fill in (environment, arguments, headers, secret
 /// files), each once, in the order they first appear: those a FUSE restart needs, and that a
 /// call checks present. Registry credentials ([`RegistryAuth::keys`]) are not among them: only
@@ -412,6 +449,55 @@ mod tests {
         assert_eq!(resolve_env(&file, &s, runtime), secret_file_path(runtime, "token").display().to_string());
         assert_eq!(resolve(&file, &s), "", "a secret file has no text outside an environment");
         assert!(!format!("{template:?} {file:?}").contains("hunter22"));
+    }
+
+    #[test]
+    fn a_read_only_publication_needs_read_only_mounts_at_and_below_its_root() {
+        let content = Path::new("/k/pods/p/volumes/v/mount");
+        let bind = |target: &str, readonly| Step::Bind {
+            source: "/k/staging".into(),
+            target: target.into(),
+            readonly,
+            options: vec![],
+        };
+        let mount = |target: &str, readonly| Step::Mount {
+            fstype: "tmpfs".into(),
+            source: "tmpfs".into(),
+            target: target.into(),
+            options: vec![],
+            readonly,
+        };
+        let root = content.to_str().unwrap();
+        let below = "/k/pods/p/volumes/v/mount/sub";
+        let sibling = "/k/pods/p/volumes/v/mount2";
+        let writable = |kind, path: &str| Err(NotReadOnly::Writable { kind, path: path.into() });
+        let nothing = Err(NotReadOnly::NothingAt(content.to_path_buf()));
+        let table: Vec<(&str, Vec<Step>, Result<(), NotReadOnly>)> = vec![
+            ("read-only bind at the root", vec![bind(root, true)], Ok(())),
+            ("read-only mount at the root", vec![mount(root, true)], Ok(())),
+            ("read-write bind at the root", vec![bind(root, false)], writable("bind", root)),
+            ("read-write mount at the root", vec![mount(root, false)], writable("mount", root)),
+            ("nothing at the root", vec![Step::Mkdir { path: content.into() }], nothing.clone()),
+            ("no step at all", vec![], nothing.clone()),
+            (
+                "read-only at the root, read-write below",
+                vec![bind(root, true), bind(below, false)],
+                writable("bind", below),
+            ),
+            (
+                "read-write below, read-only at the root over it",
+                vec![mount(below, false), bind(root, true)],
+                writable("mount", below),
+            ),
+            ("read-only at the root and below", vec![bind(root, true), mount(below, true)], Ok(())),
+            ("only below the root", vec![bind(below, true)], nothing.clone()),
+            ("read-write at a sibling path is not counted", vec![bind(sibling, false), bind(root, true)], Ok(())),
+            ("a sibling path does not count as the root", vec![bind(sibling, true)], nothing.clone()),
+        ];
+        for (what, steps, want) in table {
+            let plan = Plan { plugin: "p".into(), digest: String::new(), steps, attributes: vec![] };
+            assert_eq!(read_only_publication(&plan, content), want, "{what}");
+        }
     }
 
     #[test]
