@@ -14,6 +14,9 @@
 //! - Memory stays bounded: two write buffers of [`WRITE_BUF`] per stream and one read buffer for
 //!   the follower.
 //! - The follower starts the hashed bytes' writeback at once, so the final fsync is short.
+//! - The follower runs [`HASH_NICE`] steps ahead of the daemon's other threads while it hashes:
+//!   a download ends when its hash does, so where the cores are short the hash keeps pace with
+//!   the streams instead of finishing long after their last byte.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -53,6 +56,13 @@ const SAVE_EVERY: u64 = 4 << 20;
 pub const MAX_REFETCH: u64 = SAVE_EVERY + (STREAMS as u64) * 2 * WRITE_BUF as u64;
 /// The follower's read size.
 const HASH_BUF: usize = 4 << 20;
+/// How much the follower lowers its thread's nice value while it hashes (a thread with a nice
+/// value 5 below another's gets about three times its share of a busy core). Pulling 1 GiB
+/// into a tmpfs cache on 2 cores (`BENCH_TMP=/dev/shm bench/pull.sh`), the hash ended
+/// 1.37–1.41 s after the first request without it, 0.42–0.47 s after the last byte was
+/// received; with it, 1.17–1.21 s, 0.06–0.13 s after. 10 starved the streams instead
+/// (1.23–1.62 s). Within a cgroup's share only: other pods' CPU is not taken.
+const HASH_NICE: i32 = 5;
 
 /// The blob to fetch.
 #[derive(Debug, Clone)]
@@ -72,7 +82,13 @@ pub(super) struct Live {
 /// State shared by the streams and the follower of one attempt.
 struct Shared {
     file: File,
+    /// Ranges written (recorded once their write returned): what the follower may hash.
     segs: Mutex<Segments>,
+    /// Ranges a stream took to write (written, or being written). A byte is written once per
+    /// attempt: a stream writes only what no other stream claimed, so bytes the follower has
+    /// hashed are never written again (a registry answering one range with the whole blob
+    /// sends other streams' ranges again, and not necessarily the same bytes).
+    claimed: Mutex<Segments>,
     grew: Condvar,
     /// The follower stops (the attempt failed).
     stop: AtomicBool,
@@ -117,6 +133,7 @@ pub(super) async fn download(
     };
     let shared = Arc::new(Shared {
         file,
+        claimed: Mutex::new(segs.clone()),
         segs: Mutex::new(segs),
         grew: Condvar::new(),
         stop: AtomicBool::new(false),
@@ -220,7 +237,12 @@ fn prepare(store: &Store, blob: &Blob) -> io::Result<(File, Segments)> {
         }
         Err(e) => return Err(e.into()),
     }
-    let len = file.metadata()?.len();
+    let mut len = file.metadata()?.len();
+    if len > blob.size {
+        // Left by an attempt that was told another size: nothing past the blob's end is kept.
+        file.set_len(blob.size)?;
+        len = blob.size;
+    }
     let segs = match std::fs::read_to_string(store.sidecar(&blob.hex)) {
         Ok(text) => Segments::decode(&text, blob.size, len).unwrap_or_default(),
         Err(_) => Segments::default(),
@@ -241,6 +263,7 @@ pub(super) fn libc_flags() -> i32 {
 
 /// Hash the file's completed prefix as it grows. `Ok(None)`: told to stop first.
 fn follow(shared: &Shared, size: u64) -> io::Result<Option<String>> {
+    let _raised = Raised::by(HASH_NICE);
     let mut hasher = sha2::Sha256::new();
     let mut buf = vec![0u8; HASH_BUF.min(size.max(1) as usize)];
     let mut at = 0u64;
@@ -274,6 +297,29 @@ fn follow(shared: &Shared, size: u64) -> io::Result<Option<String>> {
         }
     }
     Ok(Some(hex::encode(hasher.finalize())))
+}
+
+/// The calling thread's nice value lowered by some steps (its priority raised), put back when
+/// dropped: the thread is one of the runtime's blocking pool, which runs other work next.
+/// Best effort: without the privilege to lower it (`CAP_SYS_NICE`), nothing changes.
+pub(super) struct Raised {
+    thread: rustix::process::Pid,
+    before: i32,
+}
+
+impl Raised {
+    pub(super) fn by(steps: i32) -> Option<Raised> {
+        let thread = rustix::thread::gettid();
+        let before = rustix::process::getpriority_process(Some(thread)).ok()?;
+        rustix::process::setpriority_process(Some(thread), (before - steps).max(-20)).ok()?;
+        Some(Raised { thread, before })
+    }
+}
+
+impl Drop for Raised {
+    fn drop(&mut self) {
+        let _ = rustix::process::setpriority_process(Some(self.thread), self.before);
+    }
 }
 
 /// Ask the kernel to start writing `len` bytes at `at` to disk now (`sync_file_range` with
@@ -421,26 +467,33 @@ impl Stream<'_> {
         Ok(())
     }
 
-    /// Start writing `buf` at `pos` on a blocking thread.
+    /// Start writing, on a blocking thread, the parts of `buf` (whose first byte belongs at
+    /// `pos`) that no stream claimed yet.
     fn write(&self, buf: Vec<u8>, pos: u64) -> Write {
         let shared = self.shared.clone();
+        let pieces = lock(&self.shared.claimed).claim(pos..pos + buf.len() as u64);
+        let to_write = pieces.clone();
         let handle = tokio::task::spawn_blocking(move || {
-            shared.file.write_all_at(&buf, pos)?;
+            for p in &to_write {
+                shared.file.write_all_at(&buf[(p.start - pos) as usize..(p.end - pos) as usize], p.start)?;
+            }
             Ok(buf)
         });
-        Write { handle, pos }
+        Write { handle, pieces }
     }
 
-    /// Wait for a write, then record its range. Returns the buffer for reuse.
+    /// Wait for a write, then record what it wrote. Returns the buffer for reuse.
     async fn wait(&self, w: Option<Write>) -> Result<Option<Vec<u8>>, OciError> {
         let Some(w) = w else { return Ok(None) };
         let partial = self.store.partial(&self.blob.hex);
         let local = |e: io::Error| OciError::local(&partial, &e, &self.ep.ctx.reference, &self.blob.digest);
         let buf = w.handle.await.map_err(|e| local(io::Error::other(e)))?.map_err(local)?;
-        let n = buf.len() as u64;
+        let n: u64 = w.pieces.iter().map(|p| p.end - p.start).sum();
         let covered = {
             let mut segs = lock(&self.shared.segs);
-            segs.insert(w.pos..w.pos + n);
+            for p in w.pieces {
+                segs.insert(p);
+            }
             segs.covered()
         };
         self.shared.grew.notify_all();
@@ -473,8 +526,8 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// A positioned write in flight.
+/// A positioned write in flight: the file ranges it writes.
 struct Write {
     handle: tokio::task::JoinHandle<io::Result<Vec<u8>>>,
-    pos: u64,
+    pieces: Vec<Range<u64>>,
 }

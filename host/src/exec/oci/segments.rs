@@ -33,6 +33,23 @@ impl Segments {
         self.have.splice(i..j, std::iter::once(start..end));
     }
 
+    /// Record `r` and return the parts of it that were not recorded before, in order.
+    pub fn claim(&mut self, r: Range<u64>) -> Vec<Range<u64>> {
+        let mut out = Vec::new();
+        let mut at = r.start;
+        for h in self.have.iter().skip_while(|h| h.end <= r.start).take_while(|h| h.start < r.end) {
+            if h.start > at {
+                out.push(at..h.start);
+            }
+            at = at.max(h.end);
+        }
+        if at < r.end {
+            out.push(at..r.end);
+        }
+        self.insert(r);
+        out
+    }
+
     /// The bytes from 0 that are all present.
     pub fn prefix(&self) -> u64 {
         match self.have.first() {

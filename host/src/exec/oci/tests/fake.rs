@@ -23,6 +23,10 @@ pub struct State {
     pub ignore_range: AtomicBool,
     /// Serve blobs with their first byte flipped.
     pub corrupt: AtomicBool,
+    /// Two-faced, once: answer the next blob request whose range starts at 0 with the whole
+    /// blob (200), pausing this many milliseconds at byte `.0` and sending every byte after it
+    /// flipped; other requests get the true bytes.
+    pub whole_then_other: Mutex<Option<(usize, u64)>>,
     /// Body bytes sent for blobs.
     pub served: AtomicU64,
     /// Blob requests received.
@@ -239,10 +243,21 @@ async fn serve(mut conn: TcpStream, s: Arc<State>) {
                 body[0] ^= 0xff;
             }
         }
+        let two_faced = if kind == "blobs"
+            && headers.get("range").is_some_and(|r| r.starts_with("bytes=0-"))
+            && let Some((at, pause)) = s.whole_then_other.lock().unwrap().take()
+        {
+            for b in &mut body[at..] {
+                *b ^= 0xff;
+            }
+            Some((at, pause))
+        } else {
+            None
+        };
         let total = body.len() as u64;
         let range = headers
             .get("range")
-            .filter(|_| kind == "blobs" && !s.ignore_range.load(Ordering::SeqCst))
+            .filter(|_| kind == "blobs" && !s.ignore_range.load(Ordering::SeqCst) && two_faced.is_none())
             .and_then(|r| r.strip_prefix("bytes="))
             .and_then(|r| r.split_once('-'))
             .map(|(a, b)| {
@@ -279,7 +294,12 @@ async fn serve(mut conn: TcpStream, s: Arc<State>) {
         if conn.write_all(head.as_bytes()).await.is_err() {
             return;
         }
-        for piece in slice.chunks(64 << 10) {
+        for (i, piece) in slice.chunks(64 << 10).enumerate() {
+            if let Some((at, pause)) = two_faced
+                && i * (64 << 10) == at
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+            }
             let n = if kind == "blobs" {
                 let left = s.budget.load(Ordering::SeqCst);
                 let n = (piece.len() as u64).min(left);

@@ -181,6 +181,23 @@ async fn a_registry_ignoring_ranges_still_works() {
     assert!(std::fs::read(e.path(&b)).unwrap() == data, "content differs");
 }
 
+/// A registry that answers one ranged request with the whole blob while the other stream
+/// gets its own range: the whole answer's copy of that other range comes later and is not
+/// the same bytes. They are not written over the bytes the hash already read: the blob in the
+/// cache holds the bytes its digest names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_written_are_never_written_again_by_another_stream() {
+    let e = env().await;
+    let data = random(70 << 20, 9);
+    let b = e.blob(data.clone());
+    // The whole answer pauses at the second range's start (long enough for that range to
+    // arrive and be hashed), then sends it flipped.
+    *e.fake.state.whole_then_other.lock().unwrap() = Some((64 << 20, 1500));
+    assert_eq!(e.settle("vol-1", std::slice::from_ref(&b)).await, Ensure::Ready);
+    assert!(std::fs::read(e.path(&b)).unwrap() == data, "the cached blob is not the bytes its digest names");
+    assert!(e.fake.state.whole_then_other.lock().unwrap().is_none(), "the two-faced answer was not asked for");
+}
+
 /// Cut the registry after `cut` bytes, wait for the pull to stop, let it go on, and check it
 /// resumed rather than started over.
 async fn resume(size: usize, cut: u64, seed: u64) {
@@ -472,4 +489,19 @@ async fn a_finished_download_evicts_nothing() {
     let new = e.blob(random(5000, 16));
     assert_eq!(e.settle("vol-new", std::slice::from_ref(&new)).await, Ensure::Ready);
     assert!(e.path(&old).exists(), "pruning is the caller's, with the real in-use set");
+}
+
+/// The follower's priority raise is its thread's only while it hashes: a pool thread gets its
+/// nice value back.
+#[test]
+fn the_follower_raises_its_threads_priority_and_gives_it_back() {
+    let me = rustix::thread::gettid();
+    let nice = || rustix::process::getpriority_process(Some(me)).unwrap();
+    let before = nice();
+    {
+        let _raised =
+            super::super::download::Raised::by(5).expect("the tests run as root, which may lower nice values");
+        assert_eq!(nice(), before - 5);
+    }
+    assert_eq!(nice(), before);
 }

@@ -37,3 +37,26 @@ fn the_sidecar_round_trips_and_lies_are_refused() {
 fn gaps_are_cut_into_chunks_in_file_order() {
     assert_eq!(chunks(&[0..10, 20..25], 4), [0..4, 4..8, 8..10, 20..24, 24..25]);
 }
+
+#[test]
+#[allow(clippy::single_range_in_vec_init)] // one-range rows of the table are meant
+fn a_claim_returns_only_what_nobody_claimed_before() {
+    let mut s = Segments::default();
+    s.insert(10..20);
+    s.insert(30..40);
+    // (range claimed, parts returned): each claim against what the earlier rows left.
+    let table: &[(std::ops::Range<u64>, &[std::ops::Range<u64>])] = &[
+        (12..18, &[]),       // inside a claimed range
+        (0..10, &[0..10]),   // up to a claimed range's start
+        (5..35, &[20..30]),  // across a gap between two claimed ranges
+        (38..45, &[40..45]), // overlapping a claimed range's end
+        (50..60, &[50..60]), // past everything
+        (44..52, &[45..50]), // between two claimed ranges, touching both
+        (60..60, &[]),       // empty
+        (0..70, &[60..70]),  // all of it
+    ];
+    for (r, parts) in table {
+        assert_eq!(s.claim(r.clone()), *parts, "claim {r:?}");
+    }
+    assert_eq!(s.ranges(), std::slice::from_ref(&(0..70)));
+}
