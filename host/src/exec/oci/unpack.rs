@@ -3,23 +3,62 @@
 //! whose target climbs out (or uses `..` after a name), hard links to anything but a file
 //! already unpacked, device nodes, FIFOs, set-uid and set-gid bits.
 //!
+//! What tar reads between two entries is bounded ([`BETWEEN_ENTRIES`]): it holds long names and
+//! pax records in memory whole.
+//!
 //! Entries are created relative to the directory's descriptor, never through a symbolic link
 //! (an archive's own link cannot redirect a later entry: [`Anchors`] resolves parents with
 //! `RESOLVE_NO_SYMLINKS`). Files end 0444 and directories 0555; every file and directory is
 //! fsync'd so that the caller's rename publishes a complete tree.
 
+use std::cell::Cell;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
+use std::rc::Rc;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::exec::beneath::Anchors;
 use crate::plan::Archive;
+
+/// What tar may read between two entries: the next entry's headers (GNU long names and long
+/// link names, pax records, each read into memory whole) and whatever it skips of an entry
+/// that was not read (data behind a directory or a link, which have none). Real archives need
+/// a few KiB here; without a bound, one header claiming 64 GiB of name (a few MiB once
+/// compressed) would take the daemon's memory.
+const BETWEEN_ENTRIES: u64 = 1 << 20;
+
+/// The archive's reader: while `left` is set, reading more than that many bytes more fails.
+struct Budgeted<R> {
+    inner: R,
+    left: Rc<Cell<Option<u64>>>,
+}
+
+impl<R: Read> Read for Budgeted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.left.get() {
+            None => self.inner.read(buf),
+            Some(0) if !buf.is_empty() => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "more than {BETWEEN_ENTRIES} bytes between two entries (long names, pax records, or data \
+                     behind an entry that has none)"
+                ),
+            )),
+            Some(left) => {
+                let room = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                let n = self.inner.read(&mut buf[..room])?;
+                self.left.set(Some(left - n as u64));
+                Ok(n)
+            }
+        }
+    }
+}
 
 /// Unpack the archive `blob` (its digest `digest`, for messages) into the directory `into`,
 /// which must be empty or not exist.
@@ -36,11 +75,17 @@ pub(super) fn unpack(blob: &Path, digest: &str, format: Archive, into: &Path) ->
         other => other?,
     }
     std::fs::set_permissions(into, std::fs::Permissions::from_mode(0o700))?;
-    let mut archive = tar::Archive::new(reader);
+    let left = Rc::new(Cell::new(None));
+    let mut archive = tar::Archive::new(Budgeted { inner: reader, left: left.clone() });
     let anchors = Anchors::new([into.to_path_buf()]);
     let mut buf = vec![0u8; 1 << 20];
-    let entries = archive.entries().map_err(|e| bad_archive(digest, format, &e))?;
-    for entry in entries {
+    let mut entries = archive.entries().map_err(|e| bad_archive(digest, format, &e))?;
+    loop {
+        // What tar reads to reach the next entry is bounded; the entry's data, read below, is not.
+        left.set(Some(BETWEEN_ENTRIES));
+        let next = entries.next();
+        left.set(None);
+        let Some(entry) = next else { break };
         let mut entry = entry.map_err(|e| bad_archive(digest, format, &e))?;
         let raw = entry.path().map_err(|e| bad_archive(digest, format, &e))?.into_owned();
         let refuse = |why: &str| refused(digest, &raw, why);

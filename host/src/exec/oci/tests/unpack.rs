@@ -91,3 +91,31 @@ fn garbage_is_not_an_archive() {
     let e = r.unwrap_err().to_string();
     assert!(e.contains("is not a valid TarGzip archive"), "{e}");
 }
+
+/// A GNU long-name entry carrying `name` (NUL-terminated), then a one-byte file it names.
+fn long_named(name: &[u8]) -> Vec<u8> {
+    let mut data = name.to_vec();
+    data.push(0);
+    TarOf::new().raw("././@LongLink", EntryType::GNULongName, None, 0o644, &data).file("short", b"x").bytes()
+}
+
+#[test]
+fn what_tar_reads_between_two_entries_is_bounded() {
+    // A long name of three 100-byte components: what real archives have there.
+    let name = format!("{}/{}/{}", "a".repeat(100), "b".repeat(100), "c".repeat(100));
+    let (_t, into, r) = try_unpack(&long_named(name.as_bytes()), Archive::Tar);
+    r.unwrap();
+    assert_eq!(std::fs::read(into.join(&name)).unwrap(), b"x");
+
+    // A name of 4 MiB (a header claiming 64 GiB is the same, only bigger): refused before tar
+    // reads it all into memory. Without the bound, tar reads it and the create fails instead.
+    let (_t, _into, r) = try_unpack(&long_named(&vec![b'a'; 4 << 20]), Archive::Tar);
+    let e = r.expect_err("a 4 MiB header must be refused").to_string();
+    assert!(e.contains("between two entries"), "{e}");
+
+    // Data behind a directory entry, which tar skips by reading it.
+    let bytes = TarOf::new().raw("d", EntryType::Directory, None, 0o755, &vec![0u8; 2 << 20]).file("f", b"x").bytes();
+    let (_t, _into, r) = try_unpack(&bytes, Archive::Tar);
+    let e = r.expect_err("2 MiB behind a directory must be refused").to_string();
+    assert!(e.contains("between two entries"), "{e}");
+}
