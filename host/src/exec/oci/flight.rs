@@ -222,6 +222,9 @@ impl Core {
     async fn fly(self: Arc<Self>, ep: Arc<Endpoint>, blob: Blob, live: Arc<Live>) {
         let mut retries = 0;
         let outcome = loop {
+            // Its turn among the node's downloads, for this attempt (the semaphore is never
+            // closed).
+            let _turn = self.downloads.acquire().await.ok();
             let before = live.covered.load(Ordering::Relaxed);
             // A task of its own, so that a bug panicking in it ends this flight with an error
             // instead of leaving it "running" forever.

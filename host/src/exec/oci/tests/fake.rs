@@ -31,6 +31,9 @@ pub struct State {
     pub served: AtomicU64,
     /// Blob requests received.
     pub blob_requests: AtomicUsize,
+    /// Blob bodies being sent now, and the most at once.
+    pub blobs_sending: AtomicUsize,
+    pub blobs_sending_max: AtomicUsize,
     /// Pause between two 64 KiB pieces of a blob (milliseconds).
     pub delay_ms: AtomicU64,
     /// Requests received in proxy form (absolute URL).
@@ -294,6 +297,7 @@ async fn serve(mut conn: TcpStream, s: Arc<State>) {
         if conn.write_all(head.as_bytes()).await.is_err() {
             return;
         }
+        let _sending = (kind == "blobs").then(|| Sending::start(&s));
         for (i, piece) in slice.chunks(64 << 10).enumerate() {
             if let Some((at, pause)) = two_faced
                 && i * (64 << 10) == at
@@ -326,5 +330,22 @@ async fn serve(mut conn: TcpStream, s: Arc<State>) {
                 return;
             }
         }
+    }
+}
+
+/// A blob body being sent: counted in `blobs_sending` until dropped.
+struct Sending(Arc<State>);
+
+impl Sending {
+    fn start(s: &Arc<State>) -> Sending {
+        let now = s.blobs_sending.fetch_add(1, Ordering::SeqCst) + 1;
+        s.blobs_sending_max.fetch_max(now, Ordering::SeqCst);
+        Sending(s.clone())
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        self.0.blobs_sending.fetch_sub(1, Ordering::SeqCst);
     }
 }

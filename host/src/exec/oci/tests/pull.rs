@@ -198,6 +198,22 @@ async fn bytes_written_are_never_written_again_by_another_stream() {
     assert!(e.fake.state.whole_then_other.lock().unwrap().is_none(), "the two-faced answer was not asked for");
 }
 
+/// More blobs than may download at once: they take turns, and all of them land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downloads_take_turns_and_all_land() {
+    let e = env().await;
+    // Slow enough that the downloads overlap.
+    e.fake.state.delay_ms.store(20, Ordering::SeqCst);
+    let n = super::super::cache::MAX_DOWNLOADS * 2 + 1;
+    let blobs: Vec<BlobRef> = (0..n).map(|i| e.blob(random(256 << 10, 100 + i as u64))).collect();
+    assert_eq!(e.settle("vol-1", &blobs).await, Ensure::Ready);
+    for b in &blobs {
+        assert!(e.path(b).exists(), "{} did not land", b.digest);
+    }
+    let most = e.fake.state.blobs_sending_max.load(Ordering::SeqCst);
+    assert_eq!(most, super::super::cache::MAX_DOWNLOADS, "blob bodies sent at once");
+}
+
 /// Cut the registry after `cut` bytes, wait for the pull to stop, let it go on, and check it
 /// resumed rather than started over.
 async fn resume(size: usize, cut: u64, seed: u64) {
