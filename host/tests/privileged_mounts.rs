@@ -308,3 +308,121 @@ fn a_contract_0_1_0_plugin_stages_and_publishes() {
     });
     println!("checked: a contract 0.1.0 plugin staged, published, unpublished and unstaged, each twice");
 }
+
+/// A dynamic volume's pod owns everything below its target and can make a directory chain
+/// deeper than PATH_MAX there (relative `mkdir` and `cd`), then rename `mounts/`, holding a
+/// mount, into it, or have a mount land at the chain's end: no path reaches those mount points,
+/// so unmounting them by name fails (ENAMETOOLONG). NodeUnpublishVolume still answers OK (the
+/// unmounts below the target are best effort, and the target's own unmount, busy with them,
+/// detaches the whole subtree), leaves nothing mounted at or below the target, and removes it.
+/// New mount API only: a dynamic volume needs `mount_setattr(2)`, which the legacy executor
+/// never uses.
+#[test]
+fn unpublish_detaches_mounts_a_pod_moved_deeper_than_path_max() {
+    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+    use mounthost::proto::csi;
+    use rustix::fs::{CWD, Mode as FileMode, OFlags};
+    use rustix::mount::{MountFlags, mount};
+    if !in_private_namespace("unpublish_detaches_mounts_a_pod_moved_deeper_than_path_max") {
+        return;
+    }
+    let (_dir, root) = root();
+    let kubelet = root.join("kubelet");
+    let mut config = mounthost::config::Config::new(root.join("state"));
+    config.kubelet_dir = kubelet.clone();
+    config.grants.insert(
+        "tmpfs".into(),
+        mounthost::plan::policy::Grant { fstypes: ["tmpfs".to_string()].into(), ..Default::default() },
+    );
+    std::fs::create_dir_all(&config.plugin_dir).unwrap();
+    std::fs::copy(mounthost::stock::fixtures::path("tmpfs"), config.plugin_dir.join("tmpfs.wasm")).unwrap();
+    let staging = kubelet.join("plugins/kubernetes.io/csi/csi.mounthost.dev/0a1b/globalmount");
+    let target = kubelet.join("pods/pod-a/volumes/kubernetes.io~csi/pv-1/mount");
+    std::fs::create_dir_all(&staging).unwrap();
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let exec = std::sync::Arc::new(Linux::new(Cgroups::none(), [config.state_dir.clone(), kubelet.clone()]));
+    let runtime = std::sync::Arc::new(mounthost::plugin::PluginRuntime::new(config.runtime()).unwrap());
+    let node = mounthost::daemon::Node::new(config, runtime, exec.clone()).unwrap();
+
+    let id = "tmpfs~pv-1";
+    let context: std::collections::HashMap<String, String> =
+        [("plugin", "tmpfs"), ("sizeMiB", "1"), ("dynamic", "true")].map(|(k, v)| (k.into(), v.into())).into();
+    let capability = csi::VolumeCapability {
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+    };
+    let path = |p: &Path| p.display().to_string();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let stage = csi::NodeStageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: path(&staging),
+            volume_capability: Some(capability.clone()),
+            volume_context: context.clone(),
+            ..Default::default()
+        };
+        node.stage(stage).await.unwrap();
+        let publish = csi::NodePublishVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: path(&staging),
+            target_path: path(&target),
+            volume_capability: Some(capability),
+            volume_context: context,
+            ..Default::default()
+        };
+        node.publish(publish).await.unwrap();
+    });
+    assert_eq!(mounted(&target).expect("the host's tmpfs at the target").fstype, "tmpfs");
+    assert!(target.join("mounts").is_dir(), "the published directory has its mounts/");
+
+    // The pod's doing, with the pod's means: a mount in `mounts/` (as a dynamic mount is), a
+    // chain of 17 directories of 255-byte names made and entered relative to each other, a
+    // tmpfs at its deepest directory (mounted through its descriptor: no path to it works), and
+    // `mounts/` renamed into the directory above that.
+    std::fs::create_dir(target.join("mounts/m1")).unwrap();
+    let tmpfs = |at: &str| mount("tmpfs", at, "tmpfs", MountFlags::empty(), c"size=64k").unwrap();
+    tmpfs(&path(&target.join("mounts/m1")));
+    let top = rustix::fs::open(&target, OFlags::DIRECTORY | OFlags::CLOEXEC, FileMode::empty()).unwrap();
+    let name = "d".repeat(255);
+    let mut chain = vec![top];
+    let mut deep = target.clone();
+    for _ in 0..17 {
+        let at = chain.last().unwrap();
+        rustix::fs::mkdirat(at, name.as_str(), FileMode::from_raw_mode(0o755)).unwrap();
+        let next = rustix::fs::openat(at, name.as_str(), OFlags::DIRECTORY | OFlags::CLOEXEC, FileMode::empty());
+        chain.push(next.unwrap());
+        deep.push(&name);
+    }
+    let deepest = chain.last().unwrap();
+    tmpfs(&format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(deepest)));
+    rustix::fs::renameat(&chain[0], "mounts", &chain[16], "mounts").unwrap();
+    let moved = deep.parent().unwrap().join("mounts/m1");
+    assert!(deep.as_os_str().len() - target.as_os_str().len() > 4096);
+    drop(chain);
+    assert!(rustix::fs::statat(CWD, &deep, rustix::fs::AtFlags::empty()).is_err(), "no path reaches it");
+    let below_target = || -> Vec<PathBuf> {
+        mountinfo::read().unwrap().into_iter().map(|m| m.mount_point).filter(|p| p.starts_with(&target)).collect()
+    };
+    let before = below_target();
+    for p in [&target, &target.join("volume"), &deep, &moved] {
+        assert!(before.contains(p), "{} bytes long, missing from mountinfo", p.as_os_str().len());
+    }
+    // The executor cannot reach them by name: unmounting there fails, and nothing changes.
+    for p in [&deep, &moved] {
+        let err = mounthost::exec::Mounts::unmount(exec.as_ref(), p, false).unwrap_err().to_string();
+        assert!(err.ends_with("File name too long (os error 36)"), "{}", &err[err.len().saturating_sub(200)..]);
+    }
+    assert_eq!(below_target(), before);
+
+    let unpublish = csi::NodeUnpublishVolumeRequest { volume_id: id.into(), target_path: path(&target) };
+    rt.block_on(node.unpublish(unpublish.clone())).expect("NodeUnpublishVolume answers OK");
+    assert_eq!(below_target(), Vec::<PathBuf>::new(), "nothing is mounted at or below the target");
+    assert!(!target.exists(), "the target directory is gone");
+    // The retry kubelet may send finds nothing to do, and the volume unstages.
+    rt.block_on(node.unpublish(unpublish)).unwrap();
+    let unstage = csi::NodeUnstageVolumeRequest { volume_id: id.into(), staging_target_path: path(&staging) };
+    rt.block_on(node.unstage(unstage)).unwrap();
+    assert!(mounted(&staging).is_none());
+    let depth = deep.as_os_str().len() - target.as_os_str().len();
+    println!("checked: 2 mounts out of reach by name (down to {depth} bytes below a dynamic target) detached with it");
+}

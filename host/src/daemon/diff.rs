@@ -39,9 +39,14 @@ pub enum Action {
     RemoveTree(PathBuf),
     /// Remove a file, link or empty directory.
     RemoveEntry(PathBuf),
-    /// A plugin's clean-up action at unstage: a failure is logged, not fatal (the host's own
-    /// tear-down that follows removes the volume's directories anyway, and a backend must not be
-    /// able to keep a volume staged by planting a link in its way).
+    /// An action of a tear-down whose failure is logged, not fatal, because what follows it
+    /// does its work anyway, and neither a backend nor a pod may keep a volume in place by
+    /// putting something in its way:
+    /// - a plugin's clean-up step at unstage (the host's own tear-down that follows removes the
+    ///   volume's directories, whatever a link planted in the step's way);
+    /// - at unpublish, the unmount of a mount point strictly below the target (the target's own
+    ///   unmount, which follows and stays mandatory, detaches what is left below it; a pod can
+    ///   move a mount of its dynamic volume where no path reaches it).
     BestEffort(Box<Action>),
 }
 
@@ -83,8 +88,7 @@ pub enum Desired {
     },
     /// NodePublishVolume: the publish plan at `target`; something else there is a conflict.
     Publish { staging: PathBuf, target: Root, steps: Vec<Step> },
-    /// NodeUnpublishVolume (and a dynamic mount deleted): nothing mounted at or below
-    /// `target`, and no `target`.
+    /// NodeUnpublishVolume: nothing mounted at or below `target`, and no `target`.
     Unpublish { target: PathBuf },
     /// A pod's dynamic mount (`daemon::dynamic`): its checked plan into its own directory
     /// (`target`, below the volume's `mounts/`) from its own cache directory; something else
@@ -322,7 +326,23 @@ pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Co
             walk(steps, &roots, Mode::Refuse, &mut t, &mut out)?;
         }
         Desired::Unpublish { target } => {
-            t.clear_below(target, &mut out);
+            // Deepest first, the target's own mounts last. Those strictly below it are best effort:
+            // everything below the target may be the pod's doing (a dynamic volume's pod can rename
+            // `mounts/` into a directory chain deeper than PATH_MAX, which openat2 refuses with
+            // ENAMETOOLONG), so a mount point there may be out of reach by name, and one failure
+            // must not fail every unpublish of the volume for ever. The target's own unmounts stay
+            // mandatory and do the rest: with a child mount left, umount(2) of the target fails
+            // with EBUSY, `Node::unmount` (pipeline.rs) then detaches it lazily (MNT_DETACH), and a
+            // detach takes the whole subtree with it. When the target has no mount of its own, no
+            // unmount of it follows, but a mount left below means an entry left in the target
+            // directory, so removing it fails (not empty) and the unpublish answers an error rather
+            // than OK with a mount left behind.
+            let mut unmounts = Vec::new();
+            t.clear_below(target, &mut unmounts);
+            out.extend(unmounts.into_iter().map(|a| match a {
+                Action::Unmount(p) if p != *target => Action::BestEffort(Box::new(Action::Unmount(p))),
+                a => a,
+            }));
             out.push(Action::RemoveEntry(target.clone()));
         }
         Desired::Dynamic { target, cache, steps } => {

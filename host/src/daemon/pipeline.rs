@@ -191,7 +191,8 @@ impl Node {
                 )
                 .map_err(conflict)?
                 .into_iter()
-                .filter(|a| matches!(a, Action::Unmount(_))),
+                // The unmounts (best effort below the target), not the target's removal.
+                .filter(|a| matches!(a, Action::Unmount(_) | Action::BestEffort(_))),
             );
         }
         let desired =
@@ -255,7 +256,9 @@ impl Node {
             Action::RemoveEntry(path) => exec.remove_entry(path).map_err(|e| io_error(e, path))?,
             Action::BestEffort(a) => {
                 if let Err(e) = self.apply_one(id, a, secrets, applied) {
-                    warn!(volume.id = %id, error = %e.message, "a plugin's clean-up step failed; the host's tear-down goes on");
+                    // A plugin's clean-up step at unstage, or an unmount below an unpublished
+                    // target: what follows in the same tear-down covers it (diff::Action).
+                    warn!(volume.id = %id, error = %e.message, "a best-effort tear-down step failed; the tear-down goes on");
                 }
             }
         }

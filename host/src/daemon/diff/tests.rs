@@ -357,21 +357,37 @@ fn a_restage_binds_a_dynamic_volume_again_below_its_tmpfs_and_keeps_the_pods_mou
     assert!(actions.contains(&rebind), "{actions:?}");
 }
 
+/// Below the target everything may be a pod's doing (a dynamic volume's pod can move a mount
+/// out of reach of any path): those unmounts are best effort, deepest first; the target's own
+/// stay mandatory (their lazy detach takes what is left below), then the target goes.
 #[test]
-fn unpublish_clears_mounts_below_the_target_deepest_first() {
+fn unpublish_clears_mounts_below_the_target_best_effort_deepest_first_then_the_target() {
     let mounts = [
+        mount("/k/pods", "0:1", "/", "ext4", false),
         mount(TARGET, "0:20", "/", "tmpfs", false),
         mount(&format!("{TARGET}/volume"), "0:9", "/", "fuse.x", true),
         mount(&format!("{TARGET}/mounts/a"), "0:3", "/c/a", "ext4", true),
+        mount(&format!("{TARGET}/mounts/a/deep"), "0:4", "/", "tmpfs", false),
+        mount(TARGET, "0:21", "/", "tmpfs", true),
+        mount(&format!("{TARGET}2"), "0:22", "/", "tmpfs", false),
     ];
+    let best_effort = |at: &str| Action::BestEffort(Box::new(Action::Unmount(p(&format!("{TARGET}/{at}")))));
     assert_eq!(
         run(&Desired::Unpublish { target: p(TARGET) }, &mounts, false).unwrap(),
         vec![
-            Action::Unmount(p(&format!("{TARGET}/volume"))),
-            Action::Unmount(p(&format!("{TARGET}/mounts/a"))),
+            best_effort("volume"),
+            best_effort("mounts/a/deep"),
+            best_effort("mounts/a"),
+            Action::Unmount(p(TARGET)),
             Action::Unmount(p(TARGET)),
             Action::RemoveEntry(p(TARGET)),
-        ]
+        ],
+        "the mount above the target and the neighbour {TARGET}2 are left alone"
+    );
+    // Nothing of the target's own: what is below is still tried, and the removal decides.
+    assert_eq!(
+        run(&Desired::Unpublish { target: p(TARGET) }, &mounts[2..3], false).unwrap(),
+        vec![best_effort("volume"), Action::RemoveEntry(p(TARGET))]
     );
 }
 
