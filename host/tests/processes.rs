@@ -136,3 +136,42 @@ fn ids_in_use_lists_the_ids_live_processes_run_as() {
     assert_eq!(process::stop(&id, Duration::from_secs(5)).unwrap(), Stopped::Terminated);
     assert!(!process::ids_in_use().unwrap().contains(&uid));
 }
+
+/// A process whose name is not UTF-8 (it names itself: here by the file it runs) still counts:
+/// its ids are in use, and it is alive.
+#[test]
+fn a_process_named_with_bytes_that_are_not_utf8_still_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("volume.log");
+    let (uid, gid) = (2_147_400_011u32, 2_147_400_012u32);
+    let script = r#"p="$1/$(printf 'sl\377eep')"; cp /bin/sleep "$p"; echo ready; exec "$p" 30"#;
+    let args: Vec<String> = [
+        "--reuid",
+        &uid.to_string(),
+        "--regid",
+        &gid.to_string(),
+        "--clear-groups",
+        "/bin/sh",
+        "-c",
+        script,
+        "sh",
+        &dir.path().display().to_string(),
+    ]
+    .map(str::to_string)
+    .to_vec();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let spec = Spec { executable: Path::new("/usr/bin/setpriv"), args: &args, env: &[], log: &log };
+    let id = process::spawn(&spec, None).unwrap();
+    wait_for(&log, "ready");
+    // The name is the file's: wait until the exec has happened.
+    let status = format!("/proc/{}/status", id.pid);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !std::fs::read(&status).unwrap().windows(6).any(|w| w == b"sl\xffeep") {
+        assert!(std::time::Instant::now() < deadline, "the process never ran the renamed file");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let ids = process::ids_in_use().unwrap();
+    assert!(ids.contains(&uid) && ids.contains(&gid), "{uid} and {gid} among {} ids", ids.len());
+    assert!(process::is_alive(&id), "a live process named with a byte that is not UTF-8");
+    assert_eq!(process::stop(&id, Duration::from_secs(5)).unwrap(), Stopped::Terminated);
+}

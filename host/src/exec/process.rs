@@ -247,9 +247,11 @@ unsafe fn close_from_at_exec(first: i32) -> std::io::Result<()> {
 
 /// The start time of `pid` and whether it is a zombie, from `/proc/<pid>/stat`.
 fn stat(pid: i32) -> std::io::Result<(u64, bool)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name (field 2) is in parentheses and may contain spaces or ')'.
-    let after = text.rsplit_once(')').map(|(_, rest)| rest).ok_or_else(|| std::io::Error::other("no ')' in stat"))?;
+    let bytes = std::fs::read(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) is in parentheses and may contain spaces, ')' or bytes that
+    // are not UTF-8 (a process names itself); what follows the last ')' is numbers and a letter.
+    let close = bytes.iter().rposition(|b| *b == b')').ok_or_else(|| std::io::Error::other("no ')' in stat"))?;
+    let after = String::from_utf8_lossy(&bytes[close + 1..]);
     let fields: Vec<&str> = after.split_whitespace().collect();
     // `after` starts at field 3 (state); field 22 (starttime) is index 19.
     let state = fields.first().copied().unwrap_or_default();
@@ -278,11 +280,14 @@ pub fn ids_in_use() -> std::io::Result<std::collections::BTreeSet<u32>> {
         if !name.to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
             continue;
         }
-        let Ok(status) = std::fs::read_to_string(std::path::Path::new("/proc").join(&name).join("status")) else {
+        // Bytes, not text: the `Name:` line holds the process's name as it set it, which need
+        // not be UTF-8, and a process must not hide its ids by naming itself so.
+        let Ok(status) = std::fs::read(std::path::Path::new("/proc").join(&name).join("status")) else {
             continue;
         };
-        for line in status.lines() {
-            if let Some(rest) = line.strip_prefix("Uid:").or_else(|| line.strip_prefix("Gid:")) {
+        for line in status.split(|b| *b == b'\n') {
+            if let Some(rest) = line.strip_prefix(b"Uid:").or_else(|| line.strip_prefix(b"Gid:")) {
+                let rest = String::from_utf8_lossy(rest);
                 ids.extend(rest.split_whitespace().filter_map(|v| v.parse::<u32>().ok()));
             }
         }
