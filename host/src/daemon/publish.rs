@@ -239,7 +239,7 @@ impl Node {
             tracing::warn!(
                 path = %target.display(),
                 holds = %holder,
-                "unpublish of a path the volume is not published at, which holds {holder}: left alone"
+                "unpublish of a path the volume is not published at, which another record holds: left alone"
             );
             return Ok(());
         }

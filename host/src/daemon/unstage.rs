@@ -55,7 +55,7 @@ impl Node {
                     volume.id = %id,
                     path = %staging.display(),
                     holds = %holder,
-                    "unstage of a volume with no record at a path that holds {holder}: left alone"
+                    "unstage of a volume with no record at a path another record holds: left alone"
                 );
                 return Ok(());
             }

@@ -14,9 +14,7 @@
 //! - Memory stays bounded: two write buffers of [`WRITE_BUF`] per stream and one read buffer for
 //!   the follower.
 //! - The follower starts the hashed bytes' writeback at once, so the final fsync is short.
-//! - The follower runs [`HASH_NICE`] steps ahead of the daemon's other threads while it hashes:
-//!   a download ends when its hash does, so where the cores are short the hash keeps pace with
-//!   the streams instead of finishing long after their last byte.
+//! - The follower (`follower.rs`) runs with a raised thread priority while it hashes.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -25,12 +23,11 @@ use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
 
 use futures_util::StreamExt;
-use sha2::Digest as _;
 
 use super::error::{OciError, chain};
+use super::follower::{Watched, follow};
 use super::registry::Endpoint;
 use super::segments::{Segments, chunks};
 use super::store::Store;
@@ -54,16 +51,6 @@ const SAVE_EVERY: u64 = 4 << 20;
 /// What a resumed download may fetch again after its daemon was killed: the progress not yet
 /// saved, plus each stream's write buffer and write in flight.
 pub const MAX_REFETCH: u64 = SAVE_EVERY + (STREAMS as u64) * 2 * WRITE_BUF as u64;
-/// The follower's read size.
-const HASH_BUF: usize = 4 << 20;
-/// How much the follower lowers its thread's nice value while it hashes (a thread with a nice
-/// value 5 below another's gets about three times its share of a busy core). Pulling 1 GiB
-/// into a tmpfs cache on 2 cores (`BENCH_TMP=/dev/shm bench/pull.sh`), the hash ended
-/// 1.37–1.41 s after the first request without it, 0.42–0.47 s after the last byte was
-/// received; with it, 1.17–1.21 s, 0.06–0.13 s after. 10 starved the streams instead
-/// (1.23–1.62 s). Within a cgroup's share only: other pods' CPU is not taken.
-const HASH_NICE: i32 = 5;
-
 /// The blob to fetch.
 #[derive(Debug, Clone)]
 pub(super) struct Blob {
@@ -143,7 +130,10 @@ pub(super) async fn download(
     });
     let follower = {
         let (shared, size) = (shared.clone(), blob.size);
-        tokio::task::spawn_blocking(move || follow(&shared, size))
+        tokio::task::spawn_blocking(move || {
+            let watched = Watched { file: &shared.file, segs: &shared.segs, grew: &shared.grew, stop: &shared.stop };
+            follow(watched, size)
+        })
     };
     // Should this future be dropped (the runtime shutting down), the follower stops too.
     let _stop = StopOnDrop(shared.clone());
@@ -259,79 +249,6 @@ fn prepare(store: &Store, blob: &Blob) -> io::Result<(File, Segments)> {
 
 pub(super) fn libc_flags() -> i32 {
     rustix::fs::OFlags::NOFOLLOW.bits() as i32
-}
-
-/// Hash the file's completed prefix as it grows. `Ok(None)`: told to stop first.
-fn follow(shared: &Shared, size: u64) -> io::Result<Option<String>> {
-    let _raised = Raised::by(HASH_NICE);
-    let mut hasher = sha2::Sha256::new();
-    let mut buf = vec![0u8; HASH_BUF.min(size.max(1) as usize)];
-    let mut at = 0u64;
-    while at < size {
-        let ready = {
-            let mut segs = lock(&shared.segs);
-            loop {
-                if shared.stop.load(Ordering::Relaxed) {
-                    return Ok(None);
-                }
-                let p = segs.prefix();
-                if p > at {
-                    break p;
-                }
-                segs = shared
-                    .grew
-                    .wait_timeout(segs, Duration::from_millis(500))
-                    .map(|(g, _)| g)
-                    .unwrap_or_else(|p| p.into_inner().0);
-            }
-        };
-        while at < ready {
-            if shared.stop.load(Ordering::Relaxed) {
-                return Ok(None);
-            }
-            let n = (ready - at).min(buf.len() as u64) as usize;
-            shared.file.read_exact_at(&mut buf[..n], at)?;
-            hasher.update(&buf[..n]);
-            start_writeback(&shared.file, at, n as u64);
-            at += n as u64;
-        }
-    }
-    Ok(Some(hex::encode(hasher.finalize())))
-}
-
-/// The calling thread's nice value lowered by some steps (its priority raised), put back when
-/// dropped: the thread is one of the runtime's blocking pool, which runs other work next.
-/// Best effort: without the privilege to lower it (`CAP_SYS_NICE`), nothing changes.
-pub(super) struct Raised {
-    thread: rustix::process::Pid,
-    before: i32,
-}
-
-impl Raised {
-    pub(super) fn by(steps: i32) -> Option<Raised> {
-        let thread = rustix::thread::gettid();
-        let before = rustix::process::getpriority_process(Some(thread)).ok()?;
-        rustix::process::setpriority_process(Some(thread), (before - steps).max(-20)).ok()?;
-        Some(Raised { thread, before })
-    }
-}
-
-impl Drop for Raised {
-    fn drop(&mut self) {
-        let _ = rustix::process::setpriority_process(Some(self.thread), self.before);
-    }
-}
-
-/// Ask the kernel to start writing `len` bytes at `at` to disk now (`sync_file_range` with
-/// `SYNC_FILE_RANGE_WRITE`: it does not wait), so the fsync before the rename finds little
-/// left: measured on a 1 GiB blob here, that fsync went from ~0.5 s to a few ms. Best effort.
-#[allow(unsafe_code)]
-fn start_writeback(file: &File, at: u64, len: u64) {
-    use std::os::fd::AsRawFd;
-    let (Ok(at), Ok(len)) = (i64::try_from(at), i64::try_from(len)) else { return };
-    // SAFETY: a plain syscall on a descriptor this function borrows for its duration; no
-    // memory is passed.
-    let _ = unsafe { nix::libc::sync_file_range(file.as_raw_fd(), at, len, nix::libc::SYNC_FILE_RANGE_WRITE) };
 }
 
 /// Make the verified file the blob: on disk, read-only, under its final name.

@@ -223,8 +223,8 @@ impl Core {
         let mut retries = 0;
         let outcome = loop {
             // Its turn among the node's downloads, for this attempt (the semaphore is never
-            // closed).
-            let _turn = self.downloads.acquire().await.ok();
+            // closed); given back before a retry's pause.
+            let turn = self.downloads.acquire().await.ok();
             let before = live.covered.load(Ordering::Relaxed);
             // A task of its own, so that a bug panicking in it ends this flight with an error
             // instead of leaving it "running" forever.
@@ -239,6 +239,7 @@ impl Core {
                     kind: std::io::ErrorKind::Other,
                 })
             });
+            drop(turn);
             match result.map_err(OciError::redacted) {
                 Ok(()) => break Ok(()),
                 Err(e) if e.is_transient() && retries < RETRIES && live.covered.load(Ordering::Relaxed) > before => {

@@ -24,6 +24,7 @@ mod cache;
 mod download;
 mod error;
 mod flight;
+mod follower;
 mod link;
 mod plugin;
 mod push;

@@ -191,7 +191,9 @@ async fn bytes_written_are_never_written_again_by_another_stream() {
     let data = random(70 << 20, 9);
     let b = e.blob(data.clone());
     // The whole answer pauses at the second range's start (long enough for that range to
-    // arrive and be hashed), then sends it flipped.
+    // arrive and be written, and for the hash to read what it may), then sends it flipped.
+    // Written over, those bytes end either in a digest mismatch or in a cached blob that is
+    // not the bytes its digest names; neither is `Ready` with the true bytes.
     *e.fake.state.whole_then_other.lock().unwrap() = Some((64 << 20, 1500));
     assert_eq!(e.settle("vol-1", std::slice::from_ref(&b)).await, Ensure::Ready);
     assert!(std::fs::read(e.path(&b)).unwrap() == data, "the cached blob is not the bytes its digest names");
@@ -210,8 +212,11 @@ async fn downloads_take_turns_and_all_land() {
     for b in &blobs {
         assert!(e.path(b).exists(), "{} did not land", b.digest);
     }
+    // One more at most: a body counts until its server task ends, which may be just after the
+    // download that read it gave its turn to the next one. Without turns, all 17 at once.
     let most = e.fake.state.blobs_sending_max.load(Ordering::SeqCst);
-    assert_eq!(most, super::super::cache::MAX_DOWNLOADS, "blob bodies sent at once");
+    let turns = super::super::cache::MAX_DOWNLOADS;
+    assert!((turns..=turns + 1).contains(&most), "{most} blob bodies sent at once");
 }
 
 /// Cut the registry after `cut` bytes, wait for the pull to stop, let it go on, and check it
@@ -516,7 +521,7 @@ fn the_follower_raises_its_threads_priority_and_gives_it_back() {
     let before = nice();
     {
         let _raised =
-            super::super::download::Raised::by(5).expect("the tests run as root, which may lower nice values");
+            super::super::follower::Raised::by(5).expect("the tests run as root, which may lower nice values");
         assert_eq!(nice(), before - 5);
     }
     assert_eq!(nice(), before);
