@@ -232,6 +232,37 @@ fn every_bind_flag_the_policy_allows_works_with_both_mount_apis() {
     println!("checked: {checked} binds, every allowed flag, read-only and read-write, both mount APIs");
 }
 
+/// A node on the real executor, with the test plugin `plugin` (granted tmpfs) in its folder, a
+/// staging path and a target whose parent exists, below a fresh kubelet directory.
+struct Real {
+    _dir: tempfile::TempDir,
+    node: mounthost::daemon::Node,
+    exec: std::sync::Arc<Linux>,
+    staging: PathBuf,
+    target: PathBuf,
+}
+
+fn real_node(plugin: &str) -> Real {
+    let (_dir, root) = root();
+    let kubelet = root.join("kubelet");
+    let mut config = mounthost::config::Config::new(root.join("state"));
+    config.kubelet_dir = kubelet.clone();
+    config.grants.insert(
+        plugin.into(),
+        mounthost::plan::policy::Grant { fstypes: ["tmpfs".to_string()].into(), ..Default::default() },
+    );
+    std::fs::create_dir_all(&config.plugin_dir).unwrap();
+    std::fs::copy(mounthost::stock::fixtures::path(plugin), config.plugin_dir.join(format!("{plugin}.wasm"))).unwrap();
+    let staging = kubelet.join("plugins/kubernetes.io/csi/csi.mounthost.dev/0a1b/globalmount");
+    let target = kubelet.join("pods/pod-a/volumes/kubernetes.io~csi/pv-1/mount");
+    std::fs::create_dir_all(&staging).unwrap();
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let exec = std::sync::Arc::new(Linux::new(Cgroups::none(), [config.state_dir.clone(), kubelet.clone()]));
+    let runtime = std::sync::Arc::new(mounthost::plugin::PluginRuntime::new(config.runtime()).unwrap());
+    let node = mounthost::daemon::Node::new(config, runtime, exec.clone()).unwrap();
+    Real { _dir, node, exec, staging, target }
+}
+
 /// A plugin built against contract 0.1.0 (the `legacy` fixture, through the host's adapter)
 /// stages and publishes for real, every call twice: a sized tmpfs at the staging path, bound
 /// onto the target.
@@ -242,23 +273,7 @@ fn a_contract_0_1_0_plugin_stages_and_publishes() {
     if !in_private_namespace("a_contract_0_1_0_plugin_stages_and_publishes") {
         return;
     }
-    let (_dir, root) = root();
-    let kubelet = root.join("kubelet");
-    let mut config = mounthost::config::Config::new(root.join("state"));
-    config.kubelet_dir = kubelet.clone();
-    config.grants.insert(
-        "legacy".into(),
-        mounthost::plan::policy::Grant { fstypes: ["tmpfs".to_string()].into(), ..Default::default() },
-    );
-    std::fs::create_dir_all(&config.plugin_dir).unwrap();
-    std::fs::copy(mounthost::stock::fixtures::path("legacy"), config.plugin_dir.join("legacy.wasm")).unwrap();
-    let staging = kubelet.join("plugins/kubernetes.io/csi/csi.mounthost.dev/0a1b/globalmount");
-    let target = kubelet.join("pods/pod-a/volumes/kubernetes.io~csi/pv-1/mount");
-    std::fs::create_dir_all(&staging).unwrap();
-    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-    let exec = std::sync::Arc::new(Linux::new(Cgroups::none(), [config.state_dir.clone(), kubelet.clone()]));
-    let runtime = std::sync::Arc::new(mounthost::plugin::PluginRuntime::new(config.runtime()).unwrap());
-    let node = mounthost::daemon::Node::new(config, runtime, exec).unwrap();
+    let Real { _dir, node, staging, target, .. } = real_node("legacy");
 
     let id = "legacy~pv-1";
     let context: std::collections::HashMap<String, String> =
@@ -326,23 +341,7 @@ fn unpublish_detaches_mounts_a_pod_moved_deeper_than_path_max() {
     if !in_private_namespace("unpublish_detaches_mounts_a_pod_moved_deeper_than_path_max") {
         return;
     }
-    let (_dir, root) = root();
-    let kubelet = root.join("kubelet");
-    let mut config = mounthost::config::Config::new(root.join("state"));
-    config.kubelet_dir = kubelet.clone();
-    config.grants.insert(
-        "tmpfs".into(),
-        mounthost::plan::policy::Grant { fstypes: ["tmpfs".to_string()].into(), ..Default::default() },
-    );
-    std::fs::create_dir_all(&config.plugin_dir).unwrap();
-    std::fs::copy(mounthost::stock::fixtures::path("tmpfs"), config.plugin_dir.join("tmpfs.wasm")).unwrap();
-    let staging = kubelet.join("plugins/kubernetes.io/csi/csi.mounthost.dev/0a1b/globalmount");
-    let target = kubelet.join("pods/pod-a/volumes/kubernetes.io~csi/pv-1/mount");
-    std::fs::create_dir_all(&staging).unwrap();
-    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-    let exec = std::sync::Arc::new(Linux::new(Cgroups::none(), [config.state_dir.clone(), kubelet.clone()]));
-    let runtime = std::sync::Arc::new(mounthost::plugin::PluginRuntime::new(config.runtime()).unwrap());
-    let node = mounthost::daemon::Node::new(config, runtime, exec.clone()).unwrap();
+    let Real { _dir, node, exec, staging, target } = real_node("tmpfs");
 
     let id = "tmpfs~pv-1";
     let context: std::collections::HashMap<String, String> =

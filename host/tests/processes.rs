@@ -110,26 +110,25 @@ fn spawn_errors_name_the_path() {
     assert!(matches!(process::spawn(&spec, None).unwrap_err(), ProcessError::Log { .. }));
 }
 
+/// `/bin/sh -c SCRIPT [ARG0 ARGS...]` (`sh_args`) as `uid`:`gid` with no groups, through
+/// setpriv, logging to `log`.
+fn spawn_as(uid: u32, gid: u32, sh_args: &[&str], log: &Path) -> process::ProcessId {
+    let mut args: Vec<String> =
+        ["--reuid", &uid.to_string(), "--regid", &gid.to_string(), "--clear-groups", "/bin/sh", "-c"]
+            .map(str::to_string)
+            .to_vec();
+    args.extend(sh_args.iter().map(|a| a.to_string()));
+    let spec = Spec { executable: Path::new("/usr/bin/setpriv"), args: &args, env: &[], log };
+    process::spawn(&spec, None).unwrap()
+}
+
 #[test]
 fn ids_in_use_lists_the_ids_live_processes_run_as() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("volume.log");
     let (uid, gid) = (2_147_400_001u32, 2_147_400_002u32);
     assert!(!process::ids_in_use().unwrap().contains(&uid));
-    let args: Vec<String> = [
-        "--reuid",
-        &uid.to_string(),
-        "--regid",
-        &gid.to_string(),
-        "--clear-groups",
-        "/bin/sh",
-        "-c",
-        "echo ready; exec sleep 30",
-    ]
-    .map(str::to_string)
-    .to_vec();
-    let spec = Spec { executable: Path::new("/usr/bin/setpriv"), args: &args, env: &[], log: &log };
-    let id = process::spawn(&spec, None).unwrap();
+    let id = spawn_as(uid, gid, &["echo ready; exec sleep 30"], &log);
     wait_for(&log, "ready");
     let ids = process::ids_in_use().unwrap();
     assert!(ids.contains(&uid) && ids.contains(&gid) && ids.contains(&0), "{uid} and {gid} among {} ids", ids.len());
@@ -145,23 +144,8 @@ fn a_process_named_with_bytes_that_are_not_utf8_still_counts() {
     let log = dir.path().join("volume.log");
     let (uid, gid) = (2_147_400_011u32, 2_147_400_012u32);
     let script = r#"p="$1/$(printf 'sl\377eep')"; cp /bin/sleep "$p"; echo ready; exec "$p" 30"#;
-    let args: Vec<String> = [
-        "--reuid",
-        &uid.to_string(),
-        "--regid",
-        &gid.to_string(),
-        "--clear-groups",
-        "/bin/sh",
-        "-c",
-        script,
-        "sh",
-        &dir.path().display().to_string(),
-    ]
-    .map(str::to_string)
-    .to_vec();
     std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    let spec = Spec { executable: Path::new("/usr/bin/setpriv"), args: &args, env: &[], log: &log };
-    let id = process::spawn(&spec, None).unwrap();
+    let id = spawn_as(uid, gid, &[script, "sh", &dir.path().display().to_string()], &log);
     wait_for(&log, "ready");
     // The name is the file's: wait until the exec has happened.
     let status = format!("/proc/{}/status", id.pid);
