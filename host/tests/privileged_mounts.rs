@@ -425,3 +425,41 @@ fn unpublish_detaches_mounts_a_pod_moved_deeper_than_path_max() {
     let depth = deep.as_os_str().len() - target.as_os_str().len();
     println!("checked: 2 mounts out of reach by name (down to {depth} bytes below a dynamic target) detached with it");
 }
+
+/// An inline (ephemeral) volume whose publish fails after the host staged it (the target's
+/// parent is missing) is unstaged again, for real: kubelet never sends NodeUnpublishVolume for
+/// a publish that did not succeed, so its tmpfs would otherwise stay mounted until the daemon's
+/// next start.
+#[test]
+fn an_inline_volume_whose_publish_fails_leaves_no_mount() {
+    use mounthost::proto::csi;
+    if !in_private_namespace("an_inline_volume_whose_publish_fails_leaves_no_mount") {
+        return;
+    }
+    let Real { _dir, node, exec: _, staging: _, target } = real_node("tmpfs");
+    let state = _dir.path().canonicalize().unwrap().join("state");
+    let orphan = target.parent().unwrap().parent().unwrap().join("pv-2/mount");
+    let request = |target: &Path| csi::NodePublishVolumeRequest {
+        volume_id: "csi-5e1d".into(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(common::multi_writer()),
+        volume_context: [("plugin", "tmpfs"), ("sizeMiB", "1"), ("csi.storage.k8s.io/ephemeral", "true")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into(),
+        ..Default::default()
+    };
+    let below_state = || -> Vec<PathBuf> {
+        mountinfo::read().unwrap().into_iter().map(|m| m.mount_point).filter(|p| p.starts_with(&state)).collect()
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let err = rt.block_on(node.publish(request(&orphan))).unwrap_err();
+    assert!(err.message.contains("pv-2"), "the error names the target: {err:?}");
+    assert_eq!(below_state(), Vec::<PathBuf>::new(), "the host's staging tmpfs is unmounted");
+    let ephemeral: Vec<_> = std::fs::read_dir(state.join("ephemeral")).map(|d| d.collect()).unwrap_or_default();
+    assert!(ephemeral.is_empty(), "no staging directory is left: {ephemeral:?}");
+    // The same volume at a target whose parent exists: staged and published.
+    rt.block_on(node.publish(request(&target))).unwrap();
+    assert_eq!(mounted(&target).expect("published").fstype, "tmpfs");
+    assert_eq!(below_state().len(), 1, "one staging tmpfs");
+    println!("checked: a failed inline publish left no mount; the retry at a real target published");
+}

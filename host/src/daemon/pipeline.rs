@@ -357,7 +357,7 @@ impl Node {
     }
 
     /// The entries of the mount table at, above or below `paths`, read once.
-    fn mounts_touching(&self, paths: &[&Path]) -> Result<Vec<crate::exec::mountinfo::MountEntry>, Error> {
+    pub(super) fn mounts_touching(&self, paths: &[&Path]) -> Result<Vec<crate::exec::mountinfo::MountEntry>, Error> {
         self.inner.exec.mounts_touching(paths).map_err(|e| Error::internal(format!("reading the mount table: {e}")))
     }
 }

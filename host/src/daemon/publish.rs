@@ -3,7 +3,8 @@
 //! Publish (the hot path: one blocking section, one mount-table read, at most one state write,
 //! no plugin-folder scan unless the volume's recorded build is gone):
 //! - the volume must be staged at the given staging path (FAILED_PRECONDITION otherwise); an
-//!   ephemeral inline volume is staged here first, by the host itself;
+//!   ephemeral inline volume is staged here first, by the host itself, and unstaged again when
+//!   the publish fails and leaves it published nowhere;
 //! - a SINGLE_NODE_WRITER or SINGLE_NODE_SINGLE_WRITER volume may be published read-write at
 //!   one target only (FAILED_PRECONDITION: "exceeds capabilities");
 //! - the volume's build of its plugin plans (the current build when the recorded one is gone
@@ -61,8 +62,56 @@ impl Node {
     }
 
     /// Runs in a blocking section (see [`Node::publish`]): the state file and the syscalls run
-    /// here directly.
+    /// here directly. An inline volume that this call leaves staged without a target is
+    /// unstaged again ([`Node::drop_unused_ephemeral`]).
     async fn publish_now(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Error> {
+        let ephemeral = req.volume_context.get(request::EPHEMERAL_KEY).is_some_and(|v| v == "true");
+        let (id, target) = (req.volume_id.clone(), req.target_path.clone());
+        let result = self.publish_checked(req).await;
+        if let Err(e) = &result
+            && ephemeral
+        {
+            self.drop_unused_ephemeral(&id, &target, e).await;
+        }
+        result
+    }
+
+    /// After a failed publish of an inline volume: unstage it if it is staged and published
+    /// nowhere, and nothing is mounted at or below the target. kubelet sends no
+    /// NodeUnpublishVolume for a publish that never succeeded, so a volume this call staged
+    /// (or an earlier failed one did) would otherwise keep its mount and its FUSE process until
+    /// the daemon's next start. A mount at the target (a bind that succeeded before a later
+    /// step failed) keeps the volume staged: kubelet's retry finds it and records it. Best
+    /// effort: the caller's error stands, whatever happens here.
+    async fn drop_unused_ephemeral(&self, id: &str, target: &str, cause: &Error) {
+        let (Ok(id), Ok(target)) = (request::volume_id(id), self.inner.roots.check("target_path", target)) else {
+            return;
+        };
+        // Another operation on the volume (kubelet's retry) decides for itself.
+        let Ok(_guard) = self.inner.locks.try_lock(&id) else { return };
+        let Ok(Some(st)) = self.inner.store.load(&id) else { return };
+        if !st.ephemeral || st.phase != Phase::Staged || !st.published.is_empty() {
+            return;
+        }
+        match self.mounts_touching(&[target.as_path()]) {
+            Ok(table) if table.iter().all(|m| !m.mount_point.starts_with(&target)) => {}
+            _ => return,
+        }
+        match self.unstage_locked(&id, &st.staging_path).await {
+            Ok(()) => tracing::info!(
+                volume.id = %id,
+                error = %cause.message,
+                "an inline volume whose publish failed is unstaged again (kubelet's retry stages it anew)"
+            ),
+            Err(e) => tracing::warn!(
+                volume.id = %id,
+                error = %e.message,
+                "unstaging an inline volume whose publish failed; the daemon's next start does it"
+            ),
+        }
+    }
+
+    async fn publish_checked(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Error> {
         let t0 = std::time::Instant::now();
         let id = request::volume_id(&req.volume_id)?;
         let target = self.inner.roots.check("target_path", &req.target_path)?;

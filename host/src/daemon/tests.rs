@@ -579,6 +579,39 @@ async fn an_ephemeral_volume_lives_from_publish_to_unpublish() {
 }
 
 #[tokio::test]
+async fn an_inline_volume_whose_publish_fails_is_not_left_staged() {
+    let e = Env::new();
+    // "pod-n" has no volumes directory: the target's parent is missing, which fails the publish
+    // after the host staged the volume. kubelet sends no NodeUnpublishVolume for a publish that
+    // never succeeded, so nothing else would ever unstage it.
+    let target = e.kubelet.join("pods/pod-n/volumes/kubernetes.io~csi/pvc-1/mount");
+    let id = "csi-77e0b1";
+    let req = ephemeral_req(id, &target, &[("plugin", "tmpfs"), ("sizeMiB", "2")]);
+    let dir = e.config.state_dir.join("ephemeral").join(volume_key(id));
+    let staging = dir.join("mount");
+    for attempt in 0..2 {
+        e.rec.clear_calls();
+        let err = e.node.publish(req.clone()).await.unwrap_err();
+        assert!(err.message.contains("pod-n"), "attempt {attempt}: {err:?}");
+        assert_eq!(e.calls("mount"), vec![tmpfs_mount(&staging, 2)], "attempt {attempt}: staged");
+        assert_eq!(e.calls("unmount"), vec![format!("unmount {}", staging.display())], "attempt {attempt}");
+        assert_eq!(mount_points(&e.rec), Vec::<PathBuf>::new(), "attempt {attempt}: nothing left mounted");
+        assert!(e.node.store().load(id).unwrap().is_none(), "attempt {attempt}: no record left");
+        assert!(!e.rec.exists(&dir), "attempt {attempt}: the host's staging directory is gone");
+    }
+    // Once kubelet has made the parent, the retry stages and publishes.
+    e.rec.add_dir(target.parent().unwrap());
+    e.node.publish(req).await.unwrap();
+    assert_eq!(mount_points(&e.rec), vec![staging.clone(), target.clone()]);
+
+    // A publish that fails while the volume is published elsewhere leaves it as it is.
+    let other = e.kubelet.join("pods/pod-m/volumes/kubernetes.io~csi/pvc-1/mount");
+    e.node.publish(ephemeral_req(id, &other, &[("plugin", "tmpfs"), ("sizeMiB", "2")])).await.unwrap_err();
+    assert_eq!(mount_points(&e.rec), vec![staging, target.clone()]);
+    assert_eq!(e.node.store().load(id).unwrap().unwrap().published.keys().collect::<Vec<_>>(), vec![&target]);
+}
+
+#[tokio::test]
 async fn a_restarted_daemon_adopts_healthy_volumes_and_flags_lost_ones() {
     let e = Env::new();
     let a = e.target("pod-a");
