@@ -390,6 +390,47 @@ fn a_pod_mounts_models_into_its_own_volume_and_nothing_else() {
     });
 }
 
+/// A dynamic mount adds to the node's blob cache like a stage does, so it keeps the cache
+/// under `--cache-max-mib` too: what no volume uses is evicted once the mount is ready.
+#[test]
+fn a_dynamic_mount_keeps_the_cache_under_its_cap() {
+    if !in_private_namespace("a_dynamic_mount_keeps_the_cache_under_its_cap") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let base = tiny_model(&registry, "models/base", "v1", b"base weights");
+    let old = tiny_model(&registry, "models/old", "v1", &vec![1u8; 2 << 20]);
+    let new = tiny_model(&registry, "models/new", "v1", &vec![2u8; 2 << 20]);
+    let node = DynNode::start_with(&registry, &["--cache-max-mib=3"]);
+    let cached = |model: &common::registry::PushedModel| {
+        let w = &model.layers.iter().find(|l| l.filepath == "model.safetensors").unwrap().descriptor;
+        node.dirs.state.join("cache/blobs/sha256").join(w.digest.trim_start_matches("sha256:")).exists()
+    };
+    run(&node, async || {
+        let mut csi = node.node().await;
+        let a = node.dynamic_volume(&mut csi, PV_A, POD_A, &dynamic_ctx(&base.reference)).await;
+        // Another volume brings `old` into the cache and goes: its weights are used by nobody.
+        let b = node.dynamic_volume(&mut csi, PV_B, POD_B, &dynamic_ctx(&old.reference)).await;
+        let staging = node.dirs.staging(PV_B).display().to_string();
+        csi.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+            volume_id: PV_B.into(),
+            target_path: b.display().to_string(),
+        })
+        .await
+        .unwrap();
+        csi.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: PV_B.into(), staging_target_path: staging })
+            .await
+            .unwrap();
+        assert!(cached(&old), "nothing added to the cache since, so nothing was evicted");
+        // A's pod mounts `new`: 2 MiB more, over the 3 MiB cap.
+        mount(&a, "new", &new.reference);
+        assert_eq!(regular_files(&snapshot(&a.join("mounts/new"))), files_of(&new));
+        assert!(!cached(&old), "the weights no volume uses were evicted");
+        assert!(cached(&new) && cached(&base), "what A uses stays");
+        println!("checked: a dynamic mount over the cache cap evicted what no volume uses, and only that");
+    });
+}
+
 fn volume_key(id: &str) -> String {
     mounthost::volume::dirs::volume_key(id)
 }

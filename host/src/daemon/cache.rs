@@ -120,7 +120,8 @@ impl Node {
         Ok((pruned.blobs, pruned.bytes))
     }
 
-    /// Keep the cache under `--cache-max-mib` (after a stage or a warm-up added to it).
+    /// Keep the cache under `--cache-max-mib` (after a stage, a dynamic mount or a warm-up added
+    /// to it).
     pub(super) fn prune_to_cap(&self) {
         if let Some(max) = self.inner.config.registries.cache_max_bytes
             && let Err(e) = self.cache_prune(max)

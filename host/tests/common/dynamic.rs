@@ -139,8 +139,14 @@ pub struct DynNode {
 
 impl DynNode {
     pub fn start(registry: &Registry) -> DynNode {
+        DynNode::start_with(registry, &[])
+    }
+
+    /// Started with these host daemon arguments too.
+    pub fn start_with(registry: &Registry, more: &[&str]) -> DynNode {
         let dirs = NodeDirs::new();
-        let args = vec![format!("--insecure-registry={}", registry.host())];
+        let mut args = vec![format!("--insecure-registry={}", registry.host())];
+        args.extend(more.iter().map(|a| a.to_string()));
         let host = dirs.start_host(&args);
         let front = dirs.start_front(&[]);
         DynNode { dirs, host: std::sync::Mutex::new(Some(host)), args, _front: front }

@@ -777,7 +777,10 @@ impl Node {
             if st.dynamic.get(&id).is_none_or(|m| m.phase != MountPhase::Pending) || publication(&st).is_none() {
                 return Ok(());
             }
-            n.apply_mount(&st, &id, plan.steps)
+            n.apply_mount(&st, &id, plan.steps)?;
+            // Its blobs now count as used: the cache may shrink to its cap, as after a stage.
+            n.prune_to_cap();
+            Ok(())
         })
         .await
     }
