@@ -174,6 +174,17 @@ async fn lifecycle(weed: &Seaweed, dirs: &NodeDirs, front: &mut common::Proc, pr
     assert_eq!(std::fs::read_to_string(c.join("hello.txt")).unwrap(), "written in pod a\n");
     let err = std::fs::write(c.join("nope.txt"), b"x").unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc_erofs()), "a read-only publish rejects writes: {err}");
+    // A ReadOnlyMany volume in a pod that does not say readOnly: the access mode alone keeps it
+    // read-only.
+    let d = dirs.target("pod-d", pv);
+    let mut rox = publish_req(&id, &staging, &d, false, &ctx);
+    rox.volume_capability.as_mut().unwrap().access_mode = Some(csi::volume_capability::AccessMode {
+        mode: csi::volume_capability::access_mode::Mode::MultiNodeReaderOnly as i32,
+    });
+    node.node_publish_volume(rox).await.unwrap();
+    assert_eq!(std::fs::read_to_string(d.join("hello.txt")).unwrap(), "written in pod a\n");
+    let err = std::fs::write(d.join("nope.txt"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc_erofs()), "MULTI_NODE_READER_ONLY rejects writes: {err}");
 
     // Stats: bytes and inodes, healthy; repeated.
     for _ in 0..2 {
@@ -209,7 +220,7 @@ async fn lifecycle(weed: &Seaweed, dirs: &NodeDirs, front: &mut common::Proc, pr
     assert_eq!(node.node_unstage_volume(unstage.clone()).await.unwrap_err().code(), Code::FailedPrecondition);
 
     // Tear down, each call twice.
-    for t in [&a, &b, &c] {
+    for t in [&a, &b, &c, &d] {
         node.node_unpublish_volume(unpublish_req(&id, t)).await.unwrap();
         node.node_unpublish_volume(unpublish_req(&id, t)).await.expect("unpublish of a gone target: OK");
         assert!(!t.exists(), "the target directory is removed");

@@ -11,7 +11,8 @@
 //!   and the volume does not pin it; see `Node::resolve_build`), the policy checks, the diff
 //!   skips what the target already holds and refuses another mount there, or this volume with
 //!   other flags (ALREADY_EXISTS);
-//! - a read-only publish (`readonly`) is refused (INVALID_ARGUMENT, as any refused plan) when
+//! - a read-only publish (`readonly`, or a SINGLE_NODE_READER_ONLY or MULTI_NODE_READER_ONLY
+//!   access mode) is refused (INVALID_ARGUMENT, as any refused plan) when
 //!   the plugin's plan mounts or binds nothing read-only at the volume's root in the target, or
 //!   anything read-write at or below it: plugins are untrusted planners, and CSI's `readonly`
 //!   ("the volume should be published as readonly") is the host's to keep;
@@ -204,12 +205,20 @@ impl Node {
         let dirs = self.dirs(&id, Some(&staging), Some(&content));
         let plan = self.check(&plugin, Operation::Publish, &dirs, &state.context, state.ephemeral, &secrets, wplan)?;
         // A read-only publish gets a read-only volume whatever the plugin planned (a dynamic
-        // volume's tmpfs and socket are the host's own steps, added below, and not judged).
-        if req.readonly
+        // volume's tmpfs and socket are the host's own steps, added below, and not judged), and
+        // so does a read-only access mode: kubelet leaves `readonly` false for a ReadOnlyMany
+        // volume unless the pod says readOnly.
+        let reader_only = request::is_reader_only(capability.access_mode);
+        if (req.readonly || reader_only)
             && let Err(why) = read_only_publication(&plan, &content)
         {
+            let asked = if req.readonly {
+                "the publish asked for read-only".to_string()
+            } else {
+                format!("its access mode is {}", request::access_mode_name(capability.access_mode))
+            };
             return Err(Error::invalid(format!(
-                "plan from plugin {} refused: it makes {why}, but the publish asked for read-only",
+                "plan from plugin {} refused: it makes {why}, but {asked}",
                 plugin.info.name
             )));
         }

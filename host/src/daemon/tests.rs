@@ -366,47 +366,55 @@ async fn a_read_only_publish_refuses_a_plan_that_leaves_the_pod_a_writable_targe
     let e = Env::new();
     let a = e.target("pod-a");
     e.node.stage(e.stage_req()).await.unwrap();
-    // No fixture plugin answers a read-only publish with a writable plan: the node's plan memo
-    // is handed the plans such a plugin could answer with, under the key of this request.
-    let req = e.publish_req(&a, true);
-    let asked = wit::PublishRequest {
-        volume_id: VOL.into(),
-        context: request::kvs(&request::plugin_attrs(&req.volume_context)),
-        secrets: Vec::new(),
-        capability: request::capability(req.volume_capability.as_ref()).unwrap(),
-        readonly: true,
-        recorded: Vec::new(),
-    };
-    let key = super::publish::publish_key(&e.current_digest().await, &asked);
-    let path = |root, rel: &str| wit::PathRef { root, rel: rel.into() };
-    let bind = |rel: &str, readonly| {
-        wit::Step::Bind(wit::Bind {
-            source: path(wit::DirRoot::Staging, ""),
-            target: path(wit::DirRoot::Target, rel),
-            readonly,
-            options: Vec::new(),
-        })
-    };
-    let sub = a.join("sub");
-    let cases = [
-        (vec![bind("", false)], format!("a read-write bind at {}", a.display())),
-        (vec![wit::Step::Mkdir(path(wit::DirRoot::Target, ""))], format!("no mount or bind at {}", a.display())),
-        (vec![bind("", true), bind("sub", false)], format!("a read-write bind at {}", sub.display())),
+    // Read-only is asked by the CO's flag, or by a read-only access mode with the flag false
+    // (what kubelet sends for a ReadOnlyMany volume in a pod that does not say readOnly).
+    let asks = [
+        (e.publish_req(&a, true), "the publish asked for read-only"),
+        (reader_only(e.publish_req(&a, false)), "its access mode is MULTI_NODE_READER_ONLY"),
     ];
-    e.rec.clear_calls();
-    for (steps, says) in cases {
-        e.node.inner.plans.lock().unwrap().insert(key, wit::Plan { steps, attributes: Vec::new() });
-        let err = err_of(e.node.publish(req.clone()).await, ErrorKind::InvalidArgument);
-        let m = &err.message;
-        assert!(m.contains("plugin tmpfs") && m.contains(&says) && m.contains("asked for read-only"), "{m}");
-        assert_eq!(e.rec.calls(), Vec::<String>::new(), "refused before anything ran: {says}");
-        assert!(!e.rec.exists(&a));
-        assert!(e.node.store().load(VOL).unwrap().unwrap().published.is_empty());
+    for (req, why) in asks {
+        // No fixture plugin answers a read-only publish with a writable plan: the node's plan
+        // memo is handed the plans such a plugin could answer with, under this request's key.
+        let asked = wit::PublishRequest {
+            volume_id: VOL.into(),
+            context: request::kvs(&request::plugin_attrs(&req.volume_context)),
+            secrets: Vec::new(),
+            capability: request::capability(req.volume_capability.as_ref()).unwrap(),
+            readonly: req.readonly,
+            recorded: Vec::new(),
+        };
+        let key = super::publish::publish_key(&e.current_digest().await, &asked);
+        let path = |root, rel: &str| wit::PathRef { root, rel: rel.into() };
+        let bind = |rel: &str, readonly| {
+            wit::Step::Bind(wit::Bind {
+                source: path(wit::DirRoot::Staging, ""),
+                target: path(wit::DirRoot::Target, rel),
+                readonly,
+                options: Vec::new(),
+            })
+        };
+        let sub = a.join("sub");
+        let cases = [
+            (vec![bind("", false)], format!("a read-write bind at {}", a.display())),
+            (vec![wit::Step::Mkdir(path(wit::DirRoot::Target, ""))], format!("no mount or bind at {}", a.display())),
+            (vec![bind("", true), bind("sub", false)], format!("a read-write bind at {}", sub.display())),
+        ];
+        e.rec.clear_calls();
+        for (steps, says) in cases {
+            e.node.inner.plans.lock().unwrap().insert(key, wit::Plan { steps, attributes: Vec::new() });
+            let err = err_of(e.node.publish(req.clone()).await, ErrorKind::InvalidArgument);
+            let m = &err.message;
+            assert!(m.contains("plugin tmpfs") && m.contains(&says) && m.contains(why), "{m}");
+            assert_eq!(e.rec.calls(), Vec::<String>::new(), "refused before anything ran: {says}");
+            assert!(!e.rec.exists(&a));
+            assert!(e.node.store().load(VOL).unwrap().unwrap().published.is_empty());
+        }
+        // The fixture's own plan, a read-only bind, passes.
+        e.node.inner.plans.lock().unwrap().clear();
+        e.node.publish(req).await.unwrap();
+        assert_eq!(e.calls("bind"), vec![format!("bind {} {} ro", e.staging().display(), a.display())]);
+        e.node.unpublish(e.unpublish_req(&a)).await.unwrap();
     }
-    // The fixture's own plan, a read-only bind, passes.
-    e.node.inner.plans.lock().unwrap().clear();
-    e.node.publish(req).await.unwrap();
-    assert_eq!(e.calls("bind"), vec![format!("bind {} {} ro", e.staging().display(), a.display())]);
 }
 
 #[tokio::test]

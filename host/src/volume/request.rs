@@ -147,6 +147,11 @@ pub fn capability(cap: Option<&csi::VolumeCapability>) -> Result<wit::VolumeCapa
     Ok(wit::VolumeCapability { access_mode, fs_type: mount.fs_type.clone(), mount_flags: mount.mount_flags.clone() })
 }
 
+/// SINGLE_NODE_READER_ONLY or MULTI_NODE_READER_ONLY: a publication must be read-only.
+pub fn is_reader_only(mode: wit::AccessMode) -> bool {
+    matches!(mode, wit::AccessMode::SingleNodeReaderOnly | wit::AccessMode::MultiNodeReaderOnly)
+}
+
 /// The CSI spec's name of an access mode (`SINGLE_NODE_WRITER`, ...).
 pub fn access_mode_name(mode: wit::AccessMode) -> &'static str {
     match mode {
