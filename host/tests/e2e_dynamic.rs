@@ -431,6 +431,57 @@ fn a_dynamic_mount_keeps_the_cache_under_its_cap() {
     });
 }
 
+/// A pod moves a dynamic mount deeper than PATH_MAX inside its volume (a chain of 255-byte
+/// directories made relative to each other, `mounts/` renamed into it): DELETE still finds it
+/// by what it shows, unmounts it and answers 200; NodeUnpublishVolume is clean afterwards.
+#[test]
+fn a_mount_moved_deeper_than_path_max_is_still_deleted() {
+    use rustix::fs::{Mode, OFlags};
+    if !in_private_namespace("a_mount_moved_deeper_than_path_max_is_still_deleted") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let base = tiny_model(&registry, "models/base", "v1", b"base weights");
+    let other = tiny_model(&registry, "models/other", "v1", b"other weights");
+    let node = DynNode::start(&registry);
+    run(&node, async || {
+        let mut csi = node.node().await;
+        let a = node.dynamic_volume(&mut csi, PV_A, POD_A, &dynamic_ctx(&base.reference)).await;
+        mount(&a, "deep", &other.reference);
+        let name = "d".repeat(255);
+        let mut chain = vec![rustix::fs::open(&a, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap()];
+        let mut deep = a.clone();
+        for _ in 0..17 {
+            let at = chain.last().unwrap();
+            rustix::fs::mkdirat(at, name.as_str(), Mode::from_raw_mode(0o755)).unwrap();
+            chain.push(
+                rustix::fs::openat(at, name.as_str(), OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap(),
+            );
+            deep.push(&name);
+        }
+        rustix::fs::renameat(&chain[0], "mounts", &chain[17], "mounts").unwrap();
+        drop(chain);
+        let moved = deep.join("mounts/deep");
+        assert!(moved.as_os_str().len() - a.as_os_str().len() > 4096);
+        assert!(mounts_below(&a).contains(&moved), "the pod moved the mount out of reach of one path");
+
+        let (status, v) = call(&a, "DELETE", "/mounts/deep", None);
+        assert_eq!(status, 200, "{v}");
+        let left: Vec<PathBuf> =
+            mounts_below(&a).into_iter().filter(|m| *m != a && !m.starts_with(a.join("volume"))).collect();
+        assert_eq!(left, Vec::<PathBuf>::new(), "the moved mount is gone");
+        assert_eq!(call(&a, "GET", "/mounts/deep", None).0, 404);
+        csi.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+            volume_id: PV_A.into(),
+            target_path: a.display().to_string(),
+        })
+        .await
+        .unwrap();
+        assert_eq!(mounts_below(&a), Vec::<PathBuf>::new());
+        println!("checked: a mount moved {} bytes deep was deleted", moved.as_os_str().len() - a.as_os_str().len());
+    });
+}
+
 fn volume_key(id: &str) -> String {
     mounthost::volume::dirs::volume_key(id)
 }

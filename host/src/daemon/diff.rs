@@ -328,9 +328,9 @@ pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Co
         Desired::Unpublish { target } => {
             // Deepest first, the target's own mounts last. Those strictly below it are best effort:
             // everything below the target may be the pod's doing (a dynamic volume's pod can rename
-            // `mounts/` into a directory chain deeper than PATH_MAX, which openat2 refuses with
-            // ENAMETOOLONG), so a mount point there may be out of reach by name, and one failure
-            // must not fail every unpublish of the volume for ever. The target's own unmounts stay
+            // `mounts/` into a directory chain deeper than PATH_MAX, which the executor reaches
+            // only by resolving in pieces), so a mount point there may be hard to reach, and one
+            // failure must not fail every unpublish of the volume for ever. The target's own unmounts stay
             // mandatory and do the rest: with a child mount left, umount(2) of the target fails
             // with EBUSY, `Node::unmount` (pipeline.rs) then detaches it lazily (MNT_DETACH), and a
             // detach takes the whole subtree with it. When the target has no mount of its own, no

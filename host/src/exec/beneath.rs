@@ -5,7 +5,9 @@
 //!
 //! So a path is never used by name. It is resolved at the syscall, relative to the anchor's
 //! file descriptor, with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`:
-//! no component may be a symbolic link and resolution cannot leave the anchor. Kernels without
+//! no component may be a symbolic link and resolution cannot leave the anchor (a path longer
+//! than `PATH_MAX`, which a pod can make, is resolved in pieces, each with the same flags from
+//! where the last one ended). Kernels without
 //! `openat2` (before 5.6) get the same guarantee from a walk of one `O_PATH | O_NOFOLLOW` open
 //! per component (paths never hold `..`, so nothing can climb out). The operation then acts on
 //! the descriptor: `mkdirat`, `unlinkat`, `renameat`, `fstatvfs`, a mount onto it.
@@ -152,7 +154,7 @@ impl Anchors {
         let fd = 'open: {
             if !self.walk {
                 let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS | extra;
-                match rustix::fs::openat2(at, rel, path_only, Mode::empty(), how) {
+                match openat2_pieces(at, rel, path_only, how) {
                     Err(Errno::NOSYS) => {}
                     other => break 'open other?,
                 }
@@ -351,6 +353,43 @@ fn open_anchor(anchor: &Path, flags: OFlags) -> io::Result<OwnedFd> {
     // The anchor itself is trusted configuration (made canonical at start).
     rustix::fs::open(anchor, flags | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
         .map_err(|e| with_path(e.into(), anchor))
+}
+
+/// Longest path a syscall takes, its NUL included (`PATH_MAX`).
+const PATH_MAX: usize = 4096;
+
+/// `openat2` of `rel` below `at` with `how`; a `rel` too long for one call (a pod can build a
+/// directory chain deeper than any path may name, and move a mount into it) in pieces of whole
+/// components, each resolved with the same flags from the directory the last one reached. Each
+/// piece stays beneath where it starts, link-free and (with `RESOLVE_NO_XDEV`) on its mount,
+/// so the whole does too; a piece that ends on anything but a directory ends the resolution
+/// (ELOOP for a link, ENOTDIR otherwise).
+fn openat2_pieces(at: &OwnedFd, rel: &Path, flags: OFlags, how: ResolveFlags) -> rustix::io::Result<OwnedFd> {
+    if rel.as_os_str().len() < PATH_MAX {
+        return rustix::fs::openat2(at, rel, flags, Mode::empty(), how);
+    }
+    let mut cur: Option<OwnedFd> = None;
+    let mut piece = PathBuf::new();
+    let mut parts = rel.iter().peekable();
+    while let Some(part) = parts.next() {
+        piece.push(part);
+        let next = parts.peek();
+        if next.is_some_and(|n| piece.as_os_str().len() + 1 + n.len() < PATH_MAX) {
+            continue;
+        }
+        let dir = cur.as_ref().map(AsFd::as_fd).unwrap_or(at.as_fd());
+        let fd = rustix::fs::openat2(dir, &piece, flags, Mode::empty(), how)?;
+        if next.is_some() {
+            match FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) {
+                FileType::Directory => {}
+                FileType::Symlink => return Err(Errno::LOOP),
+                _ => return Err(Errno::NOTDIR),
+            }
+        }
+        cur = Some(fd);
+        piece.clear();
+    }
+    cur.ok_or(Errno::INVAL)
 }
 
 /// The component walk: one `openat(O_PATH | O_NOFOLLOW)` per component, refusing links.

@@ -204,3 +204,49 @@ fn private_dirs_are_tightened() {
     a.private_dir(&root.join("s/w/x")).unwrap();
     assert_eq!(std::fs::metadata(root.join("s/w/x")).unwrap().permissions().mode() & 0o777, 0o700);
 }
+
+/// A directory chain deeper than `PATH_MAX`, made relative to each other as a pod can: paths
+/// into it resolve (in pieces), links at a piece's end or inside a piece are still refused.
+#[test]
+fn paths_longer_than_path_max_resolve_in_pieces_and_still_refuse_links() {
+    let (_d, root, outside) = setup();
+    let name = "d".repeat(255);
+    let mut deep = root.clone();
+    let mut at = rustix::fs::open(&root, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap();
+    for _ in 0..18 {
+        rustix::fs::mkdirat(&at, name.as_str(), Mode::from_raw_mode(0o755)).unwrap();
+        at = rustix::fs::openat(&at, name.as_str(), OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap();
+        deep.push(&name);
+    }
+    let file =
+        rustix::fs::openat(&at, "f", OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC, Mode::from_raw_mode(0o644));
+    rustix::io::write(file.unwrap(), b"deep").unwrap();
+    assert!(deep.strip_prefix(&root).unwrap().as_os_str().len() > 4096);
+    // Component 16 ends the first piece: a link there, and one in the middle of a piece.
+    let mut piece_end = root.clone();
+    for _ in 0..15 {
+        piece_end.push(&name);
+    }
+    let fd_of = |p: &Path| {
+        let mut fd = rustix::fs::open(&root, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap();
+        for c in p.strip_prefix(&root).unwrap().iter() {
+            fd = rustix::fs::openat(&fd, c, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap();
+        }
+        fd
+    };
+    let link = "l".repeat(255);
+    rustix::fs::symlinkat(&outside, fd_of(&piece_end), link.as_str()).unwrap();
+    rustix::fs::symlinkat(&outside, fd_of(&deep), "mid").unwrap();
+    for a in both(&root) {
+        let fd = a.open(&deep.join("f"), OFlags::RDONLY).expect("a path deeper than PATH_MAX resolves");
+        let mut buf = [0u8; 8];
+        let n = rustix::io::read(&fd, &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"deep");
+        a.mkdir(&deep.join("made"), &deep, 0o750).expect("mkdir below a deep directory");
+        for p in [piece_end.join(&link).join("secret"), deep.join("mid/secret")] {
+            let e = a.open(&p, OFlags::RDONLY).unwrap_err();
+            assert!(is_link_refused(&e), "{} bytes: {e}", p.as_os_str().len());
+        }
+    }
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1, "nothing created outside");
+}
