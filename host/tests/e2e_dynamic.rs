@@ -482,6 +482,47 @@ fn a_mount_moved_deeper_than_path_max_is_still_deleted() {
     });
 }
 
+/// kubelet (or anything else) unmounts a dynamic volume's target behind the daemon's back, and
+/// NodeUnstageVolume then forgets that publication: the volume's server stops with it. A pod's
+/// container keeps its own copy of the target, socket included, so a server left running would
+/// keep answering it for the daemon's lifetime.
+#[test]
+fn an_unstage_that_forgets_a_dynamic_publication_stops_its_server() {
+    if !in_private_namespace("an_unstage_that_forgets_a_dynamic_publication_stops_its_server") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let base = tiny_model(&registry, "models/base", "v1", b"base weights");
+    let node = DynNode::start(&registry);
+    run(&node, async || {
+        let mut csi = node.node().await;
+        let a = node.dynamic_volume(&mut csi, PV_A, POD_A, &dynamic_ctx(&base.reference)).await;
+        // The container's copy of the target: a descriptor of its directory, held from now on.
+        let copy = std::fs::File::open(&a).unwrap();
+        let socket = format!("/proc/self/fd/{}/csi.sock", std::os::fd::AsRawFd::as_raw_fd(&copy));
+        let ask = || -> std::io::Result<String> {
+            let mut s = std::os::unix::net::UnixStream::connect(&socket)?;
+            s.set_read_timeout(Some(Duration::from_secs(10)))?;
+            s.write_all(b"GET /mounts HTTP/1.1\r\nHost: v\r\nConnection: close\r\n\r\n")?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)?;
+            Ok(out)
+        };
+        assert!(ask().unwrap().starts_with("HTTP/1.1 200"), "served through the copy");
+        nix::mount::umount2(&a, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        assert!(ask().unwrap().starts_with("HTTP/1.1 200"), "still served: nothing told the daemon yet");
+        csi.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+            volume_id: PV_A.into(),
+            staging_target_path: node.dirs.staging(PV_A).display().to_string(),
+        })
+        .await
+        .expect("the publication kubelet unmounted is forgotten, and the volume unstages");
+        let err = ask().expect_err("the server stopped with the publication");
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+        println!("checked: unstage forgot a publication unmounted behind its back and stopped its server");
+    });
+}
+
 fn volume_key(id: &str) -> String {
     mounthost::volume::dirs::volume_key(id)
 }

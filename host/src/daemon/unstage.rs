@@ -99,6 +99,10 @@ impl Node {
                 targets.join(", ")
             )));
         }
+        // Published nowhere now, so no server may answer for it: a dynamic publication forgotten
+        // just above (its tmpfs unmounted behind the daemon's back) still had one, reachable
+        // through the copy of its socket a pod's container holds.
+        self.stop_dynamic(id);
         let dirs = self.dirs(id, Some(&st.staging_path), None);
         let steps = match self.resolve_build(id, &st.plugin, Some(&st.digest), st.pinned).await {
             Ok(plugin) => {
