@@ -9,6 +9,7 @@
 //! 4. A static volume under `/buckets` whose bucket name SeaweedFS refuses is INVALID_ARGUMENT
 //!    before anything runs.
 //! 5. When `weed mount` exits before mounting, the error quotes its cause, not its usage text.
+//! 6. ValidateVolumeCapabilities confirms only what was checked: the host's own keys included.
 
 mod common;
 
@@ -431,5 +432,71 @@ fn a_weed_mount_failure_shows_its_cause() {
         n.node.node_unstage_volume(unstage_req(&id, &staging)).await.unwrap();
         n.assert_node_is_clean();
         println!("checked: NodeStageVolume answered UNAVAILABLE: {}", e.message());
+    });
+}
+
+/// 6. ValidateVolumeCapabilities confirms a context only when every key was checked: the
+///    plugin checks its own, the controller the host's (`plugin`, `pluginDigest`, `dynamic`,
+///    `dynamicPlugins`), in the volume context and in the parameters. Anything it cannot confirm
+///    is an answer without `confirmed` and with a message naming the key, never an error.
+#[test]
+fn validate_volume_capabilities_confirms_only_what_it_checked() {
+    if !in_private_namespace("validate_volume_capabilities_confirms_only_what_it_checked") {
+        return;
+    }
+    with_node(async |n| {
+        let vol = n.create("pvc-validate", GIB).await.unwrap();
+        let list = std::process::Command::new(env!("CARGO_BIN_EXE_mounthost"))
+            .args(["--state-dir", &n.dirs.state.display().to_string(), "plugin", "list"])
+            .output()
+            .unwrap();
+        let list: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+        let digest = list.as_array().unwrap().iter().find(|p| p["name"] == "seaweedfs").unwrap()["digest"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let validate = |context: &[(&str, &str)], parameters: &[(&str, &str)]| {
+            let mut volume_context = vol.volume_context.clone();
+            volume_context.extend(context.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            csi::ValidateVolumeCapabilitiesRequest {
+                volume_id: vol.volume_id.clone(),
+                volume_context,
+                parameters: parameters.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                volume_capabilities: vec![multi_writer()],
+                ..Default::default()
+            }
+        };
+        let zeros = format!("sha256:{}", "0".repeat(64));
+        let refused: [(&str, csi::ValidateVolumeCapabilitiesRequest, &str); 6] = [
+            ("another plugin named", validate(&[("plugin", "tmpfs")], &[]), "names plugin \"tmpfs\""),
+            ("a build nobody has", validate(&[("pluginDigest", &zeros)], &[]), "cannot confirm"),
+            ("a digest that is not one", validate(&[("pluginDigest", "latest")], &[]), "cannot confirm"),
+            (
+                "dynamic not a boolean",
+                validate(&[("dynamic", "banana")], &[]),
+                "volume_context: volume attribute dynamic",
+            ),
+            ("dynamicPlugins alone", validate(&[("dynamicPlugins", "model")], &[]), "dynamicPlugins is set"),
+            ("dynamic in the parameters", validate(&[], &[("dynamic", "yes")]), "parameters: volume attribute dynamic"),
+        ];
+        for (what, req, says) in refused {
+            for _ in 0..2 {
+                let v = n.controller.validate_volume_capabilities(req.clone()).await.unwrap().into_inner();
+                assert!(v.confirmed.is_none() && v.message.contains(says), "{what}: {v:?}");
+            }
+        }
+        for (what, req) in [
+            ("the volume's own context", validate(&[], &[])),
+            ("its build pinned", validate(&[("pluginDigest", &digest)], &[])),
+            ("dynamic", validate(&[("dynamic", "true"), ("dynamicPlugins", "seaweedfs,model")], &[])),
+        ] {
+            let v = n.controller.validate_volume_capabilities(req.clone()).await.unwrap().into_inner();
+            let confirmed = v.confirmed.unwrap_or_else(|| panic!("{what}: {}", v.message));
+            assert_eq!(confirmed.volume_context, req.volume_context, "{what}");
+        }
+        n.delete(&vol.volume_id).await.unwrap();
+        println!(
+            "checked: 6 host keys ValidateVolumeCapabilities cannot confirm, each unconfirmed; 3 valid contexts confirmed"
+        );
     });
 }

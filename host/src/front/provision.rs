@@ -225,16 +225,30 @@ impl Controller {
             }
         }
         // A volume whose plugin was pulled by reference names it (pinned) in its context.
-        let plugin = match req.volume_context.get(request::PLUGIN_KEY).filter(|v| pulled::is_reference(v)) {
+        let named = req.volume_context.get(request::PLUGIN_KEY);
+        let plugin = match named.filter(|v| pulled::is_reference(v)) {
             Some(source) => {
                 let allow_tags = self.config.allow_plugin_tags;
                 pulled::select(&self.runtime, self.puller()?, source, allow_tags, &secrets, &id).await?.plugin
             }
-            None => {
-                let note = self.note(&id)?;
-                self.volume_plugin(&id, plugin_name, &note, &secrets).await?
-            }
+            None => match (self.note(&id)?, req.volume_context.get(request::DIGEST_KEY)) {
+                // A folder or stock plugin pinned to a build: that build validates.
+                (VolumeNote::None, Some(digest)) => match self.runtime.resolve(plugin_name, Some(digest)).await {
+                    Ok(p) => p,
+                    Err(e @ (PluginError::UnknownDigest { .. } | PluginError::BadDigest(_))) => {
+                        return Ok(unconfirmed(format!(
+                            "volume_context pins a build of plugin {plugin_name} this controller cannot confirm: {e}"
+                        )));
+                    }
+                    Err(e) => return Err(e.into()),
+                },
+                (note, _) => self.volume_plugin(&id, plugin_name, &note, &secrets).await?,
+            },
         };
+        // The host's own keys are the host's to check: what is confirmed must have been checked.
+        if let Some(why) = Self::host_keys_refused(&req, plugin_name, &plugin) {
+            return Ok(unconfirmed(why));
+        }
         let mut attrs = request::plugin_attrs(&req.volume_context);
         attrs.extend(request::plugin_attrs(&req.parameters));
         let wreq = wit::ValidateRequest {
@@ -257,6 +271,41 @@ impl Controller {
                 if e.kind == ErrorKind::InvalidArgument { Ok(unconfirmed(e.message)) } else { Err(e) }
             }
         }
+    }
+
+    /// Why ValidateVolumeCapabilities cannot confirm the host's own keys of a request for a
+    /// volume of `plugin` (named `name` in its id), if it cannot: a context that names another
+    /// plugin or pins another build than the one that validates, dynamic settings
+    /// CreateVolume would refuse.
+    fn host_keys_refused(
+        req: &csi::ValidateVolumeCapabilitiesRequest,
+        name: &str,
+        plugin: &LoadedPlugin,
+    ) -> Option<String> {
+        let context = &req.volume_context;
+        if let Some(named) = context.get(request::PLUGIN_KEY).filter(|v| !pulled::is_reference(v))
+            && named != name
+        {
+            return Some(format!(
+                "volume_context names plugin {}, but the volume id belongs to plugin {name}",
+                request::shown(named)
+            ));
+        }
+        if let Some(digest) = context.get(request::DIGEST_KEY)
+            && *digest != plugin.digest.to_string()
+        {
+            return Some(format!(
+                "volume_context pins build {} of plugin {name}, but the volume's plugin is build {}",
+                request::shown(digest),
+                plugin.digest
+            ));
+        }
+        for (what, attrs) in [("volume_context", context), ("parameters", &req.parameters)] {
+            if let Err(e) = request::dynamic_plugins(attrs, name) {
+                return Some(format!("{what}: {}", e.message));
+            }
+        }
+        None
     }
 
     /// The plugin `params` select for CreateVolume of `volume`, and for one selected by OCI
