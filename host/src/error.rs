@@ -99,8 +99,59 @@ pub fn code(kind: ErrorKind) -> tonic::Code {
     }
 }
 
+/// Longest message a gRPC status carries, in bytes. A message can quote paths a pod made (a
+/// directory chain below its volume can be far longer than `PATH_MAX`), and the CO shows the
+/// message to a person (Kubernetes events keep 1 KiB of it): beyond this, its middle is left
+/// out, keeping what failed (the start) and why (the end, where the errno is).
+pub const MAX_STATUS_MESSAGE: usize = 2048;
+
 impl From<Error> for tonic::Status {
     fn from(e: Error) -> Self {
-        tonic::Status::new(code(e.kind), e.message)
+        tonic::Status::new(code(e.kind), bounded(e.message))
+    }
+}
+
+/// `message`, with its middle left out if it is longer than [`MAX_STATUS_MESSAGE`] (for every
+/// message that leaves the daemon: a gRPC status, a dynamic volume's API answer, a mount's
+/// recorded reason).
+pub fn bounded(message: String) -> String {
+    if message.len() <= MAX_STATUS_MESSAGE {
+        return message;
+    }
+    // Room for the marker, whose number has at most 20 digits.
+    let keep = (MAX_STATUS_MESSAGE - 48) / 2;
+    let mut head = keep;
+    while !message.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = message.len() - keep;
+    while !message.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!("{} … ({} bytes left out) … {}", &message[..head], tail - head, &message[tail..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_message_keeps_its_start_and_end_within_the_bound() {
+        let short = Error::internal("unmount /a/b: Device or resource busy");
+        assert_eq!(tonic::Status::from(short.clone()).message(), short.message);
+        let exact = "x".repeat(MAX_STATUS_MESSAGE);
+        assert_eq!(tonic::Status::from(Error::internal(exact.clone())).message(), exact);
+        // A path of 255-byte components, some characters two and three bytes long.
+        let path = format!("/{}", vec!["dé€".repeat(51); 40].join("/"));
+        let long = format!("resolve {path}: File name too long (os error 36)");
+        let status = tonic::Status::from(Error::internal(long.clone()));
+        let m = status.message();
+        assert!(m.len() <= MAX_STATUS_MESSAGE, "{} bytes", m.len());
+        assert!(m.starts_with("resolve /dé€dé€") && m.ends_with("dé€: File name too long (os error 36)"), "{m}");
+        let (head, rest) = m.split_once(" … (").unwrap();
+        let (left_out, tail) = rest.split_once(" bytes left out) … ").unwrap();
+        assert_eq!(head.len() + left_out.parse::<usize>().unwrap() + tail.len(), long.len());
+        assert!(long.starts_with(head) && long.ends_with(tail));
+        assert_eq!(status.code(), tonic::Code::Internal);
     }
 }

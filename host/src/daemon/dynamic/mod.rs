@@ -187,7 +187,7 @@ impl From<Error> for ApiErr {
             ErrorKind::DataLoss => (502, "data_loss"),
             ErrorKind::Internal | ErrorKind::Unimplemented => (500, "internal"),
         };
-        ApiErr { status, code, message: e.message }
+        ApiErr { status, code, message: crate::error::bounded(e.message) }
     }
 }
 
@@ -674,7 +674,7 @@ impl Node {
                 && let Some(m) = st.dynamic.get_mut(id).filter(|m| m.phase == MountPhase::Pending)
             {
                 m.phase = MountPhase::Failed;
-                m.reason = Some(format!("{}: {}", kind_name(e.kind), e.message));
+                m.reason = Some(crate::error::bounded(format!("{}: {}", kind_name(e.kind), e.message)));
                 if let Err(e) = self.inner.store.save(&st) {
                     warn!(volume.id = %volume, mount = %id, error = %e, "recording a failed dynamic mount");
                 }
