@@ -250,3 +250,26 @@ fn paths_longer_than_path_max_resolve_in_pieces_and_still_refuse_links() {
     }
     assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1, "nothing created outside");
 }
+
+/// A directory opened for reading is opened in one call: links on the way and at the end are
+/// refused naming the link, anything but a directory (a FIFO that would block an open, a file)
+/// is ENOTDIR without being opened.
+#[test]
+fn a_directory_opened_for_reading_refuses_links_and_non_directories() {
+    let (_d, root, _outside) = setup();
+    rustix::fs::mknodat(rustix::fs::CWD, &root.join("a/fifo"), FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+    std::fs::write(root.join("a/file"), b"x").unwrap();
+    for a in both(&root) {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY;
+        for p in ["a/evil", "a/evil/x", "a/rel"] {
+            let e = a.open(&root.join(p), flags).unwrap_err();
+            assert!(is_link_refused(&e), "{p}: {e}");
+        }
+        for p in ["a/fifo", "a/file"] {
+            let e = a.open(&root.join(p), flags).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::NotADirectory, "{p}: {e}");
+        }
+        let fd = a.open(&root.join("a/b"), flags).unwrap();
+        assert_eq!(list_fd(&fd).unwrap(), Vec::<Entry>::new(), "a/b is an empty directory, listed");
+    }
+}
