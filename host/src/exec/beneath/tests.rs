@@ -257,7 +257,7 @@ fn paths_longer_than_path_max_resolve_in_pieces_and_still_refuse_links() {
 #[test]
 fn a_directory_opened_for_reading_refuses_links_and_non_directories() {
     let (_d, root, _outside) = setup();
-    rustix::fs::mknodat(rustix::fs::CWD, &root.join("a/fifo"), FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+    rustix::fs::mknodat(rustix::fs::CWD, root.join("a/fifo"), FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
     std::fs::write(root.join("a/file"), b"x").unwrap();
     for a in both(&root) {
         let flags = OFlags::RDONLY | OFlags::DIRECTORY;
