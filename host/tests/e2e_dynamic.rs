@@ -436,7 +436,6 @@ fn a_dynamic_mount_keeps_the_cache_under_its_cap() {
 /// by what it shows, unmounts it and answers 200; NodeUnpublishVolume is clean afterwards.
 #[test]
 fn a_mount_moved_deeper_than_path_max_is_still_deleted() {
-    use rustix::fs::{Mode, OFlags};
     if !in_private_namespace("a_mount_moved_deeper_than_path_max_is_still_deleted") {
         return;
     }
@@ -448,17 +447,7 @@ fn a_mount_moved_deeper_than_path_max_is_still_deleted() {
         let mut csi = node.node().await;
         let a = node.dynamic_volume(&mut csi, PV_A, POD_A, &dynamic_ctx(&base.reference)).await;
         mount(&a, "deep", &other.reference);
-        let name = "d".repeat(255);
-        let mut chain = vec![rustix::fs::open(&a, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap()];
-        let mut deep = a.clone();
-        for _ in 0..17 {
-            let at = chain.last().unwrap();
-            rustix::fs::mkdirat(at, name.as_str(), Mode::from_raw_mode(0o755)).unwrap();
-            chain.push(
-                rustix::fs::openat(at, name.as_str(), OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap(),
-            );
-            deep.push(&name);
-        }
+        let (chain, deep) = common::deep_chain(&a, 17);
         rustix::fs::renameat(&chain[0], "mounts", &chain[17], "mounts").unwrap();
         drop(chain);
         let moved = deep.join("mounts/deep");

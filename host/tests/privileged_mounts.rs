@@ -337,7 +337,7 @@ fn a_contract_0_1_0_plugin_stages_and_publishes() {
 fn unpublish_detaches_mounts_a_pod_moved_deeper_than_path_max() {
     use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
     use mounthost::proto::csi;
-    use rustix::fs::{CWD, Mode as FileMode, OFlags};
+    use rustix::fs::CWD;
     use rustix::mount::{MountFlags, mount};
     if !in_private_namespace("unpublish_detaches_mounts_a_pod_moved_deeper_than_path_max") {
         return;
@@ -382,17 +382,7 @@ fn unpublish_detaches_mounts_a_pod_moved_deeper_than_path_max() {
     std::fs::create_dir(target.join("mounts/m1")).unwrap();
     let tmpfs = |at: &str| mount("tmpfs", at, "tmpfs", MountFlags::empty(), c"size=64k").unwrap();
     tmpfs(&path(&target.join("mounts/m1")));
-    let top = rustix::fs::open(&target, OFlags::DIRECTORY | OFlags::CLOEXEC, FileMode::empty()).unwrap();
-    let name = "d".repeat(255);
-    let mut chain = vec![top];
-    let mut deep = target.clone();
-    for _ in 0..17 {
-        let at = chain.last().unwrap();
-        rustix::fs::mkdirat(at, name.as_str(), FileMode::from_raw_mode(0o755)).unwrap();
-        let next = rustix::fs::openat(at, name.as_str(), OFlags::DIRECTORY | OFlags::CLOEXEC, FileMode::empty());
-        chain.push(next.unwrap());
-        deep.push(&name);
-    }
+    let (chain, deep) = common::deep_chain(&target, 17);
     let deepest = chain.last().unwrap();
     tmpfs(&format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(deepest)));
     rustix::fs::renameat(&chain[0], "mounts", &chain[16], "mounts").unwrap();

@@ -341,6 +341,24 @@ pub fn pids_of(program: &str, needle: &str) -> Vec<i32> {
         .collect()
 }
 
+/// What a pod can make below its volume with relative `mkdir` and `cd`: a chain of `depth`
+/// directories named with 255 `d`s below `top`, deeper than any path may name once `depth` is
+/// 16 or more. Returns a descriptor of `top` and of each directory of the chain (index `i` is
+/// `i` levels below `top`), and the chain's deepest path.
+pub fn deep_chain(top: &Path, depth: usize) -> (Vec<std::os::fd::OwnedFd>, PathBuf) {
+    use rustix::fs::{Mode, OFlags};
+    let name = "d".repeat(255);
+    let mut chain = vec![rustix::fs::open(top, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap()];
+    let mut deep = top.to_path_buf();
+    for _ in 0..depth {
+        let at = chain.last().unwrap();
+        rustix::fs::mkdirat(at, name.as_str(), Mode::from_raw_mode(0o755)).unwrap();
+        chain.push(rustix::fs::openat(at, name.as_str(), OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap());
+        deep.push(&name);
+    }
+    (chain, deep)
+}
+
 /// Mount points (from this namespace's mountinfo) below `dir`, except the host daemon's own
 /// runtime tmpfs (`<state>/run`, source `mounthost-run`), which it mounts at start and keeps
 /// while it holds a volume (it unmounts it at exit when it holds none).
