@@ -767,10 +767,11 @@ impl Node {
             }
             self.pull(volume, id, &source, &plan, reference).await?;
         }
-        let key = waiter(volume, id);
-        self.inner.artifacts.forget(&key);
+        // The mount still waits for its blobs (the artifacts keep them from a prune) until its
+        // record holds its steps; `settle` forgets it, however this ends.
         let _guard = self.lock_volume(volume, true).await.map_err(|e| Error::unavailable(e.message))?;
         let (volume, id) = (volume.to_string(), id.to_string());
+        let fetched = plan.steps.iter().any(|s| matches!(s, Step::FetchBlob { .. }));
         self.blocking(move |n| {
             // Deleted or unpublished while it was being planned: nothing to mount.
             let Some(st) = n.inner.store.load(&volume)? else { return Ok(()) };
@@ -778,8 +779,10 @@ impl Node {
                 return Ok(());
             }
             n.apply_mount(&st, &id, plan.steps)?;
-            // Its blobs now count as used: the cache may shrink to its cap, as after a stage.
-            n.prune_to_cap();
+            if fetched {
+                // Its blobs now count as used: the cache may shrink to its cap, as after a stage.
+                n.prune_to_cap();
+            }
             Ok(())
         })
         .await
