@@ -141,7 +141,7 @@ mod tests {
         assert_eq!(tonic::Status::from(short.clone()).message(), short.message);
         let exact = "x".repeat(MAX_STATUS_MESSAGE);
         assert_eq!(tonic::Status::from(Error::internal(exact.clone())).message(), exact);
-        // A path of 255-byte components, some characters two and three bytes long.
+        // A path of 40 components of 306 bytes, some characters two and three bytes long.
         let path = format!("/{}", vec!["dé€".repeat(51); 40].join("/"));
         let long = format!("resolve {path}: File name too long (os error 36)");
         let status = tonic::Status::from(Error::internal(long.clone()));

@@ -334,12 +334,12 @@ fn a_contract_0_1_0_plugin_stages_and_publishes() {
 /// New mount API only: a dynamic volume needs `mount_setattr(2)`, which the legacy executor
 /// never uses.
 #[test]
-fn unpublish_detaches_mounts_a_pod_moved_deeper_than_path_max() {
+fn unpublish_unmounts_mounts_a_pod_moved_deeper_than_path_max() {
     use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
     use mounthost::proto::csi;
     use rustix::fs::CWD;
     use rustix::mount::{MountFlags, mount};
-    if !in_private_namespace("unpublish_detaches_mounts_a_pod_moved_deeper_than_path_max") {
+    if !in_private_namespace("unpublish_unmounts_mounts_a_pod_moved_deeper_than_path_max") {
         return;
     }
     let Real { _dir, node, exec, staging, target } = real_node("tmpfs");

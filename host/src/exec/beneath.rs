@@ -152,12 +152,13 @@ impl Anchors {
     fn resolve(&self, at: &OwnedFd, rel: &Path, flags: OFlags, extra: ResolveFlags) -> io::Result<OwnedFd> {
         let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS | extra;
         // A directory opened for reading is opened at once: `O_DIRECTORY` refuses anything else
-        // before it is opened (no FIFO or device is ever opened), and `O_NOFOLLOW` with
-        // `RESOLVE_NO_SYMLINKS` a final link (ELOOP), as the judgement below would. One call
-        // instead of four (the state directory's open on every state write, for one).
+        // before it is opened (no FIFO or device is ever opened; a final link, not followed
+        // under `O_NOFOLLOW`, is ENOTDIR too). One call instead of four (the state directory's
+        // open on every state write, for one). ENOTDIR goes the judged way below, which tells
+        // a final link (ELOOP) from anything else.
         if !self.walk && flags.contains(OFlags::DIRECTORY) && !flags.contains(OFlags::PATH) {
             match openat2_pieces(at, rel, flags | OFlags::NOFOLLOW | OFlags::CLOEXEC, how) {
-                Err(Errno::NOSYS) => {}
+                Err(Errno::NOSYS | Errno::NOTDIR) => {}
                 other => return Ok(other?),
             }
         }

@@ -291,6 +291,13 @@ impl Controller {
                 request::shown(named)
             ));
         }
+        // A reference's build calls itself by its own name.
+        if plugin.info.name != name {
+            return Some(format!(
+                "the volume's plugin build calls itself {}, but the volume id belongs to plugin {name}",
+                plugin.info.name
+            ));
+        }
         if let Some(digest) = context.get(request::DIGEST_KEY)
             && *digest != plugin.digest.to_string()
         {

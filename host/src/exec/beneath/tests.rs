@@ -247,6 +247,11 @@ fn paths_longer_than_path_max_resolve_in_pieces_and_still_refuse_links() {
             let e = a.open(&p, OFlags::RDONLY).unwrap_err();
             assert!(is_link_refused(&e), "{} bytes: {e}", p.as_os_str().len());
         }
+        // A final link, opened as a directory: refused as a link, not just "not a directory".
+        for p in [piece_end.join(&link), deep.join("mid")] {
+            let e = a.open(&p, OFlags::RDONLY | OFlags::DIRECTORY).unwrap_err();
+            assert!(is_link_refused(&e), "{} bytes: {e}", p.as_os_str().len());
+        }
     }
     assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1, "nothing created outside");
 }
