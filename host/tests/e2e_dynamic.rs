@@ -512,6 +512,55 @@ fn an_unstage_that_forgets_a_dynamic_publication_stops_its_server() {
     });
 }
 
+/// A pod that polls its socket in a tight loop, or floods it with bad requests, does not flood
+/// the node's log: successful reads are debug lines, and the info lines of a volume's server
+/// (requests that change something or fail) come at most 20 a second, the next one saying how
+/// many were left out.
+#[test]
+fn a_pod_that_floods_its_socket_does_not_flood_the_log() {
+    if !in_private_namespace("a_pod_that_floods_its_socket_does_not_flood_the_log") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let base = tiny_model(&registry, "models/base", "v1", b"base weights");
+    let node = DynNode::start(&registry);
+    let info_lines = || -> Vec<String> {
+        let log = std::fs::read_to_string(node.dirs.root.path().join("host.log")).unwrap_or_default();
+        common::strip_ansi(&log)
+            .lines()
+            .filter(|l| l.contains(" INFO ") && l.contains("dynamic socket request"))
+            .map(str::to_string)
+            .collect()
+    };
+    run(&node, async || {
+        let mut csi = node.node().await;
+        let a = node.dynamic_volume(&mut csi, PV_A, POD_A, &dynamic_ctx(&base.reference)).await;
+        let before = info_lines().len();
+        let started = std::time::Instant::now();
+        for _ in 0..300 {
+            assert_eq!(call(&a, "GET", "/mounts", None).0, 200);
+        }
+        assert_eq!(info_lines().len(), before, "a successful read is not an info line");
+        for _ in 0..300 {
+            assert_eq!(call(&a, "GET", "/nope", None).0, 404);
+        }
+        let seconds = started.elapsed().as_secs() + 1;
+        let flood = info_lines().len() - before;
+        assert!((1..=20 * seconds as usize).contains(&flood), "{flood} info lines in about {seconds} s");
+        std::thread::sleep(Duration::from_millis(1100));
+        assert_eq!(call(&a, "DELETE", "/mounts/none", None).0, 404);
+        // Every line left out is counted by a later one (the last: this DELETE's).
+        let lines = info_lines();
+        let skipped: u64 = lines[before..]
+            .iter()
+            .map(|l| l.split("skipped=").nth(1).unwrap().split_whitespace().next().unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(lines.len() - before, flood + 1);
+        assert_eq!(skipped as usize + flood, 300, "written and left out: {:?}", lines.last());
+        println!("checked: 300 reads, 0 info lines; 300 bad requests, {flood} info lines and {skipped} counted");
+    });
+}
+
 fn volume_key(id: &str) -> String {
     mounthost::volume::dirs::volume_key(id)
 }

@@ -28,6 +28,43 @@ pub struct Peer {
     pub gid: u32,
 }
 
+/// Log lines a server writes about its clients, at most so many a second: a client that floods
+/// a socket (a pod polling in a tight loop, or opening connection after connection) must not
+/// flood the node's log. The lines left out are counted and the next line written says how many.
+#[derive(Debug)]
+pub struct LogBudget {
+    per_second: u32,
+    /// Start of the current second, lines written in it, lines left out since the last written.
+    state: std::sync::Mutex<(std::time::Instant, u32, u64)>,
+}
+
+impl LogBudget {
+    pub fn new(per_second: u32) -> Self {
+        LogBudget { per_second, state: std::sync::Mutex::new((std::time::Instant::now(), 0, 0)) }
+    }
+
+    /// May a line be written now? `Some(n)`: yes, and `n` lines were left out since the last
+    /// one written; `None`: leave this one out (it is counted).
+    pub fn take(&self) -> Option<u64> {
+        self.take_at(std::time::Instant::now())
+    }
+
+    fn take_at(&self, now: std::time::Instant) -> Option<u64> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (start, written, left_out) = &mut *st;
+        if now.saturating_duration_since(*start) >= Duration::from_secs(1) {
+            (*start, *written) = (now, 0);
+        }
+        if *written < self.per_second {
+            *written += 1;
+            Some(std::mem::take(left_out))
+        } else {
+            *left_out += 1;
+            None
+        }
+    }
+}
+
 /// The bounds of one server.
 #[derive(Debug, Clone)]
 pub struct Bounds {
@@ -43,6 +80,8 @@ pub struct Bounds {
     pub head_timeout: Duration,
     /// Longest a connection stays open.
     pub lifetime: Duration,
+    /// The server's lines about its clients (connections refused here, requests in the handler).
+    pub log: Arc<LogBudget>,
 }
 
 /// A `std` listener (non-blocking) as one this server takes.
@@ -71,7 +110,9 @@ pub async fn serve<H, F>(
                     let (Ok(slot), Ok(shared)) =
                         (slots.clone().try_acquire_owned(), bounds.shared.clone().try_acquire_owned())
                     else {
-                        warn!(server = %name, "too many connections; closing one");
+                        if let Some(skipped) = bounds.log.take() {
+                            warn!(server = %name, skipped, "too many connections; closing one");
+                        }
                         continue;
                     };
                     let peer = stream.peer_cred().ok().map(|c| Peer { pid: c.pid().unwrap_or(0), uid: c.uid(), gid: c.gid() });
@@ -126,6 +167,7 @@ mod tests {
             head_bytes: 16 << 10,
             head_timeout: Duration::from_secs(5),
             lifetime,
+            log: Arc::new(LogBudget::new(100)),
         };
         tokio::spawn(async move {
             let _keep = _keep;
@@ -184,5 +226,20 @@ mod tests {
         for s in servers {
             s.abort();
         }
+    }
+
+    #[test]
+    fn a_log_budget_writes_so_many_lines_a_second_and_counts_the_rest() {
+        let budget = LogBudget::new(3);
+        let t0 = std::time::Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let first: Vec<_> = (0..5).map(|i| budget.take_at(at(i))).collect();
+        assert_eq!(first, vec![Some(0), Some(0), Some(0), None, None]);
+        // The next second: the first line says how many were left out, the count starts over.
+        assert_eq!(budget.take_at(at(1000)), Some(2));
+        assert_eq!(budget.take_at(at(1001)), Some(0));
+        assert_eq!(budget.take_at(at(1002)), Some(0));
+        assert_eq!(budget.take_at(at(1500)), None);
+        assert_eq!(budget.take_at(at(2600)), Some(1));
     }
 }

@@ -5,7 +5,8 @@
 //! [`MAX_NODE_CONNECTIONS`] on the node (more are closed at accept), request
 //! heads of at most 16 KiB and [`MAX_HEADERS`] headers read within [`HEAD_TIMEOUT`], bodies of
 //! at most [`api::MAX_BODY`] bytes read within [`BODY_TIMEOUT`], a connection open at most
-//! [`CONNECTION_TIMEOUT`]. Every request is logged with the peer's pid, uid and gid.
+//! [`CONNECTION_TIMEOUT`]. Every request is logged with the peer's pid, uid and gid (a
+//! successful read at debug; the rest at info, at most [`LOG_LINES_PER_SECOND`] lines a second).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,11 +16,11 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use tokio::sync::Semaphore;
 use tokio::sync::mpsc::UnboundedReceiver;
-use tracing::info;
+use tracing::{debug, info};
 
 use super::api::{self, ApiError, CreateMount, MountList};
 use super::{ApiErr, Node};
-use crate::unpriv::unix_http::{self, Bounds, Listener, Peer};
+use crate::unpriv::unix_http::{self, Bounds, Listener, LogBudget, Peer};
 
 /// Connections served at once per volume.
 pub const MAX_CONNECTIONS: usize = 16;
@@ -33,6 +34,8 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a connection stays open.
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(300);
+/// Lines a volume's server logs about its clients per second, at most (see [`LogBudget`]).
+pub const LOG_LINES_PER_SECOND: u32 = 20;
 
 /// Serve `listener` for `volume` until aborted, taking a fresh listener from `relisten` when
 /// the sweeper bound the socket again. Its connections end with it.
@@ -43,6 +46,7 @@ pub async fn run(
     relisten: UnboundedReceiver<Listener>,
     node_slots: Arc<Semaphore>,
 ) {
+    let log = Arc::new(LogBudget::new(LOG_LINES_PER_SECOND));
     let bounds = Bounds {
         connections: MAX_CONNECTIONS,
         shared: node_slots,
@@ -50,25 +54,34 @@ pub async fn run(
         head_bytes: 16 << 10,
         head_timeout: HEAD_TIMEOUT,
         lifetime: CONNECTION_TIMEOUT,
+        log: log.clone(),
     };
     let name = format!("dynamic socket of volume {volume}");
     let handler = move |peer: Option<Peer>, req: Request<Incoming>| {
-        let (node, volume) = (node.clone(), volume.clone());
-        async move { handle(&node, &volume, peer, req).await }
+        let (node, volume, log) = (node.clone(), volume.clone(), log.clone());
+        async move { handle(&node, &volume, &log, peer, req).await }
     };
     unix_http::serve(name, listener, relisten, bounds, handler).await
 }
 
 type Answer = Response<Full<Bytes>>;
 
-/// One request: routed, answered, logged with its peer.
-async fn handle(node: &Node, volume: &str, peer: Option<Peer>, req: Request<Incoming>) -> Answer {
+/// One request: routed, answered, logged with its peer. A request that changes something
+/// (POST, DELETE) or fails is logged at info within the server's [`LogBudget`]; a read that
+/// succeeds (a client polling `GET /mounts/{id}`) at debug.
+async fn handle(node: &Node, volume: &str, log: &LogBudget, peer: Option<Peer>, req: Request<Incoming>) -> Answer {
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let answer = route(node, volume, req).await;
     let Peer { pid, uid, gid } = peer.unwrap_or(Peer { pid: 0, uid: u32::MAX, gid: u32::MAX });
     let shown: String = path.chars().take(200).flat_map(char::escape_debug).collect();
-    info!(volume.id = %volume, peer.pid = pid, peer.uid = uid, peer.gid = gid, %method, path = %shown,
-        status = answer.status().as_u16(), "dynamic socket request");
+    let status = answer.status().as_u16();
+    if method == Method::GET && answer.status().is_success() {
+        debug!(volume.id = %volume, peer.pid = pid, peer.uid = uid, peer.gid = gid, %method, path = %shown,
+            status, "dynamic socket request");
+    } else if let Some(skipped) = log.take() {
+        info!(volume.id = %volume, peer.pid = pid, peer.uid = uid, peer.gid = gid, %method, path = %shown,
+            status, skipped, "dynamic socket request");
+    }
     answer
 }
 
