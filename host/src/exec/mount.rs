@@ -70,6 +70,8 @@ fn errno_of(e: &std::io::Error) -> Errno {
     Errno::from_raw(e.raw_os_error().unwrap_or(match e.kind() {
         std::io::ErrorKind::NotFound => nix::libc::ENOENT,
         std::io::ErrorKind::PermissionDenied => nix::libc::EPERM,
+        std::io::ErrorKind::NotADirectory => nix::libc::ENOTDIR,
+        std::io::ErrorKind::InvalidFilename => nix::libc::ENAMETOOLONG,
         _ => nix::libc::EIO,
     }))
 }
@@ -407,6 +409,24 @@ impl From<MountError> for crate::error::Error {
 #[cfg(test)]
 mod tests {
     use rustix::mount::MountFlags;
+
+    #[test]
+    fn a_resolution_error_keeps_its_errno_through_the_path_it_names() {
+        // The resolver names the path in its errors (`with_path`), which drops the raw errno:
+        // the kind still says which it was, and the daemon decides on the errno (EIO means
+        // "detach lazily", ENOENT "nothing mounted there").
+        use nix::errno::Errno;
+        use std::io::{Error, ErrorKind};
+        for (kind, errno) in [
+            (ErrorKind::NotFound, Errno::ENOENT),
+            (ErrorKind::NotADirectory, Errno::ENOTDIR),
+            (ErrorKind::InvalidFilename, Errno::ENAMETOOLONG),
+            (ErrorKind::Other, Errno::EIO),
+        ] {
+            assert_eq!(super::errno_of(&Error::new(kind, "/a/b: described")), errno, "{kind:?}");
+        }
+        assert_eq!(super::errno_of(&Error::from_raw_os_error(nix::libc::EBUSY)), Errno::EBUSY);
+    }
 
     #[test]
     fn every_bind_option_the_policy_allows_is_a_flag_here() {
