@@ -26,7 +26,7 @@
 //! volume) it is left as it is and the answer is OK: the volume is not published there
 //! (`Node::recorded_at`, which NodeUnstageVolume of a volume with no record uses too).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::Node;
 use super::diff::{Desired, Root};
@@ -66,9 +66,11 @@ impl Node {
     /// here directly. An inline volume that this call leaves staged without a target is
     /// unstaged again ([`Node::drop_unused_ephemeral`]).
     async fn publish_now(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Error> {
+        let t0 = std::time::Instant::now();
+        let id = request::volume_id(&req.volume_id)?;
+        let target = self.inner.roots.check("target_path", &req.target_path)?;
         let ephemeral = req.volume_context.get(request::EPHEMERAL_KEY).is_some_and(|v| v == "true");
-        let (id, target) = (req.volume_id.clone(), req.target_path.clone());
-        let result = self.publish_checked(req).await;
+        let result = self.publish_checked(req, id.clone(), target.clone(), ephemeral, t0).await;
         if let Err(e) = &result
             && ephemeral
         {
@@ -84,21 +86,18 @@ impl Node {
     /// the daemon's next start. A mount at the target (a bind that succeeded before a later
     /// step failed) keeps the volume staged: kubelet's retry finds it and records it. Best
     /// effort: the caller's error stands, whatever happens here.
-    async fn drop_unused_ephemeral(&self, id: &str, target: &str, cause: &Error) {
-        let (Ok(id), Ok(target)) = (request::volume_id(id), self.inner.roots.check("target_path", target)) else {
-            return;
-        };
+    async fn drop_unused_ephemeral(&self, id: &str, target: &Path, cause: &Error) {
         // Another operation on the volume (kubelet's retry) decides for itself.
-        let Ok(_guard) = self.inner.locks.try_lock(&id) else { return };
-        let Ok(Some(st)) = self.inner.store.load(&id) else { return };
+        let Ok(_guard) = self.inner.locks.try_lock(id) else { return };
+        let Ok(Some(st)) = self.inner.store.load(id) else { return };
         if !st.ephemeral || st.phase != Phase::Staged || !st.published.is_empty() {
             return;
         }
-        match self.mounts_touching(&[target.as_path()]) {
-            Ok(table) if table.iter().all(|m| !m.mount_point.starts_with(&target)) => {}
+        match self.mounts_touching(&[target]) {
+            Ok(table) if table.iter().all(|m| !m.mount_point.starts_with(target)) => {}
             _ => return,
         }
-        match self.unstage_locked(&id, &st.staging_path).await {
+        match self.unstage_locked(id, &st.staging_path).await {
             Ok(()) => tracing::info!(
                 volume.id = %id,
                 error = %cause.message,
@@ -112,15 +111,19 @@ impl Node {
         }
     }
 
-    async fn publish_checked(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Error> {
-        let t0 = std::time::Instant::now();
-        let id = request::volume_id(&req.volume_id)?;
-        let target = self.inner.roots.check("target_path", &req.target_path)?;
+    /// The publish itself, for an `id` and `target` [`Node::publish_now`] checked.
+    async fn publish_checked(
+        &self,
+        req: csi::NodePublishVolumeRequest,
+        id: String,
+        target: PathBuf,
+        ephemeral: bool,
+        t0: std::time::Instant,
+    ) -> Result<(), Error> {
         let capability = request::capability(req.volume_capability.as_ref())?;
         request::map("volume_context", &req.volume_context)?;
         request::map("publish_context", &req.publish_context)?;
         let secrets = request::secrets(&req.secrets)?;
-        let ephemeral = req.volume_context.get(request::EPHEMERAL_KEY).is_some_and(|v| v == "true");
         let staging = if ephemeral {
             if !req.staging_target_path.is_empty() {
                 return Err(Error::invalid("an ephemeral inline volume has no staging_target_path"));
