@@ -330,8 +330,8 @@ pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Co
             // everything below the target may be the pod's doing (a dynamic volume's pod can rename
             // `mounts/` into a directory chain deeper than PATH_MAX, which the executor reaches
             // only by resolving in pieces), so a mount point there may be hard to reach, and one
-            // failure must not fail every unpublish of the volume for ever. The target's own unmounts stay
-            // mandatory and do the rest: with a child mount left, umount(2) of the target fails
+            // failure must not fail every unpublish of the volume for ever. The target's own
+            // unmounts stay mandatory and do the rest: with a child mount left, umount(2) of the target fails
             // with EBUSY, `Node::unmount` (pipeline.rs) then detaches it lazily (MNT_DETACH), and a
             // detach takes the whole subtree with it. When the target has no mount of its own, no
             // unmount of it follows, but a mount left below means an entry left in the target

@@ -366,8 +366,8 @@ fn open_anchor(anchor: &Path, flags: OFlags) -> io::Result<OwnedFd> {
         .map_err(|e| with_path(e.into(), anchor))
 }
 
-/// Longest path a syscall takes, its NUL included (`PATH_MAX`).
-const PATH_MAX: usize = 4096;
+/// Longest path a syscall takes, its NUL included.
+const PATH_MAX: usize = nix::libc::PATH_MAX as usize;
 
 /// `openat2` of `rel` below `at` with `how`; a `rel` too long for one call (a pod can build a
 /// directory chain deeper than any path may name, and move a mount into it) in pieces of whole

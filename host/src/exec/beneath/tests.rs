@@ -211,32 +211,23 @@ fn private_dirs_are_tightened() {
 fn paths_longer_than_path_max_resolve_in_pieces_and_still_refuse_links() {
     let (_d, root, outside) = setup();
     let name = "d".repeat(255);
+    // `chain[i]` is the directory `i` levels below the root.
+    let mut chain = vec![rustix::fs::open(&root, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap()];
     let mut deep = root.clone();
-    let mut at = rustix::fs::open(&root, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap();
     for _ in 0..18 {
-        rustix::fs::mkdirat(&at, name.as_str(), Mode::from_raw_mode(0o755)).unwrap();
-        at = rustix::fs::openat(&at, name.as_str(), OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap();
+        let at = chain.last().unwrap();
+        rustix::fs::mkdirat(at, name.as_str(), Mode::from_raw_mode(0o755)).unwrap();
+        chain.push(rustix::fs::openat(at, name.as_str(), OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap());
         deep.push(&name);
     }
-    let file =
-        rustix::fs::openat(&at, "f", OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC, Mode::from_raw_mode(0o644));
-    rustix::io::write(file.unwrap(), b"deep").unwrap();
+    let file = OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC;
+    rustix::io::write(rustix::fs::openat(&chain[18], "f", file, Mode::from_raw_mode(0o644)).unwrap(), b"deep").unwrap();
     assert!(deep.strip_prefix(&root).unwrap().as_os_str().len() > 4096);
     // Component 16 ends the first piece: a link there, and one in the middle of a piece.
-    let mut piece_end = root.clone();
-    for _ in 0..15 {
-        piece_end.push(&name);
-    }
-    let fd_of = |p: &Path| {
-        let mut fd = rustix::fs::open(&root, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap();
-        for c in p.strip_prefix(&root).unwrap().iter() {
-            fd = rustix::fs::openat(&fd, c, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap();
-        }
-        fd
-    };
+    let piece_end = (0..15).fold(root.clone(), |p, _| p.join(&name));
     let link = "l".repeat(255);
-    rustix::fs::symlinkat(&outside, fd_of(&piece_end), link.as_str()).unwrap();
-    rustix::fs::symlinkat(&outside, fd_of(&deep), "mid").unwrap();
+    rustix::fs::symlinkat(&outside, &chain[15], link.as_str()).unwrap();
+    rustix::fs::symlinkat(&outside, &chain[18], "mid").unwrap();
     for a in both(&root) {
         let fd = a.open(&deep.join("f"), OFlags::RDONLY).expect("a path deeper than PATH_MAX resolves");
         let mut buf = [0u8; 8];
