@@ -331,12 +331,12 @@ pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Co
             // `mounts/` into a directory chain deeper than PATH_MAX, which the executor reaches
             // only by resolving in pieces), so a mount point there may be hard to reach, and one
             // failure must not fail every unpublish of the volume for ever. The target's own
-            // unmounts stay mandatory and do the rest: with a child mount left, umount(2) of the target fails
-            // with EBUSY, `Node::unmount` (pipeline.rs) then detaches it lazily (MNT_DETACH), and a
-            // detach takes the whole subtree with it. When the target has no mount of its own, no
-            // unmount of it follows, but a mount left below means an entry left in the target
-            // directory, so removing it fails (not empty) and the unpublish answers an error rather
-            // than OK with a mount left behind.
+            // unmounts stay mandatory and do the rest: with a child mount left, umount(2) of the
+            // target fails with EBUSY, `Node::unmount` (pipeline.rs) then detaches it lazily
+            // (MNT_DETACH), and a detach takes the whole subtree with it. When the target has no
+            // mount of its own, no unmount of it follows, but a mount left below means an entry
+            // left in the target directory, so removing it fails (not empty) and the unpublish
+            // answers an error rather than OK with a mount left behind.
             let mut unmounts = Vec::new();
             t.clear_below(target, &mut unmounts);
             out.extend(unmounts.into_iter().map(|a| match a {
