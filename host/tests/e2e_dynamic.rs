@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::dynamic::*;
-use common::registry::{Registry, RegistryOptions};
+use common::registry::{PushedModel, Registry, RegistryOptions};
 use common::{guarded, in_private_namespace, mounts_below};
 use mounthost::proto::csi;
 use serde_json::{Value, json};
@@ -390,35 +390,55 @@ fn a_pod_mounts_models_into_its_own_volume_and_nothing_else() {
     });
 }
 
-/// A dynamic mount adds to the node's blob cache like a stage does, so it keeps the cache
-/// under `--cache-max-mib` too: what no volume uses is evicted once the mount is ready.
-#[test]
-fn a_dynamic_mount_keeps_the_cache_under_its_cap() {
-    if !in_private_namespace("a_dynamic_mount_keeps_the_cache_under_its_cap") {
+/// Pod A with a dynamic volume of a small model published, on a node whose host daemon runs
+/// with `host_args` too: what the tests below start from.
+struct PodA<'a> {
+    /// To push more models.
+    registry: &'a Registry,
+    /// The volume's own model.
+    base: &'a PushedModel,
+    node: &'a DynNode,
+    csi: Node,
+    /// The published directory (the target).
+    dir: PathBuf,
+}
+
+/// Run `body` on a [`PodA`] (in the private namespace of the test called `test`).
+fn with_pod_a(test: &str, host_args: &[&str], body: impl AsyncFnOnce(&mut PodA<'_>)) {
+    if !in_private_namespace(test) {
         return;
     }
     let registry = Registry::start(RegistryOptions::default());
     let base = tiny_model(&registry, "models/base", "v1", b"base weights");
-    let old = tiny_model(&registry, "models/old", "v1", &vec![1u8; 2 << 20]);
-    let new = tiny_model(&registry, "models/new", "v1", &vec![2u8; 2 << 20]);
-    let node = DynNode::start_with(&registry, &["--cache-max-mib=3"]);
-    let cached = |model: &common::registry::PushedModel| {
-        let w = &model.layers.iter().find(|l| l.filepath == "model.safetensors").unwrap().descriptor;
-        node.dirs.state.join("cache/blobs/sha256").join(w.digest.trim_start_matches("sha256:")).exists()
-    };
+    let node = DynNode::start_with(&registry, host_args);
     run(&node, async || {
         let mut csi = node.node().await;
-        let a = node.dynamic_volume(&mut csi, PV_A, POD_A, &dynamic_ctx(&base.reference)).await;
+        let dir = node.dynamic_volume(&mut csi, PV_A, POD_A, &dynamic_ctx(&base.reference)).await;
+        body(&mut PodA { registry: &registry, base: &base, node: &node, csi, dir }).await
+    });
+}
+
+/// A dynamic mount adds to the node's blob cache like a stage does, so it keeps the cache
+/// under `--cache-max-mib` too: what no volume uses is evicted once the mount is ready.
+#[test]
+fn a_dynamic_mount_keeps_the_cache_under_its_cap() {
+    with_pod_a("a_dynamic_mount_keeps_the_cache_under_its_cap", &["--cache-max-mib=3"], async |p| {
+        let (a, node) = (p.dir.clone(), p.node);
+        let old = tiny_model(p.registry, "models/old", "v1", &vec![1u8; 2 << 20]);
+        let new = tiny_model(p.registry, "models/new", "v1", &vec![2u8; 2 << 20]);
+        let cached = |model: &PushedModel| model.cached(&node.dirs.state, "model.safetensors");
         // Another volume brings `old` into the cache and goes: its weights are used by nobody.
-        let b = node.dynamic_volume(&mut csi, PV_B, POD_B, &dynamic_ctx(&old.reference)).await;
+        let b = node.dynamic_volume(&mut p.csi, PV_B, POD_B, &dynamic_ctx(&old.reference)).await;
         let staging = node.dirs.staging(PV_B).display().to_string();
-        csi.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-            volume_id: PV_B.into(),
-            target_path: b.display().to_string(),
-        })
-        .await
-        .unwrap();
-        csi.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: PV_B.into(), staging_target_path: staging })
+        p.csi
+            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                volume_id: PV_B.into(),
+                target_path: b.display().to_string(),
+            })
+            .await
+            .unwrap();
+        p.csi
+            .node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: PV_B.into(), staging_target_path: staging })
             .await
             .unwrap();
         assert!(cached(&old), "nothing added to the cache since, so nothing was evicted");
@@ -426,7 +446,7 @@ fn a_dynamic_mount_keeps_the_cache_under_its_cap() {
         mount(&a, "new", &new.reference);
         assert_eq!(regular_files(&snapshot(&a.join("mounts/new"))), files_of(&new));
         assert!(!cached(&old), "the weights no volume uses were evicted");
-        assert!(cached(&new) && cached(&base), "what A uses stays");
+        assert!(cached(&new) && cached(p.base), "what A uses stays");
         println!("checked: a dynamic mount over the cache cap evicted what no volume uses, and only that");
     });
 }
@@ -436,16 +456,9 @@ fn a_dynamic_mount_keeps_the_cache_under_its_cap() {
 /// by what it shows, unmounts it and answers 200; NodeUnpublishVolume is clean afterwards.
 #[test]
 fn a_mount_moved_deeper_than_path_max_is_still_deleted() {
-    if !in_private_namespace("a_mount_moved_deeper_than_path_max_is_still_deleted") {
-        return;
-    }
-    let registry = Registry::start(RegistryOptions::default());
-    let base = tiny_model(&registry, "models/base", "v1", b"base weights");
-    let other = tiny_model(&registry, "models/other", "v1", b"other weights");
-    let node = DynNode::start(&registry);
-    run(&node, async || {
-        let mut csi = node.node().await;
-        let a = node.dynamic_volume(&mut csi, PV_A, POD_A, &dynamic_ctx(&base.reference)).await;
+    with_pod_a("a_mount_moved_deeper_than_path_max_is_still_deleted", &[], async |p| {
+        let a = p.dir.clone();
+        let other = tiny_model(p.registry, "models/other", "v1", b"other weights");
         mount(&a, "deep", &other.reference);
         let (chain, deep) = common::deep_chain(&a, 17);
         rustix::fs::renameat(&chain[0], "mounts", &chain[17], "mounts").unwrap();
@@ -460,12 +473,13 @@ fn a_mount_moved_deeper_than_path_max_is_still_deleted() {
             mounts_below(&a).into_iter().filter(|m| *m != a && !m.starts_with(a.join("volume"))).collect();
         assert_eq!(left, Vec::<PathBuf>::new(), "the moved mount is gone");
         assert_eq!(call(&a, "GET", "/mounts/deep", None).0, 404);
-        csi.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-            volume_id: PV_A.into(),
-            target_path: a.display().to_string(),
-        })
-        .await
-        .unwrap();
+        p.csi
+            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                volume_id: PV_A.into(),
+                target_path: a.display().to_string(),
+            })
+            .await
+            .unwrap();
         assert_eq!(mounts_below(&a), Vec::<PathBuf>::new());
         println!("checked: a mount moved {} bytes deep was deleted", moved.as_os_str().len() - a.as_os_str().len());
     });
@@ -477,15 +491,8 @@ fn a_mount_moved_deeper_than_path_max_is_still_deleted() {
 /// keep answering it for the daemon's lifetime.
 #[test]
 fn an_unstage_that_forgets_a_dynamic_publication_stops_its_server() {
-    if !in_private_namespace("an_unstage_that_forgets_a_dynamic_publication_stops_its_server") {
-        return;
-    }
-    let registry = Registry::start(RegistryOptions::default());
-    let base = tiny_model(&registry, "models/base", "v1", b"base weights");
-    let node = DynNode::start(&registry);
-    run(&node, async || {
-        let mut csi = node.node().await;
-        let a = node.dynamic_volume(&mut csi, PV_A, POD_A, &dynamic_ctx(&base.reference)).await;
+    with_pod_a("an_unstage_that_forgets_a_dynamic_publication_stops_its_server", &[], async |p| {
+        let a = p.dir.clone();
         // The container's copy of the target: a descriptor of its directory, held from now on.
         let copy = std::fs::File::open(&a).unwrap();
         let socket = format!("/proc/self/fd/{}/csi.sock", std::os::fd::AsRawFd::as_raw_fd(&copy));
@@ -500,12 +507,13 @@ fn an_unstage_that_forgets_a_dynamic_publication_stops_its_server() {
         assert!(ask().unwrap().starts_with("HTTP/1.1 200"), "served through the copy");
         nix::mount::umount2(&a, nix::mount::MntFlags::MNT_DETACH).unwrap();
         assert!(ask().unwrap().starts_with("HTTP/1.1 200"), "still served: nothing told the daemon yet");
-        csi.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-            volume_id: PV_A.into(),
-            staging_target_path: node.dirs.staging(PV_A).display().to_string(),
-        })
-        .await
-        .expect("the publication kubelet unmounted is forgotten, and the volume unstages");
+        p.csi
+            .node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                volume_id: PV_A.into(),
+                staging_target_path: p.node.dirs.staging(PV_A).display().to_string(),
+            })
+            .await
+            .expect("the publication kubelet unmounted is forgotten, and the volume unstages");
         let err = ask().expect_err("the server stopped with the publication");
         assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
         println!("checked: unstage forgot a publication unmounted behind its back and stopped its server");
@@ -518,23 +526,16 @@ fn an_unstage_that_forgets_a_dynamic_publication_stops_its_server() {
 /// many were left out.
 #[test]
 fn a_pod_that_floods_its_socket_does_not_flood_the_log() {
-    if !in_private_namespace("a_pod_that_floods_its_socket_does_not_flood_the_log") {
-        return;
-    }
-    let registry = Registry::start(RegistryOptions::default());
-    let base = tiny_model(&registry, "models/base", "v1", b"base weights");
-    let node = DynNode::start(&registry);
-    let info_lines = || -> Vec<String> {
-        let log = std::fs::read_to_string(node.dirs.root.path().join("host.log")).unwrap_or_default();
-        common::strip_ansi(&log)
-            .lines()
-            .filter(|l| l.contains(" INFO ") && l.contains("dynamic socket request"))
-            .map(str::to_string)
-            .collect()
-    };
-    run(&node, async || {
-        let mut csi = node.node().await;
-        let a = node.dynamic_volume(&mut csi, PV_A, POD_A, &dynamic_ctx(&base.reference)).await;
+    with_pod_a("a_pod_that_floods_its_socket_does_not_flood_the_log", &[], async |p| {
+        let a = p.dir.clone();
+        let info_lines = || -> Vec<String> {
+            let log = std::fs::read_to_string(p.node.dirs.root.path().join("host.log")).unwrap_or_default();
+            common::strip_ansi(&log)
+                .lines()
+                .filter(|l| l.contains(" INFO ") && l.contains("dynamic socket request"))
+                .map(str::to_string)
+                .collect()
+        };
         let before = info_lines().len();
         let started = std::time::Instant::now();
         for _ in 0..300 {

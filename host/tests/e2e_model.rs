@@ -359,14 +359,14 @@ fn a_model_stages_from_the_registry_and_publishes_read_only() {
         let ls = node.cli(&["cache", "ls"]);
         assert!(ls.status.success(), "{}", String::from_utf8_lossy(&ls.stderr));
         let ls: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
-        let weights = &model.layers.iter().find(|l| l.filepath == "model.safetensors").unwrap().descriptor;
+        let weights = model.layer("model.safetensors");
         let entry = ls["blobs"].as_array().unwrap().iter().find(|b| b["digest"] == weights.digest.as_str()).unwrap();
         assert_eq!(entry["size"], weights.size);
         let users: BTreeSet<&str> = entry["volumes"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
         assert_eq!(users, BTreeSet::from(["pv-model-1", "pv-model-2"]), "{ls}");
         let prune = node.cli(&["cache", "prune"]);
         assert!(prune.status.success(), "{}", String::from_utf8_lossy(&prune.stderr));
-        assert!(node.dirs.state.join("cache/blobs/sha256").join(weights.digest.trim_start_matches("sha256:")).exists());
+        assert!(model.cached(&node.dirs.state, "model.safetensors"));
 
         // Unstaged, nothing is mounted any more; pruned, the cache is empty.
         csi.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
@@ -387,9 +387,7 @@ fn a_model_stages_from_the_registry_and_publishes_read_only() {
         let prune = node.cli(&["cache", "prune"]);
         let pruned: serde_json::Value = serde_json::from_slice(&prune.stdout).unwrap();
         assert_eq!(pruned["evictedBlobs"], model.layers.len(), "{pruned}");
-        assert!(
-            !node.dirs.state.join("cache/blobs/sha256").join(weights.digest.trim_start_matches("sha256:")).exists()
-        );
+        assert!(!model.cached(&node.dirs.state, "model.safetensors"));
     });
 }
 
@@ -618,7 +616,7 @@ fn failed_downloads_say_why_and_leave_no_partial_files() {
         assert!(e.message().contains(&unknown), "{e:?}");
 
         // A blob corrupted in the registry's storage: digest mismatch, nothing kept.
-        let weights = &model.layers.iter().find(|l| l.filepath == "model.safetensors").unwrap().descriptor;
+        let weights = model.layer("model.safetensors");
         let stored = registry.blob_storage_path(&weights.digest);
         let mut bytes = std::fs::read(&stored).unwrap();
         bytes[4096] ^= 0xff;
@@ -628,9 +626,7 @@ fn failed_downloads_say_why_and_leave_no_partial_files() {
         assert_eq!(e.code(), Code::DataLoss, "{e:?}");
         assert!(e.message().contains(&weights.digest) && e.message().contains(&model.reference), "{e:?}");
         assert_eq!(partials(&node.dirs.state), Vec::<PathBuf>::new());
-        assert!(
-            !node.dirs.state.join("cache/blobs/sha256").join(weights.digest.trim_start_matches("sha256:")).exists()
-        );
+        assert!(!model.cached(&node.dirs.state, "model.safetensors"));
         // The retry after the error starts over (and fails the same way: the registry still
         // serves the corrupted bytes).
         let (waits, r) =
@@ -921,10 +917,7 @@ fn the_cache_cap_evicts_only_what_no_volume_uses() {
     let a = small_model(&registry, work.path(), "models/a", 2 << 20);
     let b = small_model(&registry, work.path(), "models/b", 2 << 20);
     let node = ModelNode::start(vec![format!("--insecure-registry={}", registry.host()), "--cache-max-mib=3".into()]);
-    let cached = |model: &PushedModel| {
-        let w = &model.layers.iter().find(|l| l.filepath == "model.safetensors").unwrap().descriptor;
-        node.dirs.state.join("cache/blobs/sha256").join(w.digest.trim_start_matches("sha256:")).exists()
-    };
+    let cached = |model: &PushedModel| model.cached(&node.dirs.state, "model.safetensors");
     run(&node, &registry, async || {
         let mut csi = node.node().await;
         let stage = |pv: &str, m: &PushedModel| {

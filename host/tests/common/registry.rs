@@ -694,6 +694,16 @@ pub struct PushedModel {
 }
 
 impl PushedModel {
+    /// The descriptor of the layer holding `filepath`.
+    pub fn layer(&self, filepath: &str) -> &Descriptor {
+        &self.layers.iter().find(|l| l.filepath == filepath).unwrap_or_else(|| panic!("no layer {filepath}")).descriptor
+    }
+
+    /// Is the blob of the layer holding `filepath` in the node-wide cache below `state`?
+    pub fn cached(&self, state: &Path, filepath: &str) -> bool {
+        state.join("cache/blobs/sha256").join(self.layer(filepath).digest.trim_start_matches("sha256:")).exists()
+    }
+
     /// A file's sha256 (hex) and size.
     pub fn file(&self, path: &str) -> Option<(&str, u64)> {
         self.files.iter().find(|(p, _, _)| p == path).map(|(_, h, s)| (h.as_str(), *s))
