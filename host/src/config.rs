@@ -71,6 +71,9 @@ pub struct Config {
     /// A `plugin: oci://…` value may name a tag without a digest: it is resolved to a digest
     /// once (CreateVolume, or a volume's first stage) and the volume is pinned to that.
     pub allow_plugin_tags: bool,
+    /// The stock plugins this process offers, by name (all of them unless configured): a
+    /// volume naming another is refused as an unknown plugin ([`Config::offer_stock`]).
+    pub stock_plugins: std::collections::BTreeSet<String>,
 }
 
 /// The range of ids (`FIRST-LAST`, inclusive) from which each volume whose FUSE program the
@@ -185,6 +188,7 @@ impl Config {
             cgroup_parent: DEFAULT_CGROUP_PARENT.to_string(),
             registries: Registries::default(),
             allow_plugin_tags: false,
+            stock_plugins: crate::stock::names().into_iter().map(String::from).collect(),
         }
     }
 
@@ -201,6 +205,7 @@ impl Config {
             concurrency: self.plugin_concurrency,
             default_limits: self.plugin_limits,
             limits: self.plugin_limits_by_name.clone(),
+            stock: crate::stock::offered(&self.stock_plugins),
             ..RuntimeConfig::default()
         }
     }
@@ -219,6 +224,18 @@ impl Config {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(self.state_dir.as_os_str().as_encoded_bytes());
         PathBuf::from(format!("{DEFAULT_FUSE_FILES_DIR}-{}", hex::encode(&digest[..8])))
+    }
+
+    /// Offer only the stock plugins in `names` (each one of [`crate::stock::names`]). A stock
+    /// plugin left out also loses its default grant, so a folder plugin taking its name gets
+    /// only what `--grant` gives it.
+    pub fn offer_stock(&mut self, names: std::collections::BTreeSet<String>) {
+        for stock in crate::stock::names() {
+            if !names.contains(stock) {
+                self.grants.remove(stock);
+            }
+        }
+        self.stock_plugins = names;
     }
 
     /// What `plugin` is granted (nothing when it has no entry).
@@ -296,5 +313,20 @@ mod tests {
         let r = Registries { proxy: Some("http://user:hunter2@proxy:3128".into()), ..Default::default() };
         let printed = format!("{:?}", Config { registries: r, ..Config::default() });
         assert!(!printed.contains("hunter2") && printed.contains("<set>"), "{printed}");
+    }
+
+    #[test]
+    fn a_stock_plugin_left_out_is_not_offered_and_loses_its_grant() {
+        let all = Config::default();
+        let names = |c: &Config| c.runtime().stock.iter().map(|s| s.name).collect::<Vec<_>>();
+        assert_eq!(names(&all), ["seaweedfs", "model"]);
+        let mut models = Config::default();
+        models.offer_stock(["model".to_string()].into());
+        assert_eq!(names(&models), ["model"]);
+        assert!(models.grant("seaweedfs").programs.is_empty() && models.grant("seaweedfs").fstypes.is_empty());
+        assert!(all.grant("seaweedfs").programs.contains("weed"));
+        let mut none = Config::default();
+        none.offer_stock(Default::default());
+        assert!(names(&none).is_empty());
     }
 }

@@ -13,6 +13,17 @@ pub fn plugins() -> Vec<StockPlugin> {
     vec![StockPlugin { name: "seaweedfs", wasm: SEAWEEDFS }, StockPlugin { name: "model", wasm: MODEL }]
 }
 
+/// The stock plugins' names, in the order of [`plugins`].
+pub fn names() -> Vec<&'static str> {
+    plugins().iter().map(|p| p.name).collect()
+}
+
+/// The stock plugins named in `offered`, in the order of [`plugins`] (what a host started with
+/// `--stock-plugins` offers).
+pub fn offered(offered: &std::collections::BTreeSet<String>) -> Vec<StockPlugin> {
+    plugins().into_iter().filter(|p| offered.contains(p.name)).collect()
+}
+
 /// Test fixtures built with the stock plugins (used by tests and benchmarks only).
 pub mod fixtures {
     /// Path of a fixture component, e.g. `misbehave`.

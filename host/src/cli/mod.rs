@@ -123,6 +123,10 @@ pub struct GlobalArgs {
     /// when the volume is created or first staged, and pinned) [default: a digest is required].
     #[arg(long, env = "MOUNTHOST_ALLOW_PLUGIN_TAGS", global = true)]
     pub allow_plugin_tags: bool,
+    /// The stock plugins this process offers, comma-separated, or `none`: a StorageClass or
+    /// volume naming another one is refused as an unknown plugin.
+    #[arg(long, env = "MOUNTHOST_STOCK_PLUGINS", value_delimiter = ',', value_parser = parse_stock_plugin, default_value = "seaweedfs,model", global = true)]
+    pub stock_plugins: Vec<String>,
     /// Log filter, e.g. `info` or `info,mounthost=debug`.
     #[arg(long, env = "MOUNTHOST_LOG", default_value = "info", global = true)]
     pub log: String,
@@ -189,6 +193,8 @@ impl GlobalArgs {
     /// current directory (`--state-dir .local` is the local, unprivileged setup).
     pub fn config(&self) -> std::io::Result<Config> {
         let mut cfg = Config::new(std::path::absolute(&self.state_dir)?);
+        // Before the grants below: a stock plugin left out keeps only what --grant gives it.
+        cfg.offer_stock(self.stock_plugins.iter().filter(|n| !n.is_empty()).cloned().collect());
         if let Some(dir) = &self.plugin_dir {
             cfg.plugin_dir = std::path::absolute(dir)?;
         }
@@ -252,6 +258,19 @@ fn parse_registry(s: &str) -> Result<String, String> {
         Err(format!(
             "{s:?} is not a registry HOST[:PORT] as references name it (no scheme or path), e.g. 127.0.0.1:5000"
         ))
+    }
+}
+
+/// One name of `--stock-plugins`: a stock plugin's, or `none` (also empty) for none of them.
+fn parse_stock_plugin(s: &str) -> Result<String, String> {
+    let name = s.trim();
+    match name {
+        "" | "none" => Ok(String::new()),
+        _ if crate::stock::names().contains(&name) => Ok(name.to_string()),
+        _ => Err(format!(
+            "{s:?} is not a stock plugin; the stock plugins are {} (or `none` for none of them)",
+            crate::stock::names().join(", ")
+        )),
     }
 }
 
@@ -473,6 +492,29 @@ mod tests {
             let err = parse_program_args(bad).unwrap_err();
             assert!(err.contains(why), "{bad:?}: {err}");
         }
+    }
+
+    #[test]
+    fn stock_plugins_are_chosen_by_name() {
+        let offered = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["mounthost"], args, &["plugin", "list"]].concat()).unwrap();
+            let cfg = cli.global.config().unwrap();
+            (cfg.stock_plugins.iter().cloned().collect::<Vec<_>>(), cfg.grant("seaweedfs"))
+        };
+        assert_eq!(offered(&[]).0, ["model", "seaweedfs"]);
+        let (names, seaweedfs) = offered(&["--stock-plugins", "model"]);
+        assert_eq!(names, ["model"]);
+        assert!(seaweedfs.programs.is_empty(), "a stock plugin left out keeps no default grant");
+        // A grant given explicitly still applies (to a folder plugin of that name).
+        let (_, seaweedfs) = offered(&["--stock-plugins", "model", "--grant", "seaweedfs:program=weed"]);
+        assert!(seaweedfs.programs.contains("weed"));
+        for none in ["none", ""] {
+            assert!(offered(&["--stock-plugins", none]).0.is_empty(), "{none:?}");
+        }
+        let err = Cli::try_parse_from(["mounthost", "--stock-plugins", "model,seaweed", "plugin", "list"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        let text = err.to_string();
+        assert!(text.contains("\"seaweed\" is not a stock plugin; the stock plugins are seaweedfs, model"), "{text}");
     }
 
     #[test]

@@ -120,6 +120,9 @@ impl PluginRuntime {
                  its reference, plugin: oci://REGISTRY/REPOSITORY@sha256:<manifest>, never by its name)"
             ));
         }
+        if !self.config.stock.iter().any(|s| s.name == name) && crate::stock::names().contains(&name) {
+            known.push_str(&format!(" ({name:?} is a stock plugin this host does not offer: see --stock-plugins)"));
+        }
         PluginError::UnknownPlugin { name: name.into(), known }
     }
 
