@@ -3,8 +3,10 @@
 //! [`crate::unpriv::metrics_http`]. Pure data: recording a value has no effect on the node.
 //!
 //! Label values come only from the code (RPC names, gRPC codes, outcomes) or from what the host
-//! has already checked (the name of a loaded plugin), never from a raw request field, so a
-//! client cannot blow up the number of series.
+//! has already checked (the name of a loaded plugin; the registry of a pull, which reaches the
+//! blob cache only once the policy found it granted, or from the operator's `cache pull`),
+//! never from a raw request field, so a client cannot blow up the number of series. No
+//! repository, tag or digest is ever a label.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -77,6 +79,65 @@ struct CacheResult {
     result: String,
 }
 
+/// The registry a pull contacted, `host[:port]` as references spell it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RegistryLabel {
+    registry: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RegistryFound {
+    registry: String,
+    found: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RegistryOutcome {
+    registry: String,
+    outcome: String,
+}
+
+/// How a pull found a blob it needed already on the node, as counted by
+/// `mounthost_oci_blobs_deduplicated_total{found}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dedup {
+    /// Complete in the node's cache.
+    Cached,
+    /// Being downloaded for another pull, which this one joined.
+    Downloading,
+}
+
+/// How a pull ended, as counted by `mounthost_oci_pull_duration_seconds{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullOutcome {
+    /// Every blob is in the cache.
+    Ok,
+    /// A blob's download failed for good (or the download could not start), and the pull was
+    /// told so.
+    Failed,
+}
+
+impl PullOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            PullOutcome::Ok => "ok",
+            PullOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// The blob bytes received from one registry: adding is one atomic add, for a download's hot
+/// path.
+#[derive(Clone, Debug, Default)]
+pub struct ByteCounter(Counter);
+
+impl ByteCounter {
+    /// `n` more bytes.
+    pub fn add(&self, n: u64) {
+        self.0.inc_by(n);
+    }
+}
+
 /// How a plugin call ended, as counted by `mounthost_plugin_calls_total{outcome}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallOutcome {
@@ -112,6 +173,12 @@ fn latency() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
 }
 
+/// Pull duration buckets from 10 ms (a model already in the cache) doubling to ~87 minutes (a
+/// multi-GB model over a slow link): 0.01, 0.02, 0.04, ... 5242.88 s.
+fn pull_time() -> Histogram {
+    Histogram::new(exponential_buckets(0.01, 2.0, 20))
+}
+
 /// One live volume as the host reports it at a scrape.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct LiveVolume {
@@ -137,9 +204,16 @@ pub struct Metrics {
     plugin_calls: Family<PluginOutcome, Counter>,
     plugin_duration: Histograms<PluginCall>,
     plugin_compiles: Family<CacheResult, Counter>,
-    oci_bytes: Counter,
+    oci_fetched: Family<RegistryLabel, Counter>,
+    oci_from_cache: Family<RegistryLabel, Counter>,
+    oci_deduplicated: Family<RegistryFound, Counter>,
+    oci_pull_duration: Histograms<RegistryOutcome>,
+    oci_pulls: Family<RegistryLabel, Gauge>,
     /// Roles this process serves (`host`, `csi`) and whether each is ready.
     ready: Mutex<BTreeMap<&'static str, bool>>,
+    /// Why the host daemon stands by instead of serving (another daemon holds its state
+    /// directory), while it does.
+    standby: Mutex<Option<String>>,
     /// One refresh per role, run before a scrape.
     refresh: Mutex<BTreeMap<&'static str, Refresh>>,
     /// When the refreshes last ran: scrapes run one at a time, and refresh at most once a
@@ -222,12 +296,38 @@ impl Metrics {
             "Plugin loads by compile cache result (hit: loaded compiled code; miss: compiled)",
             plugin_compiles.clone(),
         );
-        let oci_bytes = Counter::default();
+        let oci_fetched = Family::<RegistryLabel, Counter>::default();
         registry.register_with_unit(
             "mounthost_oci_blob_fetched",
-            "Bytes of OCI blobs received from registries into the node's cache",
+            "Bytes of OCI blobs received from registries into the node's cache, by registry contacted",
             Unit::Bytes,
-            oci_bytes.clone(),
+            oci_fetched.clone(),
+        );
+        let oci_from_cache = Family::<RegistryLabel, Counter>::default();
+        registry.register_with_unit(
+            "mounthost_oci_blob_served_from_cache",
+            "Bytes of OCI blobs a pull found complete in the node's cache and used without fetching, by registry",
+            Unit::Bytes,
+            oci_from_cache.clone(),
+        );
+        let oci_deduplicated = Family::<RegistryFound, Counter>::default();
+        registry.register(
+            "mounthost_oci_blobs_deduplicated",
+            "Blobs a pull needed and found on the node: complete in the cache (cached) or being downloaded for another pull (downloading)",
+            oci_deduplicated.clone(),
+        );
+        let oci_pull_duration: Histograms<RegistryOutcome> = Family::new_with_constructor(pull_time);
+        registry.register_with_unit(
+            "mounthost_oci_pull_duration",
+            "Time from a pull's first request for its blobs until all were in the cache (ok) or one failed (failed)",
+            Unit::Seconds,
+            oci_pull_duration.clone(),
+        );
+        let oci_pulls = Family::<RegistryLabel, Gauge>::default();
+        registry.register(
+            "mounthost_oci_pulls_in_progress",
+            "Pulls waiting for blobs now, by registry",
+            oci_pulls.clone(),
         );
         Metrics {
             registry,
@@ -241,21 +341,63 @@ impl Metrics {
             plugin_calls,
             plugin_duration,
             plugin_compiles,
-            oci_bytes,
+            oci_fetched,
+            oci_from_cache,
+            oci_deduplicated,
+            oci_pull_duration,
+            oci_pulls,
             ready: Mutex::new(BTreeMap::new()),
+            standby: Mutex::new(None),
             refresh: Mutex::new(BTreeMap::new()),
             refreshed: tokio::sync::Mutex::new(None),
             plugins: Mutex::new(BTreeSet::new()),
         }
     }
 
-    /// The node's blob cache has received `total` bytes from registries since the daemon
-    /// started (a running total: the counter catches up to it).
-    pub fn oci_bytes_fetched(&self, total: u64) {
-        let seen = self.oci_bytes.get();
-        if total > seen {
-            self.oci_bytes.inc_by(total - seen);
+    /// The counter of blob bytes received from `registry` (`host[:port]`, the host contacted).
+    pub fn oci_fetched(&self, registry: &str) -> ByteCounter {
+        ByteCounter(self.oci_fetched.get_or_create(&registry_label(registry)).clone())
+    }
+
+    /// A pull found a blob of `bytes` complete in the cache and used it without fetching.
+    pub fn oci_served_from_cache(&self, registry: &str, bytes: u64) {
+        self.oci_from_cache.get_or_create(&registry_label(registry)).inc_by(bytes);
+    }
+
+    /// A pull found a blob it needed already on the node.
+    pub fn oci_deduplicated(&self, registry: &str, found: Dedup) {
+        let found = match found {
+            Dedup::Cached => "cached",
+            Dedup::Downloading => "downloading",
+        };
+        self.oci_deduplicated.get_or_create(&RegistryFound { registry: registry.into(), found: found.into() }).inc();
+    }
+
+    /// A pull from `registry` began: it is in progress until it finishes or is abandoned. Its
+    /// registry's byte and blob counters exist (at 0) from now on.
+    pub fn oci_pull_started(&self, registry: &str) {
+        let label = registry_label(registry);
+        self.oci_pulls.get_or_create(&label).inc();
+        let _ = self.oci_fetched.get_or_create(&label);
+        let _ = self.oci_from_cache.get_or_create(&label);
+        for found in ["cached", "downloading"] {
+            let _ =
+                self.oci_deduplicated.get_or_create(&RegistryFound { registry: registry.into(), found: found.into() });
         }
+    }
+
+    /// A pull from `registry` ended after `took`.
+    pub fn oci_pull_finished(&self, registry: &str, outcome: PullOutcome, took: Duration) {
+        self.oci_pulls.get_or_create(&registry_label(registry)).dec();
+        self.oci_pull_duration
+            .get_or_create(&RegistryOutcome { registry: registry.into(), outcome: outcome.label().into() })
+            .observe(took.as_secs_f64());
+    }
+
+    /// A pull from `registry` stopped waiting before it ended (its volume was unstaged, its
+    /// operator went away, it asked for other blobs): no longer in progress, and not timed.
+    pub fn oci_pull_abandoned(&self, registry: &str) {
+        self.oci_pulls.get_or_create(&registry_label(registry)).dec();
     }
 
     /// A host daemon operation finished.
@@ -342,6 +484,18 @@ impl Metrics {
         self.ready.lock().unwrap_or_else(|e| e.into_inner()).insert(role, true);
     }
 
+    /// The host daemon stands by for `why` (`None`: no longer). `/readyz` answers 200
+    /// `standby: <why>` while the host is the only role not ready, so the surge pod of a
+    /// rolling update becomes available and the old pod is stopped.
+    pub fn set_standby(&self, why: Option<String>) {
+        *self.standby.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
+    /// Why the host daemon stands by, while it does.
+    pub fn standby(&self) -> Option<String> {
+        self.standby.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Roles not ready yet (empty: ready).
     pub fn not_ready(&self) -> Vec<&'static str> {
         let ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
@@ -374,6 +528,10 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String never fails");
         out
     }
+}
+
+fn registry_label(registry: &str) -> RegistryLabel {
+    RegistryLabel { registry: registry.to_string() }
 }
 
 /// `OK`, `NOT_FOUND`, ...: the names the gRPC spec gives the codes.
@@ -447,6 +605,8 @@ mod tests {
         m.plugin_call("p", "stage", CallOutcome::Ok, Duration::ZERO);
         m.plugin_loaded("p", true);
         m.set_volumes(&[LiveVolume { plugin: "p".into(), phase: "staged".into(), healthy: true }]);
+        m.oci_pull_started("r");
+        m.oci_pull_finished("r", PullOutcome::Ok, Duration::ZERO);
         let registered: BTreeSet<(String, String)> = m
             .encode()
             .lines()
@@ -466,8 +626,50 @@ mod tests {
                 (format!("mounthost_{}", cells[0].trim_end_matches('`')), cells[1].to_string())
             })
             .collect();
-        assert_eq!(registered.len(), 11, "{registered:?}");
+        assert_eq!(registered.len(), 15, "{registered:?}");
         assert_eq!(documented, registered);
+    }
+
+    #[test]
+    fn pulls_are_counted_by_registry() {
+        let m = Metrics::new();
+        let fetched = m.oci_fetched("reg.example:5000");
+        m.oci_pull_started("reg.example:5000");
+        m.oci_pull_started("reg.example:5000");
+        m.oci_pull_started("other.example");
+        fetched.add(700);
+        fetched.clone().add(300);
+        m.oci_served_from_cache("reg.example:5000", 42);
+        m.oci_deduplicated("reg.example:5000", Dedup::Cached);
+        m.oci_deduplicated("reg.example:5000", Dedup::Downloading);
+        m.oci_deduplicated("reg.example:5000", Dedup::Downloading);
+        m.oci_pull_finished("reg.example:5000", PullOutcome::Ok, Duration::from_millis(30));
+        m.oci_pull_finished("other.example", PullOutcome::Failed, Duration::from_secs(3));
+        let text = m.encode();
+        for line in [
+            "mounthost_oci_blob_fetched_bytes_total{registry=\"reg.example:5000\"} 1000",
+            "mounthost_oci_blob_fetched_bytes_total{registry=\"other.example\"} 0",
+            "mounthost_oci_blob_served_from_cache_bytes_total{registry=\"reg.example:5000\"} 42",
+            "mounthost_oci_blobs_deduplicated_total{registry=\"reg.example:5000\",found=\"cached\"} 1",
+            "mounthost_oci_blobs_deduplicated_total{registry=\"reg.example:5000\",found=\"downloading\"} 2",
+            "mounthost_oci_blobs_deduplicated_total{registry=\"other.example\",found=\"cached\"} 0",
+            "mounthost_oci_pulls_in_progress{registry=\"reg.example:5000\"} 1",
+            "mounthost_oci_pulls_in_progress{registry=\"other.example\"} 0",
+            "mounthost_oci_pull_duration_seconds_count{registry=\"reg.example:5000\",outcome=\"ok\"} 1",
+            "mounthost_oci_pull_duration_seconds_bucket{le=\"0.04\",registry=\"reg.example:5000\",outcome=\"ok\"} 1",
+            "mounthost_oci_pull_duration_seconds_bucket{le=\"0.02\",registry=\"reg.example:5000\",outcome=\"ok\"} 0",
+            "mounthost_oci_pull_duration_seconds_count{registry=\"other.example\",outcome=\"failed\"} 1",
+            "mounthost_oci_pull_duration_seconds_bucket{le=\"5242.88\",registry=\"other.example\",outcome=\"failed\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no line {line}:\n{text}");
+        }
+        // An abandoned pull leaves progress and is not timed.
+        m.oci_pull_abandoned("reg.example:5000");
+        let text = m.encode();
+        assert!(text.contains("mounthost_oci_pulls_in_progress{registry=\"reg.example:5000\"} 0"), "{text}");
+        assert!(
+            text.contains("mounthost_oci_pull_duration_seconds_count{registry=\"reg.example:5000\",outcome=\"ok\"} 1")
+        );
     }
 
     #[test]

@@ -308,7 +308,6 @@ pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()>
                         })
                         .collect();
                     crate::metrics::global().set_volumes(&live);
-                    crate::metrics::global().oci_bytes_fetched(n.artifacts().bytes_fetched());
                 }
             })
         }),

@@ -96,6 +96,7 @@ pub(super) async fn download(
     blob: &Blob,
     live: &Live,
     fetched: &AtomicU64,
+    counted: &crate::metrics::ByteCounter,
 ) -> Result<(), OciError> {
     let local = |e: io::Error, path: &std::path::Path| OciError::local(path, &e, &ep.ctx.reference, &blob.digest);
     let (file, segs) = {
@@ -137,7 +138,7 @@ pub(super) async fn download(
     };
     // Should this future be dropped (the runtime shutting down), the follower stops too.
     let _stop = StopOnDrop(shared.clone());
-    let ctx = Stream { ep, store, blob, live, fetched, shared: &shared };
+    let ctx = Stream { ep, store, blob, live, fetched, counted, shared: &shared };
     let started = std::time::Instant::now();
     futures_util::future::join_all((0..streams).map(|_| ctx.run())).await;
     let received = started.elapsed();
@@ -284,6 +285,8 @@ struct Stream<'a> {
     blob: &'a Blob,
     live: &'a Live,
     fetched: &'a AtomicU64,
+    /// The same bytes, in the registry's metric.
+    counted: &'a crate::metrics::ByteCounter,
     shared: &'a Arc<Shared>,
 }
 
@@ -338,6 +341,7 @@ impl Stream<'_> {
                 }
             };
             self.fetched.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            self.counted.add(chunk.len() as u64);
             let mut data: &[u8] = &chunk;
             if skip > 0 {
                 let n = skip.min(data.len() as u64);

@@ -14,7 +14,8 @@ use std::time::Duration;
 use super::cache::Core;
 use super::download::{Blob, Live, download};
 use super::error::OciError;
-use super::registry::{Endpoint, Scope};
+use super::pulls::{Pulls, Sight};
+use super::registry::{Endpoint, Scope, host_of};
 use super::store::hex_of;
 use super::{BlobProgress, BlobRef, Ensure, Progress, Source};
 
@@ -32,6 +33,8 @@ pub(super) struct Inner {
     /// The last transient failure of a digest's download and the bytes it left on disk
     /// (cleared when a download of it succeeds or fails for good).
     transient: HashMap<String, Stopped>,
+    /// What each waiter's pull has seen, for the metrics.
+    pulls: Pulls,
 }
 
 /// A download stopped by a transient failure: no new one starts before `retry_at`, so a
@@ -83,6 +86,8 @@ impl Core {
             false => None,
         };
         let mut failed = None;
+        // How this call found each blob, for the pull metrics (`pulls.rs`).
+        let mut sights: Vec<(String, Sight)> = Vec::with_capacity(wanted.len());
         let mut inner = self.inner();
         inner.volumes.insert(volume.to_string(), blobs.to_vec());
         // Downloads this volume asked for before and no longer does: it stops waiting (they go on).
@@ -95,11 +100,15 @@ impl Core {
         for (hex, b) in &wanted {
             if self.store.present(hex, b.size) {
                 self.store.touch(hex);
+                sights.push((hex.clone(), Sight::Cached(b.size)));
                 continue;
             }
             match inner.flights.get_mut(hex) {
                 Some(Flight { state: State::Running, waiters, .. }) => {
+                    // Joined, unless this waiter started it (its first sight said so).
+                    let joined = !waiters.contains(volume);
                     waiters.insert(volume.to_string());
+                    sights.push((hex.clone(), if joined { Sight::Joined } else { Sight::Started }));
                     continue;
                 }
                 Some(Flight { state: State::Failed { error, unreported }, .. }) if unreported.contains(volume) => {
@@ -146,7 +155,12 @@ impl Core {
             );
             tracing::info!(volume.id = %volume, registry = %ep.ctx.registry, digest = %b.digest, bytes = b.size, "pulling a blob");
             handle.spawn(self.clone().fly(ep, blob, live));
+            sights.push((hex.clone(), Sight::Started));
         }
+        let metrics = crate::metrics::global();
+        let registry = host_of(src);
+        let asked = wanted.iter().map(|(hex, _)| hex.clone()).collect();
+        inner.pulls.saw(metrics, volume, &registry, asked, &sights);
         // A download that has put its blob in place but not yet recorded its end (the proof its
         // credentials gave among it): ready a moment later, so that `authorize` right after
         // `Ready` finds the proof.
@@ -154,10 +168,13 @@ impl Core {
             wanted.iter().any(|(hex, _)| matches!(inner.flights.get(hex), Some(Flight { state: State::Running, .. })));
         drop(inner);
         if let Some(e) = failed {
+            self.inner().pulls.end(metrics, volume, crate::metrics::PullOutcome::Failed);
             return Ensure::Failed(e);
         }
-        let progress = self.progress_of(&self.inner(), blobs);
+        let mut inner = self.inner();
+        let progress = self.progress_of(&inner, blobs);
         if !settling && progress.done_bytes == progress.total_bytes && blobs.iter().all(|b| self.present(b)) {
+            inner.pulls.end(metrics, volume, crate::metrics::PullOutcome::Ok);
             Ensure::Ready
         } else {
             Ensure::Pulling(progress)
@@ -200,6 +217,7 @@ impl Core {
     pub fn forget(&self, volume: &str) {
         let mut inner = self.inner();
         inner.volumes.remove(volume);
+        inner.pulls.forget(crate::metrics::global(), volume);
         inner.flights.retain(|_, f| {
             f.waiters.remove(volume);
             match &mut f.state {
@@ -221,6 +239,8 @@ impl Core {
     /// outcome in the map.
     async fn fly(self: Arc<Self>, ep: Arc<Endpoint>, blob: Blob, live: Arc<Live>) {
         let mut retries = 0;
+        // Blob bytes received, by registry contacted.
+        let counted = crate::metrics::global().oci_fetched(&ep.ctx.registry);
         let outcome = loop {
             // Its turn among the node's downloads, for this attempt (the semaphore is never
             // closed); given back before a retry's pause.
@@ -229,8 +249,9 @@ impl Core {
             // A task of its own, so that a bug panicking in it ends this flight with an error
             // instead of leaving it "running" forever.
             let attempt = {
-                let (core, ep, blob, live) = (self.clone(), ep.clone(), blob.clone(), live.clone());
-                tokio::spawn(async move { download(&ep, &core.store, &blob, &live, &core.fetched).await })
+                let (core, ep, blob, live, counted) =
+                    (self.clone(), ep.clone(), blob.clone(), live.clone(), counted.clone());
+                tokio::spawn(async move { download(&ep, &core.store, &blob, &live, &core.fetched, &counted).await })
             };
             let result = attempt.await.unwrap_or_else(|e| {
                 Err(OciError::Local {

@@ -27,6 +27,7 @@ mod flight;
 mod follower;
 mod link;
 mod plugin;
+mod pulls;
 mod push;
 mod registry;
 mod segments;
@@ -322,7 +323,9 @@ impl Artifacts {
     }
 
     /// Blob bytes received from registries by downloads since start (manifests and configs
-    /// that `resolve` reads are not counted).
+    /// that `resolve` reads are not counted). The process's metrics count them by registry
+    /// as they arrive (`mounthost_oci_blob_fetched_bytes_total`), with the other pull metrics
+    /// (`pulls.rs`).
     pub fn bytes_fetched(&self) -> u64 {
         self.core.fetched.load(std::sync::atomic::Ordering::Relaxed)
     }

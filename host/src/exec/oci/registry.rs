@@ -172,7 +172,7 @@ impl Registries {
 }
 
 /// The host contacted for `src`: its mirror's when it has one, lower case.
-fn host_of(src: &Source) -> String {
+pub(super) fn host_of(src: &Source) -> String {
     src.mirror.as_deref().unwrap_or(&src.registry).trim().to_ascii_lowercase()
 }
 

@@ -526,3 +526,52 @@ fn the_follower_raises_its_threads_priority_and_gives_it_back() {
     }
     assert_eq!(nice(), before);
 }
+
+/// The value of the process's metric sample `name{labels}` (labels in the encoder's order).
+fn sample(name: &str, labels: &str) -> f64 {
+    let text = crate::metrics::global().encode();
+    let prefix = format!("{name}{{{labels}}} ");
+    let line = text.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no {prefix}in:\n{text}"));
+    line[prefix.len()..].parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_metrics_tell_fetched_joined_and_cached_blobs() {
+    let e = env().await;
+    // Each fake registry has a port of its own: its label is this test's alone.
+    let r = format!("registry=\"{}\"", e.fake.host);
+    e.fake.state.delay_ms.store(2, Ordering::SeqCst);
+    let data = random(4 << 20, 31);
+    let b = e.blob(data.clone());
+    let one = std::slice::from_ref(&b);
+    // vol-a starts the download, vol-b joins it: two pulls in progress, one blob deduplicated.
+    assert!(matches!(e.a.ensure("vol-a", &e.src("v1"), one), Ensure::Pulling(_)));
+    assert!(matches!(e.a.ensure("vol-b", &e.src("v1"), one), Ensure::Pulling(_)));
+    assert!(matches!(e.a.ensure("vol-b", &e.src("v1"), one), Ensure::Pulling(_)), "asking again counts nothing");
+    assert_eq!(sample("mounthost_oci_pulls_in_progress", &r), 2.0);
+    assert_eq!(sample("mounthost_oci_blobs_deduplicated_total", &format!("{r},found=\"downloading\"")), 1.0);
+    assert_eq!(e.settle("vol-a", one).await, Ensure::Ready);
+    assert_eq!(e.settle("vol-b", one).await, Ensure::Ready);
+    assert_eq!(sample("mounthost_oci_pulls_in_progress", &r), 0.0);
+    assert_eq!(sample("mounthost_oci_blob_fetched_bytes_total", &r), data.len() as f64);
+    // Neither pull found it in the cache: vol-a fetched it, vol-b joined that download.
+    assert_eq!(sample("mounthost_oci_blob_served_from_cache_bytes_total", &r), 0.0);
+    assert_eq!(sample("mounthost_oci_pull_duration_seconds_count", &format!("{r},outcome=\"ok\"")), 2.0);
+    // A third volume finds it cached: served from the cache, deduplicated, a pull at once.
+    assert_eq!(e.a.ensure("vol-c", &e.src("v1"), one), Ensure::Ready);
+    assert_eq!(sample("mounthost_oci_blob_served_from_cache_bytes_total", &r), data.len() as f64);
+    assert_eq!(sample("mounthost_oci_blobs_deduplicated_total", &format!("{r},found=\"cached\"")), 1.0);
+    assert_eq!(sample("mounthost_oci_pull_duration_seconds_count", &format!("{r},outcome=\"ok\"")), 3.0);
+    assert_eq!(sample("mounthost_oci_blob_fetched_bytes_total", &r), data.len() as f64, "nothing fetched again");
+    // A corrupt blob: the pull waiting for it ends failed; one forgotten while pulling is abandoned.
+    e.fake.state.corrupt.store(true, Ordering::SeqCst);
+    let bad = e.blob(random(1 << 20, 32));
+    let other = e.blob(random(1 << 20, 33));
+    assert!(matches!(e.a.ensure("vol-d", &e.src("v1"), std::slice::from_ref(&bad)), Ensure::Pulling(_)));
+    assert!(matches!(e.a.ensure("vol-e", &e.src("v1"), std::slice::from_ref(&other)), Ensure::Pulling(_)));
+    e.a.forget("vol-e");
+    assert!(matches!(e.settle("vol-d", std::slice::from_ref(&bad)).await, Ensure::Failed(_)));
+    assert_eq!(sample("mounthost_oci_pull_duration_seconds_count", &format!("{r},outcome=\"failed\"")), 1.0);
+    assert_eq!(sample("mounthost_oci_pull_duration_seconds_count", &format!("{r},outcome=\"ok\"")), 3.0);
+    assert_eq!(sample("mounthost_oci_pulls_in_progress", &r), 0.0);
+}
