@@ -69,11 +69,15 @@ impl ModelNode {
         host.list_volumes(mounthost::proto::host::ListVolumesRequest {}).await.unwrap().into_inner().volumes
     }
 
-    /// Bytes the host's blob cache received, from its metrics.
+    /// Bytes the host's blob cache received from every registry, from its metrics (counted as
+    /// they arrive).
     fn fetched(&self) -> f64 {
-        // The counter is brought up to date at a scrape, at most once a second.
-        std::thread::sleep(Duration::from_millis(1100));
-        Scrape::of(&self.dirs.host_metrics()).value("mounthost_oci_blob_fetched_bytes_total", &[])
+        self.scrape().value("mounthost_oci_blob_fetched_bytes_total", &[])
+    }
+
+    /// The host daemon's `/metrics`, parsed.
+    fn scrape(&self) -> Scrape {
+        Scrape::of(&self.dirs.host_metrics())
     }
 
     /// Run `mounthost <args>` against this node's host daemon.
@@ -86,6 +90,50 @@ impl ModelNode {
             .args(args)
             .output()
             .unwrap()
+    }
+}
+
+/// The pull metrics of one registry in a scrape.
+#[derive(Debug, PartialEq)]
+struct Pulls {
+    fetched: f64,
+    from_cache: f64,
+    dedup_cached: f64,
+    dedup_downloading: f64,
+    in_progress: f64,
+    ok: f64,
+    failed: f64,
+}
+
+impl Pulls {
+    fn of(scrape: &Scrape, registry: &str) -> Pulls {
+        let r = ("registry", registry);
+        let v = |name: &str, more: &[(&str, &str)]| {
+            let labels: Vec<(&str, &str)> = std::iter::once(r).chain(more.iter().copied()).collect();
+            scrape.get(name, &labels).unwrap_or_else(|| panic!("no {name}{labels:?} in:\n{}", scrape.dump()))
+        };
+        Pulls {
+            fetched: v("mounthost_oci_blob_fetched_bytes_total", &[]),
+            from_cache: v("mounthost_oci_blob_served_from_cache_bytes_total", &[]),
+            dedup_cached: v("mounthost_oci_blobs_deduplicated_total", &[("found", "cached")]),
+            dedup_downloading: v("mounthost_oci_blobs_deduplicated_total", &[("found", "downloading")]),
+            in_progress: v("mounthost_oci_pulls_in_progress", &[]),
+            // A histogram's series appear with its first observation.
+            ok: scrape.value("mounthost_oci_pull_duration_seconds_count", &[r, ("outcome", "ok")]),
+            failed: scrape.value("mounthost_oci_pull_duration_seconds_count", &[r, ("outcome", "failed")]),
+        }
+    }
+
+    /// The scraped samples of `registry`'s pull metrics but the buckets, on one line (the
+    /// test's output shows `checked:` lines only).
+    fn line(scrape: &Scrape, registry: &str) -> String {
+        let mine = format!("\"registry\": \"{registry}\"");
+        let dump = scrape.dump();
+        let samples: Vec<&str> = dump
+            .lines()
+            .filter(|l| l.starts_with("mounthost_oci_") && l.contains(&mine) && !l.contains("_bucket"))
+            .collect();
+        samples.join("; ")
     }
 }
 
@@ -329,13 +377,39 @@ fn a_model_stages_from_the_registry_and_publishes_read_only() {
         assert_eq!(create.raw_os_error(), Some(nix::errno::Errno::EROFS as i32), "{create}");
         let fetched = node.fetched();
         assert!(fetched >= total as f64, "fetched {fetched} of {total}");
+        // One pull, every blob fetched by it, none found on the node, none pulling now.
+        let layers = model.layers.len() as f64;
+        let scrape = node.scrape();
+        let first = Pulls::of(&scrape, &registry.host());
+        let expected_first = Pulls {
+            fetched,
+            from_cache: 0.0,
+            dedup_cached: 0.0,
+            dedup_downloading: 0.0,
+            in_progress: 0.0,
+            ok: 1.0,
+            failed: 0.0,
+        };
+        assert_eq!(first, expected_first, "after the first volume:\n{}", scrape.dump());
+        println!("checked: pull metrics after the first volume: {}", Pulls::line(&scrape, &registry.host()));
 
-        // A second volume of the same model downloads nothing and stages on the first call.
+        // A second volume of the same model downloads nothing and stages on the first call:
+        // a second pull, every blob served from the cache and deduplicated.
         let staging2 = node.dirs.staging("pv-model-2");
         let t = Instant::now();
         csi.node_stage_volume(stage_req("pv-model-2", &staging2, &ctx)).await.unwrap();
         let took = t.elapsed();
         assert_eq!(node.fetched(), fetched, "a cached model costs no download");
+        let scrape = node.scrape();
+        let second = Pulls::of(&scrape, &registry.host());
+        let expected_second = Pulls { from_cache: total as f64, dedup_cached: layers, ok: 2.0, ..expected_first };
+        assert_eq!(second, expected_second, "after the second volume:\n{}", scrape.dump());
+        let fast = scrape.value(
+            "mounthost_oci_pull_duration_seconds_bucket",
+            &[("registry", &registry.host()), ("outcome", "ok"), ("le", "0.64")],
+        );
+        assert!(fast >= 1.0, "the cached pull took under 0.64 s:\n{}", scrape.dump());
+        println!("checked: pull metrics after the second volume: {}", Pulls::line(&scrape, &registry.host()));
         println!("checked: second volume of a cached model staged in {took:?}");
 
         // Filters: the weights alone, and everything but the weights.
@@ -424,6 +498,15 @@ fn two_volumes_staged_at_once_share_one_download() {
             assert_eq!(v.pull_blobs.len(), model.layers.len(), "{v:?}");
             assert!(v.condition.contains("pulling"), "{v:?}");
         }
+        // Two pulls in progress; the second joined the first's downloads (a small layer may
+        // have been complete already when it asked: then it was served from the cache).
+        let scrape = node.scrape();
+        let during = Pulls::of(&scrape, &relay.host());
+        assert_eq!(during.in_progress, 2.0, "{}", scrape.dump());
+        assert_eq!(during.dedup_downloading + during.dedup_cached, model.layers.len() as f64, "{}", scrape.dump());
+        assert!(during.dedup_downloading >= 1.0, "the weights were still downloading: {during:?}");
+        assert_eq!(during.ok, 0.0, "{during:?}");
+        println!("checked: pull metrics while both volumes pull: {}", Pulls::line(&scrape, &relay.host()));
         let client = node.cli(&["client", "list"]);
         let shown: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap();
         let a = shown.as_array().unwrap().iter().find(|v| v["volumeId"] == "pv-a").unwrap();
@@ -437,6 +520,11 @@ fn two_volumes_staged_at_once_share_one_download() {
         let fetched = node.fetched() as u64;
         assert!(fetched >= blobs && fetched < blobs + blobs / 10, "one download: fetched {fetched}, blobs {blobs}");
         assert!(relay.sent() < 2 * blobs, "the registry sent {} for {blobs} bytes of blobs", relay.sent());
+        let scrape = node.scrape();
+        let after = Pulls::of(&scrape, &relay.host());
+        let expected = Pulls { fetched: fetched as f64, in_progress: 0.0, ok: 2.0, ..during };
+        assert_eq!(after, expected, "after both:\n{}", scrape.dump());
+        println!("checked: pull metrics after both volumes: {}", Pulls::line(&scrape, &relay.host()));
         println!("checked: two volumes, {fetched} bytes fetched for {blobs} bytes of blobs");
     });
 }
