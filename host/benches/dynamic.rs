@@ -228,7 +228,7 @@ impl Node {
         drop(daemon);
         common::unmount_below(&self.root);
         common::remove_fuse_files_dir(&self.root.join("state"));
-        let cgroups = mounthost::exec::cgroup::Cgroups::detect(&self.cgroup_parent());
+        let cgroups = mounthost::exec::instance::daemon_cgroups(&self.root.join("state"), &self.cgroup_parent());
         for group in cgroups.groups().unwrap_or_default() {
             let _ = cgroups.release(&group);
         }

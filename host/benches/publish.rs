@@ -119,13 +119,14 @@ async fn run() {
     let mut cfg = Config::new(state.clone());
     cfg.kubelet_dir = kubelet.clone();
     cfg.plugin_dir = plugins;
+    cfg.cgroup_parent = "mounthost-bench".into();
     cfg.grants.insert("tmpfs".into(), Grant { fstypes: ["tmpfs".to_string()].into(), ..Grant::default() });
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime()).unwrap());
     let node = Node::new(
         cfg.clone(),
         runtime,
         Arc::new(Linux::new(
-            mounthost::exec::cgroup::Cgroups::detect("mounthost-bench"),
+            mounthost::exec::cgroup::Cgroups::detect(&cfg.own_cgroup_parent()),
             [state.clone(), kubelet.clone()],
         )),
     )

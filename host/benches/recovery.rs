@@ -187,7 +187,7 @@ async fn run() {
     }
     drop(full);
     // The FUSE processes outlive the daemon by design: kill them with their groups.
-    let cgroups = mounthost::exec::cgroup::Cgroups::detect(&cgroup_parent());
+    let cgroups = mounthost::exec::instance::daemon_cgroups(&root.join("state"), &cgroup_parent());
     for group in cgroups.groups().unwrap_or_default() {
         let _ = cgroups.release(&group);
     }

@@ -13,7 +13,8 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/mounthost";
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
 /// The CSI driver name.
 pub const DRIVER_NAME: &str = "csi.mounthost.dev";
-/// The cgroup (below the hierarchy's root) under which each volume gets a group of its own.
+/// The cgroup (below the hierarchy's root) from which each host daemon's own parent is derived
+/// (`<parent>-<instance id>`, [`Config::own_cgroup_parent`]), holding a group per volume.
 pub const DEFAULT_CGROUP_PARENT: &str = "mounthost";
 /// Where unprivileged FUSE programs' secret files live unless configured, for a daemon with
 /// the default state directory (others get `/run/mounthost/fuse-<hash>`: [`Config::fuse_files`]).
@@ -63,9 +64,12 @@ pub struct Config {
     pub host_socket_group: Option<u32>,
     /// Where `/metrics`, `/healthz` and `/readyz` are served (none: not served).
     pub metrics_address: Option<std::net::SocketAddr>,
-    /// The cgroup (relative to the hierarchy's root) under which each volume's FUSE processes
-    /// get a group of their own.
+    /// The cgroup (relative to the hierarchy's root) the daemon's own parent is derived from;
+    /// each volume's FUSE processes get a group of their own there ([`Config::own_cgroup_parent`]).
     pub cgroup_parent: String,
+    /// The host daemon's instance id, kept in its state directory ([`crate::exec::instance`]);
+    /// `None` for processes that run no FUSE program (the front) and in unit tests.
+    pub instance: Option<String>,
     /// How the node's OCI blob cache reaches registries.
     pub registries: Registries,
     /// A `plugin: oci://…` value may name a tag without a digest: it is resolved to a digest
@@ -186,6 +190,7 @@ impl Config {
             fuse_ids: FuseIds::default(),
             fuse_files_dir: None,
             cgroup_parent: DEFAULT_CGROUP_PARENT.to_string(),
+            instance: None,
             registries: Registries::default(),
             allow_plugin_tags: false,
             stock_plugins: crate::stock::names().into_iter().map(String::from).collect(),
@@ -224,6 +229,22 @@ impl Config {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(self.state_dir.as_os_str().as_encoded_bytes());
         PathBuf::from(format!("{DEFAULT_FUSE_FILES_DIR}-{}", hex::encode(&digest[..8])))
+    }
+
+    /// The cgroup (relative to the hierarchy's root) holding this daemon's volume groups:
+    /// `<cgroup_parent>-<instance>`, one per state directory, so a second daemon on the node (a
+    /// test run, another driver instance, the next pod of a rolling update with its own state)
+    /// never lists, sweeps or kills another's groups; `<cgroup_parent>` without an instance.
+    pub fn own_cgroup_parent(&self) -> String {
+        match &self.instance {
+            Some(id) => format!("{}-{id}", self.cgroup_parent),
+            None => self.cgroup_parent.clone(),
+        }
+    }
+
+    /// The cgroup of a new record of the volume whose state key is `key`.
+    pub fn volume_cgroup(&self, key: &str) -> String {
+        format!("{}/{key}", self.own_cgroup_parent())
     }
 
     /// Offer only the stock plugins in `names` (each one of [`crate::stock::names`]). A stock

@@ -20,8 +20,13 @@ impl Parent {
         Parent { cgroups }
     }
 
-    fn spawn(&self, group: &str, limit: Option<u64>, script: &str, log: &Path) -> ProcessId {
-        let procs = self.cgroups.prepare(group, limit).unwrap();
+    /// The group `name` below this parent, as groups are named (relative to the hierarchy).
+    fn g(&self, name: &str) -> String {
+        self.cgroups.group(name)
+    }
+
+    fn spawn(&self, name: &str, limit: Option<u64>, script: &str, log: &Path) -> ProcessId {
+        let procs = self.cgroups.prepare(&self.g(name), limit).unwrap();
         let args = vec!["-c".to_string(), script.to_string()];
         let env = [("PATH".to_string(), "/usr/bin:/bin".to_string())];
         process::spawn(&Spec { executable: Path::new("/bin/sh"), args: &args, env: &env, log }, procs.as_ref()).unwrap()
@@ -60,23 +65,23 @@ fn a_process_and_everything_it_forks_live_in_the_group_and_die_with_it() {
         stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(3)?.parse::<i32>().ok())
     };
     wait_until("both processes are in the group, the helper in its own session", || {
-        let members = p.cgroups.procs("vol-a").unwrap();
+        let members = p.cgroups.procs(&p.g("vol-a")).unwrap();
         members.len() == 2 && members.iter().any(|m| *m != id.pid && session(*m) == Some(*m))
     });
-    let members = p.cgroups.procs("vol-a").unwrap();
+    let members = p.cgroups.procs(&p.g("vol-a")).unwrap();
     assert!(members.contains(&id.pid), "{members:?}");
     let own = std::fs::read_to_string(format!("/proc/{}/cgroup", id.pid)).unwrap();
     assert!(own.contains("/vol-a"), "the kernel places it in the group: {own}");
-    assert_eq!(p.cgroups.groups().unwrap(), vec!["vol-a".to_string()]);
+    assert_eq!(p.cgroups.groups().unwrap(), vec![p.g("vol-a")]);
 
     // Stopping the session leader leaves the escaped helper; releasing the group kills it.
     process::stop(&id, Duration::from_secs(2)).unwrap();
-    let left = p.cgroups.procs("vol-a").unwrap();
+    let left = p.cgroups.procs(&p.g("vol-a")).unwrap();
     assert_eq!(left.len(), 1, "the helper outlived its session leader: {left:?}");
-    assert_eq!(p.cgroups.release("vol-a").unwrap(), 1);
+    assert_eq!(p.cgroups.release(&p.g("vol-a")).unwrap(), 1);
     assert!(!Path::new(&format!("/proc/{}", left[0])).exists() || !alive(left[0]), "helper killed");
     assert!(p.cgroups.groups().unwrap().is_empty(), "the group is removed");
-    assert_eq!(p.cgroups.release("vol-a").unwrap(), 0, "releasing a missing group is fine");
+    assert_eq!(p.cgroups.release(&p.g("vol-a")).unwrap(), 0, "releasing a missing group is fine");
     println!("cgroups checked: 2 members, 1 escaped helper killed, 0 groups left");
 }
 
@@ -105,11 +110,11 @@ fn an_oom_in_one_volume_kills_only_that_volume() {
             nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(hog.pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
         !process::is_alive(&hog)
     });
-    let oom = p.cgroups.oom_kills("vol-a").unwrap();
+    let oom = p.cgroups.oom_kills(&p.g("vol-a")).unwrap();
     assert!(oom >= 1, "the OOM killer struck in vol-a's group");
     assert!(!std::fs::read_to_string(dir.path().join("a.log")).unwrap().contains("survived"));
     assert!(process::is_alive(&neighbour), "the other volume's process is untouched");
-    assert_eq!(p.cgroups.oom_kills("vol-b"), Some(0));
+    assert_eq!(p.cgroups.oom_kills(&p.g("vol-b")), Some(0));
     process::stop(&neighbour, Duration::from_secs(2)).unwrap();
     println!("cgroups checked: limit {limit} bytes, {oom} OOM kill(s) in vol-a, 0 in vol-b, neighbour alive");
 }
@@ -123,11 +128,11 @@ fn a_limit_is_set_and_cleared_on_the_group() {
         mounthost::exec::cgroup::Version::V1 => "memory.limit_in_bytes",
     };
     let read = || std::fs::read_to_string(p.cgroups.parent_dir().unwrap().join("vol").join(file)).unwrap();
-    drop(p.cgroups.prepare("vol", Some(64 << 20)).unwrap());
+    drop(p.cgroups.prepare(&p.g("vol"), Some(64 << 20)).unwrap());
     assert_eq!(read().trim(), (64u64 << 20).to_string());
     // A restage without a limit must not keep the old one.
-    drop(p.cgroups.prepare("vol", None).unwrap());
+    drop(p.cgroups.prepare(&p.g("vol"), None).unwrap());
     let unlimited = read();
     assert!(unlimited.trim() == "max" || unlimited.trim().parse::<u64>().unwrap() > 1 << 50, "{unlimited}");
-    assert_eq!(p.cgroups.release("vol").unwrap(), 0);
+    assert_eq!(p.cgroups.release(&p.g("vol")).unwrap(), 0);
 }

@@ -541,15 +541,17 @@ fn tree(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The per-volume cgroups under the test's parent (`NodeDirs` gives the host a parent of its
-/// own and removes it on drop).
+/// The per-volume cgroups under the daemon's own parent (`NodeDirs` gives the host a parent of
+/// its own and removes it on drop), by volume key.
 fn cgroups_left(cgroups: &Cgroups) -> Vec<String> {
-    cgroups.groups().expect("listing the cgroup parent")
+    let own = cgroups.group("");
+    let groups = cgroups.groups().expect("listing the cgroup parent");
+    groups.into_iter().map(|g| g.strip_prefix(&own).unwrap_or(&g).to_string()).collect()
 }
 
 /// Pids in one per-volume cgroup, read from the kernel (not through the daemon's code).
-fn cgroup_procs(cgroups: &Cgroups, name: &str) -> Vec<i32> {
-    let Some(dir) = cgroups.parent_dir().map(|p| p.join(name)) else { return Vec::new() };
+fn cgroup_procs(cgroups: &Cgroups, key: &str) -> Vec<i32> {
+    let Some(dir) = cgroups.parent_dir().map(|p| p.join(key)) else { return Vec::new() };
     std::fs::read_to_string(dir.join("cgroup.procs"))
         .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
@@ -586,15 +588,7 @@ fn fifty_volumes_reach_their_state_while_host_and_front_are_killed() {
     let seed = seed();
     println!("chaos seed {seed} (replay: MOUNTHOST_CHAOS_SEED={seed})");
     let dirs = NodeDirs::new();
-    let plugins = dirs.root.path().join("plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::copy(mounthost::stock::fixtures::path("bindfs"), plugins.join("bindfs.wasm")).unwrap();
-    let front_args = vec![
-        format!("--plugin-dir={}", plugins.display()),
-        "--program=bindfs=/usr/bin/bindfs".into(),
-        "--grant=bindfs:program=bindfs".into(),
-        "--grant=bindfs:fstype=fuse".into(),
-    ];
+    let front_args = dirs.bindfs_args();
     let mut host_args = front_args.clone();
     host_args.push("--fuse-stop-grace-secs=5".into());
     guarded(&dirs, || {
@@ -687,7 +681,7 @@ fn run(dirs: &NodeDirs, seed: u64, host_args: &[String], front_args: &[String], 
         assert!(is_mounted(&v.staging), "{}", ctx(format!("{} is not staged", v.pv)));
         let pids = pids_of("bindfs", &v.staging.display().to_string());
         assert_eq!(pids.len(), 1, "{}", ctx(format!("bindfs processes of {}: {pids:?}", v.pv)));
-        assert_eq!(cgroup_procs(&dirs.cgroups, &key), pids, "{}", ctx(format!("{}'s bindfs is in its cgroup", v.pv)));
+        assert_eq!(cgroup_procs(&dirs.cgroups(), &key), pids, "{}", ctx(format!("{}'s bindfs is in its cgroup", v.pv)));
         bindfs_pids.insert(pids[0]);
         // The file written right after the first publish survived every kill.
         let marker = std::fs::read_to_string(backing.join("marker"));
@@ -727,7 +721,7 @@ fn run(dirs: &NodeDirs, seed: u64, host_args: &[String], front_args: &[String], 
     let all_bindfs: BTreeSet<i32> = pids_of("bindfs", &dirs.root.path().display().to_string()).into_iter().collect();
     assert_eq!(all_bindfs, bindfs_pids, "{}", ctx("stray bindfs processes".into()));
     let keys: BTreeSet<String> = published.iter().map(|v| volume_key(v.id())).collect();
-    let groups: BTreeSet<String> = cgroups_left(&dirs.cgroups).into_iter().collect();
+    let groups: BTreeSet<String> = cgroups_left(&dirs.cgroups()).into_iter().collect();
     assert_eq!(groups, keys, "{}", ctx("cgroups are exactly the published volumes'".into()));
     // Records, and each record's spare (the executor swaps state in through it), nothing else.
     let (spares, records): (BTreeSet<String>, BTreeSet<String>) =
@@ -777,7 +771,7 @@ fn run(dirs: &NodeDirs, seed: u64, host_args: &[String], front_args: &[String], 
     let listed = rt.block_on(host_volumes(dirs));
     let mounts = mounts_below(dirs.root.path());
     let processes = pids_of("bindfs", &dirs.root.path().display().to_string());
-    let groups = cgroups_left(&dirs.cgroups);
+    let groups = cgroups_left(&dirs.cgroups());
     let sockets = tree(&dirs.state.join("run"));
     let states = entries(&dirs.state.join("volumes"));
     let secrets = entries(&dirs.state.join("secrets"));
@@ -787,7 +781,7 @@ fn run(dirs: &NodeDirs, seed: u64, host_args: &[String], front_args: &[String], 
     assert!(listed.is_empty(), "{}", ctx(format!("the host still lists {listed:#?}")));
     assert!(mounts.is_empty(), "{}", ctx(format!("mounts left: {mounts:#?}")));
     assert!(processes.is_empty(), "{}", ctx(format!("bindfs processes left: {processes:?}")));
-    assert!(groups.is_empty(), "{}", ctx(format!("cgroups left under {:?}: {groups:?}", dirs.cgroups.parent_dir())));
+    assert!(groups.is_empty(), "{}", ctx(format!("cgroups left under {:?}: {groups:?}", dirs.cgroups().parent_dir())));
     assert!(sockets.is_empty(), "{}", ctx(format!("left in <state>/run: {sockets:#?}")));
     assert!(states.is_empty(), "{}", ctx(format!("state files left: {states:?}")));
     assert!(secrets.is_empty(), "{}", ctx(format!("kept secrets left: {secrets:?}")));

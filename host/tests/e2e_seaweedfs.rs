@@ -153,7 +153,7 @@ async fn lifecycle(weed: &Seaweed, dirs: &NodeDirs, front: &mut common::Proc, pr
     assert_eq!(weeds.len(), 1, "one weed mount process for the volume, not one per call");
     let key = mounthost::volume::dirs::volume_key(&id);
     assert_eq!(dirs.cgroups_left(), vec![key.clone()], "the volume has a cgroup of its own");
-    assert_eq!(dirs.cgroups.procs(&key).unwrap(), weeds, "weed runs in the volume's cgroup");
+    assert_eq!(dirs.group_procs(&key), weeds, "weed runs in the volume's cgroup");
     let m = mounthost::exec::mountinfo::read().unwrap();
     assert_eq!(mounthost::exec::mountinfo::at(&m, &staging).unwrap().fstype, "fuse.seaweedfs");
 
@@ -606,7 +606,7 @@ fn an_oom_kill_stays_inside_its_volume() {
         let key = mounthost::volume::dirs::volume_key(&limited.0.volume_id);
         let limit_file = ["memory.max", "memory.limit_in_bytes"]
             .iter()
-            .map(|f| dirs.cgroups.parent_dir().unwrap().join(&key).join(f))
+            .map(|f| dirs.cgroups().parent_dir().unwrap().join(&key).join(f))
             .find(|p| p.exists())
             .unwrap();
         assert_eq!(std::fs::read_to_string(&limit_file).unwrap().trim(), (limit_mb << 20).to_string());

@@ -366,7 +366,7 @@ fn sshfs_runs_unprivileged_on_a_host_mounted_connection_and_heals() {
                     all_pids().into_iter().filter(|p| *p != pid && sockets(*p).contains(t)).collect();
                 assert!(holders.is_empty(), "descriptor {n} ({t}) is shared with {holders:?}");
             }
-            if dirs.cgroups.version().is_some() {
+            if dirs.cgroups().version().is_some() {
                 let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
                 let key = mounthost::volume::dirs::volume_key(id);
                 assert!(cgroup.contains(&key), "{cgroup}");

@@ -118,7 +118,7 @@ impl Local {
 /// nothing outlives the namespace; removes the test's cgroup parent.
 struct Cleanup<'a> {
     root: &'a Path,
-    cgroups: mounthost::exec::cgroup::Cgroups,
+    cgroup_parent: String,
 }
 
 impl Drop for Cleanup<'_> {
@@ -126,7 +126,7 @@ impl Drop for Cleanup<'_> {
         for pid in pids_with(&self.root.display().to_string()) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
-        common::detach_below(self.root, &self.cgroups);
+        common::detach_below(self.root, &common::daemon_cgroups(&self.root.join("state"), &self.cgroup_parent));
     }
 }
 
@@ -153,7 +153,7 @@ fn the_run_command_mounts_a_first_volume_and_ctrl_c_takes_it_down() {
     let root = tempfile::tempdir().unwrap();
     let root = root.path();
     let cgroup_parent = format!("mounthost-test-{}-first-volume", std::process::id());
-    let _cleanup = Cleanup { root, cgroups: mounthost::exec::cgroup::Cgroups::detect(&cgroup_parent) };
+    let _cleanup = Cleanup { root, cgroup_parent: cgroup_parent.clone() };
     let state = root.join("state");
 
     // First run: SeaweedFS from nothing, the volume mounted and writable.

@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::daemon::Node;
 use crate::exec::Linux;
 use crate::exec::cgroup::Cgroups;
+use crate::exec::instance::{self, Claim, StateDirLock};
 use crate::exec::oci::{Artifacts, PluginPull, RegistryConfig};
 use crate::front::provision::Controller;
 use crate::front::{self, Mode};
@@ -48,15 +49,70 @@ pub async fn stop_signal() {
     tracing::info!("stopping; mounts and FUSE processes stay up");
 }
 
-/// The real executor, with the node's cgroup layout detected, anchored at the state directory
-/// and kubelet's directory. Both are created if missing (the state directory private) and made
-/// canonical in `cfg`: below them every path is resolved without following links, so a node
-/// whose `/var/lib/kubelet` is itself a link is resolved here, once.
-fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
+/// Create the state directory if missing (private) and make it canonical in `cfg`.
+fn make_state_dir(cfg: &mut Config) -> anyhow::Result<()> {
     crate::unpriv::private_files::private_dir(&cfg.state_dir)?;
     cfg.state_dir = std::fs::canonicalize(&cfg.state_dir)?;
+    Ok(())
+}
+
+/// Take the state directory for this daemon (`exec::instance`) and read its instance id into
+/// `cfg`. While another daemon holds it, stand by: say so once in the log and on `/readyz`,
+/// touch nothing, and take over as soon as it is free; `None` when `stop` came first.
+async fn claim_state_dir(cfg: &mut Config, stop: impl Future<Output = ()>) -> anyhow::Result<Option<StateDirLock>> {
+    let mut stop = std::pin::pin!(stop);
+    let metrics = crate::metrics::global();
+    let mut standing_by = false;
+    loop {
+        match instance::try_lock(&cfg.state_dir)? {
+            Claim::Held(lock) => {
+                if standing_by {
+                    tracing::info!(lock = %lock.path().display(), "the state directory is free: taking over");
+                    metrics.set_standby(None);
+                }
+                cfg.instance = Some(instance::instance_id(&lock, &cfg.state_dir)?);
+                return Ok(Some(lock));
+            }
+            Claim::Busy { path, holder } => {
+                if !standing_by {
+                    let pid = holder.map_or("pid unknown".to_string(), |p| format!("pid {p}"));
+                    tracing::warn!(lock = %path.display(), holder,
+                        "standing by: another host daemon holds the state directory; taking over when it exits");
+                    metrics.set_standby(Some(format!("another host daemon ({pid}) holds {}", path.display())));
+                    standing_by = true;
+                }
+                tokio::select! {
+                    _ = &mut stop => return Ok(None),
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+                }
+            }
+        }
+    }
+}
+
+/// [`claim_state_dir`] for `mounthost local`, which does not wait: another daemon on its state
+/// directory is an error to show at once.
+fn claim_state_dir_now(cfg: &mut Config) -> anyhow::Result<StateDirLock> {
+    match instance::try_lock(&cfg.state_dir)? {
+        Claim::Held(lock) => {
+            cfg.instance = Some(instance::instance_id(&lock, &cfg.state_dir)?);
+            Ok(lock)
+        }
+        Claim::Busy { path, holder } => anyhow::bail!(
+            "another mounthost daemon ({}) holds {}: stop it, or give this one another --state-dir",
+            holder.map_or("pid unknown".to_string(), |p| format!("pid {p}")),
+            path.display()
+        ),
+    }
+}
+
+/// The real executor, with the node's cgroup layout detected (below the daemon's own parent),
+/// anchored at the state directory and kubelet's directory. kubelet's is created if missing and
+/// made canonical in `cfg`: below them every path is resolved without following links, so a
+/// node whose `/var/lib/kubelet` is itself a link is resolved here, once.
+fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
     cfg.kubelet_dir = Linux::make_root(&cfg.kubelet_dir)?;
-    let cgroups = Cgroups::detect(&cfg.cgroup_parent);
+    let cgroups = Cgroups::detect(&cfg.own_cgroup_parent());
     match (cgroups.version(), cgroups.parent_dir()) {
         (Some(v), Some(dir)) => tracing::info!(version = ?v, parent = %dir.display(), "per-volume cgroups"),
         _ => tracing::warn!(
@@ -106,6 +162,9 @@ async fn metrics_listener(cfg: &Config, roles: &[&'static str]) -> anyhow::Resul
 /// `mounthost host`.
 pub async fn host(mut cfg: Config) -> anyhow::Result<()> {
     metrics_listener(&cfg, &["host"]).await?;
+    make_state_dir(&mut cfg)?;
+    // Held until the process ends: nothing below runs beside another writer of this state.
+    let Some(_lock) = claim_state_dir(&mut cfg, stop_signal()).await? else { return Ok(()) };
     let exec = linux(&mut cfg)?;
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
     let socket = cfg.host_socket.clone();
@@ -148,6 +207,8 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
             }
         }
     }
+    make_state_dir(&mut cfg)?;
+    let _lock = claim_state_dir_now(&mut cfg)?;
     let exec = linux(&mut cfg)?;
     let csi_socket = match &args.endpoint {
         Some(e) => crate::unpriv::grpc::socket_path(e).map_err(anyhow::Error::msg)?,

@@ -159,6 +159,7 @@ mod tests {
             capability: None,
             dynamic: Default::default(),
             fuse_id: None,
+            cgroup: format!("mounthost/{id}"),
         }
     }
 

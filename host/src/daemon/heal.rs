@@ -124,7 +124,7 @@ impl Node {
                 return Some(false);
             }
         };
-        let oom = self.inner.exec.oom_kills(&crate::volume::dirs::volume_key(id)).filter(|n| *n > 0);
+        let oom = self.inner.exec.oom_kills(&st.cgroup).filter(|n| *n > 0);
         warn!(volume.id = %id, pid = ?st.process.map(|p| p.pid), oom_kills = ?oom, "FUSE process or mount lost; restarting");
         st.phase = Phase::Staging;
         st.restarts += 1;

@@ -7,7 +7,6 @@ use super::Node;
 use crate::error::Error;
 use crate::exec::mountinfo::{self, MountEntry};
 use crate::proto::csi;
-use crate::volume::dirs::volume_key;
 use crate::volume::request;
 use crate::volume::state::{Phase, VolumeState};
 
@@ -50,7 +49,7 @@ impl Node {
         }
         if !problems.is_empty() {
             // Read only for a volume in trouble (a health check runs for every volume).
-            let oom = u64::from(st.oom_kills) + self.inner.exec.oom_kills(&volume_key(&st.volume_id)).unwrap_or(0);
+            let oom = u64::from(st.oom_kills) + self.inner.exec.oom_kills(&st.cgroup).unwrap_or(0);
             if oom > 0 {
                 problems.push(format!(
                     "the OOM killer struck {oom} times in the volume's cgroup: its memory limit is too small"

@@ -85,7 +85,8 @@ impl Node {
     /// A node service over `exec`, keeping state under `config.state_dir`. The state and
     /// kubelet directories must be absolute and canonical (the CLI makes them so).
     pub fn new(config: Config, runtime: Arc<PluginRuntime>, exec: Arc<dyn Executor>) -> Result<Self, Error> {
-        let store = StateStore::open(&config.state_dir, exec.clone())?;
+        let schema = crate::volume::state::Schema::current(&config.cgroup_parent);
+        let store = StateStore::open(&config.state_dir, exec.clone(), schema)?;
         // Callers name paths below kubelet's directory only; ephemeral volumes' staging directories
         // under the state directory are computed by the daemon itself.
         let roots = Roots::new([config.kubelet_dir.clone()]);

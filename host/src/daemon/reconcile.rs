@@ -42,7 +42,8 @@ impl Node {
         for (path, parsed) in self.inner.store.list()? {
             let st = match parsed {
                 Ok(st) => st,
-                Err(e) if self.inner.exec.modified(&path).is_ok_and(|m| m < boot.started) => {
+                // A file of another schema is never removed: it waits for a daemon that reads it.
+                Err(e) if !e.is_schema() && self.inner.exec.modified(&path).is_ok_and(|m| m < boot.started) => {
                     // Torn by a kernel crash, and about a boot whose mounts and processes are gone.
                     warn!(path = %path.display(), error = %e, "removing an unreadable state file of an earlier boot");
                     self.inner.store.remove_file(&path)?;
@@ -97,11 +98,14 @@ impl Node {
         Ok(removed)
     }
 
-    /// Kill and remove the cgroups no state file claims.
+    /// Kill and remove the groups below this daemon's own cgroup parent that no state file
+    /// claims (by key, also an unreadable one's). Groups elsewhere are never touched: another
+    /// daemon's, and those of records migrated from schema 1, which their record names.
     fn sweep_orphan_groups(&self, claimed: &BTreeSet<String>) -> Result<usize, Error> {
         let groups = self.inner.exec.groups().map_err(|e| Error::internal(format!("listing cgroups: {e}")))?;
         let mut killed = 0;
-        for group in groups.iter().filter(|g| !claimed.contains(*g)) {
+        let key = |g: &String| g.rsplit('/').next().unwrap_or_default().to_string();
+        for group in groups.iter().filter(|g| !claimed.contains(&key(g))) {
             let n = self
                 .inner
                 .exec

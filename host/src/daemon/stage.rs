@@ -137,6 +137,10 @@ impl Node {
             capability: Some(staged_capability(&ask.capability)),
             dynamic: existing.as_ref().map(|s| s.dynamic.clone()).unwrap_or_default(),
             fuse_id: existing.as_ref().and_then(|s| s.fuse_id),
+            cgroup: existing
+                .as_ref()
+                .map(|s| s.cgroup.clone())
+                .unwrap_or_else(|| self.inner.config.volume_cgroup(&crate::volume::dirs::volume_key(&ask.id))),
             published: existing.map(|s| s.published).unwrap_or_default(),
             ephemeral: ask.ephemeral,
         };

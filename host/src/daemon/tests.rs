@@ -13,7 +13,7 @@ use super::Node;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
 use crate::exec::recording::{Recording, mount_points};
-use crate::exec::{Groups, Mounts, Processes};
+use crate::exec::{Files, Groups, Mounts, Processes};
 use crate::plan::policy::Grant;
 use crate::plugin::PluginRuntime;
 use crate::proto::csi;
@@ -117,6 +117,11 @@ impl Env {
         let prefix = format!("{op} ");
         self.rec.calls().into_iter().filter(|c| c.starts_with(&prefix)).collect()
     }
+}
+
+/// The cgroup of volume `id` (a unit test's daemon has no instance id: `mounthost/<key>`).
+fn group(id: &str) -> String {
+    format!("{}/{}", crate::config::DEFAULT_CGROUP_PARENT, volume_key(id))
 }
 
 fn s(p: &Path) -> String {
@@ -861,7 +866,7 @@ async fn a_fuse_process_runs_in_its_volume_cgroup_and_unstage_removes_it() {
     e.node.stage(weed_stage_req(&e)).await.unwrap();
     let st = e.node.store().load(VOL).unwrap().unwrap();
     let pid = st.process.unwrap();
-    assert_eq!(e.rec.groups().unwrap(), vec![volume_key(VOL)]);
+    assert_eq!(e.rec.groups().unwrap(), vec![group(VOL)]);
     assert_eq!(e.rec.executable(&pid).unwrap(), Path::new(crate::config::DEFAULT_WEED));
     e.node.unstage(e.unstage_req()).await.unwrap();
     assert!(e.rec.groups().unwrap().is_empty(), "the cgroup goes with the volume");
@@ -873,11 +878,16 @@ async fn reconcile_kills_processes_in_cgroups_no_volume_claims() {
     let e = Env::new();
     e.node.stage(weed_stage_req(&e)).await.unwrap();
     // A daemon killed between spawning a FUSE process and recording its volume.
-    let orphan = e.rec.orphan_in_group("00112233aabbccdd");
+    let orphan = e.rec.orphan_in_group("mounthost/00112233aabbccdd");
+    // Another daemon's group (its own parent) and a group no parent of this daemon holds.
+    let others = [e.rec.orphan_in_group("mounthost-0123456789abcdef/00112233aabbccdd"), e.rec.orphan_in_group("x")];
     let report = e.restarted().reconcile().unwrap();
     assert_eq!((report.adopted, report.orphan_processes), (1, 1));
     assert!(!e.rec.is_alive(&crate::exec::process::ProcessId { pid: orphan, start_time: 1 }));
-    assert_eq!(e.rec.groups().unwrap(), vec![volume_key(VOL)], "the claimed group stays");
+    assert_eq!(e.rec.groups().unwrap(), vec![group(VOL)], "the claimed group stays");
+    for pid in others {
+        assert!(e.rec.is_alive(&crate::exec::process::ProcessId { pid, start_time: 1 }), "not this daemon's to kill");
+    }
 }
 
 #[tokio::test]
@@ -932,7 +942,7 @@ async fn the_supervisor_restarts_a_dead_fuse_process_into_a_fresh_group() {
     let new = st.process.unwrap();
     assert_ne!(new, old);
     assert_eq!((st.restarts, st.phase), (1, Phase::Staged));
-    assert_eq!(e.rec.groups().unwrap(), vec![volume_key(VOL)]);
+    assert_eq!(e.rec.groups().unwrap(), vec![group(VOL)]);
     assert!(e.calls("bind").iter().any(|c| c.contains(&s(&a))), "the target is bound again: {:?}", e.rec.calls());
     assert!(e.node.broken().is_empty());
 }
@@ -1065,7 +1075,7 @@ async fn the_recording_sees_every_effect_of_a_volume_s_life_state_and_secrets_in
         // NodeUnstageVolume: `unstaging` first, then the tear-down, then the record and secrets go.
         format!("write {}", d(&record)),
         format!("stop {pid}"),
-        format!("release-group {key}"),
+        format!("release-group mounthost/{key}"),
         format!("unmount {}", d(&staging)),
         format!("remove-tree {}", d(&cache)),
         format!("remove-tree {}", d(&run)),
@@ -1276,4 +1286,38 @@ async fn a_restage_after_the_recorded_build_is_gone_uses_the_current_build() {
     assert!(err.message.contains("not installed on this node"), "{}", err.message);
     assert_eq!(e.rec.calls(), Vec::<String>::new());
     assert_eq!(e.on_disk(), Some(before));
+}
+
+/// After a rollback: a record written by a newer daemon (schema 3, with a field this daemon does
+/// not know) is refused by every call naming both versions and never rewritten, while the
+/// other volumes are adopted and served as usual.
+#[tokio::test]
+async fn a_record_of_a_newer_schema_is_refused_left_as_it_is_and_the_others_served() {
+    let e = Env::new();
+    e.node.stage(e.stage_req()).await.unwrap();
+    let future_id = "tmpfs~pvc-future";
+    let mut doc: serde_json::Value = serde_json::to_value(e.node.store().load(VOL).unwrap().unwrap()).unwrap();
+    doc["version"] = 3.into();
+    doc["volumeId"] = future_id.into();
+    doc["aFieldOfSchema3"] = serde_json::json!({"kept": true});
+    let path = e.node.store().path(future_id);
+    let bytes = doc.to_string().into_bytes();
+    e.rec.add_file(&path, &bytes, None);
+
+    let node = e.restarted();
+    let report = node.reconcile().unwrap();
+    assert_eq!((report.adopted, report.unreadable), (1, 1), "{report:?}");
+    let stage = csi::NodeStageVolumeRequest { volume_id: future_id.into(), ..e.stage_req() };
+    let unstage = csi::NodeUnstageVolumeRequest { volume_id: future_id.into(), ..e.unstage_req() };
+    for err in [node.stage(stage).await.unwrap_err(), node.unstage(unstage).await.unwrap_err()] {
+        assert_eq!(err.kind, ErrorKind::FailedPrecondition, "{}", err.message);
+        assert!(
+            err.message.contains("schema version 3, written by a newer mounthost; this daemon reads versions 1 to 2"),
+            "{}",
+            err.message
+        );
+    }
+    assert_eq!(e.rec.read_file(&path).unwrap().unwrap(), bytes, "never rewritten, never removed");
+    node.publish(e.publish_req(&e.target("pod-a"), false)).await.unwrap();
+    assert_eq!(node.store().load(VOL).unwrap().unwrap().published.len(), 1, "the other volume is served");
 }

@@ -1,8 +1,11 @@
-//! Per-volume cgroups: every FUSE process runs in `<hierarchy>/<parent>/<volume key>`, so
+//! Per-volume cgroups: every FUSE process runs in `<hierarchy>/<parent>/<volume key>`, where
+//! `<parent>` is the daemon's own (`<--cgroup-parent>-<instance id>`, see `exec::instance`) and a
+//! volume's group is named by its record (`VolumeState::cgroup`, relative to the hierarchy's
+//! root), so
 //!
 //! - the kernel names every process of a volume, including one spawned by a daemon that was
 //!   killed before it could record the pid (start-up reconciliation kills what no state file
-//!   claims, and unstage kills what the program forked);
+//!   claims below its own parent, never elsewhere, and unstage kills what the program forked);
 //! - a per-volume memory limit confines the OOM killer to that volume: another volume's
 //!   process is never chosen;
 //! - a container runtime that kills the daemon's own cgroup (a DaemonSet pod restarting)
@@ -44,13 +47,16 @@ pub enum Version {
     V1,
 }
 
-/// The daemon's cgroup parent, as detected.
+/// The daemon's cgroup parent, as detected. Groups are named by their path relative to the
+/// hierarchy's root (`<parent>/<key>`, or a record's older one); only the parent's own are listed.
 #[derive(Debug, Clone)]
 pub struct Cgroups {
     /// The hierarchy's mount point.
     root: Option<PathBuf>,
     /// `<hierarchy mount>/<parent>`, or `None` when the node has no usable hierarchy.
     parent: Option<PathBuf>,
+    /// `<parent>`, relative to the hierarchy's root.
+    name: String,
     version: Option<Version>,
 }
 
@@ -79,6 +85,7 @@ impl Cgroups {
             return Cgroups {
                 root: Some(m.mount_point.clone()),
                 parent: Some(m.mount_point.join(parent)),
+                name: parent.to_string(),
                 version: Some(Version::V2),
             };
         }
@@ -87,15 +94,16 @@ impl Cgroups {
             Some(m) => Cgroups {
                 root: Some(m.mount_point.clone()),
                 parent: Some(m.mount_point.join(parent)),
+                name: parent.to_string(),
                 version: Some(Version::V1),
             },
-            None => Self::none(),
+            None => Cgroups { name: parent.to_string(), ..Self::none() },
         }
     }
 
     /// No cgroups (processes run in the daemon's own).
     pub fn none() -> Self {
-        Cgroups { root: None, parent: None, version: None }
+        Cgroups { root: None, parent: None, name: String::new(), version: None }
     }
 
     /// The detected interface.
@@ -108,15 +116,29 @@ impl Cgroups {
         self.parent.as_deref()
     }
 
-    fn dir(&self, name: &str) -> Option<PathBuf> {
-        self.parent.as_ref().map(|p| p.join(name))
+    /// The group `name` below the parent, as groups are named (relative to the hierarchy's root).
+    pub fn group(&self, name: &str) -> String {
+        format!("{}/{name}", self.name)
     }
 
-    /// Create the group `name` (an existing one is reused), set or clear its memory limit, and
-    /// open its `cgroup.procs` for a new process to join. `None` when the node has no cgroups
-    /// and no limit was asked for.
-    pub fn prepare(&self, name: &str, memory_limit: Option<u64>) -> io::Result<Option<File>> {
-        let (Some(dir), Some(version)) = (self.dir(name), self.version) else {
+    /// The directory of `group` (relative to the hierarchy's root: plain names, no `..`).
+    fn dir(&self, group: &str) -> io::Result<Option<PathBuf>> {
+        let Some(root) = &self.root else { return Ok(None) };
+        let path = Path::new(group);
+        if group.is_empty() || !path.components().all(|c| matches!(c, std::path::Component::Normal(_))) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{group:?} is not a cgroup below the root"),
+            ));
+        }
+        Ok(Some(root.join(path)))
+    }
+
+    /// Create `group` (an existing one is reused) and its parents, set or clear its memory
+    /// limit, and open its `cgroup.procs` for a new process to join. `None` when the node has no
+    /// cgroups and no limit was asked for.
+    pub fn prepare(&self, group: &str, memory_limit: Option<u64>) -> io::Result<Option<File>> {
+        let (Some(dir), Some(version)) = (self.dir(group)?, self.version) else {
             return match memory_limit {
                 None => Ok(None),
                 Some(_) => Err(io::Error::new(
@@ -125,12 +147,11 @@ impl Cgroups {
                 )),
             };
         };
-        if let Some(parent) = &self.parent {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| io::Error::new(e.kind(), format!("creating cgroup {}: {e}", parent.display())))?;
-        }
+        let parent = dir.parent().expect("a group lies below the root");
+        std::fs::create_dir_all(parent)
+            .map_err(|e| io::Error::new(e.kind(), format!("creating cgroup {}: {e}", parent.display())))?;
         if version == Version::V2 {
-            self.enable_memory_v2()?;
+            self.enable_memory_v2(parent)?;
         }
         match std::fs::create_dir(&dir) {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
@@ -157,9 +178,9 @@ impl Cgroups {
     }
 
     /// v2 distributes a controller only where every ancestor enables it for its children:
-    /// the hierarchy's root, each cgroup on the way down, and the parent itself.
-    fn enable_memory_v2(&self) -> io::Result<()> {
-        let (Some(root), Some(parent)) = (&self.root, &self.parent) else { return Ok(()) };
+    /// the hierarchy's root, each cgroup on the way down, and the group's parent itself.
+    fn enable_memory_v2(&self, parent: &Path) -> io::Result<()> {
+        let Some(root) = &self.root else { return Ok(()) };
         let mut dirs = vec![root.clone()];
         for component in parent.strip_prefix(root).unwrap_or(Path::new("")).components() {
             let next = dirs.last().expect("starts with the root").join(component);
@@ -175,9 +196,9 @@ impl Cgroups {
         Ok(())
     }
 
-    /// The pids in group `name` (empty when it does not exist).
-    pub fn procs(&self, name: &str) -> io::Result<Vec<i32>> {
-        let Some(dir) = self.dir(name) else { return Ok(Vec::new()) };
+    /// The pids in `group` (empty when it does not exist).
+    pub fn procs(&self, group: &str) -> io::Result<Vec<i32>> {
+        let Some(dir) = self.dir(group)? else { return Ok(Vec::new()) };
         match std::fs::read_to_string(dir.join("cgroup.procs")) {
             Ok(text) => Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
@@ -185,18 +206,18 @@ impl Cgroups {
         }
     }
 
-    /// Kill whatever still runs in group `name` (SIGKILL; the group's processes were already
+    /// Kill whatever still runs in `group` (SIGKILL; the group's processes were already
     /// asked to stop), reap our children among them, and remove the group. A missing group is
     /// fine. Returns how many processes had to be killed.
-    pub fn release(&self, name: &str) -> io::Result<usize> {
-        let Some(dir) = self.dir(name) else { return Ok(0) };
+    pub fn release(&self, group: &str) -> io::Result<usize> {
+        let Some(dir) = self.dir(group)? else { return Ok(0) };
         if !dir.exists() {
             return Ok(0);
         }
         let until = Instant::now() + RELEASE_BOUND;
         let mut killed = 0;
         loop {
-            let pids = self.procs(name)?;
+            let pids = self.procs(group)?;
             if pids.is_empty() {
                 match std::fs::remove_dir(&dir) {
                     Ok(()) => return Ok(killed),
@@ -231,7 +252,7 @@ impl Cgroups {
         }
     }
 
-    /// Names of the groups under the parent.
+    /// The groups under the parent (`<parent>/<name>`; never anything outside it).
     pub fn groups(&self) -> io::Result<Vec<String>> {
         let Some(parent) = &self.parent else { return Ok(Vec::new()) };
         let entries = match std::fs::read_dir(parent) {
@@ -243,16 +264,16 @@ impl Cgroups {
         for entry in entries {
             let entry = entry?;
             if entry.file_type()?.is_dir() {
-                names.push(entry.file_name().to_string_lossy().into_owned());
+                names.push(self.group(&entry.file_name().to_string_lossy()));
             }
         }
         names.sort();
         Ok(names)
     }
 
-    /// How many times the OOM killer killed a process of group `name`.
-    pub fn oom_kills(&self, name: &str) -> Option<u64> {
-        let dir = self.dir(name)?;
+    /// How many times the OOM killer killed a process of `group`.
+    pub fn oom_kills(&self, group: &str) -> Option<u64> {
+        let dir = self.dir(group).ok()??;
         let (file, key) = match self.version? {
             Version::V2 => ("memory.events", "oom_kill"),
             Version::V1 => ("memory.oom_control", "oom_kill"),
@@ -316,11 +337,22 @@ mod tests {
     fn without_a_memory_controller_a_limit_is_refused_and_no_limit_runs_ungrouped() {
         let c = Cgroups::detect_in(&[entry("/x", "cgroup", "rw,cpu")], "mh");
         assert_eq!(c.version(), None);
-        assert!(c.prepare("v", None).unwrap().is_none());
-        let err = c.prepare("v", Some(64 << 20)).unwrap_err();
+        assert!(c.prepare("mh/v", None).unwrap().is_none());
+        let err = c.prepare("mh/v", Some(64 << 20)).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::Unsupported);
         assert!(err.to_string().contains("no memory cgroup controller"), "{err}");
-        assert_eq!(c.release("v").unwrap(), 0);
+        assert_eq!(c.release("mh/v").unwrap(), 0);
         assert!(c.groups().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_group_is_a_plain_path_below_the_root() {
+        let c = Cgroups::detect_in(&[entry("/sys/fs/cgroup/memory", "cgroup", "rw,memory")], "mh-1");
+        assert_eq!(c.group("k"), "mh-1/k");
+        assert_eq!(c.dir("mh/k").unwrap(), Some(PathBuf::from("/sys/fs/cgroup/memory/mh/k")));
+        for bad in ["", "/abs", "mh/../other", "./mh", ".."] {
+            assert_eq!(c.dir(bad).unwrap_err().kind(), io::ErrorKind::InvalidInput, "{bad:?}");
+        }
+        assert_eq!(c.oom_kills("../x"), None);
     }
 }

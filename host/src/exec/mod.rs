@@ -11,6 +11,7 @@ pub mod beneath;
 pub mod cgroup;
 pub mod executor;
 pub mod fuse_log;
+pub mod instance;
 pub mod linux;
 pub mod mount;
 pub mod mountinfo;

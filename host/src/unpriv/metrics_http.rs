@@ -1,6 +1,7 @@
 //! The metrics listener (`--metrics-address`): `GET /metrics` (OpenMetrics text), `/healthz`
 //! (the process answers) and `/readyz` (every role of the process is ready: the host daemon has
-//! reconciled, the front listens on its socket). HTTP/1.1 on TCP, no privilege needed.
+//! reconciled, the front listens on its socket; or the host daemon stands by for the daemon that
+//! holds its state directory). HTTP/1.1 on TCP, no privilege needed.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -71,9 +72,12 @@ async fn answer(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Byt
     match req.uri().path() {
         "/metrics" => reply(StatusCode::OK, metrics::CONTENT_TYPE, metrics.scrape().await),
         "/healthz" => reply(StatusCode::OK, text, "ok\n".into()),
-        "/readyz" => match metrics.not_ready().as_slice() {
-            [] => reply(StatusCode::OK, text, "ready\n".into()),
-            waiting => reply(StatusCode::SERVICE_UNAVAILABLE, text, format!("not ready: {}\n", waiting.join(", "))),
+        "/readyz" => match (metrics.not_ready().as_slice(), metrics.standby()) {
+            ([], _) => reply(StatusCode::OK, text, "ready\n".into()),
+            (["host"], Some(why)) => reply(StatusCode::OK, text, format!("standby: {why}\n")),
+            (waiting, _) => {
+                reply(StatusCode::SERVICE_UNAVAILABLE, text, format!("not ready: {}\n", waiting.join(", ")))
+            }
         },
         _ => reply(StatusCode::NOT_FOUND, text, "not found: try /metrics, /healthz or /readyz\n".into()),
     }
@@ -103,6 +107,10 @@ mod tests {
             tokio::task::spawn_blocking(move || get(addr, method, path))
         };
         assert_eq!(call("GET", "/healthz").await.unwrap(), (200, "ok\n".into()));
+        assert_eq!(call("GET", "/readyz").await.unwrap(), (503, "not ready: host\n".into()));
+        metrics.set_standby(Some("pid 7 holds /s/host.lock".into()));
+        assert_eq!(call("GET", "/readyz").await.unwrap(), (200, "standby: pid 7 holds /s/host.lock\n".into()));
+        metrics.set_standby(None);
         assert_eq!(call("GET", "/readyz").await.unwrap(), (503, "not ready: host\n".into()));
         metrics.set_ready("host");
         assert_eq!(call("GET", "/readyz").await.unwrap(), (200, "ready\n".into()));

@@ -11,8 +11,20 @@
 //! character); the id is stored inside and checked on load. Mode 0600, with a schema
 //! `version`. It records the plugin and digest the volume was staged with (and whether the user
 //! pinned that digest), the checked plan (which holds no secret values), the FUSE process's
-//! identity, the published targets and the boot id, and nothing the kernel already knows better
-//! (mounts are always read back from mountinfo).
+//! identity and cgroup, the published targets and the boot id, and nothing the kernel already
+//! knows better (mounts are always read back from mountinfo).
+//!
+//! Schema versions: a file of an older schema this daemon knows is migrated when it is read
+//! (and written in the current schema at the volume's next save); a file of a newer schema, or
+//! of one too old, is never guessed at and never rewritten: the volume is refused
+//! (FAILED_PRECONDITION, naming both versions) and left as it is, and every other volume is
+//! served. Any change to the format is a new version: a newer field an older daemon does not
+//! know would otherwise be dropped by its next save.
+//!
+//! | schema | written by | what changed |
+//! |---|---|---|
+//! | 1 | mounthost 0.1.0 | first |
+//! | 2 | this release | `cgroup`: the volume's cgroup, recorded, so each daemon owns the groups its records name (schema 1 volumes keep `<cgroup-parent>/<key>`, where every earlier release put them) |
 //!
 //! Every read and write goes through the executor's [`Files`] (paths resolved below the state
 //! directory without following links), so the recording executor sees them in unit tests.
@@ -29,8 +41,29 @@ use crate::exec::beneath::{SPARE_MARK, TMP_MARK};
 use crate::exec::process::ProcessId;
 use crate::plan::Plan;
 
-/// The schema version this daemon writes and reads.
-pub const SCHEMA_VERSION: u32 = 1;
+/// The schema version this daemon writes (and the newest it reads).
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// The oldest schema version this daemon reads, migrating it to [`SCHEMA_VERSION`].
+pub const OLDEST_SCHEMA_VERSION: u32 = 1;
+
+/// Which schema versions a store reads and how it migrates the older ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schema {
+    /// The version written, and the newest read ([`SCHEMA_VERSION`] in this build; a test
+    /// passes an older one to act as a daemon built with that constant).
+    pub newest: u32,
+    /// The `--cgroup-parent` this daemon runs with: schema 1 records had no `cgroup` field, and
+    /// their groups are `<cgroup-parent>/<key>`.
+    pub legacy_cgroup_parent: String,
+}
+
+impl Schema {
+    /// This build's schema, migrating schema 1 records' cgroups from `cgroup_parent`.
+    pub fn current(cgroup_parent: &str) -> Schema {
+        Schema { newest: SCHEMA_VERSION, legacy_cgroup_parent: cgroup_parent.to_string() }
+    }
+}
 
 /// Where a volume is in its life on this node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,6 +180,12 @@ pub struct VolumeState {
     /// at the first publish, unstaged with the last unpublish.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ephemeral: bool,
+    /// The volume's cgroup, relative to the hierarchy's root: `<cgroup-parent>-<instance>/<key>`
+    /// ([`crate::exec::instance`]), recorded with the first record of a stage, before the group
+    /// is made. A daemon releases, reads and sweeps only groups its records name or that lie
+    /// below its own instance's parent, so two daemons never touch each other's processes.
+    /// Migrated schema 1 records hold `<cgroup-parent>/<key>`.
+    pub cgroup: String,
     /// Times the host restarted the FUSE process after it died (self-heal).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub restarts: u32,
@@ -208,9 +247,13 @@ pub enum StateError {
     /// The file is not valid state JSON.
     #[error("{path} is not a valid state file: {source}")]
     Corrupt { path: PathBuf, source: serde_json::Error },
-    /// Written by a daemon with another schema.
-    #[error("{path} has schema version {found}; this daemon reads version {SCHEMA_VERSION}")]
-    Version { path: PathBuf, found: u32 },
+    /// Written by a daemon with a schema this one does not read (a newer one, after a
+    /// rollback; or one older than any it migrates).
+    #[error(
+        "{path} has schema version {found}{}; this daemon reads versions {OLDEST_SCHEMA_VERSION} to {newest}: the volume is left as it is (see docs/install.md, \"Upgrades and rollbacks\")",
+        if found > newest { ", written by a newer mounthost" } else { "" }
+    )]
+    Version { path: PathBuf, found: u32, newest: u32 },
     /// The file belongs to another volume (hash collision or a file moved by hand).
     #[error("{path} holds volume {found:?}, not {expected:?}")]
     WrongVolume { path: PathBuf, expected: String, found: String },
@@ -219,14 +262,22 @@ pub enum StateError {
     Misplaced { path: PathBuf, found: String, belongs: PathBuf },
     /// The file was found unusable when the folder was read (see the start-up log).
     #[error("{path} is unusable: {reason}")]
-    Unusable { path: PathBuf, reason: String },
+    Unusable { path: PathBuf, reason: String, schema: bool },
+}
+
+impl StateError {
+    /// The file is unusable because of its schema version, not because it is damaged.
+    pub fn is_schema(&self) -> bool {
+        matches!(self, StateError::Version { .. } | StateError::Unusable { schema: true, .. })
+    }
 }
 
 /// One state file found by [`StateStore::list`]: its path, and its state or why it is unusable.
 pub type Listed = (PathBuf, Result<VolumeState, StateError>);
 
-/// What the index holds for one file: its state, or why it is unusable.
-type Indexed = Result<VolumeState, String>;
+/// What the index holds for one file: its state, or why it is unusable (and whether that is
+/// its schema version).
+type Indexed = Result<VolumeState, (String, bool)>;
 
 /// The folder of state files, read and written through the executor, with an index in memory:
 /// every write goes to the file first and then to the index, so the index is the folder as
@@ -234,6 +285,7 @@ type Indexed = Result<VolumeState, String>;
 pub struct StateStore {
     dir: PathBuf,
     secrets_dir: PathBuf,
+    schema: Schema,
     files: Arc<dyn Files + Send + Sync>,
     /// By key (file stem); `None` until first read.
     index: Mutex<Option<BTreeMap<String, Indexed>>>,
@@ -246,11 +298,11 @@ impl std::fmt::Debug for StateStore {
 }
 
 impl StateStore {
-    /// Open (and create, 0700) `<state-dir>/volumes`.
-    pub fn open(state_dir: &Path, files: Arc<dyn Files + Send + Sync>) -> Result<Self, StateError> {
+    /// Open (and create, 0700) `<state-dir>/volumes`, reading the schema versions `schema` names.
+    pub fn open(state_dir: &Path, files: Arc<dyn Files + Send + Sync>, schema: Schema) -> Result<Self, StateError> {
         let dir = state_dir.join("volumes");
         files.private_dir(&dir).map_err(|source| StateError::Io { path: dir.clone(), source })?;
-        Ok(StateStore { secrets_dir: state_dir.join("secrets"), dir, files, index: Mutex::new(None) })
+        Ok(StateStore { secrets_dir: state_dir.join("secrets"), dir, schema, files, index: Mutex::new(None) })
     }
 
     /// The file of `volume_id`.
@@ -262,7 +314,9 @@ impl StateStore {
         let mut index = self.index.lock().unwrap_or_else(|p| p.into_inner());
         if index.is_none() {
             let listed = self.read_folder()?;
-            *index = Some(listed.into_iter().map(|(p, r)| (stem(&p), r.map_err(|e| e.to_string()))).collect());
+            *index = Some(
+                listed.into_iter().map(|(p, r)| (stem(&p), r.map_err(|e| (e.to_string(), e.is_schema())))).collect(),
+            );
         }
         Ok(f(index.as_mut().expect("loaded above")))
     }
@@ -283,7 +337,7 @@ impl StateStore {
             None => Ok(None),
             Some(Ok(st)) if st.volume_id == volume_id => Ok(Some(st)),
             Some(Ok(st)) => Err(StateError::WrongVolume { path, expected: volume_id.into(), found: st.volume_id }),
-            Some(Err(reason)) => Err(StateError::Unusable { path, reason }),
+            Some(Err((reason, schema))) => Err(StateError::Unusable { path, reason, schema }),
         }
     }
 
@@ -327,7 +381,8 @@ impl StateStore {
         }
         let dir = self.secrets_dir.clone();
         self.files.private_dir(&dir).map_err(|source| StateError::Io { path: dir, source })?;
-        let json = serde_json::to_vec(secrets).expect("strings serialize");
+        let kept = KeptSecrets { version: SECRETS_SCHEMA_VERSION, secrets: secrets.clone() };
+        let json = serde_json::to_vec(&kept).expect("strings serialize");
         self.files.write_secret_file(&path, &json, 0o600).map_err(|source| StateError::Io { path, source })
     }
 
@@ -335,7 +390,7 @@ impl StateStore {
     pub fn load_secrets(&self, volume_id: &str) -> Result<BTreeMap<String, String>, StateError> {
         let path = self.secrets_path(volume_id);
         match self.files.read_file(&path) {
-            Ok(Some(b)) => serde_json::from_slice(&b).map_err(|source| StateError::Corrupt { path, source }),
+            Ok(Some(b)) => parse_secrets(&path, &b),
             Ok(None) => Ok(BTreeMap::new()),
             Err(source) => Err(StateError::Io { path, source }),
         }
@@ -398,7 +453,7 @@ impl StateStore {
             }
             let path = self.dir.join(&entry.name);
             let parsed = match self.files.read_file(&path) {
-                Ok(Some(b)) => parse(&path, &b),
+                Ok(Some(b)) => parse(&path, &b, &self.schema),
                 Ok(None) => continue,
                 Err(source) => Err(StateError::Io { path: path.clone(), source }),
             }
@@ -417,26 +472,77 @@ impl StateStore {
     }
 }
 
+/// The schema version of kept secrets files. Schema 1 (mounthost 0.1.0) was the bare object of
+/// names and values, without a version; schema 2 wraps it as `{"version": 2, "secrets": {...}}`.
+pub const SECRETS_SCHEMA_VERSION: u32 = 2;
+
+/// A kept secrets file (schema 2).
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeptSecrets {
+    version: u32,
+    secrets: BTreeMap<String, String>,
+}
+
+/// Read kept secrets of schema 1 or 2. A schema 1 file cannot be mistaken for a later one: its
+/// values are all strings, and a later one's `version` is a number.
+fn parse_secrets(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, String>, StateError> {
+    let corrupt = |source| StateError::Corrupt { path: path.to_path_buf(), source };
+    let doc: serde_json::Value = serde_json::from_slice(bytes).map_err(corrupt)?;
+    match doc.get("version").and_then(serde_json::Value::as_u64) {
+        None => serde_json::from_value(doc).map_err(corrupt),
+        Some(v) if v <= u64::from(SECRETS_SCHEMA_VERSION) => {
+            Ok(serde_json::from_value::<KeptSecrets>(doc).map_err(corrupt)?.secrets)
+        }
+        Some(v) => Err(StateError::Version {
+            path: path.to_path_buf(),
+            found: u32::try_from(v).unwrap_or(u32::MAX),
+            newest: SECRETS_SCHEMA_VERSION,
+        }),
+    }
+}
+
 fn stem(path: &Path) -> String {
     path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
-fn parse(path: &Path, bytes: &[u8]) -> Result<VolumeState, StateError> {
-    #[derive(Deserialize)]
-    struct Versioned {
-        version: u32,
+/// Read a record of any schema version `schema` knows, migrating an older one in memory.
+fn parse(path: &Path, bytes: &[u8], schema: &Schema) -> Result<VolumeState, StateError> {
+    let corrupt = |source| StateError::Corrupt { path: path.to_path_buf(), source };
+    let mut doc: serde_json::Value = serde_json::from_slice(bytes).map_err(corrupt)?;
+    let found = match doc.get("version").and_then(serde_json::Value::as_u64) {
+        Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
+        // Let serde name what is wrong (a missing or non-numeric version).
+        None => return serde_json::from_value(doc).map_err(corrupt),
+    };
+    if found > schema.newest || found < OLDEST_SCHEMA_VERSION {
+        return Err(StateError::Version { path: path.to_path_buf(), found, newest: schema.newest });
     }
-    let v: Versioned =
-        serde_json::from_slice(bytes).map_err(|source| StateError::Corrupt { path: path.to_path_buf(), source })?;
-    if v.version != SCHEMA_VERSION {
-        return Err(StateError::Version { path: path.to_path_buf(), found: v.version });
+    for from in found..schema.newest {
+        migrate(&mut doc, from, schema);
     }
-    serde_json::from_slice(bytes).map_err(|source| StateError::Corrupt { path: path.to_path_buf(), source })
+    serde_json::from_value(doc).map_err(corrupt)
+}
+
+/// Turn a record of schema `from` into one of `from + 1`, keeping every field it has.
+fn migrate(doc: &mut serde_json::Value, from: u32, schema: &Schema) {
+    let Some(fields) = doc.as_object_mut() else { return };
+    if from == 1 {
+        // Every release before schema 2 put a volume's group at `<cgroup-parent>/<key>`.
+        let key = fields.get("volumeId").and_then(serde_json::Value::as_str).map(volume_key).unwrap_or_default();
+        fields.insert("cgroup".into(), format!("{}/{key}", schema.legacy_cgroup_parent).into());
+    }
+    fields.insert("version".into(), (from + 1).into());
 }
 
 impl From<StateError> for crate::error::Error {
     fn from(e: StateError) -> Self {
-        crate::error::Error::internal(format!("volume state: {e}"))
+        if e.is_schema() {
+            // Not a fault of this daemon: the file waits for a daemon that reads its schema.
+            crate::error::Error::precondition(format!("volume state: {e}"))
+        } else {
+            crate::error::Error::internal(format!("volume state: {e}"))
+        }
     }
 }
 
@@ -485,6 +591,7 @@ mod tests {
             capability: None,
             dynamic: BTreeMap::new(),
             fuse_id: None,
+            cgroup: format!("mounthost-0123456789abcdef/{}", volume_key(id)),
         }
     }
 
@@ -492,7 +599,7 @@ mod tests {
 
     fn store() -> (Arc<Recording>, StateStore) {
         let rec = Arc::new(Recording::new());
-        let store = StateStore::open(Path::new(DIR), rec.clone()).unwrap();
+        let store = StateStore::open(Path::new(DIR), rec.clone(), Schema::current("mounthost")).unwrap();
         (rec, store)
     }
 
@@ -516,9 +623,9 @@ mod tests {
         assert_eq!(rec.mode(path.parent().unwrap()), Some(0o700));
         assert!(rec.calls().contains(&format!("write {}", path.display())), "{:?}", rec.calls());
         // A second store over the same files (a restarted daemon) reads what the first wrote.
-        let again = StateStore::open(Path::new(DIR), Arc::new(Recording::new())).unwrap();
+        let again = StateStore::open(Path::new(DIR), Arc::new(Recording::new()), Schema::current("mounthost")).unwrap();
         assert_eq!(again.load(&id).unwrap(), None, "another node's files are not this one's");
-        let reopened = StateStore::open(Path::new(DIR), rec.clone()).unwrap();
+        let reopened = StateStore::open(Path::new(DIR), rec.clone(), Schema::current("mounthost")).unwrap();
         assert_eq!(reopened.load(&id).unwrap(), Some(s.clone()));
         assert_eq!(store.list().unwrap().len(), 1);
         store.remove(&id).unwrap();
@@ -560,7 +667,7 @@ mod tests {
         let (rec, store) = store();
         rec.add_file(&store.path("torn"), b"{\"version\":1,\"volumeId\":", None);
         let mut future = serde_json::to_value(state("future")).unwrap();
-        future["version"] = 2.into();
+        future["version"] = 3.into();
         rec.add_file(&store.path("future"), future.to_string().as_bytes(), None);
         rec.add_file(&store.path("moved"), &serde_json::to_vec(&state("other")).unwrap(), None);
         let mut unknown = serde_json::to_value(state("x")).unwrap();
@@ -571,8 +678,14 @@ mod tests {
         assert_eq!(listed.len(), 4, "every state file is listed, temporaries skipped");
         assert!(listed.iter().all(|(_, r)| r.is_err()));
         assert!(matches!(store.load("torn").unwrap_err(), StateError::Unusable { .. }));
-        let err = store.load("future").unwrap_err().to_string();
-        assert!(err.contains("has schema version 2; this daemon reads version 1"), "{err}");
+        let err = store.load("future").unwrap_err();
+        assert!(err.is_schema(), "{err}");
+        let err = err.to_string();
+        assert!(
+            err.contains("has schema version 3, written by a newer mounthost; this daemon reads versions 1 to 2"),
+            "{err}"
+        );
+        assert!(!store.load("torn").unwrap_err().is_schema(), "a torn file is damaged, not of another schema");
         assert!(store.load("moved").unwrap_err().to_string().contains("belongs in"));
         assert!(store.load("x").unwrap_err().to_string().contains("surprise"));
         assert_eq!(store.keys().unwrap().len(), 4, "unusable files still claim their key");
@@ -630,5 +743,79 @@ mod tests {
         store.save(&pinned).unwrap();
         assert!(text(&rec, &store.path("pinned")).contains("\"pinned\":true"));
         assert!(store.load("pinned").unwrap().unwrap().pinned);
+    }
+
+    /// The record a 0.1.0 daemon wrote for a staged and published bindfs volume
+    /// (`host/tests/fixtures/state-v1/`), with its machine-specific values filled in.
+    fn fixture_v1() -> String {
+        include_str!("../../tests/fixtures/state-v1/bindfs-staged-published.json")
+            .replace("@ROOT@", "/r")
+            .replace("@BOOT_ID@", "boot-1")
+            .replace("@PID@", "4242")
+            .replace("@START_TIME@", "99")
+    }
+
+    #[test]
+    fn a_schema_1_record_is_migrated_keeping_every_field() {
+        let (rec, store) = store();
+        let path = store.path("bindfs~pv-fixture");
+        rec.add_file(&path, fixture_v1().as_bytes(), None);
+        let st = store.load("bindfs~pv-fixture").unwrap().unwrap();
+        assert_eq!(st.version, SCHEMA_VERSION);
+        assert_eq!(st.cgroup, format!("mounthost/{}", volume_key("bindfs~pv-fixture")), "where 0.1.0 put its group");
+        assert_eq!(st.process, Some(ProcessId { pid: 4242, start_time: 99 }));
+        assert_eq!(st.phase, Phase::Staged);
+        assert_eq!(st.published.len(), 1);
+        assert_eq!(st.context["memoryLimitMiB"], "64");
+        // Every field of the old record survives a save in the new schema.
+        store.save(&st).unwrap();
+        let old: serde_json::Value = serde_json::from_str(&fixture_v1()).unwrap();
+        let new: serde_json::Value = serde_json::from_slice(&rec.read_file(&path).unwrap().unwrap()).unwrap();
+        for (k, v) in old.as_object().unwrap() {
+            if k != "version" {
+                assert_eq!(new.get(k), Some(v), "field {k} kept");
+            }
+        }
+        assert_eq!(new["version"], 2);
+        assert_eq!(new["cgroup"], format!("mounthost/{}", volume_key("bindfs~pv-fixture")));
+    }
+
+    #[test]
+    fn a_daemon_built_with_schema_1_refuses_a_schema_2_record_and_leaves_it() {
+        let (rec, store) = store();
+        store.save(&state("new")).unwrap();
+        let written = rec.read_file(&store.path("new")).unwrap().unwrap();
+        let older = Schema { newest: 1, legacy_cgroup_parent: "mounthost".into() };
+        let old_daemon = StateStore::open(Path::new(DIR), rec.clone(), older).unwrap();
+        let err = old_daemon.load("new").unwrap_err();
+        assert!(err.is_schema());
+        assert!(
+            err.to_string()
+                .contains("has schema version 2, written by a newer mounthost; this daemon reads versions 1 to 1"),
+            "{err}"
+        );
+        let err: crate::error::Error = err.into();
+        assert_eq!(err.kind, crate::error::ErrorKind::FailedPrecondition);
+        assert!(old_daemon.all().unwrap().is_empty(), "listed as unusable, not as a volume");
+        assert_eq!(old_daemon.keys().unwrap().len(), 1, "its key stays claimed (its cgroup is not swept)");
+        assert_eq!(rec.read_file(&store.path("new")).unwrap().unwrap(), written, "never rewritten");
+    }
+
+    #[test]
+    fn kept_secrets_of_schema_1_read_and_newer_ones_are_refused() {
+        let (rec, store) = store();
+        let file = Path::new(DIR).join("secrets").join(format!("{}.json", volume_key("v")));
+        // 0.1.0 wrote the bare object; a secret may even be called `version`.
+        rec.add_file(&file, br#"{"jwtSigningKey":"k1","version":"2"}"#, None);
+        let old = store.load_secrets("v").unwrap();
+        assert_eq!(old["jwtSigningKey"], "k1");
+        assert_eq!(old["version"], "2");
+        store.save_secrets("v", &old).unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&rec.read_file(&file).unwrap().unwrap()).unwrap();
+        assert_eq!(doc["version"], SECRETS_SCHEMA_VERSION);
+        assert_eq!(store.load_secrets("v").unwrap(), old);
+        rec.add_file(&file, br#"{"version":3,"secrets":{},"more":1}"#, None);
+        let err = store.load_secrets("v").unwrap_err();
+        assert!(err.is_schema() && err.to_string().contains("schema version 3"), "{err}");
     }
 }

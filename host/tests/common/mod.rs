@@ -409,9 +409,9 @@ pub struct NodeDirs {
     pub state: PathBuf,
     pub host_sock: PathBuf,
     pub csi_sock: PathBuf,
-    /// The host's cgroup parent, unique to this test (removed on drop).
-    pub cgroups: mounthost::exec::cgroup::Cgroups,
-    cgroup_parent: String,
+    /// The host's `--cgroup-parent`, unique to this test (its daemon's own parent, derived
+    /// from it and the daemon's instance id, is removed on drop).
+    pub cgroup_parent: String,
 }
 
 impl NodeDirs {
@@ -424,13 +424,25 @@ impl NodeDirs {
         let csi_sock = kubelet.join("plugins/csi.mounthost.dev/csi.sock");
         let unique = root.path().file_name().unwrap().to_string_lossy().trim_start_matches('.').to_string();
         let cgroup_parent = format!("mounthost-test-{}-{unique}", std::process::id());
-        let cgroups = mounthost::exec::cgroup::Cgroups::detect(&cgroup_parent);
-        NodeDirs { kubelet, state, host_sock, csi_sock, root, cgroups, cgroup_parent }
+        NodeDirs { kubelet, state, host_sock, csi_sock, root, cgroup_parent }
     }
 
-    /// The per-volume cgroups that exist now under this test's parent.
+    /// The host daemon's own cgroups (`<parent>-<instance id>`, once it has made its id).
+    pub fn cgroups(&self) -> mounthost::exec::cgroup::Cgroups {
+        daemon_cgroups(&self.state, &self.cgroup_parent)
+    }
+
+    /// The names (volume keys) of the per-volume cgroups that exist now under the daemon's parent.
     pub fn cgroups_left(&self) -> Vec<String> {
-        self.cgroups.groups().unwrap()
+        let cgroups = self.cgroups();
+        let own = cgroups.group("");
+        cgroups.groups().unwrap().into_iter().map(|g| g.strip_prefix(&own).unwrap_or(&g).to_string()).collect()
+    }
+
+    /// The pids in the cgroup of the volume whose state key is `key`, as the kernel lists them.
+    pub fn group_procs(&self, key: &str) -> Vec<i32> {
+        let cgroups = self.cgroups();
+        cgroups.procs(&cgroups.group(key)).unwrap()
     }
 
     /// kubelet's staging path of a PV: `plugins/kubernetes.io/csi/<driver>/<sha256>/globalmount`.
@@ -477,9 +489,29 @@ impl NodeDirs {
 
     /// Start `mounthost host` and wait for its socket.
     pub fn start_host(&self, extra: &[String]) -> Proc {
-        let p = self.spawn("host", &["host", "--metrics-address", "127.0.0.1:0"], extra);
+        let p = self.spawn_host("host", extra);
         wait_socket(&self.host_sock);
         p
+    }
+
+    /// Start `mounthost host` logging to `<name>.log`, without waiting for anything (a second
+    /// daemon on the same state directory stands by).
+    pub fn spawn_host(&self, name: &'static str, extra: &[String]) -> Proc {
+        self.spawn(name, &["host", "--metrics-address", "127.0.0.1:0"], extra)
+    }
+
+    /// The arguments that give the daemons the `bindfs` test plugin (a real FUSE process per
+    /// volume, cheap) from a plugin folder in the test's root.
+    pub fn bindfs_args(&self) -> Vec<String> {
+        let plugins = self.root.path().join("plugins");
+        std::fs::create_dir_all(&plugins).unwrap();
+        std::fs::copy(mounthost::stock::fixtures::path("bindfs"), plugins.join("bindfs.wasm")).unwrap();
+        vec![
+            format!("--plugin-dir={}", plugins.display()),
+            "--program=bindfs=/usr/bin/bindfs".into(),
+            "--grant=bindfs:program=bindfs".into(),
+            "--grant=bindfs:fstype=fuse".into(),
+        ]
     }
 
     /// Start `mounthost csi --mode all` and wait for its socket.
@@ -505,7 +537,7 @@ impl NodeDirs {
     }
 
     /// The address in the last "metrics, /healthz and /readyz" line of `name`'s log.
-    fn metrics_address(&self, name: &str) -> String {
+    pub fn metrics_address(&self, name: &str) -> String {
         let log = std::fs::read_to_string(self.root.path().join(format!("{name}.log"))).unwrap_or_default();
         let plain = strip_ansi(&log);
         plain
@@ -534,6 +566,8 @@ impl NodeDirs {
 /// Detach whatever is mounted below `root` (deepest first) and remove every group under
 /// `cgroups`' parent and the parent itself, so a test's temporary directory and cgroups go
 /// away even when it failed half-way.
+pub use mounthost::exec::instance::daemon_cgroups;
+
 pub fn detach_below(root: &Path, cgroups: &mounthost::exec::cgroup::Cgroups) {
     let mut left = all_mounts_below(root);
     left.sort();
@@ -565,7 +599,7 @@ pub fn remove_fuse_files_dir(state: &Path) {
 impl Drop for NodeDirs {
     /// Leave nothing mounted below the root, no cgroup, and no FUSE files directory.
     fn drop(&mut self) {
-        detach_below(self.root.path(), &self.cgroups);
+        detach_below(self.root.path(), &self.cgroups());
         remove_fuse_files_dir(&self.state);
     }
 }
@@ -710,7 +744,6 @@ pub fn multi_writer() -> csi::VolumeCapability {
     capability(csi::volume_capability::access_mode::Mode::SingleNodeMultiWriter)
 }
 
-/// NodeStageVolume of `id` at `staging` with context `ctx`, multi-writer.
 /// NodePublishVolume of a multi-writer volume, kubelet's way.
 pub fn publish_req(
     id: &str,
@@ -730,6 +763,7 @@ pub fn publish_req(
     }
 }
 
+/// NodeStageVolume of `id` at `staging` with context `ctx`, multi-writer.
 pub fn stage_req(id: &str, staging: &Path, ctx: &HashMap<String, String>) -> csi::NodeStageVolumeRequest {
     csi::NodeStageVolumeRequest {
         volume_id: id.into(),
