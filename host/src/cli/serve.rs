@@ -209,6 +209,7 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
     }
     make_state_dir(&mut cfg)?;
     let _lock = claim_state_dir_now(&mut cfg)?;
+    super::first_volume::provide_weed(&mut cfg, &args.first_volume)?;
     let exec = linux(&mut cfg)?;
     let csi_socket = match &args.endpoint {
         Some(e) => crate::unpriv::grpc::socket_path(e).map_err(anyhow::Error::msg)?,
@@ -268,6 +269,7 @@ fn front_puller(cfg: &Config) -> anyhow::Result<Arc<PluginPull>> {
     Ok(Arc::new(PluginPull::new(Arc::new(artifacts), Some(pulled_plugin_notes(cfg)))))
 }
 
-fn on_path(name: &str) -> Option<PathBuf> {
+/// `name` in a directory of `PATH`.
+pub(super) fn on_path(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| PathBuf::from(d).join(name)).find(|p| p.is_file())
 }

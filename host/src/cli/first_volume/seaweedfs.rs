@@ -84,12 +84,18 @@ impl Ports {
 }
 
 /// `<state-dir>/seaweedfs/server.json`: the ports the last run used, and the server while it
-/// runs.
+/// runs, with a schema `version` ([`RECORD_VERSION`]; 0.1.0 wrote none, read as the same).
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Record {
+    #[serde(default)]
+    version: u32,
     ports: Option<Ports>,
     process: Option<ProcessId>,
 }
+
+/// The schema version of `server.json`. A record of a newer one is ignored like an unreadable
+/// one: its server is neither adopted nor stopped, and free ports are chosen if its are taken.
+const RECORD_VERSION: u32 = 1;
 
 /// The `weed server` of this run.
 struct Server {
@@ -127,15 +133,19 @@ impl SeaweedFs {
 
     /// The record, if readable; ports that leave no room for their gRPC port are dropped.
     fn read_record(&self) -> Record {
-        let mut record: Record =
-            std::fs::read(self.record_path()).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+        let mut record: Record = std::fs::read(self.record_path())
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Record>(&b).ok())
+            .filter(|r| r.version <= RECORD_VERSION)
+            .unwrap_or_default();
         let usable = |p: &Ports| [p.master, p.volume, p.filer].iter().all(|&x| x > 0 && x <= u16::MAX - GRPC_OFFSET);
         record.ports = record.ports.filter(usable);
         record
     }
 
-    fn write_record(&self, record: &Record) -> anyhow::Result<()> {
-        let bytes = serde_json::to_vec_pretty(record).expect("the record serializes");
+    fn write_record(&self, ports: Option<Ports>, process: Option<ProcessId>) -> anyhow::Result<()> {
+        let record = Record { version: RECORD_VERSION, ports, process };
+        let bytes = serde_json::to_vec_pretty(&record).expect("the record serializes");
         crate::unpriv::private_files::write_atomic(&self.record_path(), &bytes, 0o600)
             .with_context(|| format!("writing {}", self.record_path().display()))
     }
@@ -239,7 +249,7 @@ impl SeaweedFs {
         let spec = Spec { executable: weed, args: &args, env: &[], log: &log };
         let id = process::spawn(&spec, None).map_err(|e| Failed::Other(anyhow!("starting {}: {e}", weed.display())))?;
         self.server = Some(Server { id, ports });
-        self.write_record(&Record { ports: Some(ports), process: Some(id) }).map_err(Failed::Other)?;
+        self.write_record(Some(ports), Some(id)).map_err(Failed::Other)?;
         println!(
             "mounthost local: starting SeaweedFS (weed server, pid {}: master :{}, volume :{}, filer :{} on 127.0.0.1; data and log in {})",
             id.pid,
@@ -256,7 +266,7 @@ impl SeaweedFs {
             }
             if !process::is_alive(&id) {
                 self.server = None;
-                self.write_record(&Record { ports: None, process: None }).map_err(Failed::Other)?;
+                self.write_record(None, None).map_err(Failed::Other)?;
                 let tail = log_tail(&log, log_start);
                 if tail.contains("address already in use") {
                     return Err(Failed::PortTaken(tail));
@@ -313,7 +323,7 @@ impl SeaweedFs {
                 let _ = crate::unpriv::private_files::remove_file(&path);
             }
         }
-        self.write_record(&Record { ports: Some(server.ports), process: None })
+        self.write_record(Some(server.ports), None)
     }
 }
 

@@ -11,7 +11,9 @@
 //! finds it further along or done), as a model pull does.
 //!
 //! The controller's notes (volume → the reference its plugin came from, for DeleteVolume) are
-//! files in a private directory of its state, one per volume id.
+//! files in a private directory of its state, one per volume id: `{"version":2,"source":"oci://…"}`
+//! (schema 1, written by mounthost 0.1.0 and still read, was the bare reference on one line; a
+//! note of a newer schema is refused, FAILED_PRECONDITION, never guessed at).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -180,7 +182,8 @@ impl PluginPuller for PluginPull {
         };
         let dir = note.parent().expect("a note has a directory");
         private_files::private_dir(dir).map_err(failed)?;
-        private_files::write_atomic(&note, format!("{source}\n").as_bytes(), 0o600).map_err(failed)?;
+        let doc = serde_json::json!({ "version": NOTE_SCHEMA_VERSION, "source": source });
+        private_files::write_atomic(&note, format!("{doc}\n").as_bytes(), 0o600).map_err(failed)?;
         // Created again after a delete (a plugin that reuses ids): no tombstone.
         private_files::remove_file(&tomb).map_err(failed)
     }
@@ -190,7 +193,9 @@ impl PluginPuller for PluginPull {
         for (path, live) in [(&note, true), (&tomb, false)] {
             match std::fs::read_to_string(path) {
                 Ok(text) => {
-                    let source = text.trim();
+                    let source = note_source(&text).map_err(|why| {
+                        Error::precondition(format!("the note {} of volume {volume_id}'s plugin {why}", path.display()))
+                    })?;
                     if !source.starts_with(SCHEME) {
                         return Err(Error::internal(format!(
                             "the note {} of volume {volume_id}'s plugin holds no {SCHEME} reference",
@@ -225,6 +230,24 @@ impl PluginPuller for PluginPull {
         private_files::remove_file(&note).map_err(failed)?;
         prune_tombstones(tomb.parent().expect("a note has a directory"), KEEP_TOMBSTONES);
         Ok(())
+    }
+}
+
+/// The schema version of the notes this controller writes.
+pub const NOTE_SCHEMA_VERSION: u64 = 2;
+
+/// The reference a note holds: schema 2's JSON, or schema 1's bare line.
+fn note_source(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if !text.starts_with('{') {
+        return Ok(text.to_string());
+    }
+    let doc: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("is not valid: {e}"))?;
+    match doc.get("version").and_then(serde_json::Value::as_u64) {
+        Some(v) if v > NOTE_SCHEMA_VERSION => Err(format!(
+            "has schema version {v}, written by a newer mounthost; this controller reads versions 1 to {NOTE_SCHEMA_VERSION}"
+        )),
+        _ => Ok(doc.get("source").and_then(serde_json::Value::as_str).unwrap_or_default().to_string()),
     }
 }
 
@@ -322,6 +345,15 @@ mod tests {
         // Garbage in a note is an error, not another plugin.
         std::fs::write(p.note_path("tmpfs~pvc-x").unwrap(), "tmpfs\n").unwrap();
         assert_eq!(p.recall("tmpfs~pvc-x").unwrap_err().kind, ErrorKind::Internal);
+        // Schema 2 is what is written; 0.1.0's bare line (schema 1) still reads; a newer one is refused.
+        let text = std::fs::read_to_string(p.note_path("tmpfs~pvc-b/with,odd:chars").unwrap()).unwrap();
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&text).unwrap()["version"], 2, "{text}");
+        std::fs::write(p.note_path("tmpfs~pvc-y").unwrap(), format!("{a}\n")).unwrap();
+        assert_eq!(p.recall("tmpfs~pvc-y").unwrap(), VolumeNote::Source(a.into()));
+        std::fs::write(p.note_path("tmpfs~pvc-y").unwrap(), format!(r#"{{"version":3,"source":"{a}"}}"#)).unwrap();
+        let err = p.recall("tmpfs~pvc-y").unwrap_err();
+        assert_eq!(err.kind, ErrorKind::FailedPrecondition);
+        assert!(err.message.contains("schema version 3, written by a newer mounthost"), "{}", err.message);
 
         // Without a state directory nothing is noted, and CreateVolume of such a volume fails.
         let none = puller(dir.path(), false);
