@@ -1,5 +1,6 @@
-//! The Kubernetes manifests (`deploy/base`, every overlay under `deploy/overlays`, and
-//! `examples/`) against the schemas and against the binary they run:
+//! The Kubernetes manifests (`deploy/base`, every overlay under `deploy/overlays`, the overlay
+//! docs/install.md tells a user to write for models with a private CA, and `examples/`) against
+//! the schemas and against the binary they run:
 //!
 //! - every kustomization renders (`kubectl kustomize`) and every object is valid
 //!   (`kubernetes-validate --strict`), and so is every example;
@@ -10,8 +11,12 @@
 //! - the sockets and paths line up: the host daemon's socket is in a hostPath the node front
 //!   mounts at the same path from the same node directory, kubelet's registration path is the
 //!   front's `/csi/csi.sock` on the node, probes point at a port something in the pod serves,
-//!   programs live in a hostPath of the host container;
-//! - StorageClass parameters and example volume attributes are accepted by their plugin.
+//!   programs live in a hostPath of the host container, every ConfigMap a pod mounts is in
+//!   the rendering, a registry CA file is a key of a ConfigMap mounted at its path into the
+//!   host daemon and the controller alike;
+//! - StorageClass parameters are accepted by their plugin under the controller's
+//!   configuration (so it offers that plugin), example volume attributes by theirs; the
+//!   registries pods name themselves (inline model volumes, dynamic mounts) are granted.
 //!
 //! The tools come from `.local/venv` (`scripts/test.sh` installs them). Each check reports the
 //! object and field it is about; every problem is listed, not only the first.
@@ -117,7 +122,11 @@ struct Rendered {
     objects: Vec<Value>,
 }
 
-/// The base and every overlay (found by listing `deploy/overlays`), rendered once.
+/// What [`rendered`] calls the overlay of docs/install.md's "Install for models".
+const MODELS_RECIPE: &str = "docs/install.md `Install for models` (an overlay of your own with a private CA)";
+
+/// The base, every overlay (found by listing `deploy/overlays`) and the overlay docs/install.md
+/// tells a user to write for models with a private CA, rendered once.
 fn rendered() -> &'static [Rendered] {
     static RENDERED: OnceLock<Vec<Rendered>> = OnceLock::new();
     RENDERED.get_or_init(|| {
@@ -132,15 +141,51 @@ fn rendered() -> &'static [Rendered] {
         overlays.sort();
         assert!(!overlays.is_empty(), "no overlay under deploy/overlays");
         dirs.extend(overlays);
-        dirs.into_iter()
+        let mut all: Vec<Rendered> = dirs
+            .into_iter()
             .map(|dir| {
                 let out = run(Command::new(tool("kubectl")).arg("kustomize").arg(root.join(&dir)), None);
                 assert!(out.status.success(), "kubectl kustomize {dir} failed: {}", text(&out.stderr));
                 let objects = yaml_objects(&out.stdout, &dir);
                 Rendered { dir, yaml: out.stdout, objects }
             })
-            .collect()
+            .collect();
+        all.push(models_recipe(&root));
+        all
     })
+}
+
+/// The `yaml` block of docs/install.md's "Install for models", rendered as a user would: as
+/// `mine/kustomization.yaml` beside `mounthost` (here a link to this workspace), with its CA
+/// file `registry-ca.pem` made by openssl.
+fn models_recipe(root: &Path) -> Rendered {
+    let doc = std::fs::read_to_string(root.join("docs/install.md")).unwrap();
+    let section = doc.split("\n## Install for models\n").nth(1).expect("docs/install.md has `## Install for models`");
+    let section = section.split("\n## ").next().unwrap();
+    let yaml = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .expect("a ```yaml block in docs/install.md `Install for models`");
+    let scratch = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(root, scratch.path().join("mounthost")).unwrap();
+    let mine = scratch.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::write(mine.join("kustomization.yaml"), yaml).unwrap();
+    let out = run(
+        Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"])
+            .args(["-subj", "/CN=mounthost deploy test registry CA", "-days", "1", "-keyout"])
+            .arg(scratch.path().join("ca.key"))
+            .arg("-out")
+            .arg(mine.join("registry-ca.pem")),
+        None,
+    );
+    assert!(out.status.success(), "openssl req: {}", text(&out.stderr));
+    let out = run(Command::new(tool("kubectl")).arg("kustomize").arg(&mine), None);
+    assert!(out.status.success(), "kubectl kustomize of {MODELS_RECIPE} failed: {}\n{yaml}", text(&out.stderr));
+    let objects = yaml_objects(&out.stdout, MODELS_RECIPE);
+    Rendered { dir: MODELS_RECIPE.to_string(), yaml: out.stdout, objects }
 }
 
 /// The YAML files directly in `examples/`.
@@ -570,21 +615,7 @@ fn mounthost_containers_run_what_the_binary_accepts() {
                 args.push(flag);
                 args.extend(value);
             }
-            let env: BTreeMap<String, String> = f
-                .env
-                .iter()
-                .filter(|(k, _, _)| {
-                    k.starts_with("MOUNTHOST_") && k != "MOUNTHOST_STATE_DIR" && global.envs.contains(k)
-                })
-                .map(|(k, v, _)| {
-                    let v = if PATH_ENVS.contains(&k.as_str()) {
-                        scratch.path().join(k).display().to_string()
-                    } else {
-                        v.clone()
-                    };
-                    (k.clone(), v)
-                })
-                .collect();
+            let env = global_env(f, &global, scratch.path());
             args.extend(["--state-dir".to_string(), scratch.path().join("state").display().to_string()]);
             let mut full: Vec<&str> = args.iter().map(String::as_str).collect();
             full.extend(["plugin", "list"]);
@@ -601,9 +632,24 @@ fn mounthost_containers_run_what_the_binary_accepts() {
     fail_with(problems);
 }
 
+/// The container's `MOUNTHOST_*` variables that `mounthost` reads as global flags (the ConfigMap's
+/// included), node paths swapped for directories below `scratch`; the state directory left
+/// out (the caller gives its own).
+fn global_env(f: &Ours, global: &Help, scratch: &Path) -> BTreeMap<String, String> {
+    f.env
+        .iter()
+        .filter(|(k, _, _)| k.starts_with("MOUNTHOST_") && k != "MOUNTHOST_STATE_DIR" && global.envs.contains(k))
+        .map(|(k, v, _)| {
+            let v = if PATH_ENVS.contains(&k.as_str()) { scratch.join(k).display().to_string() } else { v.clone() };
+            (k.clone(), v)
+        })
+        .collect()
+}
+
 #[test]
 fn sockets_paths_and_probes_line_up() {
     let mut problems = Vec::new();
+    let mut registry_cas = Vec::new();
     for r in rendered() {
         let at = &r.dir;
         let host = find_ours(r, |f| f.subcommand() == "host");
@@ -629,15 +675,103 @@ fn sockets_paths_and_probes_line_up() {
             }
         }
         check_csi_driver(r, &mut problems);
+        // The host daemon and the controller read the same registry settings.
+        let cas = [&host, &controller].map(|f| check_registry_ca(r, f, &mut problems));
+        if cas[0] != cas[1] {
+            problems
+                .push(format!("{at}: the host daemon's registry CA is {:?}, the controller's {:?}", cas[0], cas[1]));
+        }
+        registry_cas.extend(cas[0].clone().map(|ca| format!("{at}: {ca}")));
+    }
+    // The check above must have had something to check: the models recipe sets a CA.
+    if !registry_cas.iter().any(|c| c.starts_with(MODELS_RECIPE)) {
+        problems
+            .push(format!("{MODELS_RECIPE} sets no registry CA (MOUNTHOST_REGISTRY_CA); CAs set: {registry_cas:?}"));
     }
     for r in rendered() {
         for o in &r.objects {
             if let Some(spec) = pod_spec(o) {
-                check_probes(&format!("{}: {}", r.dir, kind_name(o)), spec, &mut problems);
+                let at = format!("{}: {}", r.dir, kind_name(o));
+                check_probes(&at, spec, &mut problems);
+                check_config_map_volumes(&at, r, o, spec, &mut problems);
             }
         }
     }
     fail_with(problems);
+}
+
+/// Every ConfigMap a pod mounts (a `configMap` volume, or a `configMap` source of a projected
+/// one) is an object of the rendering in the pod's namespace, unless the volume makes it
+/// optional or it is `kube-root-ca.crt`, which Kubernetes publishes in every namespace.
+fn check_config_map_volumes(at: &str, r: &Rendered, o: &Value, spec: &Value, problems: &mut Vec<String>) {
+    let namespace = o["metadata"]["namespace"].as_str().unwrap_or("default");
+    for v in spec["volumes"].as_array().into_iter().flatten() {
+        let sources = v["projected"]["sources"].as_array().into_iter().flatten().map(|s| &s["configMap"]);
+        for cm in std::iter::once(&v["configMap"]).chain(sources).filter(|c| c.is_object()) {
+            let name = cm["name"].as_str().unwrap_or_default();
+            if cm["optional"] == true || name == "kube-root-ca.crt" {
+                continue;
+            }
+            let found = r.objects.iter().any(|c| {
+                c["kind"] == "ConfigMap"
+                    && c["metadata"]["name"] == name
+                    && c["metadata"]["namespace"].as_str().unwrap_or("default") == namespace
+            });
+            if !found {
+                problems.push(format!(
+                    "{at}: volume {} mounts ConfigMap {name:?}, which the rendering has not in namespace {namespace}",
+                    v["name"].as_str().unwrap_or("?")
+                ));
+            }
+        }
+    }
+}
+
+/// A registry CA file the container is told to read (`--registry-ca`, `MOUNTHOST_REGISTRY_CA`)
+/// is a key holding a PEM certificate of a ConfigMap (or Secret) of the rendering, mounted at
+/// that path into the container: without the file the host daemon does not start, and the
+/// controller refuses every plugin selected by OCI reference. The CA's path, if one is set.
+fn check_registry_ca(r: &Rendered, f: &Ours, problems: &mut Vec<String>) -> Option<String> {
+    let path = f.setting("--registry-ca", "MOUNTHOST_REGISTRY_CA").filter(|p| !p.is_empty())?;
+    let at = &f.at;
+    let Some(source) = source_of(f.spec, f.container, &path) else {
+        problems.push(format!("{at}: the registry CA {path} is in no volume mounted into the container"));
+        return Some(path);
+    };
+    let rel = path[source.mount_path.len()..].trim_start_matches('/').to_string();
+    let volume = f.spec["volumes"].as_array().into_iter().flatten().find(|v| v["name"] == source.volume.as_str());
+    let volume = volume.cloned().unwrap_or_default();
+    let (kind, object) = match (&volume["configMap"], &volume["secret"]) {
+        (cm, _) if cm.is_object() => ("ConfigMap", cm["name"].as_str().unwrap_or_default()),
+        (_, secret) if secret.is_object() => ("Secret", secret["secretName"].as_str().unwrap_or_default()),
+        _ => {
+            problems.push(format!(
+                "{at}: the registry CA {path} is in volume {}, which is neither a ConfigMap nor a Secret",
+                source.volume
+            ));
+            return Some(path);
+        }
+    };
+    let items = volume["configMap"]["items"].as_array().or(volume["secret"]["items"].as_array()).cloned();
+    // With `items`, only the listed keys are files, at their `path`.
+    let key = match &items {
+        Some(items) => items.iter().find(|i| i["path"] == rel.as_str()).and_then(|i| i["key"].as_str()),
+        None => Some(rel.as_str()),
+    };
+    let found = r.objects.iter().find(|o| o["kind"] == kind && o["metadata"]["name"] == object);
+    let data = found.and_then(|o| key.and_then(|k| o["data"][k].as_str().or(o["stringData"][k].as_str())));
+    match data {
+        Some(pem) if pem.contains("-----BEGIN CERTIFICATE-----") => {}
+        Some(_) => problems.push(format!(
+            "{at}: the registry CA {path} ({kind} {object:?} key {:?}) holds no PEM certificate",
+            key.unwrap_or_default()
+        )),
+        None => problems.push(format!(
+            "{at}: the registry CA {path} is no key of {kind} {object:?} in the rendering (file {rel:?} of volume {})",
+            source.volume
+        )),
+    }
+    Some(path)
 }
 
 /// kubelet tells a CSI inline volume from a persistent one only by the volume context key
@@ -901,10 +1035,22 @@ fn grants_programs_and_volume_parameters_are_accepted() {
     let none = BTreeMap::new();
     let scratch = tempfile::tempdir().unwrap();
     let state = scratch.path().display().to_string();
+    let global = help(None);
     let mut granted_hosts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    // The host daemon's `model:host=` grants, by rendering.
+    let mut model_grants: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // Each rendering's host daemon's and controller's global variables (ConfigMap included).
+    let mut host_env: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let mut controller_env: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for r in rendered() {
         let mut errs = Vec::new();
         for f in ours(r, &mut errs) {
+            let controller = f.subcommand() == "csi" && f.mode().as_deref() == Some("controller");
+            if f.subcommand() == "host" {
+                host_env.insert(r.dir.clone(), global_env(&f, &global, scratch.path()));
+            } else if controller {
+                controller_env.insert(r.dir.clone(), global_env(&f, &global, scratch.path()));
+            }
             let from_env = f.env.iter().filter(|(k, _, _)| k == "MOUNTHOST_GRANTS" || k == "MOUNTHOST_PROGRAMS");
             let from_args = flags(&f.args)
                 .into_iter()
@@ -926,8 +1072,13 @@ fn grants_programs_and_volume_parameters_are_accepted() {
                         text(&out.stderr).trim()
                     ));
                 }
+                if flag == "--grant"
+                    && f.subcommand() == "host"
+                    && let Some(host) = value.strip_prefix("model:host=")
+                {
+                    model_grants.entry(r.dir.clone()).or_default().push(host.to_string());
+                }
                 // DeleteVolume runs in the controller: its grants are the ones that count.
-                let controller = f.subcommand() == "csi" && f.mode().as_deref() == Some("controller");
                 if flag == "--grant"
                     && controller
                     && let Some((plugin, host)) = value.split_once(":host=")
@@ -941,7 +1092,9 @@ fn grants_programs_and_volume_parameters_are_accepted() {
         }
         problems.extend(errs);
     }
-    // StorageClasses: provisioned by this driver, parameters its plugin validates, and (for
+    // StorageClasses: provisioned by this driver, parameters its plugin validates under the
+    // controller's configuration (CreateVolume runs there: the plugin must be one it offers),
+    // a model's first stage plan (its `resolve`) passing the host daemon's policy, and (for
     // seaweedfs) every filer granted to the controller, which DeleteVolume needs.
     for r in rendered() {
         for o in r.objects.iter().filter(|o| o["kind"] == "StorageClass") {
@@ -950,7 +1103,11 @@ fn grants_programs_and_volume_parameters_are_accepted() {
                 problems.push(format!("{at}: provisioner is {}, expected {DRIVER}", o["provisioner"]));
             }
             let params = &o["parameters"];
-            problems.extend(plugin_validates(&at, params, &state));
+            let (controller, host) = (&controller_env[&r.dir], &host_env[&r.dir]);
+            problems.extend(plugin_validates(&at, params, &state, controller));
+            if params["plugin"] == "model" {
+                problems.extend(plan(&at, "parameters", params, &["--op", "stage"], &state, host));
+            }
             if params["plugin"] == "seaweedfs" {
                 for filer in params["filer"].as_str().unwrap_or_default().split(',') {
                     let filer = filer.to_ascii_lowercase();
@@ -987,12 +1144,129 @@ fn grants_programs_and_volume_parameters_are_accepted() {
             }
         }
     }
+    problems.extend(check_model_registries(&model_grants));
     fail_with(problems);
 }
 
-/// A StorageClass's parameters through its plugin's `validate`.
-fn plugin_validates(at: &str, params: &Value, state: &str) -> Vec<String> {
-    plan(at, "parameters", params, &["--op", "validate"], state)
+/// The registries a pod names itself are granted to `model` by the host daemon of an overlay
+/// that installs a model StorageClass (the overlay the example is for): an inline volume's
+/// `reference` registry and `mirror` (its attributes grant nothing), and every `reference=`
+/// an example pod asks its dynamic volume for, unless the volume's StorageClass names that
+/// registry itself (as `reference` or `mirror`). Judged as the policy judges it
+/// ([`HostGrant::allows`] on `https://<registry>/v2/`, `http://` with `insecure`).
+fn check_model_registries(model_grants: &BTreeMap<String, Vec<String>>) -> Vec<String> {
+    use mounthost::plan::oci_ref::OciRef;
+    use mounthost::plan::url::{self, HostGrant};
+    let mut problems = Vec::new();
+    let is_model = |o: &Value| o["kind"] == "StorageClass" && o["parameters"]["plugin"] == "model";
+    let overlays: Vec<&Rendered> = rendered().iter().filter(|r| r.objects.iter().any(is_model)).collect();
+    if overlays.is_empty() {
+        return vec!["no rendering installs a model StorageClass".into()];
+    }
+    let granted = |host: &str, insecure: bool| {
+        let scheme = if insecure { "http" } else { "https" };
+        let Ok(target) = url::parse(&format!("{scheme}://{host}/v2/")) else { return false };
+        overlays.iter().any(|r| {
+            model_grants
+                .get(&r.dir)
+                .into_iter()
+                .flatten()
+                .filter_map(|g| HostGrant::parse(g).ok())
+                .any(|g| g.allows(&target))
+        })
+    };
+    let names = overlays.iter().map(|r| r.dir.as_str()).collect::<Vec<_>>().join(", ");
+    let registry_of = |reference: &str| OciRef::parse(reference).map(|r| r.registry().to_ascii_lowercase());
+    // Every StorageClass an example may use: the overlays' and the examples' own.
+    let files: Vec<(String, Vec<Value>)> = examples()
+        .into_iter()
+        .map(|(n, y)| {
+            let o = yaml_objects(&y, &n);
+            (n, o)
+        })
+        .collect();
+    let classes: BTreeMap<String, Value> = rendered()
+        .iter()
+        .flat_map(|r| r.objects.iter())
+        .chain(files.iter().flat_map(|(_, o)| o.iter()))
+        .filter(|o| o["kind"] == "StorageClass")
+        .map(|o| (o["metadata"]["name"].as_str().unwrap_or_default().to_string(), o.clone()))
+        .collect();
+    let (mut inline, mut dynamic) = (0, 0);
+    for (name, objects) in &files {
+        for o in objects {
+            let Some(spec) = pod_spec(o) else { continue };
+            let at = format!("{name}: {}", kind_name(o));
+            for v in spec["volumes"].as_array().into_iter().flatten() {
+                let attrs = &v["csi"]["volumeAttributes"];
+                if v["csi"]["driver"] == DRIVER && attrs["plugin"] == "model" {
+                    inline += 1;
+                    let insecure = attrs["insecure"] == "true";
+                    let reference = attrs["reference"].as_str().unwrap_or_default();
+                    let mut hosts = vec![("reference", registry_of(reference).map_err(|e| e.to_string()))];
+                    if let Some(m) = attrs["mirror"].as_str() {
+                        hosts.push(("mirror", Ok(m.to_ascii_lowercase())));
+                    }
+                    for (what, host) in hosts {
+                        match host {
+                            Ok(h) if granted(&h, insecure) => {}
+                            Ok(h) => problems.push(format!(
+                                "{at}: inline volume {}: the {what} registry {h} is granted to `model` by no host daemon of {names} (MOUNTHOST_GRANTS model:host={h}); an inline volume's attributes grant nothing",
+                                v["name"].as_str().unwrap_or("?")
+                            )),
+                            Err(e) => problems.push(format!("{at}: inline volume reference {reference:?}: {e}")),
+                        }
+                    }
+                }
+                // A dynamic model volume: what the pod asks its socket for.
+                let class = v["ephemeral"]["volumeClaimTemplate"]["spec"]["storageClassName"].as_str().or_else(|| {
+                    let claim = v["persistentVolumeClaim"]["claimName"].as_str()?;
+                    let pvc = objects
+                        .iter()
+                        .find(|c| c["kind"] == "PersistentVolumeClaim" && c["metadata"]["name"] == claim)?;
+                    pvc["spec"]["storageClassName"].as_str()
+                });
+                let Some(class) = class.and_then(|c| classes.get(c)).filter(|c| is_model(c)) else { continue };
+                let params = &class["parameters"];
+                if params["dynamic"] != "true" {
+                    continue;
+                }
+                let own: Vec<String> = registry_of(params["reference"].as_str().unwrap_or_default())
+                    .into_iter()
+                    .chain(params["mirror"].as_str().map(str::to_ascii_lowercase))
+                    .collect();
+                let insecure = params["insecure"] == "true";
+                for (_, c) in containers(spec) {
+                    let words: Vec<String> = strs(&c["command"]).into_iter().chain(strs(&c["args"])).collect();
+                    for reference in
+                        words.iter().flat_map(|w| w.split_whitespace()).filter_map(|w| w.strip_prefix("reference="))
+                    {
+                        dynamic += 1;
+                        match registry_of(reference) {
+                            Ok(h) if own.contains(&h) || granted(&h, insecure) => {}
+                            Ok(h) => problems.push(format!(
+                                "{at}: container {} asks its dynamic volume for {reference}, whose registry {h} is neither the StorageClass {}'s ({own:?}) nor granted to `model` by a host daemon of {names}",
+                                c["name"].as_str().unwrap_or("?"),
+                                class["metadata"]["name"].as_str().unwrap_or("?")
+                            )),
+                            Err(e) => problems.push(format!("{at}: dynamic mount reference {reference:?}: {e}")),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if inline == 0 || dynamic == 0 {
+        problems.push(format!(
+            "examples/: {inline} inline model volumes and {dynamic} dynamic mount references checked; expected some of each"
+        ));
+    }
+    problems
+}
+
+/// A StorageClass's parameters through its plugin's `validate`, under the configuration `env`.
+fn plugin_validates(at: &str, params: &Value, state: &str, env: &BTreeMap<String, String>) -> Vec<String> {
+    plan(at, "parameters", params, &["--op", "validate"], state, env)
 }
 
 /// A volume's attributes through its plugin's stage planner, as NodeStageVolume (with the
@@ -1002,12 +1276,20 @@ fn plugin_accepts(at: &str, field: &str, attributes: &Value, id: Option<&str>, s
     if let Some(id) = id {
         extra.extend(["--volume-id", id]);
     }
-    plan(at, field, attributes, &extra, state)
+    plan(at, field, attributes, &extra, state, &BTreeMap::new())
 }
 
 /// `mounthost plugin plan <plugin> <extra>` with a volume's attributes as `--param`s (keys of
-/// Kubernetes, containing `/`, and the driver's own `plugin` left out): accepted, or the problem.
-fn plan(at: &str, field: &str, attributes: &Value, extra: &[&str], state: &str) -> Vec<String> {
+/// Kubernetes, containing `/`, and the driver's own `plugin` left out), with the `MOUNTHOST_*`
+/// variables `env`: accepted, or the problem.
+fn plan(
+    at: &str,
+    field: &str,
+    attributes: &Value,
+    extra: &[&str],
+    state: &str,
+    env: &BTreeMap<String, String>,
+) -> Vec<String> {
     let Some(map) = attributes.as_object() else {
         return vec![format!("{at}: {field} is missing")];
     };
@@ -1025,7 +1307,7 @@ fn plan(at: &str, field: &str, attributes: &Value, extra: &[&str], state: &str) 
         args.push("--param".into());
         args.push(format!("{k}={}", v.as_str().unwrap_or_default()));
     }
-    let out = mounthost(&args.iter().map(String::as_str).collect::<Vec<_>>(), &BTreeMap::new());
+    let out = mounthost(&args.iter().map(String::as_str).collect::<Vec<_>>(), env);
     if out.status.success() {
         Vec::new()
     } else {
