@@ -513,7 +513,20 @@ fn every_kustomization_renders_and_every_object_is_valid() {
     let mut problems = Vec::new();
     for r in rendered() {
         assert!(!r.objects.is_empty(), "{} renders nothing", r.dir);
-        problems.extend(validate(&r.yaml, &r.dir));
+        let found = validate(&r.yaml, &r.dir);
+        if found.is_empty() {
+            let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+            for o in &r.objects {
+                *kinds.entry(o["kind"].as_str().unwrap_or("?")).or_default() += 1;
+            }
+            println!(
+                "checked: {}: {} objects valid against {} ({kinds:?})",
+                r.dir,
+                r.objects.len(),
+                KUBERNETES_VERSIONS.join(" and ")
+            );
+        }
+        problems.extend(found);
     }
     fail_with(problems);
 }
@@ -530,7 +543,12 @@ fn every_example_is_valid_and_uses_what_the_overlays_install() {
         .collect();
     let mut problems = Vec::new();
     for (name, yaml) in &files {
-        problems.extend(validate(yaml, name));
+        let found = validate(yaml, name);
+        if found.is_empty() {
+            let objects = yaml_objects(yaml, name).len();
+            println!("checked: {name}: {objects} objects valid against {}", KUBERNETES_VERSIONS.join(" and "));
+        }
+        problems.extend(found);
         for o in yaml_objects(yaml, name) {
             let class = match o["kind"].as_str() {
                 Some("PersistentVolumeClaim") => o["spec"]["storageClassName"].as_str(),
