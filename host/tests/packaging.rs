@@ -7,6 +7,8 @@
 //! - everything the image build copies exists, and `.dockerignore` excludes none of it nor
 //!   anything the build reads;
 //! - the README names the image and the build command the Dockerfile really runs;
+//! - `scripts/image.sh`, which builds the runtime image without Docker, names the Dockerfile's
+//!   last stage's base, packages, binary path, user, entrypoint and labels (`--print-config`);
 //! - docs/reference.md lists exactly the flags of `mounthost --help`, `mounthost host --help`
 //!   and `mounthost csi --help`, and exactly the parameters `mounthost plugin info seaweedfs`
 //!   prints;
@@ -434,6 +436,166 @@ fn the_readme_names_the_image_and_the_build_command_the_dockerfile_runs() {
         }
     }
     assert_none("README.md `## Container image`", &problems);
+}
+
+// ---------------------------------------------------------------------------------------------
+// (c') scripts/image.sh, which builds the Dockerfile's runtime stage without Docker
+
+/// What the Dockerfile's last stage (the image users run) is made of, or what `scripts/image.sh
+/// --print-config` says it builds: base, packages, binary path, user, entrypoint, labels.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct RuntimeImage {
+    base: String,
+    packages: BTreeSet<String>,
+    binary: String,
+    user: String,
+    entrypoint: Vec<String>,
+    labels: BTreeMap<String, String>,
+}
+
+/// The last stage of the Dockerfile: its `FROM`, the packages of its `apt-get install`, the
+/// destination of the `COPY --from=` that brings the binary, `USER`, `ENTRYPOINT` (JSON form)
+/// and `LABEL`s.
+fn dockerfile_runtime_image(dockerfile: &str) -> RuntimeImage {
+    let ins = instructions(dockerfile);
+    let last = ins.iter().map(|i| i.stage).max().expect("a Dockerfile with a FROM");
+    let mut image = RuntimeImage::default();
+    for i in ins.iter().filter(|i| i.stage == last) {
+        match i.keyword.as_str() {
+            "FROM" => image.base = i.args.split_whitespace().next().unwrap_or_default().to_string(),
+            "RUN" => {
+                // Every `apt-get install` of the RUN, up to the next `&&`, `;` or `||`.
+                for part in i.args.split("apt-get").skip(1) {
+                    let mut words = part.split_whitespace();
+                    if words.next() != Some("install") {
+                        continue;
+                    }
+                    let packages = words.take_while(|w| !["&&", ";", "||"].contains(w)).filter(|w| !w.starts_with('-'));
+                    image.packages.extend(packages.map(String::from));
+                }
+            }
+            "COPY" if i.args.starts_with("--from=") => {
+                image.binary = i.args.split_whitespace().last().unwrap_or_default().to_string();
+            }
+            "USER" => image.user = i.args.clone(),
+            "ENTRYPOINT" => {
+                image.entrypoint = serde_json::from_str(&i.args)
+                    .unwrap_or_else(|e| panic!("Dockerfile:{}: ENTRYPOINT is not in JSON form ({e})", i.line))
+            }
+            "LABEL" => image.labels.extend(label_pairs(&i.args, i.line)),
+            _ => {}
+        }
+    }
+    image
+}
+
+/// The `key="value"` pairs of a `LABEL` (double-quoted or bare values, no escapes).
+fn label_pairs(args: &str, line: usize) -> Vec<(String, String)> {
+    let mut pairs = Vec::new();
+    let mut rest = args.trim();
+    while !rest.is_empty() {
+        let (key, after) =
+            rest.split_once('=').unwrap_or_else(|| panic!("Dockerfile:{line}: LABEL `{rest}` has no `=`"));
+        let (value, after) = match after.strip_prefix('"') {
+            Some(quoted) => {
+                let end =
+                    quoted.find('"').unwrap_or_else(|| panic!("Dockerfile:{line}: LABEL {key}: no closing quote"));
+                (&quoted[..end], &quoted[end + 1..])
+            }
+            None => after.split_once(char::is_whitespace).unwrap_or((after, "")),
+        };
+        assert!(
+            !value.contains('\\'),
+            "Dockerfile:{line}: LABEL {key}: escapes are not parsed by host/tests/packaging.rs"
+        );
+        pairs.push((key.trim().to_string(), value.to_string()));
+        rest = after.trim_start();
+    }
+    pairs
+}
+
+/// What `scripts/image.sh --print-config` says the image it builds is made of.
+fn script_runtime_image() -> RuntimeImage {
+    let out = Command::new(root().join("scripts/image.sh"))
+        .arg("--print-config")
+        .output()
+        .expect("running scripts/image.sh --print-config");
+    assert!(out.status.success(), "scripts/image.sh --print-config: {}", String::from_utf8_lossy(&out.stderr));
+    let mut image = RuntimeImage::default();
+    for line in String::from_utf8(out.stdout).expect("UTF-8").lines() {
+        let (key, value) = line.split_once('=').unwrap_or_else(|| panic!("--print-config printed `{line}`"));
+        match key {
+            "base" => image.base = value.into(),
+            "package" => drop(image.packages.insert(value.into())),
+            "binary" => image.binary = value.into(),
+            "user" => image.user = value.into(),
+            "entrypoint" => image.entrypoint.push(value.into()),
+            "label" => {
+                let (k, v) = value.split_once('=').unwrap_or_else(|| panic!("--print-config printed label `{value}`"));
+                image.labels.insert(k.into(), v.into());
+            }
+            // The base image's environment, which the Dockerfile inherits and does not name.
+            "env" => {}
+            _ => panic!("--print-config printed an unknown key: `{line}`"),
+        }
+    }
+    image
+}
+
+/// The differences between the Dockerfile's runtime stage and what the script builds.
+fn image_differences(dockerfile: &RuntimeImage, script: &RuntimeImage) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut compare = |what: &str, d: String, s: String| {
+        if d != s {
+            problems.push(format!("{what}: the Dockerfile's last stage has {d}, scripts/image.sh {s}"));
+        }
+    };
+    compare("base", dockerfile.base.clone(), script.base.clone());
+    compare("packages", format!("{:?}", dockerfile.packages), format!("{:?}", script.packages));
+    compare("the binary's path", dockerfile.binary.clone(), script.binary.clone());
+    compare("USER", dockerfile.user.clone(), script.user.clone());
+    compare("ENTRYPOINT", format!("{:?}", dockerfile.entrypoint), format!("{:?}", script.entrypoint));
+    compare("LABELs", format!("{:?}", dockerfile.labels), format!("{:?}", script.labels));
+    problems
+}
+
+#[test]
+fn the_image_script_builds_what_the_dockerfile_builds() {
+    let dockerfile = dockerfile_runtime_image(&read("Dockerfile"));
+    // The parse found each part (an empty one would compare equal to an empty one).
+    assert!(
+        !dockerfile.base.is_empty()
+            && !dockerfile.packages.is_empty()
+            && !dockerfile.binary.is_empty()
+            && !dockerfile.user.is_empty()
+            && !dockerfile.entrypoint.is_empty()
+            && !dockerfile.labels.is_empty(),
+        "the Dockerfile parse missed a part of the last stage: {dockerfile:?}"
+    );
+    assert_none("scripts/image.sh against the Dockerfile", &image_differences(&dockerfile, &script_runtime_image()));
+}
+
+#[test]
+fn the_runtime_stage_parser_reads_packages_paths_user_entrypoint_and_labels() {
+    let text = "FROM rust AS build\nRUN apt-get install -y gcc\nFROM debian:bookworm-slim\n\
+                LABEL a=\"x y\" \\\n      b=z\n# comment\nRUN apt-get update \\\n    && apt-get install -y --no-install-recommends fuse3 \\\n    \
+                ca-certificates \\\n    && rm -rf /var/lib/apt/lists/*\nCOPY --from=build /out/m /usr/local/bin/m\n\
+                USER 1:2\nENTRYPOINT [\"/usr/local/bin/m\"]\n";
+    let parsed = dockerfile_runtime_image(text);
+    let expected = RuntimeImage {
+        base: "debian:bookworm-slim".into(),
+        packages: ["fuse3".to_string(), "ca-certificates".into()].into(),
+        binary: "/usr/local/bin/m".into(),
+        user: "1:2".into(),
+        entrypoint: vec!["/usr/local/bin/m".into()],
+        labels: [("a".to_string(), "x y".to_string()), ("b".into(), "z".into())].into(),
+    };
+    assert_eq!(parsed, expected);
+    // A real mismatch is reported, one line per part.
+    let other = RuntimeImage { packages: ["fuse3".to_string()].into(), user: "65532".into(), ..expected };
+    let problems = image_differences(&parsed, &other);
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].starts_with("packages") && problems[1].starts_with("USER"), "{problems:?}");
 }
 
 // ---------------------------------------------------------------------------------------------
