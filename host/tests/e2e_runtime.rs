@@ -990,21 +990,24 @@ impl Node {
         Duration::from_secs(ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].as_u64().unwrap_or(30))
     }
 
-    /// Start a container of `daemonset`'s `container` from image `image`.
-    fn run_container(&self, daemonset: &str, container: &str, id: &str, image: usize) -> Container {
-        let (pod, c) = pod_and_container(&self.manifests, daemonset, container);
+    /// The host DaemonSet's pod and its `host` container, as rendered.
+    fn host_template(&self) -> (Value, Value) {
+        pod_and_container(&self.manifests, "mounthost-host", "host")
+    }
+
+    /// Start container `template.1` of pod `template.0` from image `image`.
+    fn run_container(&self, template: &(Value, Value), id: &str, image: usize) -> Container {
         let node = PodNode { root: self.dirs.root.path(), host_ip: &self.host_ip, config_maps: &self.config_maps };
-        let spec =
-            oci_spec(&pod, &c, &self.images[image].config, &node, &format!("/{}/{id}", self.runtime.cgroup_parent));
+        let cgroups_path = format!("/{}/{id}", self.runtime.cgroup_parent);
+        let spec = oci_spec(&template.0, &template.1, &self.images[image].config, &node, &cgroups_path);
         self.runtime.run(id, &self.images[image], spec)
     }
 
-    /// The host container's readiness probe, as kubelet makes it: the manifest's `httpGet` path
-    /// and port on the pod's IP, the node's with hostNetwork.
-    fn readyz(&self) -> Option<(u16, String)> {
-        let (_, c) = pod_and_container(&self.manifests, "mounthost-host", "host");
+    /// Container `c`'s readiness probe, as kubelet makes it: its `httpGet` path and port on the
+    /// pod's IP, the node's with hostNetwork.
+    fn readyz(&self, c: &Value) -> Option<(u16, String)> {
         let probe = &c["readinessProbe"]["httpGet"];
-        let port = probe["port"].as_u64().expect("the host's readiness probe names its port by number");
+        let port = probe["port"].as_u64().expect("the readiness probe names its port by number");
         http("GET", &format!("{}:{port}", self.host_ip), probe["path"].as_str().unwrap(), &[], b"").ok()
     }
 
@@ -1021,17 +1024,18 @@ impl Node {
 
     /// Start a host container and wait until `/readyz` says ready.
     fn start_host(&self, id: &str, image: usize) -> Container {
-        let c = self.run_container("mounthost-host", "host", id, image);
+        let template = self.host_template();
+        let c = self.run_container(&template, id, image);
         until(&format!("{id} ready"), Duration::from_secs(60), || {
             self.assert_running(&c);
-            self.readyz().filter(|(status, body)| *status == 200 && body.starts_with("ready")).map(|_| ())
+            self.readyz(&template.1).filter(|(status, body)| *status == 200 && body.starts_with("ready")).map(|_| ())
         });
         c
     }
 
     /// Start a node front container and wait until CSI Probe through its socket says ready.
     async fn start_front(&self, id: &str, image: usize) -> Container {
-        let c = self.run_container("mounthost-node", "node", id, image);
+        let c = self.run_container(&pod_and_container(&self.manifests, "mounthost-node", "node"), id, image);
         let end = Instant::now() + Duration::from_secs(60);
         loop {
             self.assert_running(&c);
@@ -1489,8 +1493,11 @@ fn a_surge_host_container_stands_by_then_adopts() {
         let state_before = listing(&records);
         let socket_before = fs::metadata(node.local(Path::new("/run/mounthost/host.sock"))).unwrap().ino();
 
-        // The surge container: it stands by, ready, and touches nothing.
-        let host2 = node.run_container("mounthost-host", "host", "host-2", NEW);
+        // The surge container, from an overlay that moves the host's port: the shipped DaemonSet
+        // declares 9810 on the host network, which a second pod on the node cannot bind as well
+        // (docs/install.md, "Upgrades and rollbacks"). It stands by, ready, and touches nothing.
+        let surge = (node.host_template().0, with_port(&node.host_template().1, SURGE_PORT));
+        let host2 = node.run_container(&surge, "host-2", NEW);
         let standby = until("host-2 says it stands by", Duration::from_secs(30), || {
             node.assert_running(&host2);
             let log = fs::read_to_string(&host2.log).unwrap_or_default();
@@ -1502,7 +1509,7 @@ fn a_surge_host_container_stands_by_then_adopts() {
             host1.pid
         );
         let (status, body) = until("/readyz of the standby", Duration::from_secs(30), || {
-            node.readyz().filter(|(_, b)| b.starts_with("standby"))
+            node.readyz(&surge.1).filter(|(_, b)| b.starts_with("standby"))
         });
         assert_eq!(status, 200, "{body}");
         std::thread::sleep(Duration::from_secs(1));
@@ -1517,7 +1524,7 @@ fn a_surge_host_container_stands_by_then_adopts() {
         let report = node.reconciled(&host2);
         assert_eq!(count(&report, "adopted"), 2, "{report}");
         until("host-2 ready", Duration::from_secs(30), || {
-            node.readyz().filter(|(s, b)| *s == 200 && b.starts_with("ready")).map(|_| ())
+            node.readyz(&surge.1).filter(|(s, b)| *s == 200 && b.starts_with("ready")).map(|_| ())
         });
         assert_eq!(node.fuse_processes(), before, "the surge daemon adopted the same FUSE process");
         assert_listed(&node.client_list(&front), &vols, *before.keys().next().unwrap());
@@ -1547,6 +1554,38 @@ fn layer_bytes_served(registry: &Registry, model: &PushedModel) -> u64 {
             l.split_whitespace().find_map(|w| w.strip_prefix("http.response.written="))?.parse::<u64>().ok()
         })
         .sum()
+}
+
+/// The port an overlay gives the surge host pod instead of the manifest's.
+const SURGE_PORT: u64 = 9820;
+
+/// Container `c` with its metrics port (the readiness probe's) moved to `port`: in the
+/// `--metrics-address` argument, the declared ports and the probes.
+fn with_port(c: &Value, port: u64) -> Value {
+    let mut c = c.clone();
+    let old = c["readinessProbe"]["httpGet"]["port"].as_u64().expect("a readiness probe on a numbered port");
+    let mut moved = 0;
+    for arg in c["args"].as_array_mut().into_iter().flatten() {
+        let text = arg.as_str().unwrap().to_string();
+        if let Some(address) = text.strip_prefix("--metrics-address=")
+            && let Some(host) = address.strip_suffix(&format!(":{old}"))
+        {
+            *arg = json!(format!("--metrics-address={host}:{port}"));
+            moved += 1;
+        }
+    }
+    assert_eq!(moved, 1, "one --metrics-address on port {old} in {}", c["args"]);
+    for probe in ["readinessProbe", "livenessProbe"] {
+        if c[probe]["httpGet"]["port"] == old {
+            c[probe]["httpGet"]["port"] = json!(port);
+        }
+    }
+    for p in c["ports"].as_array_mut().into_iter().flatten() {
+        if p["containerPort"] == old {
+            p["containerPort"] = json!(port);
+        }
+    }
+    c
 }
 
 /// Names, sizes and modification times of the files in `dir`.
