@@ -135,12 +135,16 @@ impl FuseIds {
 /// Registry access and the size of the node's OCI blob cache (`<state>/cache`).
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Registries {
-    /// PEM bundle of extra CA certificates trusted for registries, besides the system roots.
+    /// PEM bundle of extra CA certificates trusted for registries, besides the system roots (or
+    /// a directory of such bundles, `*.crt` and `*.pem`).
     pub ca_bundle: Option<PathBuf>,
     /// Registries (`host` or `host:port`) reached over plain HTTP when a plan asks so.
     pub insecure: std::collections::BTreeSet<String>,
     /// An HTTP(S) proxy for registry traffic (P2P distribution systems that act as one).
     pub proxy: Option<String>,
+    /// The node's registry mirrors: registry `host[:port]` → mirror `host[:port]`, for pulls
+    /// whose volume names no `mirror` of its own.
+    pub mirrors: BTreeMap<String, String>,
     /// Blobs no staged volume uses are evicted, least recently used first, above this size.
     pub cache_max_bytes: Option<u64>,
 }
@@ -152,6 +156,7 @@ impl std::fmt::Debug for Registries {
             .field("ca_bundle", &self.ca_bundle)
             .field("insecure", &self.insecure)
             .field("proxy", &self.proxy.as_ref().map(|_| "<set>"))
+            .field("mirrors", &self.mirrors)
             .field("cache_max_bytes", &self.cache_max_bytes)
             .finish()
     }

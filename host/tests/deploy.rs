@@ -701,10 +701,9 @@ fn sockets_paths_and_probes_line_up() {
         }
         registry_cas.extend(cas[0].clone().map(|ca| format!("{at}: {ca}")));
     }
-    // The check above must have had something to check: the models recipe sets a CA.
-    if !registry_cas.iter().any(|c| c.starts_with(MODELS_RECIPE)) {
-        problems
-            .push(format!("{MODELS_RECIPE} sets no registry CA (MOUNTHOST_REGISTRY_CA); CAs set: {registry_cas:?}"));
+    // The check above must have had something to check: the models recipe sets a CA bundle.
+    if !registry_cas.iter().any(|c| c.starts_with(MODELS_RECIPE) && c.contains("ca.crt")) {
+        problems.push(format!("{MODELS_RECIPE} sets no registry CA bundle `ca.crt`; CAs set: {registry_cas:?}"));
     }
     for r in rendered() {
         for o in &r.objects {
@@ -748,7 +747,9 @@ fn check_config_map_volumes(at: &str, r: &Rendered, o: &Value, spec: &Value, pro
 /// A registry CA file the container is told to read (`--registry-ca`, `MOUNTHOST_REGISTRY_CA`)
 /// is a key holding a PEM certificate of a ConfigMap (or Secret) of the rendering, mounted at
 /// that path into the container: without the file the host daemon does not start, and the
-/// controller refuses every plugin selected by OCI reference. The CA's path, if one is set.
+/// controller refuses every plugin selected by OCI reference. A path that is the mount itself
+/// is the directory form: every `*.crt` and `*.pem` key must hold a certificate (none: no extra
+/// CA). The CA's path, if one is set.
 fn check_registry_ca(r: &Rendered, f: &Ours, problems: &mut Vec<String>) -> Option<String> {
     let path = f.setting("--registry-ca", "MOUNTHOST_REGISTRY_CA").filter(|p| !p.is_empty())?;
     let at = &f.at;
@@ -777,6 +778,28 @@ fn check_registry_ca(r: &Rendered, f: &Ours, problems: &mut Vec<String>) -> Opti
         None => Some(rel.as_str()),
     };
     let found = r.objects.iter().find(|o| o["kind"] == kind && o["metadata"]["name"] == object);
+    if rel.is_empty() {
+        let Some(found) = found else {
+            problems.push(format!("{at}: the registry CA directory {path} is {kind} {object:?}, not in the rendering"));
+            return Some(path);
+        };
+        let mut bundles = Vec::new();
+        for field in ["data", "stringData"] {
+            for (k, v) in found[field].as_object().into_iter().flatten() {
+                let listed = items.as_ref().is_none_or(|items| items.iter().any(|i| i["key"] == k.as_str()));
+                if !(listed && (k.ends_with(".crt") || k.ends_with(".pem"))) {
+                    continue;
+                }
+                if !v.as_str().is_some_and(|pem| pem.contains("-----BEGIN CERTIFICATE-----")) {
+                    problems.push(format!(
+                        "{at}: the registry CA directory {path} has {k:?}, which holds no PEM certificate"
+                    ));
+                }
+                bundles.push(k.clone());
+            }
+        }
+        return Some(format!("{path} (the directory: {bundles:?})"));
+    }
     let data = found.and_then(|o| key.and_then(|k| o["data"][k].as_str().or(o["stringData"][k].as_str())));
     match data {
         Some(pem) if pem.contains("-----BEGIN CERTIFICATE-----") => {}

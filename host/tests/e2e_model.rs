@@ -963,6 +963,9 @@ impl ConnectProxy {
     }
 }
 
+/// A volume's own mirror, then the node's (`--registry-mirror`) for a volume that names none,
+/// both through the node's proxy, with the registry's CA given as a directory the way a mounted
+/// ConfigMap lays it out (its `..data` bookkeeping skipped).
 #[test]
 fn a_mirror_and_a_proxy_carry_the_pull() {
     if !in_private_namespace("a_mirror_and_a_proxy_carry_the_pull") {
@@ -972,9 +975,14 @@ fn a_mirror_and_a_proxy_carry_the_pull() {
     let work = tempfile::tempdir().unwrap();
     let model = small_model(&registry, work.path(), "models/mirrored", 4 << 20);
     let proxy = ConnectProxy::start();
+    let ca_dir = work.path().join("registry-ca");
+    std::fs::create_dir_all(ca_dir.join("..data")).unwrap();
+    std::fs::copy(registry.ca_pem(), ca_dir.join("..data/ca.crt")).unwrap();
+    std::os::unix::fs::symlink("..data/ca.crt", ca_dir.join("ca.crt")).unwrap();
     let node = ModelNode::start(vec![
-        format!("--registry-ca={}", registry.ca_pem().display()),
+        format!("--registry-ca={}", ca_dir.display()),
         format!("--registry-proxy=http://127.0.0.1:{}", proxy.port),
+        format!("--registry-mirror=127.0.0.1:10={}", registry.host()),
     ]);
     run(&node, &registry, async || {
         let mut csi = node.node().await;
@@ -991,7 +999,20 @@ fn a_mirror_and_a_proxy_carry_the_pull() {
             !asked.is_empty() && asked.iter().all(|h| *h == registry.host()),
             "through the proxy to the mirror only: {asked:?}"
         );
-        println!("checked: {} connections through the proxy, all to the mirror", asked.len());
+        // The node's mirror: a reference naming 127.0.0.1:10, where nothing listens (a stage
+        // that reached it would fail), and no `mirror` of the volume's own.
+        let ctx = model_ctx("127.0.0.1:10/models/mirrored:v1", &[]);
+        let staging = node.dirs.staging("pv-node-mirror");
+        let (_, r) =
+            stage_until_done(&mut csi, &stage_req("pv-node-mirror", &staging, &ctx), Duration::from_secs(60)).await;
+        r.unwrap();
+        assert_eq!(tree(&staging), expected(&model, |_| true));
+        let asked_after = proxy.asked.lock().unwrap().clone();
+        assert!(asked_after.iter().all(|h| *h == registry.host()), "the node's mirror only: {asked_after:?}");
+        println!(
+            "checked: {} connections through the proxy, all to the mirror (the volume's, then the node's)",
+            asked_after.len()
+        );
     });
 }
 

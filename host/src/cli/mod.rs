@@ -106,9 +106,14 @@ pub struct GlobalArgs {
     /// every volume's FUSE processes get a group of their own.
     #[arg(long, env = "MOUNTHOST_CGROUP_PARENT", default_value = crate::config::DEFAULT_CGROUP_PARENT, value_parser = parse_cgroup_parent, global = true)]
     pub cgroup_parent: String,
-    /// PEM file of extra CA certificates trusted for OCI registries (besides the system roots).
+    /// PEM file of extra CA certificates trusted for OCI registries (besides the system roots),
+    /// or a directory whose *.crt and *.pem files are read (an empty one adds none).
     #[arg(long, env = "MOUNTHOST_REGISTRY_CA", global = true)]
     pub registry_ca: Option<PathBuf>,
+    /// Pull REGISTRY's artifacts through MIRROR, both HOST[:PORT] as references name them, when
+    /// a volume names no mirror of its own (repeatable).
+    #[arg(long = "registry-mirror", env = "MOUNTHOST_REGISTRY_MIRRORS", value_name = "REGISTRY=MIRROR", value_delimiter = ',', value_parser = parse_mirror, global = true)]
+    pub registry_mirrors: Vec<(String, String)>,
     /// An OCI registry, HOST[:PORT], that plans may reach over plain HTTP (repeatable).
     #[arg(long = "insecure-registry", env = "MOUNTHOST_INSECURE_REGISTRIES", value_delimiter = ',', value_parser = parse_registry, global = true)]
     pub insecure_registries: Vec<String>,
@@ -241,6 +246,7 @@ impl GlobalArgs {
             ca_bundle: self.registry_ca.as_ref().map(std::path::absolute).transpose()?,
             insecure: self.insecure_registries.iter().filter(|h| !h.is_empty()).cloned().collect(),
             proxy: self.registry_proxy.clone(),
+            mirrors: self.registry_mirrors.iter().filter(|(r, _)| !r.is_empty()).cloned().collect(),
             cache_max_bytes: self.cache_max_mib.map(|m| m << 20),
         };
         cfg.allow_plugin_tags = self.allow_plugin_tags;
@@ -259,6 +265,21 @@ fn parse_registry(s: &str) -> Result<String, String> {
             "{s:?} is not a registry HOST[:PORT] as references name it (no scheme or path), e.g. 127.0.0.1:5000"
         ))
     }
+}
+
+/// One `--registry-mirror REGISTRY=MIRROR` (empty: none, so that an empty variable is allowed).
+fn parse_mirror(s: &str) -> Result<(String, String), String> {
+    if s.trim().is_empty() {
+        return Ok((String::new(), String::new()));
+    }
+    let (registry, mirror) = s.split_once('=').ok_or_else(|| {
+        format!("{s:?} is not REGISTRY=MIRROR (two HOST[:PORT]), e.g. docker.io=mirror.cluster.local:5000")
+    })?;
+    let (registry, mirror) = (parse_registry(registry)?, parse_registry(mirror)?);
+    if registry.is_empty() || mirror.is_empty() || registry == mirror {
+        return Err(format!("{s:?}: REGISTRY and MIRROR must be two different HOST[:PORT]"));
+    }
+    Ok((registry, mirror))
 }
 
 /// One name of `--stock-plugins`: a stock plugin's, or `none` (also empty) for none of them.
@@ -406,6 +427,22 @@ mod tests {
             let e = parse_registry(bad).unwrap_err();
             assert!(e.contains("HOST[:PORT]"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn registry_mirrors_map_one_host_to_another() {
+        let m = |s| parse_mirror(s);
+        assert_eq!(m("Docker.io=Mirror.Local:5000").unwrap(), ("docker.io".into(), "mirror.local:5000".into()));
+        assert_eq!(m(" ").unwrap(), (String::new(), String::new()), "an empty variable sets none");
+        for bad in
+            ["docker.io", "docker.io=", "=mirror:5000", "a.io=a.io", "docker.io=http://m:5000", "docker.io=m/path"]
+        {
+            assert!(m(bad).is_err(), "{bad}");
+        }
+        let cli = Cli::try_parse_from(["mounthost", "--registry-mirror", "a.io=m:1,b.io=m:2", "host"]).unwrap();
+        let mirrors = cli.global.config().unwrap().registries.mirrors;
+        assert_eq!(mirrors.get("b.io").map(String::as_str), Some("m:2"));
+        assert_eq!(mirrors.len(), 2);
     }
 
     #[test]

@@ -82,9 +82,7 @@ pub async fn run(cfg: &Config, runtime: &PluginRuntime, args: PushArgs) -> Resul
     ]
     .into();
     let title = args.file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let r = &cfg.registries;
-    let registries =
-        RegistryConfig { ca_bundle: r.ca_bundle.clone(), insecure: r.insecure.clone(), proxy: r.proxy.clone() };
+    let registries = RegistryConfig::of(&cfg.registries);
     let pushed = push_plugin(registries, &target, &credentials, wasm, &title, &annotations)
         .await
         .map_err(|e| CliError::Registry(e.into_error(&target.to_string())))?;

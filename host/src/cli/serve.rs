@@ -262,9 +262,7 @@ fn pulled_plugin_notes(cfg: &Config) -> PathBuf {
 /// (apart from the host daemon's, which may share the state directory), with the node's
 /// registry settings.
 fn front_puller(cfg: &Config) -> anyhow::Result<Arc<PluginPull>> {
-    let r = &cfg.registries;
-    let registries =
-        RegistryConfig { ca_bundle: r.ca_bundle.clone(), insecure: r.insecure.clone(), proxy: r.proxy.clone() };
+    let registries = RegistryConfig::of(&cfg.registries);
     let artifacts = Artifacts::new(cfg.state_dir.join("cache").join("front"), registries)?;
     Ok(Arc::new(PluginPull::new(Arc::new(artifacts), Some(pulled_plugin_notes(cfg)))))
 }

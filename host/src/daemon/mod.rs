@@ -91,12 +91,7 @@ impl Node {
         // under the state directory are computed by the daemon itself.
         let roots = Roots::new([config.kubelet_dir.clone()]);
         let boot_id = exec.boot().map_err(|e| Error::internal(format!("reading the boot id: {e}")))?.id;
-        let r = &config.registries;
-        let registries = crate::exec::oci::RegistryConfig {
-            ca_bundle: r.ca_bundle.clone(),
-            insecure: r.insecure.clone(),
-            proxy: r.proxy.clone(),
-        };
+        let registries = crate::exec::oci::RegistryConfig::of(&config.registries);
         let artifacts = crate::exec::oci::Artifacts::new(config.state_dir.join("cache"), registries)
             .map_err(|e| Error::precondition(format!("setting up the OCI blob cache: {e}")))?;
         Ok(Node {

@@ -126,15 +126,23 @@ impl Node {
     }
 
     /// What the cache needs to reach the artifact of a `resolve` step: registry, repository,
-    /// tag or digest, mirror, credentials read from the request's secrets.
+    /// tag or digest, mirror (the step's, else the node's for that registry), credentials read
+    /// from the request's secrets (for the host contacted).
     pub(super) fn source(&self, step: &Step, secrets: &Secrets) -> Result<Source, Error> {
         let Step::Resolve { reference, mirror, auth, insecure } = step else {
             return Err(Error::internal("not a resolve step"));
         };
         let parsed = OciRef::parse(reference).map_err(|e| Error::invalid(format!("reference {reference:?}: {e}")))?;
         let registry = parsed.registry().to_string();
+        let node_mirror = mirror.is_none();
+        let mirror = self.inner.artifacts.mirror_for(&registry, mirror.as_deref());
         let reached = mirror.clone().unwrap_or_else(|| registry.clone());
-        if *insecure && !self.inner.config.registries.insecure.contains(&reached.to_ascii_lowercase()) {
+        // A node's mirror is the node's: plain HTTP to it exactly when the node lists it so.
+        let insecure = match &mirror {
+            Some(m) if node_mirror => self.inner.artifacts.plain_http_allowed(m),
+            _ => *insecure,
+        };
+        if insecure && !self.inner.config.registries.insecure.contains(&reached.to_ascii_lowercase()) {
             return Err(Error::precondition(format!(
                 "{reference} asks for plain HTTP to {reached}, which this node does not allow; list it with \
                  --insecure-registry on the host daemon, or serve the registry over TLS"
@@ -162,9 +170,9 @@ impl Node {
             registry,
             repository: parsed.repository().to_string(),
             reference: parsed.digest().or(parsed.tag()).unwrap_or("latest").to_string(),
-            mirror: mirror.clone(),
+            mirror,
             credentials,
-            insecure: *insecure,
+            insecure,
         })
     }
 

@@ -52,13 +52,35 @@ use crate::plan::Archive;
 /// The node's registry settings (from the daemon's configuration).
 #[derive(Clone, Default)]
 pub struct RegistryConfig {
-    /// PEM file of CAs trusted for registries, besides the system's roots.
+    /// PEM file of CAs trusted for registries, besides the system's roots, or a directory whose
+    /// `*.crt` and `*.pem` files are such bundles (an empty directory adds none).
     pub ca_bundle: Option<PathBuf>,
     /// `host[:port]` of registries that may be reached over plain HTTP (when a source asks).
     pub insecure: BTreeSet<String>,
     /// HTTP(S) proxy URL for all registry traffic. Unset: the process's `HTTPS_PROXY`,
     /// `HTTP_PROXY` and `NO_PROXY` apply, as in any HTTP client.
     pub proxy: Option<String>,
+    /// The node's mirrors: registry `host[:port]` → the `host[:port]` pulled from instead, for a
+    /// source that names no mirror of its own ([`RegistryConfig::mirror_for`]).
+    pub mirrors: BTreeMap<String, String>,
+}
+
+impl RegistryConfig {
+    /// The client side of the node's registry settings.
+    pub fn of(r: &crate::config::Registries) -> RegistryConfig {
+        RegistryConfig {
+            ca_bundle: r.ca_bundle.clone(),
+            insecure: r.insecure.clone(),
+            proxy: r.proxy.clone(),
+            mirrors: r.mirrors.clone(),
+        }
+    }
+
+    /// The mirror a source of `registry` is pulled through: its own when it names one (a
+    /// StorageClass's `mirror`), else the node's for that registry, else none.
+    pub fn mirror_for(&self, registry: &str, own: Option<&str>) -> Option<String> {
+        own.map(str::to_string).or_else(|| self.mirrors.get(&registry.to_ascii_lowercase()).cloned())
+    }
 }
 
 impl fmt::Debug for RegistryConfig {
@@ -68,6 +90,7 @@ impl fmt::Debug for RegistryConfig {
             .field("ca_bundle", &self.ca_bundle)
             .field("insecure", &self.insecure)
             .field("proxy", &self.proxy.as_ref().map(|_| "<set>"))
+            .field("mirrors", &self.mirrors)
             .finish()
     }
 }
@@ -320,6 +343,11 @@ impl Artifacts {
     /// May registry `host` (`host[:port]`) be reached over plain HTTP (the node lists it)?
     pub fn plain_http_allowed(&self, host: &str) -> bool {
         self.core.registries.config().insecure.contains(&host.to_ascii_lowercase())
+    }
+
+    /// The mirror a source of `registry` is pulled through ([`RegistryConfig::mirror_for`]).
+    pub fn mirror_for(&self, registry: &str, own: Option<&str>) -> Option<String> {
+        self.core.registries.config().mirror_for(registry, own)
     }
 
     /// Blob bytes received from registries by downloads since start (manifests and configs

@@ -77,16 +77,19 @@ impl PluginPull {
             ))
         };
         let registry = r.registry().to_ascii_lowercase();
+        // The node's mirror for that registry, if it has one, is the host contacted.
+        let mirror = self.artifacts.mirror_for(&registry, None);
+        let reached = mirror.clone().unwrap_or_else(|| registry.clone());
         let credentials = match secrets.get(AUTH_SECRET_KEY) {
-            Some(json) => credentials_from_docker_config(json, &registry).map_err(fail)?,
+            Some(json) => credentials_from_docker_config(json, &reached).map_err(fail)?,
             None => Credentials::Anonymous,
         };
         let src = Source {
-            insecure: self.artifacts.plain_http_allowed(&registry),
+            insecure: self.artifacts.plain_http_allowed(&reached),
             registry,
             repository: r.repository().to_string(),
             reference: r.digest().or(r.tag()).unwrap_or("latest").to_string(),
-            mirror: None,
+            mirror,
             credentials,
         };
         let found = timeout_at(until.into(), self.artifacts.resolve(&src))

@@ -69,23 +69,27 @@ pub(super) struct Body {
 }
 
 impl Registries {
-    /// Read the CA bundle; nothing is contacted yet.
+    /// Read the CA bundle (a file, or every `*.crt` and `*.pem` file of a directory); nothing is
+    /// contacted yet.
     pub fn new(cfg: RegistryConfig) -> Result<Registries, OciError> {
         let mut ca = Vec::new();
         if let Some(path) = &cfg.ca_bundle {
-            let pem = std::fs::read(path)
-                .map_err(|e| OciError::Config(format!("reading the registry CA bundle {}: {e}", path.display())))?;
-            use rustls::pki_types::pem::PemObject;
-            let certs = rustls::pki_types::CertificateDer::pem_slice_iter(&pem)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| OciError::Config(format!("the registry CA bundle {} is not PEM: {e}", path.display())))?;
-            if certs.is_empty() {
-                return Err(OciError::Config(format!(
-                    "the registry CA bundle {} holds no certificate",
-                    path.display()
-                )));
+            for file in ca_files(path)? {
+                let pem = std::fs::read(&file)
+                    .map_err(|e| OciError::Config(format!("reading the registry CA bundle {}: {e}", file.display())))?;
+                use rustls::pki_types::pem::PemObject;
+                let certs =
+                    rustls::pki_types::CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>().map_err(
+                        |e| OciError::Config(format!("the registry CA bundle {} is not PEM: {e}", file.display())),
+                    )?;
+                if certs.is_empty() {
+                    return Err(OciError::Config(format!(
+                        "the registry CA bundle {} holds no certificate",
+                        file.display()
+                    )));
+                }
+                ca.push(Certificate { encoding: CertificateEncoding::Pem, data: pem });
             }
-            ca.push(Certificate { encoding: CertificateEncoding::Pem, data: pem });
         }
         Ok(Registries { cfg, ca, clients: Mutex::new(HashMap::new()) })
     }
@@ -172,6 +176,30 @@ impl Registries {
 }
 
 /// The host contacted for `src`: its mirror's when it has one, lower case.
+/// The bundles `--registry-ca` names: the file itself, or a directory's `*.crt` and `*.pem`
+/// files in name order (hidden entries skipped, such as a mounted ConfigMap's `..data`; links
+/// followed, as a ConfigMap's keys are). A directory without any adds no CA: an empty ConfigMap
+/// mounted there is "no extra CA", while a named file that holds none stays an error.
+fn ca_files(path: &std::path::Path) -> Result<Vec<std::path::PathBuf>, OciError> {
+    let meta = std::fs::metadata(path)
+        .map_err(|e| OciError::Config(format!("reading the registry CA bundle {}: {e}", path.display())))?;
+    if !meta.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let entries = std::fs::read_dir(path)
+        .map_err(|e| OciError::Config(format!("listing the registry CA directory {}: {e}", path.display())))?;
+    let mut files: Vec<std::path::PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            !name.starts_with('.') && (name.ends_with(".crt") || name.ends_with(".pem")) && p.is_file()
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
 pub(super) fn host_of(src: &Source) -> String {
     src.mirror.as_deref().unwrap_or(&src.registry).trim().to_ascii_lowercase()
 }

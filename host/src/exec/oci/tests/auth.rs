@@ -53,3 +53,36 @@ fn errors_say_what_to_do() {
     assert!(e.to_string().contains("configure the registry's CA"), "{e}");
     assert!(!e.is_transient());
 }
+
+#[test]
+fn a_ca_directory_reads_its_crt_and_pem_files_and_an_empty_one_adds_none() {
+    use super::super::registry::Registries;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = |p: &std::path::Path| RegistryConfig { ca_bundle: Some(p.to_path_buf()), ..Default::default() };
+    // An empty directory (an empty ConfigMap mounted there): no extra CA, no error.
+    assert!(Registries::new(cfg(dir.path())).is_ok());
+    // A mounted ConfigMap's bookkeeping and files of other names are not bundles.
+    std::fs::create_dir(dir.path().join("..data")).unwrap();
+    std::fs::write(dir.path().join("..data/ca.crt"), b"not read").unwrap();
+    std::fs::write(dir.path().join("README"), b"not a bundle").unwrap();
+    assert!(Registries::new(cfg(dir.path())).is_ok());
+    // A bundle named by its suffix must hold a certificate, as a file named by the flag must.
+    std::fs::write(dir.path().join("team.crt"), b"garbage").unwrap();
+    let err = Registries::new(cfg(dir.path())).err().expect("a .crt without a certificate").to_string();
+    assert!(err.contains("team.crt") && err.contains("holds no certificate"), "{err}");
+    let err = Registries::new(cfg(&dir.path().join("team.crt"))).err().unwrap().to_string();
+    assert!(err.contains("holds no certificate"), "{err}");
+    let err = Registries::new(cfg(&dir.path().join("missing"))).err().unwrap().to_string();
+    assert!(err.contains("reading the registry CA bundle"), "{err}");
+}
+
+#[test]
+fn a_node_mirror_applies_only_to_sources_without_their_own() {
+    let cfg = RegistryConfig {
+        mirrors: [("registry.example.com".to_string(), "mirror.local:5000".to_string())].into(),
+        ..Default::default()
+    };
+    assert_eq!(cfg.mirror_for("Registry.Example.com", None).as_deref(), Some("mirror.local:5000"));
+    assert_eq!(cfg.mirror_for("registry.example.com", Some("own:5000")).as_deref(), Some("own:5000"));
+    assert_eq!(cfg.mirror_for("other.io", None), None);
+}
