@@ -40,8 +40,8 @@
 //! front, the FUSE processes keep their pids and start times and live outside the container's
 //! cgroup, a reader loop on every pod target sees no error, and the new host daemon adopts every
 //! volume (its log's "reconciled volume state", `mounthost client list` through the sockets); a
-//! surge update (a second host container while the first runs) stands by until the first is
-//! stopped, then adopts; after a simulated node reboot the host container cleans up and kubelet's
+//! surge update (a second host container while the first runs, its port moved as an overlay
+//! must) stands by until the first is stopped, then adopts; after a simulated node reboot the host container cleans up and kubelet's
 //! calls rebuild the volumes.
 //!
 //! Not covered: kubelet and the CRI plugin themselves (no pod sandbox, pause container or CNI:
