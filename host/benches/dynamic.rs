@@ -232,9 +232,7 @@ impl Node {
         for group in cgroups.groups().unwrap_or_default() {
             let _ = cgroups.release(&group);
         }
-        if let Some(dir) = cgroups.parent_dir() {
-            let _ = std::fs::remove_dir(dir);
-        }
+        cgroups.remove_parent();
     }
 }
 

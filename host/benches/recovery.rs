@@ -191,9 +191,7 @@ async fn run() {
     for group in cgroups.groups().unwrap_or_default() {
         let _ = cgroups.release(&group);
     }
-    if let Some(dir) = cgroups.parent_dir() {
-        let _ = std::fs::remove_dir(dir);
-    }
+    cgroups.remove_parent();
     common::unmount_below(root);
     common::remove_fuse_files_dir(&root.join("state"));
 }

@@ -38,9 +38,7 @@ impl Drop for Parent {
         for g in self.cgroups.groups().unwrap_or_default() {
             let _ = self.cgroups.release(&g);
         }
-        if let Some(dir) = self.cgroups.parent_dir() {
-            let _ = std::fs::remove_dir(dir);
-        }
+        self.cgroups.remove_parent();
     }
 }
 
@@ -73,6 +71,19 @@ fn a_process_and_everything_it_forks_live_in_the_group_and_die_with_it() {
     let own = std::fs::read_to_string(format!("/proc/{}/cgroup", id.pid)).unwrap();
     assert!(own.contains("/vol-a"), "the kernel places it in the group: {own}");
     assert_eq!(p.cgroups.groups().unwrap(), vec![p.g("vol-a")]);
+    // In every hierarchy the kernel lists for it (v1: each controller, `name=systemd`, the
+    // hybrid layout's unified one): a container runtime that kills its own group, whichever
+    // hierarchy it reads, cannot reach it.
+    let group = format!("/{}", p.g("vol-a"));
+    let lines: Vec<&str> = own.lines().collect();
+    assert!(
+        lines.iter().all(|l| l.rsplit_once(':').is_some_and(|(_, path)| path == group)),
+        "not in {group} in every hierarchy: {own}"
+    );
+    let hierarchies = p.cgroups.other_hierarchies();
+    if p.cgroups.version() == Some(mounthost::exec::cgroup::Version::V1) {
+        assert!(!hierarchies.is_empty() && lines.len() == hierarchies.len() + 1, "{hierarchies:?}\n{own}");
+    }
 
     // Stopping the session leader leaves the escaped helper; releasing the group kills it.
     process::stop(&id, Duration::from_secs(2)).unwrap();
@@ -81,8 +92,14 @@ fn a_process_and_everything_it_forks_live_in_the_group_and_die_with_it() {
     assert_eq!(p.cgroups.release(&p.g("vol-a")).unwrap(), 1);
     assert!(!Path::new(&format!("/proc/{}", left[0])).exists() || !alive(left[0]), "helper killed");
     assert!(p.cgroups.groups().unwrap().is_empty(), "the group is removed");
+    for h in &hierarchies {
+        assert!(!h.join(p.g("vol-a")).exists(), "removed in {} too", h.display());
+    }
     assert_eq!(p.cgroups.release(&p.g("vol-a")).unwrap(), 0, "releasing a missing group is fine");
-    println!("cgroups checked: 2 members, 1 escaped helper killed, 0 groups left");
+    println!(
+        "cgroups checked: 2 members in {} hierarchies, 1 escaped helper killed, 0 groups left",
+        hierarchies.len() + 1
+    );
 }
 
 fn alive(pid: i32) -> bool {

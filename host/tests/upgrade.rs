@@ -101,9 +101,7 @@ impl Drop for LegacyParent {
         for g in self.0.groups().unwrap_or_default() {
             let _ = self.0.release(&g);
         }
-        if let Some(dir) = self.0.parent_dir() {
-            let _ = std::fs::remove_dir(dir);
-        }
+        self.0.remove_parent();
     }
 }
 
@@ -139,12 +137,18 @@ fn a_volume_staged_by_0_1_0_is_adopted_migrated_and_unstaged_leaving_nothing() {
             let legacy = LegacyParent(mounthost::exec::cgroup::Cgroups::detect(&dirs.cgroup_parent));
             let legacy_group = legacy.group(&key);
             {
+                // The memory hierarchy only, as 0.1.0 did (elsewhere it stays where it is).
                 use std::io::Write;
-                let mut procs = legacy.prepare(&legacy_group, Some(64 << 20)).unwrap().unwrap();
-                procs.write_all(pid.to_string().as_bytes()).unwrap();
+                let joining = legacy.prepare(&legacy_group, Some(64 << 20)).unwrap().unwrap();
+                (&joining.files()[0]).write_all(pid.to_string().as_bytes()).unwrap();
             }
             std::fs::remove_dir(own.parent_dir().unwrap().join(&key)).unwrap();
-            std::fs::remove_dir(own.parent_dir().unwrap()).unwrap();
+            // Elsewhere 0.1.0 left its processes in the daemon's own groups (here: the roots).
+            for h in own.other_hierarchies() {
+                std::fs::write(h.join("cgroup.procs"), pid.to_string()).unwrap();
+                std::fs::remove_dir(h.join(own.group(&key))).unwrap();
+            }
+            own.remove_parent();
             std::fs::remove_file(dirs.state.join("instance.json")).unwrap();
             let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
             let fixture = include_str!("fixtures/state-v1/bindfs-staged-published.json")
@@ -171,6 +175,12 @@ fn a_volume_staged_by_0_1_0_is_adopted_migrated_and_unstaged_leaving_nothing() {
             assert_eq!(migrated["cgroup"], format!("{}/{key}", dirs.cgroup_parent));
             assert_eq!(migrated["process"]["pid"].as_i64(), Some(pid));
             assert_eq!(legacy.procs(&legacy_group).unwrap(), vec![pid as i32], "still in 0.1.0's group");
+            // Adoption put it into that group in every other hierarchy too (cgroup v1), so a
+            // stop of the daemon's container cannot take it.
+            for h in legacy.other_hierarchies() {
+                let members = std::fs::read_to_string(h.join(&legacy_group).join("cgroup.procs")).unwrap();
+                assert!(members.lines().any(|l| l.trim() == pid.to_string()), "{}: {members:?}", h.display());
+            }
 
             // Unstage leaves nothing: no process, no group (0.1.0's included), no mount, no record.
             unpublish_and_unstage(&mut node, id, &staging, &[&target, &second]).await;

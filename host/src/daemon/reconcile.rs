@@ -165,6 +165,18 @@ impl Node {
         self.verify_program(&mut st)?;
         let health = self.health_in(&st, mounts);
         if health.healthy {
+            // A process an earlier daemon started may be in its group in the memory hierarchy
+            // only: on v1 every other hierarchy must hold it too, or a container runtime that
+            // stops this daemon's container kills it with the container.
+            match self.inner.exec.settle_group(&st.cgroup) {
+                Ok(0) => {}
+                Ok(n) => {
+                    info!(volume.id = %id, cgroup = %st.cgroup, moved = n, "put the volume's processes into its group in every cgroup hierarchy")
+                }
+                Err(e) => {
+                    warn!(volume.id = %id, cgroup = %st.cgroup, error = %e, "could not put the volume's processes into its group in every cgroup hierarchy; a stop of this daemon's container may kill them")
+                }
+            }
             info!(volume.id = %id, pid = ?st.process.map(|p| p.pid), "adopted");
             Ok(Outcome::Adopted)
         } else {

@@ -19,7 +19,13 @@
 //!   whole group at once. Leftovers are killed with `cgroup.kill` where the kernel has it.
 //! - **v1** (legacy or hybrid hosts, such as systemd's hybrid layout where `memory` is bound to
 //!   a v1 hierarchy and `/sys/fs/cgroup/unified` has no controllers): the `memory` hierarchy;
-//!   a limit is `memory.limit_in_bytes`.
+//!   a limit is `memory.limit_in_bytes`. Each process also joins a group of the same name in
+//!   **every other mounted hierarchy** (the other v1 controllers, `name=systemd`, and the
+//!   controller-less v2 hierarchy of the hybrid layout): a container runtime finds the
+//!   processes to kill with a container in one hierarchy of its choice (runc 1.1: `devices`)
+//!   and freezes them in another (`freezer`), so a FUSE process left in the daemon's container
+//!   group anywhere dies with the daemon's container. On cpuset hierarchies each new group gets
+//!   its parent's `cpuset.cpus` and `cpuset.mems` (v1 refuses tasks into a cpuset without them).
 //!
 //! Without either, processes run without a group and a plan that asks for a memory limit is
 //! refused (FailedPrecondition) instead of running unlimited.
@@ -58,6 +64,38 @@ pub struct Cgroups {
     /// `<parent>`, relative to the hierarchy's root.
     name: String,
     version: Option<Version>,
+    /// With v1: every other hierarchy, where each group is made too and joined.
+    others: Vec<Other>,
+}
+
+/// Another hierarchy a v1 group spans.
+#[derive(Debug, Clone)]
+struct Other {
+    /// Its mount point.
+    root: PathBuf,
+    /// A cpuset hierarchy (new groups need `cpuset.cpus` and `cpuset.mems`).
+    cpuset: bool,
+}
+
+/// The `cgroup.procs` files of one group, in every hierarchy it spans (the one holding the
+/// memory limit first), for a new process to join between fork and exec.
+#[derive(Debug)]
+pub struct Joining(Vec<File>);
+
+impl Joining {
+    /// The files, in the order the process joins them.
+    pub fn files(&self) -> &[File] {
+        &self.0
+    }
+}
+
+/// The top mount at each mount point (a later entry in the mount table is mounted over an
+/// earlier one at the same place, as a container runtime's own cgroup mounts may be).
+fn visible(mounts: &[MountEntry]) -> Vec<&MountEntry> {
+    let mut seen = std::collections::HashSet::new();
+    let mut top: Vec<&MountEntry> = mounts.iter().rev().filter(|m| seen.insert(m.mount_point.clone())).collect();
+    top.reverse();
+    top
 }
 
 /// The default parent name (below the hierarchy's root).
@@ -77,6 +115,8 @@ impl Cgroups {
 
     /// [`Cgroups::detect`] against a given mount table.
     pub fn detect_in(mounts: &[MountEntry], parent: &str) -> Self {
+        let mounts = visible(mounts);
+        let controls = |m: &MountEntry, c: &str| m.super_options.split(',').any(|o| o == c);
         let v2 = mounts.iter().find(|m| m.fstype == "cgroup2").filter(|m| {
             std::fs::read_to_string(m.mount_point.join("cgroup.controllers"))
                 .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
@@ -87,15 +127,24 @@ impl Cgroups {
                 parent: Some(m.mount_point.join(parent)),
                 name: parent.to_string(),
                 version: Some(Version::V2),
+                others: Vec::new(),
             };
         }
-        let v1 = mounts.iter().find(|m| m.fstype == "cgroup" && m.super_options.split(',').any(|o| o == "memory"));
+        let v1 = mounts.iter().find(|m| m.fstype == "cgroup" && controls(m, "memory"));
         match v1 {
-            Some(m) => Cgroups {
-                root: Some(m.mount_point.clone()),
-                parent: Some(m.mount_point.join(parent)),
+            Some(memory) => Cgroups {
+                root: Some(memory.mount_point.clone()),
+                parent: Some(memory.mount_point.join(parent)),
                 name: parent.to_string(),
                 version: Some(Version::V1),
+                others: mounts
+                    .iter()
+                    .filter(|m| (m.fstype == "cgroup" || m.fstype == "cgroup2") && m.mount_point != memory.mount_point)
+                    .map(|m| Other {
+                        root: m.mount_point.clone(),
+                        cpuset: m.fstype == "cgroup" && controls(m, "cpuset"),
+                    })
+                    .collect(),
             },
             None => Cgroups { name: parent.to_string(), ..Self::none() },
         }
@@ -103,7 +152,23 @@ impl Cgroups {
 
     /// No cgroups (processes run in the daemon's own).
     pub fn none() -> Self {
-        Cgroups { root: None, parent: None, name: String::new(), version: None }
+        Cgroups { root: None, parent: None, name: String::new(), version: None, others: Vec::new() }
+    }
+
+    /// Remove the (empty) parent in every hierarchy, best effort: for tests, benchmarks and
+    /// tools that clean up after a daemon (the daemon itself keeps its parent).
+    pub fn remove_parent(&self) {
+        if let Some(dir) = &self.parent {
+            let _ = std::fs::remove_dir(dir);
+        }
+        for other in &self.others {
+            let _ = std::fs::remove_dir(other.root.join(&self.name));
+        }
+    }
+
+    /// The mount points of the other hierarchies a v1 group spans (empty on v2).
+    pub fn other_hierarchies(&self) -> Vec<&Path> {
+        self.others.iter().map(|o| o.root.as_path()).collect()
     }
 
     /// The detected interface.
@@ -134,10 +199,10 @@ impl Cgroups {
         Ok(Some(root.join(path)))
     }
 
-    /// Create `group` (an existing one is reused) and its parents, set or clear its memory
-    /// limit, and open its `cgroup.procs` for a new process to join. `None` when the node has no
-    /// cgroups and no limit was asked for.
-    pub fn prepare(&self, group: &str, memory_limit: Option<u64>) -> io::Result<Option<File>> {
+    /// Create `group` (an existing one is reused) and its parents, in every hierarchy it spans,
+    /// set or clear its memory limit, and open its `cgroup.procs` files for a new process to
+    /// join. `None` when the node has no cgroups and no limit was asked for.
+    pub fn prepare(&self, group: &str, memory_limit: Option<u64>) -> io::Result<Option<Joining>> {
         let (Some(dir), Some(version)) = (self.dir(group)?, self.version) else {
             return match memory_limit {
                 None => Ok(None),
@@ -169,12 +234,39 @@ impl Cgroups {
         if version == Version::V2 {
             write_file(&dir.join("memory.oom.group"), "1")?;
         }
-        let procs = dir.join("cgroup.procs");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&procs)
-            .map(Some)
-            .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", procs.display())))
+        let mut joining = vec![open_procs(&dir)?];
+        for other in &self.others {
+            joining.push(open_procs(&other.make(group)?)?);
+        }
+        Ok(Some(Joining(joining)))
+    }
+
+    /// Put every process of `group` (as its memory hierarchy lists them) into the group of the
+    /// same name in every other hierarchy it spans, making those groups as needed: what a
+    /// process started by an earlier daemon, which joined the memory hierarchy only, lacks.
+    /// Returns how many memberships it changed; nothing on v2 or without cgroups.
+    pub fn settle(&self, group: &str) -> io::Result<usize> {
+        if self.others.is_empty() {
+            return Ok(0);
+        }
+        let pids = self.procs(group)?;
+        let mut moved = 0;
+        for other in &self.others {
+            if pids.is_empty() {
+                break;
+            }
+            let dir = other.make(group)?;
+            let members = read_procs(&dir)?;
+            for pid in pids.iter().filter(|p| !members.contains(p)) {
+                match write_file(&dir.join("cgroup.procs"), &pid.to_string()) {
+                    Ok(()) => moved += 1,
+                    // Exited meanwhile.
+                    Err(e) if e.raw_os_error() == Some(nix::libc::ESRCH) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(moved)
     }
 
     /// v2 distributes a controller only where every ancestor enables it for its children:
@@ -199,11 +291,7 @@ impl Cgroups {
     /// The pids in `group` (empty when it does not exist).
     pub fn procs(&self, group: &str) -> io::Result<Vec<i32>> {
         let Some(dir) = self.dir(group)? else { return Ok(Vec::new()) };
-        match std::fs::read_to_string(dir.join("cgroup.procs")) {
-            Ok(text) => Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
-            Err(e) => Err(e),
-        }
+        read_procs(&dir)
     }
 
     /// Kill whatever still runs in `group` (SIGKILL; the group's processes were already
@@ -211,6 +299,15 @@ impl Cgroups {
     /// fine. Returns how many processes had to be killed.
     pub fn release(&self, group: &str) -> io::Result<usize> {
         let Some(dir) = self.dir(group)? else { return Ok(0) };
+        let killed = self.release_memory_group(group, &dir)?;
+        // The same group in the other hierarchies holds the same processes: gone now.
+        for other in &self.others {
+            remove_group(&other.root.join(group), Instant::now() + RELEASE_BOUND)?;
+        }
+        Ok(killed)
+    }
+
+    fn release_memory_group(&self, group: &str, dir: &Path) -> io::Result<usize> {
         if !dir.exists() {
             return Ok(0);
         }
@@ -283,6 +380,67 @@ impl Cgroups {
     }
 }
 
+impl Other {
+    /// Make `group` (a path validated by the memory hierarchy's [`Cgroups::dir`]) and its
+    /// parents here; its directory. In a cpuset hierarchy every directory on the way gets its
+    /// parent's CPUs and memory nodes where it has none (also one a crash left half made).
+    fn make(&self, group: &str) -> io::Result<PathBuf> {
+        let mut dir = self.root.clone();
+        for component in Path::new(group).components() {
+            let parent = dir.clone();
+            dir.push(component);
+            match std::fs::create_dir(&dir) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                    return Err(io::Error::new(e.kind(), format!("creating cgroup {}: {e}", dir.display())));
+                }
+                _ => {}
+            }
+            if self.cpuset {
+                for file in ["cpuset.cpus", "cpuset.mems"] {
+                    if std::fs::read_to_string(dir.join(file))?.trim().is_empty() {
+                        let inherited = std::fs::read_to_string(parent.join(file))?;
+                        write_file(&dir.join(file), inherited.trim())?;
+                    }
+                }
+            }
+        }
+        Ok(dir)
+    }
+}
+
+/// `cgroup.procs` of `dir`, opened for a new process to write itself into.
+fn open_procs(dir: &Path) -> io::Result<File> {
+    let procs = dir.join("cgroup.procs");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&procs)
+        .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", procs.display())))
+}
+
+/// The pids in the group at `dir` (empty when it does not exist).
+fn read_procs(dir: &Path) -> io::Result<Vec<i32>> {
+    match std::fs::read_to_string(dir.join("cgroup.procs")) {
+        Ok(text) => Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Remove the (emptied) group at `dir`, waiting until `until` for exiting tasks to leave it; a
+/// missing one is fine.
+fn remove_group(dir: &Path, until: Instant) -> io::Result<()> {
+    loop {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) && Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(io::Error::new(e.kind(), format!("removing cgroup {}: {e}", dir.display()))),
+        }
+    }
+}
+
 fn write_file(path: &Path, value: &str) -> io::Result<()> {
     std::fs::OpenOptions::new()
         .write(true)
@@ -320,6 +478,23 @@ mod tests {
         let c = Cgroups::detect_in(&mounts, "mh");
         assert_eq!(c.version(), Some(Version::V1));
         assert_eq!(c.parent_dir(), Some(Path::new("/sys/fs/cgroup/memory/mh")));
+        // Every other hierarchy is joined too, the controller-less unified one included.
+        assert_eq!(c.other_hierarchies(), [Path::new("/sys/fs/cgroup/cpu"), Path::new("/nonexistent/unified")]);
+    }
+
+    #[test]
+    fn a_mount_over_another_at_the_same_place_is_the_one_used() {
+        // A container runtime's own read-only cgroup mounts, then the node's mounted over them.
+        let mounts = [
+            entry("/sys/fs/cgroup/memory", "cgroup", "ro,memory"),
+            entry("/sys/fs/cgroup/cpuset", "cgroup", "ro,cpuset"),
+            MountEntry { mount_id: 9, ..entry("/sys/fs/cgroup/memory", "cgroup", "rw,memory") },
+            MountEntry { mount_id: 10, ..entry("/sys/fs/cgroup/cpuset", "cgroup", "rw,cpuset") },
+        ];
+        let c = Cgroups::detect_in(&mounts, "mh");
+        assert_eq!(c.other_hierarchies(), [Path::new("/sys/fs/cgroup/cpuset")], "each place once");
+        assert!(c.others[0].cpuset);
+        assert_eq!(visible(&mounts).iter().map(|m| m.mount_id).collect::<Vec<_>>(), [9, 10]);
     }
 
     #[test]

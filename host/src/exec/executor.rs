@@ -195,6 +195,10 @@ pub trait Groups {
     fn groups(&self) -> io::Result<Vec<String>>;
     /// How often the OOM killer struck in a volume's cgroup.
     fn oom_kills(&self, group: &str) -> Option<u64>;
+    /// Put every process of a volume's cgroup into the group of the same name in every other
+    /// hierarchy it spans (cgroup v1: what a process an earlier daemon started may lack);
+    /// returns how many memberships changed.
+    fn settle_group(&self, group: &str) -> io::Result<usize>;
 }
 
 /// What a directory entry is, and which inode (to tell a file the host made from one put in

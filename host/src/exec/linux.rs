@@ -358,6 +358,10 @@ impl Groups for Linux {
     fn oom_kills(&self, group: &str) -> Option<u64> {
         self.cgroups.oom_kills(group)
     }
+
+    fn settle_group(&self, group: &str) -> io::Result<usize> {
+        self.cgroups.settle(group)
+    }
 }
 
 impl Executor for Linux {

@@ -100,9 +100,9 @@ pub fn run_to_end(executable: &Path, args: &[&str]) -> std::io::Result<std::proc
     Command::new(executable).args(args).stdin(Stdio::null()).stdout(std::io::stderr()).status()
 }
 
-/// Start `spec` in its own session; with `cgroup` (an open `cgroup.procs`), inside that group
-/// from before its first instruction.
-pub fn spawn(spec: &Spec<'_>, cgroup: Option<&std::fs::File>) -> Result<ProcessId, ProcessError> {
+/// Start `spec` in its own session; with `cgroup` (its group's open `cgroup.procs`, one per
+/// hierarchy), inside that group from before its first instruction.
+pub fn spawn(spec: &Spec<'_>, cgroup: Option<&super::cgroup::Joining>) -> Result<ProcessId, ProcessError> {
     let log = OpenOptions::new()
         .append(true)
         .create(true)
@@ -116,7 +116,7 @@ pub fn spawn(spec: &Spec<'_>, cgroup: Option<&std::fs::File>) -> Result<ProcessI
 pub fn spawn_logged(
     spec: &Spec<'_>,
     log: std::fs::File,
-    cgroup: Option<&std::fs::File>,
+    cgroup: Option<&super::cgroup::Joining>,
 ) -> Result<ProcessId, ProcessError> {
     spawn_as(spec, log, cgroup, None)
 }
@@ -129,7 +129,7 @@ pub fn spawn_logged(
 pub fn spawn_as(
     spec: &Spec<'_>,
     log: std::fs::File,
-    cgroup: Option<&std::fs::File>,
+    cgroup: Option<&super::cgroup::Joining>,
     unprivileged: Option<Unprivileged<'_>>,
 ) -> Result<ProcessId, ProcessError> {
     reserve_low_descriptors();
@@ -142,17 +142,19 @@ pub fn spawn_as(
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(err_log);
-    let group_fd = cgroup.map(std::os::fd::AsRawFd::as_raw_fd);
+    // Collected here: the child may not allocate.
+    let group_fds: Vec<i32> = cgroup.map(|j| j.files().iter().map(AsRawFd::as_raw_fd).collect()).unwrap_or_default();
     let drop_to = unprivileged.map(|u| (u.fuse.as_raw_fd(), u.uid, u.gid));
     // SAFETY: the closure runs in the child between fork and exec, where only
     // async-signal-safe calls are allowed; setsid(2), write(2) and the calls of `drop_privileges`
-    // are, and nothing allocates (`last_os_error` only reads errno). `group_fd` and the
-    // descriptors of `unprivileged` stay open in the parent until this function returns, so
-    // the child's copies are valid.
+    // are, and nothing allocates (`last_os_error` only reads errno; iterating `group_fds`
+    // reads memory allocated before the fork). The descriptors in `group_fds` and those of
+    // `unprivileged` stay open in the parent until this function returns, so the child's
+    // copies are valid.
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
-            if let Some(fd) = group_fd {
+            for &fd in &group_fds {
                 // "0" moves the writing process (cgroup v1 and v2 alike).
                 if nix::libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
                     return Err(std::io::Error::last_os_error());

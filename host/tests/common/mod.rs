@@ -577,9 +577,7 @@ pub fn detach_below(root: &Path, cgroups: &mounthost::exec::cgroup::Cgroups) {
     for group in cgroups.groups().unwrap_or_default() {
         let _ = cgroups.release(&group);
     }
-    if let Some(dir) = cgroups.parent_dir() {
-        let _ = std::fs::remove_dir(dir);
-    }
+    cgroups.remove_parent();
 }
 
 /// Remove the FUSE files directory (`/run/mounthost/fuse-<hash>`) of a daemon whose state
