@@ -316,7 +316,7 @@ impl Cgroups {
         loop {
             let pids = self.procs(group)?;
             if pids.is_empty() {
-                match std::fs::remove_dir(&dir) {
+                match std::fs::remove_dir(dir) {
                     Ok(()) => return Ok(killed),
                     Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(killed),
                     // Exiting tasks are still accounted for a moment.
