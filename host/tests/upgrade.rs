@@ -362,6 +362,24 @@ fn a_second_daemon_on_the_same_state_directory_stands_by_then_takes_over() {
             node.node_publish_volume(publish_req("bindfs~pv-1", &staging, &second, false, &bindfs_ctx())).await.unwrap();
             let surge_log = std::fs::read_to_string(dirs.root.path().join("surge.log")).unwrap();
             assert!(!surge_log.contains("reconciled volume state"), "nothing reconciled beside a live daemon: {surge_log}");
+            // Another one standing by that is told to stop (SIGTERM) ends at once, having
+            // touched nothing.
+            let mut third = dirs.spawn_host("third", &extra);
+            until("the third daemon stands by", || {
+                std::fs::read_to_string(dirs.root.path().join("third.log")).unwrap_or_default().contains("standing by")
+            });
+            sigterm(&third);
+            let exited = Instant::now();
+            let status = loop {
+                if let Some(s) = third.child.try_wait().unwrap() {
+                    break s;
+                }
+                assert!(exited.elapsed() < Duration::from_secs(5), "a standby did not stop on SIGTERM");
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            assert!(status.success(), "{status}");
+            let third_log = common::strip_ansi(&std::fs::read_to_string(dirs.root.path().join("third.log")).unwrap());
+            assert!(!third_log.contains("reconciled") && !third_log.contains("is free: taking over"), "{third_log}");
 
             sigterm(&old);
             until("the surge daemon is ready", || get(&surge, "/readyz") == (200, "ready\n".to_string()));

@@ -38,15 +38,39 @@ pub struct LocalArgs {
 }
 
 /// Resolves when the process is asked to stop (SIGINT or SIGTERM). Mounts and FUSE processes
-/// are left running: they outlive the daemon by design.
+/// are left running: they outlive the daemon by design. One listener for the process's life,
+/// installed at the first call: a signal that arrives between two waits (after a standby took
+/// the state directory, before the server waits for it) is kept, not lost.
 pub async fn stop_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing a SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("stopping; mounts and FUSE processes stay up");
+    static STOP: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>> = std::sync::OnceLock::new();
+    let mut stopped = STOP
+        .get_or_init(|| {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("installing a SIGTERM handler");
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+                tracing::info!("stopping; mounts and FUSE processes stay up");
+                let _ = tx.send(true);
+                // A second Ctrl-C or SIGTERM is `mounthost local`'s own business (it kills its
+                // SeaweedFS at once); keep the sender, and with it the receivers, alive.
+                std::future::pending::<()>().await;
+            });
+            rx
+        })
+        .clone();
+    let _ = stopped.wait_for(|s| *s).await;
+}
+
+/// Keep the state directory's lock until the process exits (the kernel releases it then): a
+/// daemon's blocking jobs may still be writing after its server has stopped, until the runtime
+/// shuts down, and a standby must not take over before.
+fn hold_until_exit(lock: StateDirLock) {
+    static HELD: std::sync::OnceLock<StateDirLock> = std::sync::OnceLock::new();
+    let _ = HELD.set(lock);
 }
 
 /// Create the state directory if missing (private) and make it canonical in `cfg`.
@@ -164,7 +188,8 @@ pub async fn host(mut cfg: Config) -> anyhow::Result<()> {
     metrics_listener(&cfg, &["host"]).await?;
     make_state_dir(&mut cfg)?;
     // Held until the process ends: nothing below runs beside another writer of this state.
-    let Some(_lock) = claim_state_dir(&mut cfg, stop_signal()).await? else { return Ok(()) };
+    let Some(lock) = claim_state_dir(&mut cfg, stop_signal()).await? else { return Ok(()) };
+    hold_until_exit(lock);
     let exec = linux(&mut cfg)?;
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
     let socket = cfg.host_socket.clone();
@@ -208,7 +233,7 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
         }
     }
     make_state_dir(&mut cfg)?;
-    let _lock = claim_state_dir_now(&mut cfg)?;
+    hold_until_exit(claim_state_dir_now(&mut cfg)?);
     super::first_volume::provide_weed(&mut cfg, &args.first_volume)?;
     let exec = linux(&mut cfg)?;
     let csi_socket = match &args.endpoint {

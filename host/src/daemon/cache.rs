@@ -85,6 +85,10 @@ impl Node {
     /// volumes that use each.
     pub fn cache_in_use(&self) -> Result<BTreeMap<String, Vec<String>>, Error> {
         let mut used: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        // Records of a newer schema (after a rollback): every digest they mention stays.
+        for digest in self.inner.store.refused_claims()?.digests {
+            used.entry(digest).or_default().push("(a volume whose record is of a newer schema)".into());
+        }
         for st in self.inner.store.all()? {
             // A plugin pulled by OCI reference: its layer is the wasm a restart reloads.
             if st.source.is_some() {

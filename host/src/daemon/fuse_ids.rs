@@ -67,12 +67,15 @@ impl Node {
             .exec
             .ids_in_use()
             .map_err(|e| Error::internal(format!("listing the user and group ids of running processes: {e}")))?;
+        // And the ids of records of a newer schema (after a rollback), read leniently.
+        let refused = self.inner.store.refused_claims()?.fuse_ids;
         let taken: BTreeSet<u32> = records
             .iter()
             .filter(|r| r.volume_id != st.volume_id)
             .filter_map(|r| r.fuse_id)
             .chain(claimed.iter().filter(|(v, _)| **v != st.volume_id).map(|(_, id)| *id))
             .chain(running)
+            .chain(refused)
             .collect();
         let id = range.ids().find(|i| !taken.contains(i)).ok_or_else(|| {
             Error::new(
@@ -159,7 +162,7 @@ mod tests {
             capability: None,
             dynamic: Default::default(),
             fuse_id: None,
-            cgroup: format!("mounthost/{id}"),
+            cgroup: format!("mounthost/{}", crate::volume::dirs::volume_key(id)),
         }
     }
 

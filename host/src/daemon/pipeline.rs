@@ -247,7 +247,7 @@ impl Node {
             Action::Stop(p) => {
                 exec.stop(p, self.inner.config.fuse_stop_grace)?;
             }
-            Action::ReleaseGroup => match exec.release_group(&self.group_of(id)) {
+            Action::ReleaseGroup => match exec.release_group(&self.group_of(id)?) {
                 Ok(0) => {}
                 Ok(n) => warn!(volume.id = %id, killed = n, "killed processes left in the volume's cgroup"),
                 Err(e) => return Err(Error::internal(format!("releasing the cgroup of volume {id}: {e}"))),
@@ -266,12 +266,13 @@ impl Node {
     }
 
     /// The cgroup of volume `id`: its record's (every job and tear-down that touches a group
-    /// runs after the volume's record is written), else where a new record would put it.
-    fn group_of(&self, id: &str) -> String {
-        match self.inner.store.load(id) {
-            Ok(Some(st)) => st.cgroup,
-            _ => self.inner.config.volume_cgroup(&volume_key(id)),
-        }
+    /// runs after the volume's record is written), else where a new record would put it. A
+    /// record that cannot be read names none this daemon may use: an error.
+    fn group_of(&self, id: &str) -> Result<String, Error> {
+        Ok(match self.inner.store.load(id)? {
+            Some(st) => st.cgroup,
+            None => self.inner.config.volume_cgroup(&volume_key(id)),
+        })
     }
 
     /// Unmount the top mount at `path`: lazily when it is busy (a pod holds it) or its FUSE
@@ -325,7 +326,7 @@ impl Node {
                     mountpoint,
                     fstype,
                     ready_timeout: std::time::Duration::from_millis(u64::from(*ready_timeout_ms)),
-                    group: &self.group_of(id),
+                    group: &self.group_of(id)?,
                     memory_limit: *memory_limit_bytes,
                     host_mount,
                 };

@@ -1318,6 +1318,65 @@ async fn a_record_of_a_newer_schema_is_refused_left_as_it_is_and_the_others_serv
         );
     }
     assert_eq!(e.rec.read_file(&path).unwrap().unwrap(), bytes, "never rewritten, never removed");
+    // What it mentions stays taken: no prune evicts a blob it names.
+    let digest = doc["digest"].as_str().unwrap().to_string();
+    assert!(node.cache_in_use().unwrap().contains_key(&digest), "{digest}");
     node.publish(e.publish_req(&e.target("pod-a"), false)).await.unwrap();
     assert_eq!(node.store().load(VOL).unwrap().unwrap().published.len(), 1, "the other volume is served");
+}
+
+/// The node's mirror (`--registry-mirror`) for a volume that names none: credentials given for
+/// the registry the reference names never reach it (a dockerconfigjson entry for the mirror's
+/// own host does), and plain HTTP to it (listed insecure) only when no credentials cross it or
+/// the volume asked for plain HTTP itself.
+#[tokio::test]
+async fn a_node_mirror_gets_only_its_own_credentials_and_plain_http_only_without_them() {
+    use crate::exec::oci::Credentials;
+    use crate::plan::{RegistryAuth, Step};
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::new(std::fs::canonicalize(dir.path()).unwrap().join("state"));
+    config.registries.mirrors = [("registry.example.com".to_string(), "mirror.local:5000".to_string())].into();
+    config.registries.insecure = ["mirror.local:5000".to_string(), "own.local:5000".to_string()].into();
+    let runtime = Arc::new(PluginRuntime::new(config.runtime()).unwrap());
+    let node = Node::new(config, runtime, Arc::new(Recording::new())).unwrap();
+    let basic = RegistryAuth::Basic { username_key: "username".into(), password_key: "password".into() };
+    let docker = RegistryAuth::DockerConfig(".dockerconfigjson".into());
+    let secrets: crate::secrets::Secrets = [
+        ("username".to_string(), "registry-user".to_string()),
+        ("password".to_string(), "registry-password".to_string()),
+        (
+            ".dockerconfigjson".to_string(),
+            r#"{"auths":{"mirror.local:5000":{"username":"m","password":"mp"}}}"#.to_string(),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    let step = |reference: &str, mirror: Option<&str>, auth: &RegistryAuth, insecure: bool| Step::Resolve {
+        reference: reference.into(),
+        mirror: mirror.map(str::to_string),
+        auth: auth.clone(),
+        insecure,
+    };
+    // The registry's username and password are not sent to the node's mirror: anonymous, and
+    // then plain HTTP to it is fine.
+    let src = node.source(&step("registry.example.com/m/x:v1", None, &basic, false), &secrets).unwrap();
+    assert_eq!(src.mirror.as_deref(), Some("mirror.local:5000"));
+    assert_eq!(src.credentials, Credentials::Anonymous);
+    assert!(src.insecure);
+    // The mirror's own dockerconfigjson entry is sent, over TLS: the volume asked for none.
+    let src = node.source(&step("registry.example.com/m/x:v1", None, &docker, false), &secrets).unwrap();
+    assert_eq!(src.credentials, Credentials::Basic { username: "m".into(), password: "mp".into() });
+    assert!(!src.insecure, "credentials never cross plain HTTP the volume did not ask for");
+    // A volume's own mirror gets its credentials as before (the volume named it).
+    let src =
+        node.source(&step("registry.example.com/m/x:v1", Some("own.local:5000"), &basic, true), &secrets).unwrap();
+    assert_eq!(src.mirror.as_deref(), Some("own.local:5000"));
+    assert_eq!(
+        src.credentials,
+        Credentials::Basic { username: "registry-user".into(), password: "registry-password".into() }
+    );
+    // Another registry: no mirror, its own credentials.
+    let src = node.source(&step("other.example.com/m/x:v1", None, &basic, false), &secrets).unwrap();
+    assert_eq!((src.mirror, src.insecure), (None, false));
+    assert!(matches!(src.credentials, Credentials::Basic { .. }));
 }

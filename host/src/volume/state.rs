@@ -260,6 +260,13 @@ pub enum StateError {
     /// A file whose name is not the one its volume's state is kept under.
     #[error("{path} holds volume {found:?}, whose state belongs in {belongs}")]
     Misplaced { path: PathBuf, found: String, belongs: PathBuf },
+    /// The record names a cgroup that is not one of this daemon's volume groups: a daemon
+    /// kills what runs in a volume's group at unstage, so it never trusts a name it would not
+    /// have made itself.
+    #[error(
+        "{path} names the cgroup {cgroup:?}, which is not a volume group of --cgroup-parent {parent:?} (<parent>/{key} or <parent>-<instance id>/{key})"
+    )]
+    ForeignCgroup { path: PathBuf, cgroup: String, parent: String, key: String },
     /// The file was found unusable when the folder was read (see the start-up log).
     #[error("{path} is unusable: {reason}")]
     Unusable { path: PathBuf, reason: String, schema: bool },
@@ -269,6 +276,30 @@ impl StateError {
     /// The file is unusable because of its schema version, not because it is damaged.
     pub fn is_schema(&self) -> bool {
         matches!(self, StateError::Version { .. } | StateError::Unusable { schema: true, .. })
+    }
+}
+
+/// What records of another schema hold ([`StateStore::refused_claims`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RefusedClaims {
+    /// FUSE ids they record.
+    pub fuse_ids: BTreeSet<u32>,
+    /// Blob digests they mention.
+    pub digests: BTreeSet<String>,
+}
+
+/// Every string in `v` that is a blob digest.
+fn collect_digests(v: &serde_json::Value, out: &mut BTreeSet<String>) {
+    match v {
+        serde_json::Value::String(s) => {
+            let hex = s.strip_prefix("sha256:").unwrap_or_default();
+            if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+                out.insert(s.clone());
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| collect_digests(x, out)),
+        serde_json::Value::Object(o) => o.values().for_each(|x| collect_digests(x, out)),
+        _ => {}
     }
 }
 
@@ -430,6 +461,28 @@ impl StateStore {
         Ok(removed)
     }
 
+    /// What the records this daemon refuses for their schema (a newer daemon's, after a
+    /// rollback) still hold on the node, read leniently from their JSON: every FUSE id
+    /// (`fuseId`) and every blob digest (`sha256:<64 hex>`) they mention. Nothing is inferred from
+    /// them but "taken": the blob cache evicts none of those digests and no new volume gets
+    /// one of those ids. Reads only those files; none when every record is usable.
+    pub fn refused_claims(&self) -> Result<RefusedClaims, StateError> {
+        let refused: Vec<String> =
+            self.indexed(|i| i.iter().filter(|(_, r)| matches!(r, Err((_, true)))).map(|(k, _)| k.clone()).collect())?;
+        let mut claims = RefusedClaims::default();
+        for key in refused {
+            let path = self.dir.join(format!("{key}.json"));
+            let Ok(Some(bytes)) = self.files.read_file(&path) else { continue };
+            let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&bytes) else { continue };
+            if let Some(id) = doc.get("fuseId").and_then(serde_json::Value::as_u64).and_then(|v| u32::try_from(v).ok())
+            {
+                claims.fuse_ids.insert(id);
+            }
+            collect_digests(&doc, &mut claims.digests);
+        }
+        Ok(claims)
+    }
+
     /// The keys (file stems) of every state file, usable or not, from the index.
     pub fn keys(&self) -> Result<BTreeSet<String>, StateError> {
         self.indexed(|i| i.keys().cloned().collect())
@@ -521,7 +574,31 @@ fn parse(path: &Path, bytes: &[u8], schema: &Schema) -> Result<VolumeState, Stat
     for from in found..schema.newest {
         migrate(&mut doc, from, schema);
     }
-    serde_json::from_value(doc).map_err(corrupt)
+    let st: VolumeState = serde_json::from_value(doc).map_err(corrupt)?;
+    check_cgroup(path, &st, &schema.legacy_cgroup_parent)?;
+    Ok(st)
+}
+
+/// A record's cgroup is `<parent>/<key>` (0.1.0's layout) or `<parent>-<16 hex>/<key>` (an
+/// instance's), with `parent` this daemon's `--cgroup-parent` and `key` the volume's.
+fn check_cgroup(path: &Path, st: &VolumeState, parent: &str) -> Result<(), StateError> {
+    let key = volume_key(&st.volume_id);
+    let ok = st.cgroup.strip_suffix(&format!("/{key}")).is_some_and(|p| {
+        p == parent
+            || p.strip_prefix(parent).and_then(|rest| rest.strip_prefix('-')).is_some_and(|id| {
+                id.len() == 16 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            })
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(StateError::ForeignCgroup {
+            path: path.to_path_buf(),
+            cgroup: st.cgroup.clone(),
+            parent: parent.into(),
+            key,
+        })
+    }
 }
 
 /// Turn a record of schema `from` into one of `from + 1`, keeping every field it has.
@@ -799,6 +876,51 @@ mod tests {
         assert!(old_daemon.all().unwrap().is_empty(), "listed as unusable, not as a volume");
         assert_eq!(old_daemon.keys().unwrap().len(), 1, "its key stays claimed (its cgroup is not swept)");
         assert_eq!(rec.read_file(&store.path("new")).unwrap().unwrap(), written, "never rewritten");
+    }
+
+    #[test]
+    fn a_record_naming_a_cgroup_this_daemon_would_not_make_is_unusable() {
+        let (rec, store) = store();
+        for (id, cgroup) in [
+            ("a", "user.slice/user-1000.slice/session-2.scope".to_string()),
+            ("b", format!("mounthost-0123456789abcdef/{}", volume_key("other"))),
+            ("c", format!("elsewhere-0123456789abcdef/{}", volume_key("c"))),
+            ("d", format!("mounthost-0123/{}", volume_key("d"))),
+        ] {
+            let mut doc = serde_json::to_value(state(id)).unwrap();
+            doc["cgroup"] = cgroup.into();
+            rec.add_file(&store.path(id), doc.to_string().as_bytes(), None);
+        }
+        store.save(&state("ok")).unwrap();
+        let mut legacy = state("legacy");
+        legacy.cgroup = format!("mounthost/{}", volume_key("legacy"));
+        store.save(&legacy).unwrap();
+        let again = StateStore::open(Path::new(DIR), rec.clone(), Schema::current("mounthost")).unwrap();
+        for id in ["a", "b", "c", "d"] {
+            let err = again.load(id).unwrap_err().to_string();
+            assert!(err.contains("which is not a volume group of --cgroup-parent"), "{id}: {err}");
+        }
+        assert!(again.load("ok").unwrap().is_some() && again.load("legacy").unwrap().is_some());
+    }
+
+    #[test]
+    fn what_a_refused_record_holds_stays_taken() {
+        let (rec, store) = store();
+        let mut newer = serde_json::to_value(state("newer")).unwrap();
+        newer["version"] = 3.into();
+        newer["fuseId"] = 2147418113u32.into();
+        newer["somethingNew"] = serde_json::json!({"layers": [format!("sha256:{}", "b".repeat(64)), "sha256:short"]});
+        rec.add_file(&store.path("newer"), newer.to_string().as_bytes(), None);
+        // A damaged file claims nothing (it is not another schema's).
+        rec.add_file(&store.path("torn"), br#"{"version":1,"fuseId":7"#, None);
+        store.save(&state("ok")).unwrap();
+        let claims = store.refused_claims().unwrap();
+        assert_eq!(claims.fuse_ids, [2147418113].into());
+        assert_eq!(
+            claims.digests,
+            [format!("sha256:{}", "a".repeat(64)), format!("sha256:{}", "b".repeat(64))].into(),
+            "the plan's digest and the unknown field's, not the short one"
+        );
     }
 
     #[test]
