@@ -64,7 +64,7 @@ pub fn provide_weed(cfg: &mut Config, args: &FirstVolumeArgs) -> anyhow::Result<
     );
     let run = |what: &str, program: &Path, args: &[&str]| -> anyhow::Result<bool> {
         let t = Instant::now();
-        let status = crate::exec::process::run_to_end(program, args)
+        let status = crate::exec::process::run_to_end(program, args, &[("DEBIAN_FRONTEND", "noninteractive")])
             .with_context(|| format!("running {}", program.display()))?;
         println!(
             "mounthost local:   {what}: {} in {:.1} s",

@@ -128,18 +128,28 @@ impl Node {
     /// What the cache needs to reach the artifact of a `resolve` step: registry, repository,
     /// tag or digest, mirror (the step's, else the node's for that registry), credentials read
     /// from the request's secrets (for the host contacted).
+    ///
+    /// Through the node's mirror (`--registry-mirror`), which the volume never named, only
+    /// credentials meant for that mirror go there: the dockerconfigjson entry for the mirror's
+    /// host; a username and password or a token (given for the registry the reference names)
+    /// are not sent, the pull is anonymous. Plain HTTP to the node's mirror when the node lists it
+    /// as insecure, unless credentials would cross it and the volume did not ask for plain HTTP.
     pub(super) fn source(&self, step: &Step, secrets: &Secrets) -> Result<Source, Error> {
         let Step::Resolve { reference, mirror, auth, insecure } = step else {
             return Err(Error::internal("not a resolve step"));
         };
         let parsed = OciRef::parse(reference).map_err(|e| Error::invalid(format!("reference {reference:?}: {e}")))?;
         let registry = parsed.registry().to_string();
-        let node_mirror = mirror.is_none();
+        let own_mirror = mirror.is_some();
         let mirror = self.inner.artifacts.mirror_for(&registry, mirror.as_deref());
+        let node_mirror = !own_mirror && mirror.is_some();
         let reached = mirror.clone().unwrap_or_else(|| registry.clone());
-        // A node's mirror is the node's: plain HTTP to it exactly when the node lists it so.
+        let credentials = self.credentials(auth, secrets, &reached, node_mirror, reference)?;
         let insecure = match &mirror {
-            Some(m) if node_mirror => self.inner.artifacts.plain_http_allowed(m),
+            Some(m) if node_mirror => {
+                self.inner.artifacts.plain_http_allowed(m)
+                    && (*insecure || matches!(credentials, Credentials::Anonymous))
+            }
             _ => *insecure,
         };
         if insecure && !self.inner.config.registries.insecure.contains(&reached.to_ascii_lowercase()) {
@@ -148,24 +158,6 @@ impl Node {
                  --insecure-registry on the host daemon, or serve the registry over TLS"
             )));
         }
-        let secret = |key: &str| {
-            secrets.get(key).map(str::to_string).ok_or_else(|| {
-                Error::invalid(format!(
-                    "the credentials for {reached} name the secret {key:?}, which the request does not carry"
-                ))
-            })
-        };
-        let credentials = match auth {
-            RegistryAuth::Anonymous => Credentials::Anonymous,
-            RegistryAuth::Basic { username_key, password_key } => {
-                Credentials::Basic { username: secret(username_key)?, password: secret(password_key)? }
-            }
-            RegistryAuth::Token(key) => Credentials::Bearer(secret(key)?),
-            RegistryAuth::DockerConfig(key) => {
-                crate::exec::oci::credentials_from_docker_config(&secret(key)?, &reached)
-                    .map_err(|e| oci_error(e, reference))?
-            }
-        };
         Ok(Source {
             registry,
             repository: parsed.repository().to_string(),
@@ -173,6 +165,36 @@ impl Node {
             mirror,
             credentials,
             insecure,
+        })
+    }
+
+    /// The credentials a `resolve` step's `auth` names, for the host `reached` (see
+    /// [`Node::source`] for the node's mirror).
+    fn credentials(
+        &self,
+        auth: &RegistryAuth,
+        secrets: &Secrets,
+        reached: &str,
+        node_mirror: bool,
+        reference: &str,
+    ) -> Result<Credentials, Error> {
+        let secret = |key: &str| {
+            secrets.get(key).map(str::to_string).ok_or_else(|| {
+                Error::invalid(format!(
+                    "the credentials for {reached} name the secret {key:?}, which the request does not carry"
+                ))
+            })
+        };
+        Ok(match auth {
+            RegistryAuth::Anonymous => Credentials::Anonymous,
+            // Given for the registry the reference names: never to a mirror the volume did not name.
+            RegistryAuth::Basic { .. } | RegistryAuth::Token(_) if node_mirror => Credentials::Anonymous,
+            RegistryAuth::Basic { username_key, password_key } => {
+                Credentials::Basic { username: secret(username_key)?, password: secret(password_key)? }
+            }
+            RegistryAuth::Token(key) => Credentials::Bearer(secret(key)?),
+            RegistryAuth::DockerConfig(key) => crate::exec::oci::credentials_from_docker_config(&secret(key)?, reached)
+                .map_err(|e| oci_error(e, reference))?,
         })
     }
 

@@ -64,8 +64,11 @@ pub struct Cgroups {
     /// `<parent>`, relative to the hierarchy's root.
     name: String,
     version: Option<Version>,
-    /// With v1: every other hierarchy, where each group is made too and joined.
+    /// With v1: every other writable hierarchy, where each group is made too and joined.
     others: Vec<Other>,
+    /// With v1: the memory hierarchy is also a cpuset one (co-mounted), whose new groups need
+    /// CPUs and memory nodes; the file names' prefix.
+    memory_cpuset: Option<&'static str>,
 }
 
 /// Another hierarchy a v1 group spans.
@@ -73,8 +76,21 @@ pub struct Cgroups {
 struct Other {
     /// Its mount point.
     root: PathBuf,
-    /// A cpuset hierarchy (new groups need `cpuset.cpus` and `cpuset.mems`).
-    cpuset: bool,
+    /// A cpuset hierarchy (new groups need CPUs and memory nodes): the prefix of its files'
+    /// names, `cpuset.` (or none, mounted with `noprefix`).
+    cpuset: Option<&'static str>,
+}
+
+/// The prefix of a cpuset hierarchy's file names, if `m` is one.
+fn cpuset_prefix(m: &MountEntry) -> Option<&'static str> {
+    let has = |o: &str| m.super_options.split(',').any(|x| x == o);
+    (m.fstype == "cgroup" && has("cpuset")).then(|| if has("noprefix") { "" } else { "cpuset." })
+}
+
+/// May this process make groups below `m`? Not on a read-only mount or one it may not write.
+fn writable(m: &MountEntry) -> bool {
+    !m.mount_options.split(',').any(|o| o == "ro")
+        && nix::unistd::access(&m.mount_point, nix::unistd::AccessFlags::W_OK).is_ok()
 }
 
 /// The `cgroup.procs` files of one group, in every hierarchy it spans (the one holding the
@@ -128,6 +144,7 @@ impl Cgroups {
                 name: parent.to_string(),
                 version: Some(Version::V2),
                 others: Vec::new(),
+                memory_cpuset: None,
             };
         }
         let v1 = mounts.iter().find(|m| m.fstype == "cgroup" && controls(m, "memory"));
@@ -137,13 +154,21 @@ impl Cgroups {
                 parent: Some(memory.mount_point.join(parent)),
                 name: parent.to_string(),
                 version: Some(Version::V1),
+                memory_cpuset: cpuset_prefix(memory),
                 others: mounts
                     .iter()
                     .filter(|m| (m.fstype == "cgroup" || m.fstype == "cgroup2") && m.mount_point != memory.mount_point)
-                    .map(|m| Other {
-                        root: m.mount_point.clone(),
-                        cpuset: m.fstype == "cgroup" && controls(m, "cpuset"),
+                    .filter(|m| {
+                        // A FUSE process stays in the daemon's group in a hierarchy it cannot
+                        // write, and dies with its container there: say so, but run it.
+                        let ok = writable(m);
+                        if !ok {
+                            tracing::warn!(hierarchy = %m.mount_point.display(),
+                                "a cgroup hierarchy is not writable: FUSE processes stay in the host daemon's group there, and a container runtime that stops the daemon's container kills them");
+                        }
+                        ok
                     })
+                    .map(|m| Other { root: m.mount_point.clone(), cpuset: cpuset_prefix(m) })
                     .collect(),
             },
             None => Cgroups { name: parent.to_string(), ..Self::none() },
@@ -152,7 +177,14 @@ impl Cgroups {
 
     /// No cgroups (processes run in the daemon's own).
     pub fn none() -> Self {
-        Cgroups { root: None, parent: None, name: String::new(), version: None, others: Vec::new() }
+        Cgroups {
+            root: None,
+            parent: None,
+            name: String::new(),
+            version: None,
+            others: Vec::new(),
+            memory_cpuset: None,
+        }
     }
 
     /// Remove the (empty) parent in every hierarchy, best effort: for tests, benchmarks and
@@ -223,6 +255,15 @@ impl Cgroups {
                 return Err(io::Error::new(e.kind(), format!("creating cgroup {}: {e}", dir.display())));
             }
             _ => {}
+        }
+        if let (Some(prefix), Some(root)) = (self.memory_cpuset, &self.root) {
+            // cpuset co-mounted with memory: each group on the way needs CPUs and memory nodes.
+            let mut at = root.clone();
+            for component in Path::new(group).components() {
+                let above = at.clone();
+                at.push(component);
+                inherit_cpuset(&above, &at, prefix)?;
+            }
         }
         let (limit_file, unlimited) = match version {
             Version::V2 => ("memory.max", "max".to_string()),
@@ -395,17 +436,25 @@ impl Other {
                 }
                 _ => {}
             }
-            if self.cpuset {
-                for file in ["cpuset.cpus", "cpuset.mems"] {
-                    if std::fs::read_to_string(dir.join(file))?.trim().is_empty() {
-                        let inherited = std::fs::read_to_string(parent.join(file))?;
-                        write_file(&dir.join(file), inherited.trim())?;
-                    }
-                }
+            if let Some(prefix) = self.cpuset {
+                inherit_cpuset(&parent, &dir, prefix)?;
             }
         }
         Ok(dir)
     }
+}
+
+/// Give the cpuset group `dir` its parent's CPUs and memory nodes where it has none (v1 refuses
+/// a task into a cpuset without them); `prefix` is the files' (`cpuset.`, or none).
+fn inherit_cpuset(parent: &Path, dir: &Path, prefix: &str) -> io::Result<()> {
+    for name in ["cpus", "mems"] {
+        let file = format!("{prefix}{name}");
+        if std::fs::read_to_string(dir.join(&file))?.trim().is_empty() {
+            let inherited = std::fs::read_to_string(parent.join(&file))?;
+            write_file(&dir.join(&file), inherited.trim())?;
+        }
+    }
+    Ok(())
 }
 
 /// `cgroup.procs` of `dir`, opened for a new process to write itself into.
@@ -470,16 +519,51 @@ mod tests {
     #[test]
     fn a_hybrid_layout_uses_the_v1_memory_hierarchy() {
         // systemd's hybrid layout: controllers on v1, an empty v2 at .../unified.
+        let dir = tempfile::tempdir().unwrap();
+        let (cpu, unified) = (dir.path().join("cpu"), dir.path().join("unified"));
+        std::fs::create_dir(&cpu).unwrap();
+        std::fs::create_dir(&unified).unwrap();
         let mounts = [
-            entry("/sys/fs/cgroup/cpu", "cgroup", "rw,cpu"),
+            entry(cpu.to_str().unwrap(), "cgroup", "rw,cpu"),
             entry("/sys/fs/cgroup/memory", "cgroup", "rw,memory"),
-            entry("/nonexistent/unified", "cgroup2", "rw"),
+            entry(unified.to_str().unwrap(), "cgroup2", "rw"),
         ];
         let c = Cgroups::detect_in(&mounts, "mh");
         assert_eq!(c.version(), Some(Version::V1));
         assert_eq!(c.parent_dir(), Some(Path::new("/sys/fs/cgroup/memory/mh")));
         // Every other hierarchy is joined too, the controller-less unified one included.
-        assert_eq!(c.other_hierarchies(), [Path::new("/sys/fs/cgroup/cpu"), Path::new("/nonexistent/unified")]);
+        assert_eq!(c.other_hierarchies(), [cpu.as_path(), unified.as_path()]);
+    }
+
+    #[test]
+    fn hierarchies_it_cannot_write_are_left_out_and_cpusets_are_recognised() {
+        let dir = tempfile::tempdir().unwrap();
+        let point = |name: &str| {
+            let p = dir.path().join(name);
+            std::fs::create_dir(&p).unwrap();
+            p.to_str().unwrap().to_string()
+        };
+        let (memory, cpu, cpuset) = (point("memory"), point("cpu"), point("cpuset"));
+        let mounts = [
+            entry(&memory, "cgroup", "rw,memory,cpuset,noprefix"),
+            MountEntry { mount_options: "ro".into(), ..entry(&cpu, "cgroup", "rw,cpu") },
+            entry(&cpuset, "cgroup", "rw,cpuset"),
+        ];
+        let c = Cgroups::detect_in(&mounts, "mh");
+        assert_eq!(c.other_hierarchies(), [Path::new(&cpuset)], "the read-only cpu mount is left out");
+        assert_eq!(c.memory_cpuset, Some(""), "co-mounted with noprefix: `cpus`, `mems`");
+        // A cpuset group gets its parent's CPUs and memory nodes.
+        std::fs::write(Path::new(&cpuset).join("cpuset.cpus"), "0-1").unwrap();
+        std::fs::write(Path::new(&cpuset).join("cpuset.mems"), "0").unwrap();
+        std::fs::create_dir_all(Path::new(&cpuset).join("mh/k")).unwrap();
+        for d in ["mh", "mh/k"] {
+            for f in ["cpuset.cpus", "cpuset.mems"] {
+                std::fs::write(Path::new(&cpuset).join(d).join(f), "").unwrap();
+            }
+        }
+        let made = c.others[0].make("mh/k").unwrap();
+        assert_eq!(std::fs::read_to_string(made.join("cpuset.cpus")).unwrap(), "0-1");
+        assert_eq!(std::fs::read_to_string(made.join("cpuset.mems")).unwrap(), "0");
     }
 
     #[test]
@@ -493,7 +577,7 @@ mod tests {
         ];
         let c = Cgroups::detect_in(&mounts, "mh");
         assert_eq!(c.other_hierarchies(), [Path::new("/sys/fs/cgroup/cpuset")], "each place once");
-        assert!(c.others[0].cpuset);
+        assert_eq!(c.others[0].cpuset, Some("cpuset."));
         assert_eq!(visible(&mounts).iter().map(|m| m.mount_id).collect::<Vec<_>>(), [9, 10]);
     }
 

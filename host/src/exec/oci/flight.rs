@@ -284,6 +284,19 @@ impl Core {
                 inner.transient.remove(&blob.hex);
                 // The download read it with these credentials: proof enough for `authorize`.
                 self.prove(&ep.scope, &blob.hex);
+                // A pull whose last blob this was ends now, not at its caller's next request
+                // (kubelet's retry comes up to minutes later).
+                let complete: Vec<String> = inner
+                    .volumes
+                    .iter()
+                    .filter(|(_, blobs)| {
+                        blobs.iter().any(|b| b.digest == blob.digest) && blobs.iter().all(|b| self.present(b))
+                    })
+                    .map(|(v, _)| v.clone())
+                    .collect();
+                for waiter in complete {
+                    inner.pulls.end(crate::metrics::global(), &waiter, crate::metrics::PullOutcome::Ok);
+                }
                 tracing::info!(registry = %ep.ctx.registry, digest = %blob.digest, bytes = blob.size, "blob pulled and verified");
             }
             Err(e) if e.is_transient() => {

@@ -84,8 +84,11 @@ impl PluginPull {
             Some(json) => credentials_from_docker_config(json, &reached).map_err(fail)?,
             None => Credentials::Anonymous,
         };
+        // Plain HTTP to a node's mirror never carries credentials.
+        let insecure = self.artifacts.plain_http_allowed(&reached)
+            && (mirror.is_none() || matches!(credentials, Credentials::Anonymous));
         let src = Source {
-            insecure: self.artifacts.plain_http_allowed(&reached),
+            insecure,
             registry,
             repository: r.repository().to_string(),
             reference: r.digest().or(r.tag()).unwrap_or("latest").to_string(),

@@ -3,8 +3,9 @@
 //!
 //! A *pull* is one waiter (a volume's stage, a dynamic mount, a `mounthost cache pull`, a plugin
 //! pulled by OCI reference) asking [`super::Artifacts::ensure`] for one set of blobs from one
-//! registry: it begins at the first `ensure` and ends at the `ensure` that finds every blob in
-//! the cache (`ok`) or reports a failure (`failed`). kubelet's retries of one stage are one
+//! registry: it begins at the first `ensure` and ends when the last of its blobs lands in the
+//! cache (the download that brings it, or the `ensure` that finds them all there: `ok`) or at
+//! the `ensure` that reports a failure (`failed`). kubelet's retries of one stage are one
 //! pull, and so is asking again once it ended `ok` (the waiter keeps its blobs until it is
 //! forgotten). A waiter that is forgotten ([`super::Artifacts::forget`]) or asks for another set
 //! abandons a pull that has not ended: it is no longer in progress and is not timed.

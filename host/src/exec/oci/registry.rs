@@ -175,7 +175,6 @@ impl Registries {
     }
 }
 
-/// The host contacted for `src`: its mirror's when it has one, lower case.
 /// The bundles `--registry-ca` names: the file itself, or a directory's `*.crt` and `*.pem`
 /// files in name order (hidden entries skipped, such as a mounted ConfigMap's `..data`; links
 /// followed, as a ConfigMap's keys are). A directory without any adds no CA: an empty ConfigMap
@@ -200,6 +199,7 @@ fn ca_files(path: &std::path::Path) -> Result<Vec<std::path::PathBuf>, OciError>
     Ok(files)
 }
 
+/// The host contacted for `src`: its mirror's when it has one, lower case.
 pub(super) fn host_of(src: &Source) -> String {
     src.mirror.as_deref().unwrap_or(&src.registry).trim().to_ascii_lowercase()
 }

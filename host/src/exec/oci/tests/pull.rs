@@ -550,6 +550,14 @@ async fn pull_metrics_tell_fetched_joined_and_cached_blobs() {
     assert!(matches!(e.a.ensure("vol-b", &e.src("v1"), one), Ensure::Pulling(_)), "asking again counts nothing");
     assert_eq!(sample("mounthost_oci_pulls_in_progress", &r), 2.0);
     assert_eq!(sample("mounthost_oci_blobs_deduplicated_total", &format!("{r},found=\"downloading\"")), 1.0);
+    // Both pulls end when the blob lands, not when their callers ask next.
+    landed(&e, &b).await;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while sample("mounthost_oci_pulls_in_progress", &r) != 0.0 {
+        assert!(std::time::Instant::now() < until, "the pulls did not end with their last blob");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(sample("mounthost_oci_pull_duration_seconds_count", &format!("{r},outcome=\"ok\"")), 2.0);
     assert_eq!(e.settle("vol-a", one).await, Ensure::Ready);
     assert_eq!(e.settle("vol-b", one).await, Ensure::Ready);
     assert_eq!(sample("mounthost_oci_pulls_in_progress", &r), 0.0);
