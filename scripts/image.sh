@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the runtime image of the Dockerfile without Docker, for machines that cannot pull its base
-# images: the Dockerfile's last stage made from Debian packages (mmdebstrap of bookworm), plus a
-# mounthost binary built here, written as an OCI image archive that `ctr image import`,
+# images: the Dockerfile's last stage made from Debian packages (mmdebstrap of the base's suite,
+# bookworm), plus a mounthost binary built here, written as an OCI image archive that `ctr image import`,
 # `skopeo copy oci-archive:...` and `podman load` read. The Dockerfile stays what users build;
 # host/tests/packaging.rs checks that this script and the Dockerfile's last stage name the same
-# base, packages, binary path, user, entrypoint and labels (`--print-config` is what it reads).
+# base, packages, binary path, user, entrypoint and labels, and that the Debian suite built is
+# the base's (`--print-config` is what it reads; the suite is derived from BASE here).
 #
 #   scripts/image.sh [--binary PATH] [--version STRING] [--out FILE] [--refresh]
 #   scripts/image.sh --print-config
@@ -15,8 +16,8 @@
 #                     the crate version)
 #   --out FILE        the OCI archive to write (default: target/image/mounthost-<version>.oci.tar)
 #   --refresh         build the Debian root filesystem again instead of using the cached one
-#   --print-config    print what the image is made of (base, packages, paths, user, entrypoint,
-#                     labels) and exit; needs neither root nor the network
+#   --print-config    print what the image is made of (base, the Debian suite built, packages,
+#                     paths, user, entrypoint, labels) and exit; needs neither root nor the network
 #
 # Needs root, `mmdebstrap` and `umoci` (apt-get install -y mmdebstrap umoci) and the Debian
 # mirror. The root filesystem is cached in .local/image/ under a key of everything that goes into
@@ -34,7 +35,9 @@ cd "$(dirname "$0")/.."
 
 # --- What the image is. Keep these equal to the Dockerfile's last stage.
 BASE=debian:bookworm-slim
-SUITE=bookworm
+# The Debian suite the root filesystem is made of: the base's, never named twice.
+[[ "$BASE" =~ ^debian:([a-z]+)-slim$ ]] || { echo "scripts/image.sh: BASE=$BASE is no debian:<suite>-slim" >&2; exit 2; }
+SUITE=${BASH_REMATCH[1]}
 PACKAGES=(fuse3 ca-certificates)
 BINARY_PATH=/usr/local/bin/mounthost
 IMAGE_USER=65532:65532
@@ -108,6 +111,7 @@ done
 
 if $print_config; then
     echo "base=$BASE"
+    echo "suite=$SUITE"
     printf 'package=%s\n' "${PACKAGES[@]}"
     echo "binary=$BINARY_PATH"
     echo "user=$IMAGE_USER"

@@ -8,7 +8,8 @@
 //!   anything the build reads;
 //! - the README names the image and the build command the Dockerfile really runs;
 //! - `scripts/image.sh`, which builds the runtime image without Docker, names the Dockerfile's
-//!   last stage's base, packages, binary path, user, entrypoint and labels (`--print-config`);
+//!   last stage's base, packages, binary path, user, entrypoint and labels, and builds the
+//!   Debian suite of that base (`--print-config`);
 //! - docs/reference.md lists exactly the flags of `mounthost --help`, `mounthost host --help`
 //!   and `mounthost csi --help`, and exactly the parameters `mounthost plugin info seaweedfs`
 //!   prints;
@@ -442,10 +443,13 @@ fn the_readme_names_the_image_and_the_build_command_the_dockerfile_runs() {
 // (c') scripts/image.sh, which builds the Dockerfile's runtime stage without Docker
 
 /// What the Dockerfile's last stage (the image users run) is made of, or what `scripts/image.sh
-/// --print-config` says it builds: base, packages, binary path, user, entrypoint, labels.
+/// --print-config` says it builds: base, packages, binary path, user, entrypoint, labels, and
+/// (the script only) the Debian suite its root filesystem is made of.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct RuntimeImage {
     base: String,
+    /// The suite `mmdebstrap` builds; empty for the Dockerfile, whose base names it.
+    suite: String,
     packages: BTreeSet<String>,
     binary: String,
     user: String,
@@ -526,6 +530,7 @@ fn script_runtime_image() -> RuntimeImage {
         let (key, value) = line.split_once('=').unwrap_or_else(|| panic!("--print-config printed `{line}`"));
         match key {
             "base" => image.base = value.into(),
+            "suite" => image.suite = value.into(),
             "package" => drop(image.packages.insert(value.into())),
             "binary" => image.binary = value.into(),
             "user" => image.user = value.into(),
@@ -551,6 +556,13 @@ fn image_differences(dockerfile: &RuntimeImage, script: &RuntimeImage) -> Vec<St
         }
     };
     compare("base", dockerfile.base.clone(), script.base.clone());
+    // What the script builds is the base's suite, not only what it prints as its base.
+    let base_suite = dockerfile
+        .base
+        .strip_prefix("debian:")
+        .and_then(|tag| tag.strip_suffix("-slim"))
+        .map_or_else(|| format!("no Debian suite (base {})", dockerfile.base), String::from);
+    compare("the Debian suite built", base_suite, script.suite.clone());
     compare("packages", format!("{:?}", dockerfile.packages), format!("{:?}", script.packages));
     compare("the binary's path", dockerfile.binary.clone(), script.binary.clone());
     compare("USER", dockerfile.user.clone(), script.user.clone());
@@ -584,6 +596,7 @@ fn the_runtime_stage_parser_reads_packages_paths_user_entrypoint_and_labels() {
     let parsed = dockerfile_runtime_image(text);
     let expected = RuntimeImage {
         base: "debian:bookworm-slim".into(),
+        suite: String::new(),
         packages: ["fuse3".to_string(), "ca-certificates".into()].into(),
         binary: "/usr/local/bin/m".into(),
         user: "1:2".into(),
@@ -591,11 +604,21 @@ fn the_runtime_stage_parser_reads_packages_paths_user_entrypoint_and_labels() {
         labels: [("a".to_string(), "x y".to_string()), ("b".into(), "z".into())].into(),
     };
     assert_eq!(parsed, expected);
-    // A real mismatch is reported, one line per part.
-    let other = RuntimeImage { packages: ["fuse3".to_string()].into(), user: "65532".into(), ..expected };
+    // A script that builds the base's suite agrees.
+    let script = RuntimeImage { suite: "bookworm".into(), ..expected };
+    assert_eq!(image_differences(&parsed, &script), Vec::<String>::new());
+    // A real mismatch is reported, one line per part: a script that prints the Dockerfile's base
+    // but builds another suite is one.
+    let other =
+        RuntimeImage { suite: "trixie".into(), packages: ["fuse3".to_string()].into(), user: "65532".into(), ..script };
     let problems = image_differences(&parsed, &other);
-    assert_eq!(problems.len(), 2, "{problems:?}");
-    assert!(problems[0].starts_with("packages") && problems[1].starts_with("USER"), "{problems:?}");
+    assert_eq!(problems.len(), 3, "{problems:?}");
+    assert!(
+        problems[0].starts_with("the Debian suite built: the Dockerfile's last stage has bookworm, scripts/image.sh trixie")
+            && problems[1].starts_with("packages")
+            && problems[2].starts_with("USER"),
+        "{problems:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
