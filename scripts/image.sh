@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds the runtime image of the Dockerfile without Docker, for machines that cannot pull its base
 # images: the Dockerfile's last stage made from Debian packages (mmdebstrap of the base's suite,
-# bookworm), plus a mounthost binary built here, written as an OCI image archive that `ctr image import`,
-# `skopeo copy oci-archive:...` and `podman load` read. The Dockerfile stays what users build;
-# host/tests/packaging.rs checks that this script and the Dockerfile's last stage name the same
-# base, packages, binary path, user, entrypoint and labels, and that the Debian suite built is
-# the base's (`--print-config` is what it reads; the suite is derived from BASE here).
+# bookworm), plus a mounthost binary built here, written as an OCI image archive that
+# `ctr image import`, `skopeo copy oci-archive:...` and `podman load` read. The Dockerfile stays
+# what users build; host/tests/packaging.rs checks that this script and the Dockerfile's last
+# stage name the same base, packages, binary path, user, entrypoint and labels, and that the
+# Debian suite built is the base's (`--print-config` is what it reads; the suite is derived from
+# BASE here).
 #
 #   scripts/image.sh [--binary PATH] [--version STRING] [--out FILE] [--refresh]
 #   scripts/image.sh --print-config
@@ -36,7 +37,8 @@ cd "$(dirname "$0")/.."
 # --- What the image is. Keep these equal to the Dockerfile's last stage.
 BASE=debian:bookworm-slim
 # The Debian suite the root filesystem is made of: the base's, never named twice.
-[[ "$BASE" =~ ^debian:([a-z]+)-slim$ ]] || { echo "scripts/image.sh: BASE=$BASE is no debian:<suite>-slim" >&2; exit 2; }
+[[ "$BASE" =~ ^debian:([a-z]+)-slim$ ]] ||
+    { echo "scripts/image.sh: BASE=$BASE is no debian:<suite>-slim" >&2; exit 2; }
 SUITE=${BASH_REMATCH[1]}
 PACKAGES=(fuse3 ca-certificates)
 BINARY_PATH=/usr/local/bin/mounthost

@@ -614,7 +614,8 @@ fn the_runtime_stage_parser_reads_packages_paths_user_entrypoint_and_labels() {
     let problems = image_differences(&parsed, &other);
     assert_eq!(problems.len(), 3, "{problems:?}");
     assert!(
-        problems[0].starts_with("the Debian suite built: the Dockerfile's last stage has bookworm, scripts/image.sh trixie")
+        problems[0]
+            .starts_with("the Debian suite built: the Dockerfile's last stage has bookworm, scripts/image.sh trixie")
             && problems[1].starts_with("packages")
             && problems[2].starts_with("USER"),
         "{problems:?}"
