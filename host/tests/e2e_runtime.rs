@@ -1,15 +1,25 @@
 //! The image under a real container runtime, run the way a node runs the DaemonSets.
 //!
 //! - **The runtime.** containerd (Debian's 1.6, with runc) runs inside the test's private mount
-//!   namespace with a root, state, socket and config file of its own in the test's temporary
-//!   directory, and a tmpfs on `/run` of that namespace (containerd 1.6 keeps its shims' sockets
-//!   and runc's state below `/run/containerd` whatever it is told). Nothing it makes reaches the
-//!   machine, and the guard of [`Node`] stops it and removes every container, mount and cgroup
-//!   at the end, also when the test fails.
-//! - **The image.** `scripts/image.sh` builds it twice, with two version strings, from the
-//!   binary `cargo test` built (`--binary`: a cold release build would add 7.5 minutes on 2
-//!   cores to CI; everything else is built as for the release image), and `ctr image import`
-//!   imports both archives.
+//!   namespace with a root, state, socket and config file of its own in the run's directory
+//!   (`$TMPDIR/mounthost-e2e-runtime-<pid>-<start time>`, see [`RUN_PREFIX`]), and a tmpfs on
+//!   `/run` of that namespace (containerd 1.6 keeps its shims' sockets and runc's state below
+//!   `/run/containerd` whatever it is told). Nothing it makes reaches the machine, and the guard
+//!   of [`Node`] stops it and removes every container, mount and cgroup at the end, also when
+//!   the test fails.
+//! - **A killed run** (a CI timeout, `kill -9` of the test) runs no guard: its containerd, the
+//!   shims, the containers and FUSE processes, the backends, the cgroups and the directories
+//!   stay. Each test first removes what earlier runs of this file left whose test process is
+//!   gone ([`sweep_killed_runs`]: matched on the run's name only, never anything else), and
+//!   prints what it removed.
+//! - **The image.** `scripts/image.sh` builds it once, from the binary `cargo test` built
+//!   (`--binary`: a cold release build would add 7.5 minutes on 2 cores to CI; everything else
+//!   is built as for the release image), with the first version string; the second version is
+//!   that image with another version label (`umoci config --tag`: a new config and manifest, the
+//!   same layer blobs, nothing compressed again). One archive holds both; the tests' processes
+//!   build it one at a time and share it ([`image_archive`]), and `ctr image import` imports both
+//!   images from it. Each image's config has the Dockerfile's `USER` and `ENTRYPOINT`, and each
+//!   container's init runs that entrypoint, the binary `cargo test` built.
 //! - **The containers.** The host daemon and the node front run as two containers whose OCI
 //!   specs [`oci_spec`] makes from the rendered manifests (`kubectl kustomize
 //!   deploy/overlays/seaweedfs`) and the image's config, with the rules kubelet and containerd's
@@ -40,9 +50,10 @@
 //! front, the FUSE processes keep their pids and start times and live outside the container's
 //! cgroup, a reader loop on every pod target sees no error, and the new host daemon adopts every
 //! volume (its log's "reconciled volume state", `mounthost client list` through the sockets); a
-//! surge update (a second host container while the first runs, its port moved as an overlay
-//! must) stands by until the first is stopped, then adopts; after a simulated node reboot the host container cleans up and kubelet's
-//! calls rebuild the volumes.
+//! surge update (a second host container while the first runs: the rendered host container with
+//! its metrics port moved in its arguments, ports and probes, [`with_port`], as an overlay for
+//! surge updates must move it) stands by until the first is stopped, then adopts; after a
+//! simulated node reboot the host container cleans up and kubelet's calls rebuild the volumes.
 //!
 //! Not covered: kubelet and the CRI plugin themselves (no pod sandbox, pause container or CNI:
 //! the front's container gets a network namespace with loopback only), the node front's
@@ -183,6 +194,14 @@ fn cgroup_hierarchies() -> Vec<PathBuf> {
 /// Kill whatever runs in the cgroups whose top-level directory starts with `prefix`, in every
 /// hierarchy, and remove those cgroups, deepest first.
 fn remove_cgroups(prefix: &str) {
+    for top in cgroups_named(prefix) {
+        remove_cgroup_tree(&top);
+    }
+}
+
+/// Kill whatever runs in cgroup `top` and every group below it, and remove them, deepest first.
+/// Quiet about what is already gone.
+fn remove_cgroup_tree(top: &Path) {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         if let Ok(rd) = fs::read_dir(dir) {
             for e in rd.flatten() {
@@ -193,24 +212,19 @@ fn remove_cgroups(prefix: &str) {
         }
         out.push(dir.to_path_buf());
     }
-    for hierarchy in cgroup_hierarchies() {
-        let Ok(rd) = fs::read_dir(&hierarchy) else { continue };
-        for top in rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(prefix)) {
-            let mut groups = Vec::new();
-            walk(&top.path(), &mut groups);
-            for group in groups {
-                for _ in 0..200 {
-                    let procs = fs::read_to_string(group.join("cgroup.procs")).unwrap_or_default();
-                    let pids: Vec<i32> = procs.lines().filter_map(|l| l.trim().parse().ok()).collect();
-                    if (pids.is_empty() && fs::remove_dir(&group).is_ok()) || !group.exists() {
-                        break;
-                    }
-                    for pid in pids {
-                        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
+    let mut groups = Vec::new();
+    walk(top, &mut groups);
+    for group in groups {
+        for _ in 0..200 {
+            let procs = fs::read_to_string(group.join("cgroup.procs")).unwrap_or_default();
+            let pids: Vec<i32> = procs.lines().filter_map(|l| l.trim().parse().ok()).collect();
+            if (pids.is_empty() && fs::remove_dir(&group).is_ok()) || !group.exists() {
+                break;
             }
+            for pid in pids {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 }
@@ -223,6 +237,281 @@ fn cgroups_named(prefix: &str) -> Vec<PathBuf> {
         .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
         .map(|e| e.path())
         .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// What a killed run left
+
+/// The name every run of these tests gives what it makes on the machine: its directory in the
+/// temporary directory, the top-level cgroups of its containers and volumes (the name and a
+/// suffix) and the source of the tmpfs on `/run` of its mount namespace. It ends in the pid and
+/// start time (`/proc/<pid>/stat`) of the test process that owns them: while a process with
+/// that pid and start time lives the run is its, and once none does (a CI timeout, `kill -9`)
+/// the run is dead for certain.
+const RUN_PREFIX: &str = "mounthost-e2e-runtime-";
+
+/// The name of this process's run.
+fn run_name() -> String {
+    let pid = std::process::id();
+    format!("{RUN_PREFIX}{pid}-{}", start_time(pid as i32).expect("this process's start time"))
+}
+
+/// The run `name` belongs to (a run's name, or one followed by `-` and a suffix) and whether it
+/// is dead; `None` for any other name.
+fn run_of(name: &str) -> Option<(String, bool)> {
+    let rest = name.strip_prefix(RUN_PREFIX)?;
+    let mut parts = rest.splitn(3, '-');
+    let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    let (pid, start) = (parts.next().filter(|p| digits(p))?, parts.next().filter(|p| digits(p))?);
+    let dead = start_time(pid.parse().ok()?) != Some(start.parse().ok()?);
+    Some((format!("{RUN_PREFIX}{pid}-{start}"), dead))
+}
+
+/// The directory of a run: `<temporary directory>/<run name>`. Its `made` file lists the other
+/// directories the run made in the temporary directory (the node's root, the backends'), one a
+/// line, so that a sweep can remove them too.
+struct RunDir {
+    path: PathBuf,
+}
+
+impl RunDir {
+    fn create(name: &str) -> RunDir {
+        let path = std::env::temp_dir().join(name);
+        fs::create_dir(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        RunDir { path }
+    }
+
+    /// Note that the run made `dir` in the temporary directory.
+    fn made(&self, dir: &Path) {
+        let mut f = fs::OpenOptions::new().create(true).append(true).open(self.path.join("made")).unwrap();
+        std::io::Write::write_all(&mut f, format!("{}\n", dir.display()).as_bytes()).unwrap();
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+/// What [`sweep_killed_runs`] removed.
+#[derive(Debug, Default)]
+struct Swept {
+    runs: BTreeSet<String>,
+    /// `pid comm: why`.
+    processes: Vec<String>,
+    cgroups: Vec<PathBuf>,
+    mounts: Vec<PathBuf>,
+    dirs: Vec<PathBuf>,
+}
+
+/// The directory where `weed server` of this namespace, listening on `filer`, keeps its data
+/// (the parent of its `-dir=`): the server is started by the test harness in a temporary
+/// directory it does not name.
+fn weed_server_dir(filer: &str) -> Option<PathBuf> {
+    let port = filer.rsplit_once(':')?.1;
+    let own = fs::read_link("/proc/self/ns/mnt").ok()?;
+    pids_of("weed", &format!("-filer.port={port}"))
+        .into_iter()
+        .filter(|pid| fs::read_link(format!("/proc/{pid}/ns/mnt")).ok().as_ref() == Some(&own))
+        .find_map(|pid| {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args = String::from_utf8_lossy(&cmdline).into_owned();
+            let data = args.split('\0').find_map(|a| a.strip_prefix("-dir="))?;
+            Some(Path::new(data).parent()?.to_path_buf())
+        })
+}
+
+/// Remove what runs of this test file killed before they could clean up left on the machine,
+/// and nothing else: everything is matched on a run's name ([`RUN_PREFIX`]) whose owner is dead.
+///
+/// - Processes: every containerd and containerd shim whose command line names a dead run's
+///   directory (`--config <dir>/...`, `-address <dir>/containerd.sock`), and every process in a
+///   dead run's mount namespace, known by the tmpfs on its `/run` named after the run (the
+///   backends the run started, `weed server` and the registry, and anything else it started).
+///   Never one in this process's namespace, in pid 1's or in the one the tests were started
+///   from.
+/// - Cgroups: every top-level cgroup of a dead run in every mounted hierarchy (v1 controllers,
+///   `name=systemd`, the unified one), with what still runs there (the containers, the FUSE
+///   processes).
+/// - Mounts of this namespace below a dead run's directory (this namespace is a copy of the one
+///   the tests were started from).
+/// - A dead run's directory, and the directories its `made` file lists.
+///
+/// Fails when a process of a dead run does not exit, or a cgroup or directory of one is still
+/// there afterwards.
+fn sweep_killed_runs() -> Swept {
+    // One sweep at a time: the tests start in parallel.
+    let lock_dir = workspace().join(".local/image/e2e");
+    fs::create_dir_all(&lock_dir).unwrap();
+    let lock = File::create(lock_dir.join(".sweep.lock")).unwrap();
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
+
+    let tmp = std::env::temp_dir();
+    let mut swept = Swept::default();
+    let dead = |name: &str, swept: &mut Swept| -> bool {
+        match run_of(name) {
+            Some((run, true)) => {
+                swept.runs.insert(run);
+                true
+            }
+            _ => false,
+        }
+    };
+
+    // Processes, until none is found (a dying containerd may have started one more).
+    let ns = |pid: &str| fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+    let mut spared: BTreeSet<PathBuf> = ["self", "1"].into_iter().filter_map(ns).collect();
+    // The namespace the tests were started from, as `common::in_private_namespace` passes it.
+    spared.extend(std::env::var_os("MOUNTHOST_TEST_OUTER_MNT_NS").map(PathBuf::from));
+    let own = std::process::id() as i32;
+    let mut namespaces: HashMap<PathBuf, bool> = HashMap::new();
+    for _ in 0..5 {
+        let mut victims: BTreeMap<i32, String> = BTreeMap::new();
+        for entry in fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+            if pid == own || start_time(pid).is_none() {
+                continue;
+            }
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<String> =
+                cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+            let program = args.first().map(|a| a.rsplit('/').next().unwrap_or(a).to_string()).unwrap_or_default();
+            let named = (program == "containerd" || program.starts_with("containerd-shim"))
+                .then(|| {
+                    args.iter().find_map(|a| {
+                        let name = a.strip_prefix(&format!("{}/", tmp.display()))?.split('/').next()?;
+                        dead(name, &mut swept).then(|| format!("its command line names {}", tmp.join(name).display()))
+                    })
+                })
+                .flatten();
+            let in_namespace = ns(&pid.to_string()).filter(|n| !spared.contains(n)).and_then(|n| {
+                let of_dead_run = *namespaces.entry(n).or_insert_with(|| {
+                    let mountinfo = fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+                    // After the " - " separator: the file system type, then the source.
+                    mountinfo.lines().filter_map(|l| l.split_once(" - ")?.1.split(' ').nth(1)).any(|source| {
+                        run_of(source).is_some_and(|(run, dead)| dead && run == source) && dead(source, &mut swept)
+                    })
+                });
+                of_dead_run.then(|| "in a killed run's mount namespace".to_string())
+            });
+            if let Some(why) = named.or(in_namespace) {
+                let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                victims.insert(pid, format!("{pid} {}: {why}", comm.trim()));
+            }
+        }
+        if victims.is_empty() {
+            break;
+        }
+        for pid in victims.keys() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::SIGKILL);
+        }
+        for pid in victims.keys() {
+            until(&format!("process {pid} of a killed run exits"), Duration::from_secs(10), || {
+                start_time(*pid).is_none().then_some(())
+            });
+        }
+        swept.processes.extend(victims.into_values());
+    }
+
+    // Cgroups: first everything in them killed (a container's init could start a FUSE process
+    // again while its volume's group is removed), then the groups removed.
+    let groups: Vec<PathBuf> = cgroup_hierarchies()
+        .into_iter()
+        .flat_map(|h| fs::read_dir(h).into_iter().flatten().flatten())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()) && dead(&e.file_name().to_string_lossy(), &mut swept))
+        .map(|e| e.path())
+        .collect();
+    let pids_in = |dir: &Path| -> Vec<i32> {
+        let mut pids = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            let procs = fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+            pids.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            stack.extend(
+                fs::read_dir(&d)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
+        }
+        pids
+    };
+    for _ in 0..500 {
+        let pids: BTreeSet<i32> = groups.iter().flat_map(|g| pids_in(g)).collect();
+        if pids.is_empty() {
+            break;
+        }
+        for pid in &pids {
+            let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let line = format!("{pid} {}: in a killed run's cgroup", comm.trim());
+            if !swept.processes.contains(&line) {
+                swept.processes.push(line);
+            }
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for g in &groups {
+        remove_cgroup_tree(g);
+    }
+    swept.cgroups = groups;
+
+    // Mounts of this namespace, deepest first.
+    let below_dead_dir = |p: &Path, swept: &mut Swept| {
+        p.strip_prefix(&tmp)
+            .ok()
+            .and_then(|r| r.components().next())
+            .is_some_and(|c| dead(&c.as_os_str().to_string_lossy(), swept))
+    };
+    let mut mounts: Vec<PathBuf> = mounthost::exec::mountinfo::read()
+        .unwrap()
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| below_dead_dir(p, &mut swept))
+        .collect();
+    mounts.sort();
+    for m in mounts.iter().rev() {
+        let _ = nix::mount::umount2(m, MntFlags::MNT_DETACH);
+    }
+    swept.mounts = mounts;
+
+    // Directories.
+    for e in fs::read_dir(&tmp).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(run_of(&name).is_some_and(|(run, _)| run == name) && dead(&name, &mut swept)) {
+            continue;
+        }
+        let made = fs::read_to_string(e.path().join("made")).unwrap_or_default();
+        for dir in made.lines().map(PathBuf::from) {
+            // Only what the run made directly in the temporary directory.
+            if dir.parent() == Some(tmp.as_path()) && dir.is_dir() {
+                fs::remove_dir_all(&dir).unwrap_or_else(|err| panic!("removing {}: {err}", dir.display()));
+                swept.dirs.push(dir);
+            }
+        }
+        fs::remove_dir_all(e.path()).unwrap_or_else(|err| panic!("removing {}: {err}", e.path().display()));
+        swept.dirs.push(e.path());
+    }
+
+    // Nothing of a dead run is left.
+    let left_cgroups: Vec<PathBuf> = cgroup_hierarchies()
+        .into_iter()
+        .flat_map(|h| fs::read_dir(h).into_iter().flatten().flatten())
+        .filter(|e| run_of(&e.file_name().to_string_lossy()).is_some_and(|(_, dead)| dead))
+        .map(|e| e.path())
+        .collect();
+    assert!(left_cgroups.is_empty(), "cgroups of killed runs are left after the sweep: {left_cgroups:?}");
+    let left_dirs: Vec<PathBuf> = fs::read_dir(&tmp)
+        .unwrap()
+        .flatten()
+        .filter(|e| run_of(&e.file_name().to_string_lossy()).is_some_and(|(_, dead)| dead))
+        .map(|e| e.path())
+        .collect();
+    assert!(left_dirs.is_empty(), "directories of killed runs are left after the sweep: {left_dirs:?}");
+    swept
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -268,50 +557,147 @@ fn pod_and_container(objects: &[Value], daemonset: &str, container: &str) -> (Va
 // ---------------------------------------------------------------------------------------------
 // The image
 
-/// An imported image: its reference, its OCI config, and the chain id of its layers (the key of
-/// its top snapshot in containerd).
+/// An imported image: its reference, its OCI config, the digests of its layers (compressed, as
+/// the manifest names them) and the chain id of its layers (the key of its top snapshot in
+/// containerd).
 struct Image {
     reference: String,
     config: Value,
+    layers: Vec<String>,
     chain_id: String,
 }
 
-/// The OCI archive of the image with `version`, built by `scripts/image.sh --binary` from the
-/// binary `cargo test` built. Builds are one at a time across the tests' processes (an flock),
-/// and an archive built from the same binary, version and script is reused.
-fn image_archive(version: &str) -> PathBuf {
+/// The cached OCI archive of both images, held with a shared lock while a test reads it: a
+/// rebuild (an exclusive lock) waits until no test imports it.
+struct Archive {
+    path: PathBuf,
+    _lock: File,
+}
+
+/// The OCI archive with both images, [`OLD`] and [`NEW`]. `scripts/image.sh --binary` builds
+/// the old one from the binary `cargo test` built; the new one is derived from it by a change of
+/// its config only (`umoci config --tag --no-history`: its version label, a new config and
+/// manifest, the same layer blobs, none compressed again), and both are tagged in one archive.
+/// Builds are one at a time across the tests' processes (an exclusive flock on the cache
+/// directory's `.lock`), and an archive built from the same binary, script and versions is
+/// reused. The script's and the derivation's temporary files are in the run's directory, so a
+/// killed build leaves them to the sweep.
+fn image_archive(run: &RunDir) -> Archive {
+    use rustix::fs::FlockOperation::{LockExclusive, LockShared};
     let dir = workspace().join(".local/image/e2e");
     fs::create_dir_all(&dir).unwrap();
     let lock = File::create(dir.join(".lock")).unwrap();
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    rustix::fs::flock(&lock, LockExclusive).unwrap();
+    let [old, new] = versions();
     let binary = Path::new(env!("CARGO_BIN_EXE_mounthost"));
-    let archive = dir.join(format!("mounthost-{version}.oci.tar"));
+    let archive = dir.join("mounthost-e2e.oci.tar");
     let meta = fs::metadata(binary).unwrap();
     let script = workspace().join("scripts/image.sh");
     let key = format!(
-        "{} {} {:?} {}\n",
+        "{} {} {:?} {} {old} {new}\n",
         binary.display(),
         meta.len(),
         meta.modified().unwrap(),
         hex::encode(sha2::Sha256::digest(fs::read(&script).unwrap()))
     );
-    let key_file = dir.join(format!("mounthost-{version}.key"));
+    let key_file = dir.join("mounthost-e2e.key");
     if archive.is_file() && fs::read_to_string(&key_file).is_ok_and(|k| k == key) {
-        println!("checked: image {version}: reused {} (same binary and script)", archive.display());
-        return archive;
+        println!("checked: images {old} and {new}: reused {} (same binary and script)", archive.display());
+    } else {
+        // Whatever else is here is an earlier build's (this directory is the cache of these tests).
+        for e in fs::read_dir(&dir).unwrap().flatten() {
+            if !e.file_name().to_string_lossy().starts_with('.') {
+                let _ = fs::remove_dir_all(e.path()).or_else(|_| fs::remove_file(e.path()));
+            }
+        }
+        let work = run.path.join("image");
+        fs::create_dir_all(&work).unwrap();
+        let t = Instant::now();
+        let base = work.join("base.oci.tar");
+        let out = ok(Command::new(&script)
+            .env("TMPDIR", &work)
+            .arg("--binary")
+            .arg(binary)
+            .args(["--version", &old])
+            .arg("--out")
+            .arg(&base));
+        let built = t.elapsed();
+        let size = out
+            .lines()
+            .filter(|l| l.contains("archive (") || l.contains("unpacked ("))
+            .map(str::trim)
+            .collect::<Vec<_>>();
+        let t = Instant::now();
+        let layout = work.join("oci");
+        fs::create_dir(&layout).unwrap();
+        ok(Command::new("tar").arg("--extract").arg("--file").arg(&base).arg("--directory").arg(&layout));
+        ok(Command::new("umoci")
+            .arg("config")
+            .arg("--image")
+            .arg(format!("{}:{old}", layout.display()))
+            .args(["--tag", &new, "--no-history", "--config.label"])
+            .arg(format!("org.opencontainers.image.version={new}")));
+        let tmp = dir.join("mounthost-e2e.oci.tar.tmp");
+        ok(Command::new("tar").arg("--create").arg("--file").arg(&tmp).arg("--directory").arg(&layout).args([
+            "--owner=0",
+            "--group=0",
+            "--numeric-owner",
+            "--sort=name",
+            "oci-layout",
+            "index.json",
+            "blobs",
+        ]));
+        fs::rename(&tmp, &archive).unwrap();
+        fs::write(&key_file, key).unwrap();
+        fs::remove_dir_all(&work).unwrap();
+        println!(
+            "checked: image {old} built by scripts/image.sh in {:.1} s ({}); {new} derived from it in {:.1} s \
+             (umoci config --tag: its version label)",
+            built.as_secs_f64(),
+            size.join("; ").trim(),
+            t.elapsed().as_secs_f64()
+        );
     }
-    let t = Instant::now();
-    let out =
-        ok(Command::new(&script).arg("--binary").arg(binary).args(["--version", version]).arg("--out").arg(&archive));
-    let size =
-        out.lines().filter(|l| l.contains("archive (") || l.contains("unpacked (")).map(str::trim).collect::<Vec<_>>();
-    println!(
-        "checked: image {version} built by scripts/image.sh in {:.1} s: {}",
-        t.elapsed().as_secs_f64(),
-        size.join("; ").trim()
-    );
-    fs::write(&key_file, key).unwrap();
-    archive
+    // Readers share the archive; a rebuild waits for them.
+    rustix::fs::flock(&lock, LockShared).unwrap();
+    Archive { path: archive, _lock: lock }
+}
+
+/// The `USER` and the `ENTRYPOINT` (JSON form) of the Dockerfile's last stage: as whom and what
+/// the image must run.
+fn dockerfile_user_and_entrypoint() -> (String, Value) {
+    let text = fs::read_to_string(workspace().join("Dockerfile")).unwrap();
+    let last_stage = text.rsplit_once("\nFROM ").expect("a Dockerfile with a FROM").1;
+    let field = |keyword: &str| {
+        last_stage
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix(keyword))
+            .unwrap_or_else(|| panic!("no {keyword}in the Dockerfile's last stage"))
+            .trim()
+            .to_string()
+    };
+    let entrypoint = serde_json::from_str(&field("ENTRYPOINT ")).expect("the Dockerfile's ENTRYPOINT in JSON form");
+    (field("USER "), entrypoint)
+}
+
+/// Whether files `a` and `b` hold the same bytes.
+fn same_bytes(a: &Path, b: &Path) -> bool {
+    let (mut fa, mut fb) = (File::open(a).unwrap(), File::open(b).unwrap());
+    if fa.metadata().unwrap().len() != fb.metadata().unwrap().len() {
+        return false;
+    }
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    loop {
+        let n = fa.read(&mut ba).unwrap();
+        if n == 0 {
+            return true;
+        }
+        fb.read_exact(&mut bb[..n]).unwrap();
+        if ba[..n] != bb[..n] {
+            return false;
+        }
+    }
 }
 
 /// The small files of an OCI archive (index, manifests, configs), by path.
@@ -434,25 +820,29 @@ impl Containerd {
         ok(&mut self.ctr(args))
     }
 
-    /// `ctr image import` of an OCI archive.
-    fn import(&self, archive: &Path) -> Image {
+    /// `ctr image import` of an OCI archive: every image it tags, by tag.
+    fn import(&self, archive: &Path) -> BTreeMap<String, Image> {
         self.ok(&["images", "import", "--base-name", REPOSITORY, &archive.display().to_string()]);
         let files = archive_metadata(archive);
         let json = |path: &str| -> Value {
             serde_json::from_slice(files.get(path).unwrap_or_else(|| panic!("{}: no {path}", archive.display())))
                 .unwrap()
         };
-        let index = json("index.json");
         let blob =
             |digest: &Value| json(&format!("blobs/sha256/{}", digest.as_str().unwrap().trim_start_matches("sha256:")));
-        let manifest = blob(&index["manifests"][0]["digest"]);
-        let config = blob(&manifest["config"]["digest"]);
-        let tag = index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"].as_str().unwrap();
-        let reference = format!("{REPOSITORY}:{tag}");
         let listed = self.ok(&["images", "ls", "--quiet"]);
-        assert!(listed.lines().any(|l| l == reference), "ctr image import did not give {reference}: {listed}");
-        let chain_id = chain_id(config["rootfs"]["diff_ids"].as_array().unwrap());
-        Image { reference, config, chain_id }
+        let mut images = BTreeMap::new();
+        for m in json("index.json")["manifests"].as_array().unwrap() {
+            let manifest = blob(&m["digest"]);
+            let config = blob(&manifest["config"]["digest"]);
+            let tag = m["annotations"]["org.opencontainers.image.ref.name"].as_str().unwrap();
+            let reference = format!("{REPOSITORY}:{tag}");
+            assert!(listed.lines().any(|l| l == reference), "ctr image import did not give {reference}: {listed}");
+            let layers = manifest["layers"].as_array().unwrap().iter().map(|l| l["digest"].as_str().unwrap().into());
+            let chain_id = chain_id(config["rootfs"]["diff_ids"].as_array().unwrap());
+            images.insert(tag.to_string(), Image { reference, config, layers: layers.collect(), chain_id });
+        }
+        images
     }
 
     /// The task's pid and status (`RUNNING`, `STOPPED`, ...), `None` when there is no task.
@@ -876,23 +1266,52 @@ struct Node {
     manifests: Vec<Value>,
     config_maps: BTreeMap<String, BTreeMap<String, String>>,
     host_ip: String,
-    /// Every cgroup this node makes starts with this name (the containers' and the volumes').
+    /// Every cgroup this node makes is named this, a `-` and a suffix (the containers' and the
+    /// volumes'): the run's name.
     cgroup_prefix: String,
     weed: Seaweed,
     registry: Registry,
     model: PushedModel,
     _work: tempfile::TempDir,
-    /// Last: dropped after the containers are gone, it detaches every mount below the root.
+    /// Dropped after the containers are gone, it detaches every mount below the root.
     dirs: NodeDirs,
+    /// Last: the run's directory (containerd's, the image build's), removed once the rest is gone.
+    _run: RunDir,
 }
 
 impl Node {
     fn start() -> Node {
+        // First what an earlier run killed before its cleanup left.
+        let swept = sweep_killed_runs();
+        if swept.runs.is_empty() {
+            println!("checked: sweep: no killed run left anything");
+        } else {
+            // Each cgroup once, with the number of hierarchies it was removed from.
+            let mut cgroups: BTreeMap<String, usize> = BTreeMap::new();
+            for g in &swept.cgroups {
+                *cgroups.entry(g.file_name().unwrap().to_string_lossy().into_owned()).or_default() += 1;
+            }
+            println!(
+                "checked: sweep of killed runs {:?}: {} processes killed {:?}; cgroups removed (in how many \
+                 hierarchies) {cgroups:?}; {} mounts detached {:?}; {} directories removed {:?}",
+                swept.runs,
+                swept.processes.len(),
+                swept.processes,
+                swept.mounts.len(),
+                swept.mounts,
+                swept.dirs.len(),
+                swept.dirs
+            );
+        }
+        let name = run_name();
+        let run = RunDir::create(&name);
         // containerd 1.6 puts its shims' sockets below /run/containerd and runc's state below
         // /run/containerd/runc whatever its config says: a tmpfs on /run of this namespace keeps
-        // them off the machine.
-        nix::mount::mount(Some("tmpfs"), "/run", Some("tmpfs"), MsFlags::empty(), Some("mode=755")).unwrap();
+        // them off the machine. Its source is the run's name, by which a sweep knows the
+        // namespace's processes once the run is killed.
+        nix::mount::mount(Some(name.as_str()), "/run", Some("tmpfs"), MsFlags::empty(), Some("mode=755")).unwrap();
         let dirs = NodeDirs::new();
+        run.made(dirs.root.path());
         let root = dirs.root.path().to_path_buf();
         // kubelet's directory and the state directory are shared mount points, as on a node
         // whose `/` is shared: Bidirectional mounts of them carry mounts both ways.
@@ -920,8 +1339,10 @@ impl Node {
         nix::unistd::chown(&socket_dir, Some(65532.into()), Some(65532.into())).unwrap();
 
         let weed = Seaweed::start();
+        run.made(&weed_server_dir(&weed.filer).expect("the weed server's data directory"));
         let registry = Registry::start(RegistryOptions::default());
-        let work = tempfile::tempdir().unwrap();
+        run.made(registry.dir());
+        let work = tempfile::tempdir_in(&run.path).unwrap();
         let (weights, _) = random_file(work.path(), 4 << 20);
         let model = ModelBuilder::new()
             .file("config.json", br#"{"architectures":["Test"]}"#.as_slice(), Class::Config, Packing::Tar)
@@ -929,10 +1350,9 @@ impl Node {
             .push(&registry, "models/rolling", "v1");
 
         let manifests = rendered_manifests();
-        // A unique name for this test's cgroups, and a loopback address of its own as the node's
-        // IP, so the host's fixed metrics port cannot collide with another test's.
-        let unique = root.file_name().unwrap().to_string_lossy().trim_start_matches('.').to_string();
-        let cgroup_prefix = format!("mounthost-e2e-{}-{unique}", std::process::id());
+        // The run's name for this test's cgroups, and a loopback address of its own as the
+        // node's IP, so the host's fixed metrics port cannot collide with another test's.
+        let cgroup_prefix = name;
         let pid = std::process::id();
         let host_ip = format!("127.{}.{}.{}", 100 + pid % 100, (pid / 100) % 250 + 1, (pid / 25_000) % 250 + 1);
 
@@ -950,14 +1370,29 @@ impl Node {
             config_maps.insert(cm["metadata"]["name"].as_str().unwrap().to_string(), data);
         }
 
-        let archives = versions().map(|v| image_archive(&v));
-        let runtime = Containerd::start(&root.join("containerd"), format!("{cgroup_prefix}-pods"));
-        let images = archives.map(|a| runtime.import(&a));
+        let archive = image_archive(&run);
+        let runtime = Containerd::start(&run.path.join("containerd"), format!("{cgroup_prefix}-pods"));
+        let mut imported = runtime.import(&archive.path);
+        drop(archive);
+        let images = versions().map(|v| imported.remove(&v).unwrap_or_else(|| panic!("no image {v} imported")));
+        assert!(imported.is_empty(), "images imported besides the two: {:?}", imported.keys());
+        // Each is the Dockerfile's image: its user and entrypoint; the two differ in their
+        // version label only, with the same layers.
+        let (user, entrypoint) = dockerfile_user_and_entrypoint();
         for (image, version) in images.iter().zip(versions()) {
             let labels = &image.config["config"]["Labels"];
             assert_eq!(labels["org.opencontainers.image.version"], version.as_str(), "{}", image.config);
-            assert_eq!(image.config["config"]["User"], "65532:65532", "{}", image.config);
+            assert_eq!(image.config["config"]["User"], user.as_str(), "the Dockerfile's USER: {}", image.config);
+            assert_eq!(
+                image.config["config"]["Entrypoint"], entrypoint,
+                "the Dockerfile's ENTRYPOINT: {}",
+                image.config
+            );
         }
+        assert_eq!(images[OLD].layers, images[NEW].layers, "the new image has the old one's layers");
+        let mut relabelled = images[OLD].config.clone();
+        relabelled["config"]["Labels"]["org.opencontainers.image.version"] = json!(versions()[NEW]);
+        assert_eq!(relabelled, images[NEW].config, "the images' configs differ in the version label only");
         Node {
             runtime,
             images,
@@ -970,6 +1405,7 @@ impl Node {
             model,
             _work: work,
             dirs,
+            _run: run,
         }
     }
 
@@ -1022,6 +1458,22 @@ impl Node {
         );
     }
 
+    /// Fail unless container `c` runs image `image`'s entrypoint: its init's `argv[0]` is the
+    /// entrypoint's, and the init's executable is the file at that path in the container's root
+    /// filesystem, with the bytes of the binary `cargo test` built.
+    fn assert_runs_entrypoint(&self, c: &Container, image: usize) {
+        let entrypoint = strings(&self.images[image].config["config"]["Entrypoint"]);
+        let cmdline = fs::read(format!("/proc/{}/cmdline", c.pid)).unwrap();
+        let argv: Vec<String> = cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        assert_eq!(argv[..entrypoint.len()], entrypoint[..], "{}'s init runs {argv:?}", c.id);
+        let exe = fs::metadata(format!("/proc/{}/exe", c.pid)).unwrap();
+        let in_root = PathBuf::from(format!("/proc/{}/root{}", c.pid, entrypoint[0]));
+        let file = fs::metadata(&in_root).unwrap();
+        assert_eq!((exe.dev(), exe.ino()), (file.dev(), file.ino()), "{}'s init executes {}", c.id, in_root.display());
+        let built = Path::new(env!("CARGO_BIN_EXE_mounthost"));
+        assert!(same_bytes(&in_root, built), "{} in {} is not {}", entrypoint[0], c.id, built.display());
+    }
+
     /// Start a host container and wait until `/readyz` says ready.
     fn start_host(&self, id: &str, image: usize) -> Container {
         let template = self.host_template();
@@ -1030,6 +1482,7 @@ impl Node {
             self.assert_running(&c);
             self.readyz(&template.1).filter(|(status, body)| *status == 200 && body.starts_with("ready")).map(|_| ())
         });
+        self.assert_runs_entrypoint(&c, image);
         c
     }
 
@@ -1042,6 +1495,7 @@ impl Node {
             if self.dirs.csi_sock.exists() {
                 let mut identity = csi::identity_client::IdentityClient::new(channel(&self.dirs.csi_sock));
                 if identity.probe(csi::ProbeRequest {}).await.is_ok_and(|r| r.into_inner().ready == Some(true)) {
+                    self.assert_runs_entrypoint(&c, image);
                     return c;
                 }
             }
@@ -1243,7 +1697,7 @@ impl Drop for Node {
         for pid in self.fuse_processes().keys() {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::SIGKILL);
         }
-        remove_cgroups(&self.cgroup_prefix);
+        remove_cgroups(&format!("{}-", self.cgroup_prefix));
     }
 }
 
@@ -1497,9 +1951,10 @@ fn a_surge_host_container_stands_by_then_adopts() {
         let state_before = listing(&records);
         let socket_before = fs::metadata(node.local(Path::new("/run/mounthost/host.sock"))).unwrap().ino();
 
-        // The surge container, from an overlay that moves the host's port: the shipped DaemonSet
-        // declares 9810 on the host network, which a second pod on the node cannot bind as well
-        // (docs/install.md, "Upgrades and rollbacks"). It stands by, ready, and touches nothing.
+        // The surge container: the rendered host container with its metrics port moved, as an
+        // overlay for surge updates must move it (the shipped DaemonSet declares 9810 on the host
+        // network, which a second pod on the node cannot bind as well; docs/install.md, "Upgrades
+        // and rollbacks"). It stands by, ready, and touches nothing.
         let surge = (node.host_template().0, with_port(&node.host_template().1, SURGE_PORT));
         let host2 = node.run_container(&surge, "host-2", NEW);
         let standby = until("host-2 says it stands by", Duration::from_secs(30), || {
@@ -1507,6 +1962,7 @@ fn a_surge_host_container_stands_by_then_adopts() {
             let log = fs::read_to_string(&host2.log).unwrap_or_default();
             log.lines().find(|l| l.contains("standing by")).map(String::from)
         });
+        node.assert_runs_entrypoint(&host2, NEW);
         assert!(
             standby.contains(&host1.pid.to_string()),
             "the standby names the holder's pid {}: {standby}",
@@ -1560,7 +2016,8 @@ fn layer_bytes_served(registry: &Registry, model: &PushedModel) -> u64 {
         .sum()
 }
 
-/// The port an overlay gives the surge host pod instead of the manifest's.
+/// The port the surge host container gets instead of the manifest's (what an overlay for surge
+/// updates would set).
 const SURGE_PORT: u64 = 9820;
 
 /// Container `c` with its metrics port (the readiness probe's) moved to `port`: in the
@@ -1650,8 +2107,9 @@ impl Node {
         for pid in self.fuse_processes().keys() {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::SIGKILL);
         }
-        remove_cgroups(&self.cgroup_prefix);
-        assert!(cgroups_named(&self.cgroup_prefix).is_empty(), "{:?}", cgroups_named(&self.cgroup_prefix));
+        let node_groups = format!("{}-", self.cgroup_prefix);
+        remove_cgroups(&node_groups);
+        assert!(cgroups_named(&node_groups).is_empty(), "{:?}", cgroups_named(&node_groups));
         for dir in [&self.dirs.kubelet, &self.dirs.state] {
             let mut below: Vec<PathBuf> = common::all_mounts_below(dir).into_iter().filter(|m| m != dir).collect();
             below.sort();
