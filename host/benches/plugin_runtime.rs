@@ -47,6 +47,8 @@ fn wit_request() -> wit::StageRequest {
         },
         ephemeral: false,
         resolved: None,
+        looked_up: vec![],
+        node_id: "node-1".into(),
     }
 }
 
@@ -63,6 +65,8 @@ fn sdk_request() -> mounthost_plugin_sdk::StageRequest {
         },
         ephemeral: false,
         resolved: None,
+        looked_up: vec![],
+        node_id: "node-1".into(),
     }
 }
 

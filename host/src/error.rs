@@ -31,6 +31,8 @@ pub enum ErrorKind {
     ResourceExhausted,
     /// Data arrived corrupted (a blob whose digest does not match).
     DataLoss,
+    /// A capacity outside what the volume can have (an expansion of a fixed-size volume).
+    OutOfRange,
 }
 
 /// An operation's failure: its class and a message a person can act on. Every module's error
@@ -96,6 +98,7 @@ pub fn code(kind: ErrorKind) -> tonic::Code {
         ErrorKind::PermissionDenied => tonic::Code::PermissionDenied,
         ErrorKind::ResourceExhausted => tonic::Code::ResourceExhausted,
         ErrorKind::DataLoss => tonic::Code::DataLoss,
+        ErrorKind::OutOfRange => tonic::Code::OutOfRange,
     }
 }
 

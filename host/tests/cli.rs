@@ -330,8 +330,8 @@ fn plugin_check_plans_every_operation_and_fails_on_what_would_break_a_node() {
     let sshfs = mounthost::stock::fixtures::path("sshfs");
     let (code, text) = check(state.path(), &[sshfs.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{text}");
-    assert!(text.contains("ok    contract   mounthost:plugin@0.3.0 (current)"), "{text}");
-    assert!(text.contains("ok    exports    mounthost:plugin/planner@0.3.0"), "{text}");
+    assert!(text.contains("ok    contract   mounthost:plugin@0.4.0 (current)"), "{text}");
+    assert!(text.contains("ok    exports    mounthost:plugin/planner@0.4.0"), "{text}");
     for op in ["validate", "provision", "stage", "publish", "unstage", "delete"] {
         assert!(
             text.lines().any(|l| (l.starts_with("ok ") || l.starts_with("note ")) && l[6..].starts_with(op)),

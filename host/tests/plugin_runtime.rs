@@ -61,6 +61,8 @@ fn stage_request(mode: &str) -> wit::StageRequest {
         },
         ephemeral: false,
         resolved: None,
+        looked_up: vec![],
+        node_id: "node-1".into(),
     }
 }
 
@@ -420,7 +422,9 @@ async fn a_contract_0_1_0_plugin_errors_map_and_are_scrubbed() {
             BackendError::InvalidArgument(m)
             | BackendError::NotFound(m)
             | BackendError::Unavailable(m)
-            | BackendError::Internal(m) => m,
+            | BackendError::Internal(m)
+            | BackendError::OutOfRange(m)
+            | BackendError::AlreadyExists(m) => m,
         };
         assert_eq!(message, "asked to fail (token <redacted:token>)", "{fail}");
     }
@@ -440,4 +444,41 @@ async fn a_resolved_stage_request_never_reaches_a_contract_0_1_0_plugin() {
     let err = e.runtime.call(&legacy, "vol-1", req).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Internal, "{err}");
     assert!(err.to_string().contains("0.1.0 plans cannot ask to resolve"), "{err}");
+}
+
+#[tokio::test]
+async fn exports_added_in_0_4_0_are_answered_by_the_host_for_earlier_plugins_and_by_sdk_defaults() {
+    let e = env(fast());
+    let legacy = e.runtime.load_file(&fixtures::path("legacy")).await.unwrap();
+    let current = e.runtime.resolve("misbehave", None).await.unwrap();
+    let expand = wit::ExpandRequest {
+        volume_id: "vol-1".into(),
+        side: wit::ExpandSide::Controller,
+        required_bytes: 2 << 30,
+        limit_bytes: 0,
+        secrets: vec![],
+        capability: None,
+        context: vec![],
+        recorded: vec![],
+        looked_up: vec![],
+    };
+    for (plugin, says) in [(&legacy, "older than 0.4.0"), (&current, "cannot be expanded")] {
+        let err = e.runtime.call(plugin, "vol-1", expand.clone()).await.unwrap_err();
+        assert!(
+            matches!(&err, PluginError::Backend { error: BackendError::OutOfRange(m), .. } if m.contains(says)),
+            "{}: {err}",
+            plugin.info.name
+        );
+        assert_eq!(err.kind(), ErrorKind::OutOfRange, "{err}");
+        let capacity = wit::CapacityRequest { parameters: vec![], capabilities: vec![], looked_up: vec![] };
+        let answer = e.runtime.call(plugin, "capacity", capacity).await.unwrap();
+        assert_eq!((answer.available_bytes, answer.maximum_volume_bytes, answer.steps.len()), (None, None, 0));
+        let list = wit::ListRequest { hosts: vec!["127.0.0.1:8888".into()], looked_up: vec![] };
+        let answer = e.runtime.call(plugin, "list", list).await.unwrap();
+        assert!(answer.volumes.is_empty() && answer.steps.is_empty(), "{answer:?}");
+        let describe =
+            wit::DescribeRequest { volume_id: "vol-1".into(), context: vec![], secrets: vec![], looked_up: vec![] };
+        let answer = e.runtime.call(plugin, "vol-1", describe).await.unwrap();
+        assert_eq!(answer.existence, wit::Existence::Unknown);
+    }
 }

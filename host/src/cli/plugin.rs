@@ -290,6 +290,8 @@ pub(super) async fn plan(cfg: &Config, runtime: &PluginRuntime, args: PlanArgs) 
                 capabilities: vec![capability],
                 required_bytes: 0,
                 limit_bytes: 0,
+                // A dry run: the first round only (the plan shows the lookups a real call makes).
+                looked_up: Vec::new(),
             };
             let out = runtime.call(&p, &id, req).await?;
             let plan = wit::Plan { steps: out.steps, attributes: Vec::new() };
@@ -312,6 +314,8 @@ pub(super) async fn plan(cfg: &Config, runtime: &PluginRuntime, args: PlanArgs) 
                 capability,
                 ephemeral: false,
                 resolved: None,
+                looked_up: Vec::new(),
+                node_id: cfg.node_id.clone(),
             };
             runtime.call(&p, &id, req).await?
         }

@@ -176,7 +176,12 @@ fn step_paths(step: &Step) -> Vec<&Path> {
         Step::Bind { source, target, .. } => vec![source, target],
         Step::Unpack { dest, .. } => vec![dest],
         Step::Socket { path } => vec![path],
-        Step::Fetch { .. } | Step::Http { .. } | Step::Resolve { .. } | Step::FetchBlob { .. } => vec![],
+        Step::SocketCall { socket, .. } => vec![socket],
+        Step::Fetch { .. }
+        | Step::Http { .. }
+        | Step::Resolve { .. }
+        | Step::FetchBlob { .. }
+        | Step::Lookup { .. } => vec![],
     }
 }
 
@@ -457,6 +462,10 @@ fn walk(steps: &[Step], roots: &[Root], mode: Mode, t: &mut Table, out: &mut Vec
             // The host's own step of a dynamic volume's publication: serve its socket (the
             // executor checks what is there, so it always runs).
             Step::Socket { .. } => out.push(Action::Run(step.clone())),
+            // Telling a running program something (an expansion): always.
+            Step::SocketCall { .. } => out.push(Action::Run(step.clone())),
+            // Answered while planning; never part of a plan that runs (unpriv/lookup.rs strips it).
+            Step::Lookup { .. } => {}
             Step::Fetch { .. } | Step::Http { .. } => {
                 return Err(Conflict::Unsupported { kind: step.kind() });
             }

@@ -79,6 +79,8 @@ struct Inner {
     fuse_claims: fuse_ids::Claims,
     /// Held while the FUSE files directory's tmpfs is checked and mounted (see `secret_files`).
     fuse_tmpfs: std::sync::Mutex<()>,
+    /// Planning-time reads of backends (`lookup` steps, see `unpriv::lookup`).
+    http: crate::unpriv::http::HttpClient,
 }
 
 impl Node {
@@ -110,6 +112,7 @@ impl Node {
                 dynamic: Default::default(),
                 fuse_claims: Default::default(),
                 fuse_tmpfs: Default::default(),
+                http: Default::default(),
             }),
         })
     }

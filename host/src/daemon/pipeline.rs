@@ -357,6 +357,20 @@ impl Node {
                 self.serve_socket(id, path)?;
                 Ok(None)
             }
+            Step::SocketCall { socket, method, message, timeout_ms } => {
+                let stream = exec.connect(socket).map_err(|e| io_error(e, socket))?;
+                let timeout = std::time::Duration::from_millis(u64::from(*timeout_ms));
+                // On a blocking thread of the runtime (the pipeline's): wait for the call here.
+                tokio::runtime::Handle::current()
+                    .block_on(crate::unpriv::grpc::unary_on(stream, method, message, timeout))
+                    .map_err(|e| {
+                        Error::unavailable(format!(
+                            "volume {id}: the program behind {} did not take the call: {e}",
+                            socket.display()
+                        ))
+                    })?;
+                Ok(None)
+            }
             other => Err(Error::internal(format!("a {} step reached the executor", other.kind()))),
         }
     }

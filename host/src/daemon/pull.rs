@@ -30,6 +30,7 @@ use crate::plan::{Plan, RegistryAuth, Step};
 use crate::plugin::LoadedPlugin;
 use crate::plugin::bindings::types as wit;
 use crate::secrets::Secrets;
+use crate::unpriv::lookup::Rounds;
 use crate::volume::VolumeDirs;
 use crate::volume::request;
 
@@ -44,16 +45,7 @@ impl Node {
         attrs: &BTreeMap<String, String>,
         dirs: &VolumeDirs,
     ) -> Result<Plan, Error> {
-        let request = |resolved: Option<wit::Resolved>| wit::StageRequest {
-            volume_id: ask.id.clone(),
-            context: request::kvs(attrs),
-            secrets: request::secret_kvs(&ask.secrets),
-            capability: ask.capability.clone(),
-            ephemeral: ask.ephemeral,
-            resolved,
-        };
-        let wplan = self.inner.runtime.call(plugin, &ask.id, request(None)).await?;
-        let plan = self.check(plugin, Operation::Stage, dirs, attrs, ask.ephemeral, &ask.secrets, wplan)?;
+        let plan = self.planned_stage(plugin, ask, attrs, dirs, None).await?;
         let Some(first) = resolve_step(&plan).cloned() else {
             return Ok(plan);
         };
@@ -70,8 +62,7 @@ impl Node {
             manifest: found.manifest,
             config: found.config,
         };
-        let wplan = self.inner.runtime.call(plugin, &ask.id, request(Some(resolved))).await?;
-        let plan = self.check(plugin, Operation::Stage, dirs, attrs, ask.ephemeral, &ask.secrets, wplan)?;
+        let plan = self.planned_stage(plugin, ask, attrs, dirs, Some(resolved)).await?;
         if resolve_step(&plan) != Some(&first) {
             return Err(Error::internal(format!(
                 "plugin {} answered the resolved {reference} with a plan that does not resolve it again unchanged",
@@ -97,6 +88,35 @@ impl Node {
                 // waits no more (and leaves ListVolumes); its next stage starts over.
                 self.inner.artifacts.forget(&ask.id);
                 Err(oci_error(e, &reference))
+            }
+        }
+    }
+
+    /// One checked stage plan, the lookups the planner asks for answered (`unpriv::lookup`).
+    async fn planned_stage(
+        &self,
+        plugin: &LoadedPlugin,
+        ask: &StageAsk,
+        attrs: &BTreeMap<String, String>,
+        dirs: &VolumeDirs,
+        resolved: Option<wit::Resolved>,
+    ) -> Result<Plan, Error> {
+        let mut rounds = Rounds::default();
+        loop {
+            let request = wit::StageRequest {
+                volume_id: ask.id.clone(),
+                context: request::kvs(attrs),
+                secrets: request::secret_kvs(&ask.secrets),
+                capability: ask.capability.clone(),
+                ephemeral: ask.ephemeral,
+                resolved: resolved.clone(),
+                looked_up: rounds.looked_up(),
+                node_id: self.inner.config.node_id.clone(),
+            };
+            let wplan = self.inner.runtime.call(plugin, &ask.id, request).await?;
+            let mut plan = self.check(plugin, Operation::Stage, dirs, attrs, ask.ephemeral, &ask.secrets, wplan)?;
+            if rounds.settle(&self.inner.http, &ask.secrets, &plugin.info.name, &mut plan).await? {
+                return Ok(plan);
             }
         }
     }

@@ -236,6 +236,11 @@ pub trait Executor: Files + Mounts + Processes + Groups + Send + Sync + 'static 
     fn listen_in(&self, dir: &Path, name: &str, mode: u32) -> io::Result<(std::os::unix::net::UnixListener, FileId)>;
     /// What `path` is (not following a link at its end), or `None` if nothing has the name.
     fn file_id(&self, path: &Path) -> io::Result<Option<FileId>>;
+    /// Connect to the unix socket at `path` (below the anchors, resolved without following a
+    /// link, refused unless it is a socket), through `/proc/self/fd/N` of the socket itself, so
+    /// a program that put a link or another file there is never followed and the path may be
+    /// longer than `sun_path` allows.
+    fn connect(&self, path: &Path) -> io::Result<std::os::unix::net::UnixStream>;
     /// Make the mount at `target` shared (in a peer group of its own if it was private), so
     /// mounts made below it later also appear in the copies containers hold of it.
     fn share(&self, target: &Path) -> Result<(), MountError>;

@@ -407,6 +407,18 @@ impl Executor for Linux {
         Ok((listener, id))
     }
 
+    fn connect(&self, path: &Path) -> io::Result<std::os::unix::net::UnixStream> {
+        let sock = self.anchors.open(path, OFlags::PATH | OFlags::NOFOLLOW)?;
+        if stat_id(&rustix::fs::fstat(&sock)?).kind != FileKind::Socket {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a socket (a program put something else there)", path.display()),
+            ));
+        }
+        std::os::unix::net::UnixStream::connect(mount::fd_path(&sock))
+            .map_err(|e| io::Error::new(e.kind(), format!("connecting to {}: {e}", path.display())))
+    }
+
     fn file_id(&self, path: &Path) -> io::Result<Option<FileId>> {
         let (parent, name) = match self.anchors.open_parent(path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),

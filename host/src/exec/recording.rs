@@ -653,6 +653,12 @@ impl Executor for Recording {
         Err(io::Error::new(io::ErrorKind::Unsupported, "the recording executor serves no sockets"))
     }
 
+    /// Records the call and hands back one end of a fresh pair: nothing answers on it.
+    fn connect(&self, path: &Path) -> io::Result<std::os::unix::net::UnixStream> {
+        self.sim().calls.push(format!("connect {}", path.display()));
+        Ok(std::os::unix::net::UnixStream::pair()?.0)
+    }
+
     fn file_id(&self, path: &Path) -> io::Result<Option<super::FileId>> {
         let kind = match self.sim().fs.get(path) {
             None => return Ok(None),

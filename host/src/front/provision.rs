@@ -42,6 +42,7 @@ use crate::plugin::{BackendError, LoadedPlugin, PluginError, PluginRuntime};
 use crate::proto::csi;
 use crate::secrets::Secrets;
 use crate::unpriv::http::{Call, HttpClient, HttpError};
+use crate::unpriv::lookup::{Rounds, as_plan};
 use crate::volume::VolumeDirs;
 use crate::volume::lock::VolumeLocks;
 use crate::volume::request;
@@ -95,23 +96,35 @@ impl Controller {
         let (plugin, source) = self.plugin(&req.parameters, &secrets, &name).await?;
         request::dynamic_plugins(&req.parameters, &plugin.info.name)?;
         let params = request::plugin_attrs(&req.parameters);
-        let wreq = wit::ProvisionRequest {
-            name: name.clone(),
-            parameters: request::kvs(&params),
-            secrets: request::secret_kvs(&secrets),
-            capabilities,
-            required_bytes: required as u64,
-            limit_bytes: limit as u64,
-        };
-        let out = self.runtime.call(&plugin, &name, wreq).await?;
         let hosts = policy::endpoint_hosts(&plugin.info, params.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        let plan = self.check(
-            &plugin,
-            Operation::Provision,
-            hosts,
-            &secrets,
-            wit::Plan { steps: out.steps, attributes: Vec::new() },
-        )?;
+        let mut rounds = Rounds::default();
+        let (out, plan) = loop {
+            let wreq = wit::ProvisionRequest {
+                name: name.clone(),
+                parameters: request::kvs(&params),
+                secrets: request::secret_kvs(&secrets),
+                capabilities: capabilities.clone(),
+                required_bytes: required as u64,
+                limit_bytes: limit as u64,
+                looked_up: rounds.looked_up(),
+            };
+            let mut out = self.runtime.call(&plugin, &name, wreq).await?;
+            let steps = std::mem::take(&mut out.steps);
+            let mut plan = self.check(&plugin, Operation::Provision, hosts.clone(), &secrets, as_plan(steps))?;
+            if rounds.settle(&self.http, &secrets, &plugin.info.name, &mut plan).await? {
+                break (out, plan);
+            }
+        };
+        // The capacity a volume gets must fit the range asked for (CSI: "compatible").
+        if limit > 0 && out.capacity_bytes > limit as u64 {
+            return Err(Error::new(
+                ErrorKind::OutOfRange,
+                format!(
+                    "plugin {} would give the volume {} bytes, more than capacity_range.limit_bytes {limit}",
+                    plugin.info.name, out.capacity_bytes
+                ),
+            ));
+        }
         let volume_id = format!("{}~{}", plugin.info.name, out.volume_id);
         request::volume_id(&volume_id).map_err(|e| {
             Error::internal(format!("plugin {} made an unusable volume id: {}", plugin.info.name, e.message))

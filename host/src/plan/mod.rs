@@ -250,6 +250,12 @@ pub enum Step {
     },
     /// Serve the per-volume dynamic-mount socket.
     Socket { path: PathBuf },
+    /// A planning-time read of the backend (checked like an `http` step; performed between
+    /// planner calls by [`crate::unpriv::lookup`], and never part of the plan that runs).
+    Lookup { key: String, method: String, urls: Vec<String>, headers: Vec<Header> },
+    /// A unary gRPC call to a running program of the volume over its unix socket in the
+    /// volume's runtime directory (node side: a new quota for `weed mount`).
+    SocketCall { socket: PathBuf, method: String, message: Vec<u8>, timeout_ms: u32 },
 }
 
 impl Step {
@@ -267,6 +273,8 @@ impl Step {
             Step::Unpack { .. } => "unpack",
             Step::Http { .. } => "http",
             Step::Socket { .. } => "socket",
+            Step::Lookup { .. } => "lookup",
+            Step::SocketCall { .. } => "socket-call",
         }
     }
 }
@@ -339,7 +347,7 @@ pub fn secret_refs(plan: &Plan) -> Vec<String> {
                 }
                 env.iter().filter_map(|e| value_key(&e.value)).for_each(&mut add);
             }
-            Step::Fetch { headers, .. } | Step::Http { headers, .. } => {
+            Step::Fetch { headers, .. } | Step::Http { headers, .. } | Step::Lookup { headers, .. } => {
                 headers.iter().filter_map(|h| value_key(&h.value)).for_each(&mut add);
             }
             _ => {}

@@ -63,14 +63,28 @@ pub enum Operation {
     Unstage,
     /// A pod's dynamic mount.
     DynamicMount,
+    /// ControllerExpandVolume.
+    Expand,
+    /// NodeExpandVolume.
+    NodeExpand,
+    /// GetCapacity.
+    Capacity,
+    /// ListVolumes.
+    List,
+    /// Whether a volume exists (ValidateVolumeCapabilities).
+    Describe,
 }
 
 impl Operation {
     fn allows(self, step: &wit::Step) -> bool {
         use wit::Step as S;
         match self {
-            Operation::Provision | Operation::Delete => matches!(step, S::Http(_)),
-            Operation::Stage => !matches!(step, S::Http(_) | S::Socket(_)),
+            Operation::Provision | Operation::Expand => matches!(step, S::Http(_) | S::Lookup(_)),
+            Operation::Delete => matches!(step, S::Http(_)),
+            Operation::Stage => !matches!(step, S::Http(_) | S::Socket(_) | S::SocketCall(_)),
+            // What enforces the size on the node: a running program told so over its socket.
+            Operation::NodeExpand => matches!(step, S::SocketCall(_) | S::Lookup(_)),
+            Operation::Capacity | Operation::List | Operation::Describe => matches!(step, S::Lookup(_)),
             // A dynamic volume's socket is the host's own step (`daemon::dynamic`), never a plan's.
             Operation::Publish => matches!(step, S::Mkdir(_) | S::Mount(_) | S::Bind(_)),
             Operation::Unstage => matches!(step, S::Remove(_)),
@@ -368,6 +382,8 @@ fn wit_kind(step: &wit::Step) -> &'static str {
         S::Unpack(_) => "unpack",
         S::Http(_) => "http",
         S::Socket(_) => "socket",
+        S::Lookup(_) => "lookup",
+        S::SocketCall(_) => "socket-call",
     }
 }
 
@@ -508,6 +524,51 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> G<Step> {
             }
         }
         S::Socket(p) => Step::Socket { path: path(ctx, &p)? },
+        S::Lookup(l) => {
+            if !matches!(l.method.as_str(), "GET" | "HEAD") {
+                return Err(format!("lookup method {:?} is not GET or HEAD (lookups only read)", l.method).into());
+            }
+            if l.key.is_empty() || l.key.len() > 64 || !token(&l.key) {
+                return Err(format!("lookup key {:?} must be 1 to 64 letters, digits, '.', '_' or '-'", l.key).into());
+            }
+            if l.urls.is_empty() || l.urls.len() > 16 {
+                return Err("a lookup needs 1 to 16 alternative URLs".into());
+            }
+            for u in &l.urls {
+                url(ctx, u)?;
+            }
+            Step::Lookup { key: l.key, method: l.method, urls: l.urls, headers: headers(ctx, l.headers)? }
+        }
+        S::SocketCall(c) => {
+            if c.socket.root != wit::DirRoot::Runtime {
+                return Err("a socket-call's socket must be in the volume's runtime directory".into());
+            }
+            let valid_method =
+                c.method.strip_prefix('/').and_then(|m| m.split_once('/')).is_some_and(|(service, name)| {
+                    let ok = |s: &str, dots: bool| {
+                        !s.is_empty()
+                            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || (dots && b == b'.'))
+                    };
+                    ok(service, true) && ok(name, false)
+                });
+            if !valid_method {
+                return Err(format!("socket-call method {:?} is not /<package>.<service>/<method>", c.method).into());
+            }
+            if c.message.len() > MAX_HTTP_BODY {
+                return Err(
+                    format!("a socket-call message of {} bytes; at most {MAX_HTTP_BODY}", c.message.len()).into()
+                );
+            }
+            if !(1..=60_000).contains(&c.timeout_ms) {
+                return Err(format!("a socket-call timeout of {} ms; 1 to 60000", c.timeout_ms).into());
+            }
+            Step::SocketCall {
+                socket: path(ctx, &c.socket)?,
+                method: c.method,
+                message: c.message,
+                timeout_ms: c.timeout_ms,
+            }
+        }
     })
 }
 

@@ -1,8 +1,9 @@
 //! The adapter between contracts `mounthost:plugin@0.1.0` and 0.2.0, which keeps plugins built
 //! against 0.1.0 working (DESIGN: "the host keeps running plugins built against every earlier
-//! version through an adapter"). The host speaks 0.3.0: a 0.1.0 plugin's calls pass through
-//! [`super::adapter_v020`] (0.3.0 ↔ 0.2.0) and then this one (0.2.0 ↔ 0.1.0), so each adapter
-//! only knows one step and stays as frozen as the versions it joins.
+//! version through an adapter"). The host speaks 0.4.0: a 0.1.0 plugin's calls pass through
+//! [`super::adapter_v030`] (0.4.0 ↔ 0.3.0), [`super::adapter_v020`] (0.3.0 ↔ 0.2.0) and then this
+//! one (0.2.0 ↔ 0.1.0), so each adapter only knows one step and stays as frozen as the versions
+//! it joins.
 //!
 //! [`Downgrade`] turns a 0.2.0 request into its 0.1.0 form before the call, and [`Upgrade`]
 //! turns what a 0.1.0 plugin answers (its info, plans, provision plans and errors) into 0.2.0
@@ -27,9 +28,24 @@ pub enum AdapterError {
         /// The reference the request carries.
         reference: String,
     },
+    /// A request carries answers to lookups, which contracts before 0.4.0 have no field for.
+    #[error(
+        "the host asked a plugin of a contract before 0.4.0 to plan with the answer to lookup {key:?}, but such \
+         plans cannot name lookups (a host bug; report it)"
+    )]
+    LookedUpForLegacy {
+        /// The first lookup's key.
+        key: String,
+    },
+    /// A request did not fit the older contract's shape (a host bug; report it).
+    #[error("the request has no form in the plugin's older contract: {detail} (a host bug; report it)")]
+    Shape {
+        /// What serde said.
+        detail: String,
+    },
 }
 
-/// A request that has a form in the contract before its own (0.3.0 → 0.2.0, 0.2.0 → 0.1.0).
+/// A request that has a form in the contract before its own (0.4.0 → 0.3.0 → 0.2.0 → 0.1.0).
 pub trait Downgrade {
     /// The older request.
     type Old;
@@ -37,7 +53,7 @@ pub trait Downgrade {
     fn downgrade(&self) -> Result<Self::Old, AdapterError>;
 }
 
-/// An answer of an older contract, seen in the next one's terms (0.1.0 → 0.2.0 → 0.3.0).
+/// An answer of an older contract, seen in the next one's terms (0.1.0 → 0.2.0 → 0.3.0 → 0.4.0).
 pub trait Upgrade {
     /// The newer type.
     type New;

@@ -1,6 +1,6 @@
-//! The adapter between contracts `mounthost:plugin@0.2.0` and 0.3.0 (the host's own), which
-//! keeps plugins built against 0.2.0 working; a 0.1.0 plugin's calls pass through here after
-//! [`super::adapter`].
+//! The adapter between contracts `mounthost:plugin@0.2.0` and 0.3.0, which keeps plugins built
+//! against 0.2.0 working; their calls pass through [`super::adapter_v030`] (0.4.0, the host's
+//! own, ↔ 0.3.0) first, and a 0.1.0 plugin's through [`super::adapter`] after.
 //!
 //! 0.3.0 only adds to 0.2.0 (a `spawn-fuse` says who mounts its filesystem, and the `fuse-fd`
 //! argument names a connection the host mounted), and changes no request. So both directions
@@ -8,8 +8,8 @@
 //! program mounts its filesystem itself (`fuse-mount.by-program`), as it always did.
 
 use super::adapter::{AdapterError, Downgrade, Upgrade};
-use super::bindings::types as new;
 use super::bindings_v020::types as old;
+use super::bindings_v030::types as new;
 
 // ---- Requests: 0.3.0 → 0.2.0 ----
 

@@ -21,16 +21,20 @@ pub enum Contract {
     /// The second release (`wit/v0.2.0/plugin.wit`): OCI resolve and blob steps, secret files
     /// and templates, path values and path-argument suffixes. Loaded through an adapter.
     V020,
-    /// The current contract (`wit/plugin.wit`): FUSE servers the host mounts for and runs
-    /// unprivileged (`fuse-mount.host-fd`, `arg.fuse-fd`).
+    /// The third release (`wit/v0.3.0/plugin.wit`): FUSE servers the host mounts for and runs
+    /// unprivileged (`fuse-mount.host-fd`, `arg.fuse-fd`). Loaded through an adapter, the host
+    /// answering the operations it lacks (expand, capacity, list, describe) with defaults.
     V030,
+    /// The current contract (`wit/plugin.wit`): expansion, capacity, listing and describing
+    /// volumes, planning-time lookups, socket calls to running programs.
+    V040,
 }
 
 impl Contract {
     /// The version the host's own types follow.
-    pub const CURRENT: Contract = Contract::V030;
+    pub const CURRENT: Contract = Contract::V040;
     /// Every version the host loads, newest first.
-    pub const ALL: [Contract; 3] = [Contract::V030, Contract::V020, Contract::V010];
+    pub const ALL: [Contract; 4] = [Contract::V040, Contract::V030, Contract::V020, Contract::V010];
 
     /// The package version, e.g. `0.2.0`.
     pub fn version(self) -> &'static str {
@@ -38,6 +42,7 @@ impl Contract {
             Contract::V010 => "0.1.0",
             Contract::V020 => "0.2.0",
             Contract::V030 => "0.3.0",
+            Contract::V040 => "0.4.0",
         }
     }
 
@@ -78,11 +83,12 @@ mod tests {
 
     #[test]
     fn versions_and_exports() {
-        assert_eq!(Contract::CURRENT.to_string(), "0.3.0");
+        assert_eq!(Contract::CURRENT.to_string(), "0.4.0");
         assert_eq!(Contract::V010.planner_export(), "mounthost:plugin/planner@0.1.0");
         assert_eq!(
             Contract::known_exports(),
-            "mounthost:plugin/planner@0.3.0 or mounthost:plugin/planner@0.2.0 or mounthost:plugin/planner@0.1.0"
+            "mounthost:plugin/planner@0.4.0 or mounthost:plugin/planner@0.3.0 or \
+             mounthost:plugin/planner@0.2.0 or mounthost:plugin/planner@0.1.0"
         );
         assert_eq!(serde_json::to_string(&Contract::V010).unwrap(), "\"0.1.0\"");
     }

@@ -20,6 +20,12 @@ pub enum BackendError {
     /// The plugin reports a bug of its own.
     #[error("internal: {0}")]
     Internal(String),
+    /// The plugin says the capacity asked for is one its volumes cannot have.
+    #[error("out of range: {0}")]
+    OutOfRange(String),
+    /// The plugin says a volume of that name exists with other properties.
+    #[error("already exists: {0}")]
+    AlreadyExists(String),
 }
 
 /// Why a plugin could not be found, loaded or called.
@@ -84,6 +90,8 @@ impl PluginError {
                 BackendError::NotFound(_) => ErrorKind::NotFound,
                 BackendError::Unavailable(_) => ErrorKind::Unavailable,
                 BackendError::Internal(_) => ErrorKind::Internal,
+                BackendError::OutOfRange(_) => ErrorKind::OutOfRange,
+                BackendError::AlreadyExists(_) => ErrorKind::AlreadyExists,
             },
         }
     }

@@ -10,7 +10,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{Level, mounthost};
 use super::limits::Limiter;
-use super::{bindings_v010, bindings_v020};
+use super::{bindings_v010, bindings_v020, bindings_v030};
 use crate::secrets::Secrets;
 
 /// Log lines one call may write; further lines are dropped (and that is said once).
@@ -63,37 +63,28 @@ impl mounthost::plugin::host::Host for CallState {
     }
 }
 
-impl bindings_v020::mounthost::plugin::types::Host for CallState {}
+/// The `host` interface of an earlier contract: the same logging, its own `level` type.
+macro_rules! earlier_host {
+    ($($b:ident),*) => {$(
+        impl $b::mounthost::plugin::types::Host for CallState {}
 
-impl bindings_v020::mounthost::plugin::host::Host for CallState {
-    async fn log(&mut self, level: bindings_v020::Level, message: String) -> wasmtime::Result<()> {
-        let level = match level {
-            bindings_v020::Level::Trace => Level::Trace,
-            bindings_v020::Level::Debug => Level::Debug,
-            bindings_v020::Level::Info => Level::Info,
-            bindings_v020::Level::Warn => Level::Warn,
-            bindings_v020::Level::Error => Level::Error,
-        };
-        self.write_log(level, &message);
-        Ok(())
-    }
+        impl $b::mounthost::plugin::host::Host for CallState {
+            async fn log(&mut self, level: $b::Level, message: String) -> wasmtime::Result<()> {
+                let level = match level {
+                    $b::Level::Trace => Level::Trace,
+                    $b::Level::Debug => Level::Debug,
+                    $b::Level::Info => Level::Info,
+                    $b::Level::Warn => Level::Warn,
+                    $b::Level::Error => Level::Error,
+                };
+                self.write_log(level, &message);
+                Ok(())
+            }
+        }
+    )*};
 }
 
-impl bindings_v010::mounthost::plugin::types::Host for CallState {}
-
-impl bindings_v010::mounthost::plugin::host::Host for CallState {
-    async fn log(&mut self, level: bindings_v010::Level, message: String) -> wasmtime::Result<()> {
-        let level = match level {
-            bindings_v010::Level::Trace => Level::Trace,
-            bindings_v010::Level::Debug => Level::Debug,
-            bindings_v010::Level::Info => Level::Info,
-            bindings_v010::Level::Warn => Level::Warn,
-            bindings_v010::Level::Error => Level::Error,
-        };
-        self.write_log(level, &message);
-        Ok(())
-    }
-}
+earlier_host!(bindings_v030, bindings_v020, bindings_v010);
 
 impl CallState {
     /// One plugin log line: counted, capped, scrubbed of secrets, tagged and emitted.

@@ -253,6 +253,74 @@ impl Body for ResponseBody {
     }
 }
 
+/// One unary gRPC call on the connected unix socket `io`: `method` (`/<package>.<service>/<method>`)
+/// with `message`, a request message already encoded (protobuf) by whoever planned it, all of it
+/// within `timeout`. The answer's messages are not read; its `grpc-status` decides: 0 is `Ok`,
+/// anything else an error with the server's `grpc-message`. (A plan's `socket-call` step: the
+/// host tells a running FUSE program something, such as `weed mount` its new quota.)
+pub async fn unary_on(
+    io: std::os::unix::net::UnixStream,
+    method: &str,
+    message: &[u8],
+    timeout: std::time::Duration,
+) -> Result<(), String> {
+    let call = async {
+        io.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let io = UnixStream::from_std(io).map_err(|e| e.to_string())?;
+        let (sender, connection) = h2::client::handshake(io).await.map_err(|e| format!("HTTP/2 handshake: {e}"))?;
+        let connection = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let mut sender = sender.ready().await.map_err(|e| e.to_string())?;
+        let request = http::Request::builder()
+            .method(http::Method::POST)
+            .uri(format!("http://localhost{method}"))
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .header(http::header::TE, "trailers")
+            .body(())
+            .map_err(|e| format!("the method {method:?}: {e}"))?;
+        let (answer, mut stream) = sender.send_request(request, false).map_err(|e| e.to_string())?;
+        let length = u32::try_from(message.len()).map_err(|_| "the message is too long".to_string())?;
+        // gRPC's length-prefixed message: not compressed, its length, its bytes.
+        let mut framed = Vec::with_capacity(5 + message.len());
+        framed.push(0);
+        framed.extend_from_slice(&length.to_be_bytes());
+        framed.extend_from_slice(message);
+        stream.send_data(Bytes::from(framed), true).map_err(|e| e.to_string())?;
+        let (head, mut body) = answer.await.map_err(|e| e.to_string())?.into_parts();
+        if head.status != http::StatusCode::OK {
+            return Err(format!("the server answered HTTP {}", head.status));
+        }
+        let status_of = |h: &http::HeaderMap| {
+            h.get("grpc-status").map(|s| {
+                let message = h.get("grpc-message").and_then(|m| m.to_str().ok()).unwrap_or_default();
+                (s.to_str().unwrap_or("?").to_string(), message.to_string())
+            })
+        };
+        // A trailers-only answer carries the status in its headers.
+        let status = match status_of(&head.headers) {
+            Some(s) => Some(s),
+            None => {
+                while let Some(data) = body.data().await {
+                    let data = data.map_err(|e| e.to_string())?;
+                    let _ = body.flow_control().release_capacity(data.len());
+                }
+                body.trailers().await.map_err(|e| e.to_string())?.as_ref().and_then(status_of)
+            }
+        };
+        connection.abort();
+        match status {
+            Some((code, _)) if code == "0" => Ok(()),
+            Some((code, message)) => Err(format!("gRPC status {code}: {message}")),
+            None => Err("the answer has no grpc-status".into()),
+        }
+    };
+    match tokio::time::timeout(timeout, call).await {
+        Ok(result) => result.map_err(|e| format!("{method}: {e}")),
+        Err(_) => Err(format!("{method}: no answer within {timeout:?}")),
+    }
+}
+
 /// `unix:///csi/csi.sock` or a plain absolute path → the path.
 pub fn socket_path(endpoint: &str) -> Result<PathBuf, String> {
     let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);

@@ -101,6 +101,67 @@ impl HttpClient {
     }
 }
 
+/// What a read ([`HttpClient::read`]) got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    /// The status, 0 when no URL answered.
+    pub status: u16,
+    /// The body's first [`MAX_READ`] bytes.
+    pub body: Vec<u8>,
+    /// The body was longer.
+    pub truncated: bool,
+}
+
+/// The most of a body a read keeps (a `lookup`'s answer).
+pub const MAX_READ: usize = 64 << 10;
+
+impl HttpClient {
+    /// A read (`GET` or `HEAD`) of the first URL that answers, whatever its status; its first
+    /// [`MAX_READ`] bytes. Status 0 (and what each URL said, in the log) when none answered.
+    pub async fn read(&self, method: &str, urls: &[String], headers: &[(String, String)]) -> Result<Read, HttpError> {
+        let method = hyper::Method::from_bytes(method.as_bytes())
+            .map_err(|_| HttpError::Invalid(format!("invalid HTTP method {method:?}")))?;
+        for url in urls {
+            let target = parse_url(url).map_err(|e| HttpError::Invalid(format!("invalid URL: {e}")))?;
+            if target.scheme() != Scheme::Http {
+                tracing::debug!(%url, "a lookup of an https:// URL: only http:// is supported by this version");
+                continue;
+            }
+            let req = request(&method, &target, headers, "")?;
+            let resp = match tokio::time::timeout(ATTEMPT_TIMEOUT, self.client.request(req)).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    tracing::debug!(%url, error = %e, "a lookup's URL did not answer");
+                    continue;
+                }
+                Err(_) => {
+                    tracing::debug!(%url, "a lookup's URL did not answer in time");
+                    continue;
+                }
+            };
+            let status = resp.status().as_u16();
+            let mut body = resp.into_body();
+            let mut kept = Vec::new();
+            let mut truncated = false;
+            let reading = async {
+                while let Some(frame) = body.frame().await {
+                    let Ok(data) = frame.map(|f| f.into_data().unwrap_or_default()) else { break };
+                    let room = MAX_READ - kept.len();
+                    if data.len() > room {
+                        kept.extend_from_slice(&data[..room]);
+                        truncated = true;
+                        break;
+                    }
+                    kept.extend_from_slice(&data);
+                }
+            };
+            let _ = tokio::time::timeout(ATTEMPT_TIMEOUT, reading).await;
+            return Ok(Read { status, body: kept, truncated });
+        }
+        Ok(Read { status: 0, body: Vec::new(), truncated: false })
+    }
+}
+
 /// The request for one target. Its URI comes from the target alone, with the port explicit:
 /// hyper's connector takes the address to connect to from exactly this URI's host and port.
 pub(crate) fn request(

@@ -90,6 +90,8 @@ fn stage_req(ctx: &[(&str, &str)], secrets: &[(&str, &str)], resolved: Option<Re
         capability: capability(AccessMode::SingleNodeWriter),
         ephemeral: false,
         resolved,
+        looked_up: vec![],
+        node_id: "node-1".into(),
     }
 }
 
@@ -643,6 +645,7 @@ fn provision_req(name: &str, params: &[(&str, &str)]) -> ProvisionRequest {
         capabilities: vec![capability(AccessMode::MultiNodeReaderOnly)],
         required_bytes: 10 << 30,
         limit_bytes: 0,
+        looked_up: vec![],
     }
 }
 

@@ -49,6 +49,8 @@ fn stage_req(ctx: Vec<Kv>, secrets: Vec<Kv>, cap: VolumeCapability) -> StageRequ
         capability: cap,
         ephemeral: false,
         resolved: None,
+        looked_up: vec![],
+        node_id: "node-1".into(),
     }
 }
 
@@ -603,6 +605,7 @@ fn provision_req(name: &str, params: &[(&str, &str)]) -> ProvisionRequest {
         capabilities: vec![rw()],
         required_bytes: 5 << 30,
         limit_bytes: 0,
+        looked_up: vec![],
     }
 }
 

@@ -249,6 +249,8 @@ mod tests {
             },
             ephemeral: false,
             resolved: None,
+            looked_up: vec![],
+            node_id: "node-1".into(),
         }
     }
 

@@ -176,7 +176,7 @@ impl ApiErr {
 impl From<Error> for ApiErr {
     fn from(e: Error) -> Self {
         let (status, code) = match e.kind {
-            ErrorKind::InvalidArgument => (400, "invalid_parameters"),
+            ErrorKind::InvalidArgument | ErrorKind::OutOfRange => (400, "invalid_parameters"),
             ErrorKind::NotFound => (404, "not_found"),
             ErrorKind::AlreadyExists | ErrorKind::FailedPrecondition => (409, "conflict"),
             ErrorKind::Aborted => (503, "busy"),
@@ -933,6 +933,7 @@ fn kind_name(kind: ErrorKind) -> &'static str {
         ErrorKind::PermissionDenied => "permission denied",
         ErrorKind::ResourceExhausted => "resource exhausted",
         ErrorKind::DataLoss => "data loss",
+        ErrorKind::OutOfRange => "out of range",
     }
 }
 

@@ -549,3 +549,72 @@ fn argument_rules_judge_secret_files_where_the_executor_puts_them() {
     let err = f.check(Operation::Stage, vec![host_fd]).unwrap_err();
     assert!(err.reason.contains("no directory for this program's secret files"), "{err}");
 }
+
+fn lookup(key: &str, method: &str, urls: &[&str]) -> w::Step {
+    w::Step::Lookup(w::Lookup {
+        key: key.into(),
+        method: method.into(),
+        urls: urls.iter().map(|u| u.to_string()).collect(),
+        headers: vec![],
+    })
+}
+
+fn socket_call(socket: w::PathRef, method: &str, message: usize, timeout_ms: u32) -> w::Step {
+    w::Step::SocketCall(w::SocketCall { socket, method: method.into(), message: vec![8; message], timeout_ms })
+}
+
+#[rstest]
+#[case(lookup("capacity", "GET", &["http://filer:8888/.mounthost/capacity/buckets/v"]), "")]
+#[case(lookup("dir", "HEAD", &["http://filer:8888/buckets/v", "http://filer:8888/x"]), "")]
+#[case(lookup("k", "PUT", &["http://filer:8888/x"]), "is not GET or HEAD")]
+#[case(lookup("", "GET", &["http://filer:8888/x"]), "must be 1 to 64")]
+#[case(lookup("a b", "GET", &["http://filer:8888/x"]), "must be 1 to 64")]
+#[case(lookup(&"k".repeat(65), "GET", &["http://filer:8888/x"]), "must be 1 to 64")]
+#[case(lookup("k", "GET", &[]), "1 to 16 alternative URLs")]
+#[case(lookup("k", "GET", &["http://elsewhere:8888/x"]), "elsewhere")]
+#[case(socket_call(p(DirRoot::Runtime, "weed.sock"), "/messaging_pb.SeaweedMount/Configure", 3, 5000), "")]
+#[case(socket_call(p(DirRoot::Staging, "weed.sock"), "/a.B/C", 3, 5000), "runtime directory")]
+#[case(socket_call(p(DirRoot::Runtime, "../x.sock"), "/a.B/C", 3, 5000), "")]
+#[case(socket_call(p(DirRoot::Runtime, "weed.sock"), "a.B/C", 3, 5000), "is not /<package>.<service>/<method>")]
+#[case(socket_call(p(DirRoot::Runtime, "weed.sock"), "/a.B/C.D", 3, 5000), "is not /<package>.<service>/<method>")]
+#[case(socket_call(p(DirRoot::Runtime, "weed.sock"), "/a.B/C", 64 * 1024 + 1, 5000), "at most")]
+#[case(socket_call(p(DirRoot::Runtime, "weed.sock"), "/a.B/C", 3, 0), "1 to 60000")]
+#[case(socket_call(p(DirRoot::Runtime, "weed.sock"), "/a.B/C", 3, 60_001), "1 to 60000")]
+fn lookups_and_socket_calls_are_policed(#[case] step: w::Step, #[case] reason: &str) {
+    let f = Fixture::new();
+    let operation = if matches!(step, w::Step::SocketCall(_)) { Operation::NodeExpand } else { Operation::Expand };
+    let r = f.check(operation, vec![step.clone()]);
+    match (reason, &r) {
+        ("", Ok(plan)) => assert_eq!(plan.steps.len(), 1),
+        // `..` is refused whatever the step (the path checks are the same for every step).
+        ("", Err(e)) if matches!(&step, w::Step::SocketCall(c) if c.socket.rel.contains("..")) => {
+            assert!(e.reason.contains(".."), "{e}")
+        }
+        (want, Err(e)) => assert!(e.reason.contains(want), "{want}: {e}"),
+        (want, Ok(plan)) => panic!("expected {want:?}, got {plan:?}"),
+    }
+}
+
+#[test]
+fn each_operation_takes_only_its_new_steps() {
+    let f = Fixture::new();
+    let get = || lookup("k", "GET", &["http://filer:8888/x"]);
+    let call = || socket_call(p(DirRoot::Runtime, "weed.sock"), "/a.B/C", 3, 5000);
+    for op in [Operation::Provision, Operation::Stage, Operation::Capacity, Operation::List, Operation::Describe] {
+        assert!(f.check(op, vec![get()]).is_ok(), "{op:?} takes lookups");
+    }
+    for op in [Operation::Delete, Operation::Publish, Operation::Unstage, Operation::DynamicMount] {
+        let err = f.check(op, vec![get()]).unwrap_err();
+        assert!(err.reason.contains("not allowed in"), "{op:?}: {err}");
+    }
+    // Only a node-side expansion tells a running program something.
+    for op in [Operation::Stage, Operation::Expand, Operation::Provision, Operation::Capacity] {
+        let err = f.check(op, vec![call()]).unwrap_err();
+        assert!(err.reason.contains("not allowed in"), "{op:?}: {err}");
+    }
+    assert!(f.check(Operation::Expand, vec![http("http://filer:8888/x")]).is_ok());
+    for op in [Operation::NodeExpand, Operation::Capacity, Operation::List, Operation::Describe] {
+        let err = f.check(op, vec![http("http://filer:8888/x")]).unwrap_err();
+        assert!(err.reason.contains("not allowed in"), "{op:?}: {err}");
+    }
+}

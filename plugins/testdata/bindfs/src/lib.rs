@@ -148,6 +148,8 @@ mod tests {
             },
             ephemeral: false,
             resolved: None,
+            looked_up: vec![],
+            node_id: "node-1".into(),
         }
     }
 
@@ -199,6 +201,7 @@ mod tests {
             capabilities: Vec::new(),
             required_bytes: 0,
             limit_bytes: 0,
+            looked_up: vec![],
         };
         let out = Bindfs::provision(req("pvc-1", vec![kv(MEMORY, "32")])).unwrap();
         assert_eq!(out.volume_id, "pvc-1");

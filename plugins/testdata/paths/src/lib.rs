@@ -146,6 +146,8 @@ mod tests {
             capability: capability(AccessMode::SingleNodeWriter),
             ephemeral: false,
             resolved: None,
+            looked_up: vec![],
+            node_id: "node-1".into(),
         };
         let plan = Paths::stage(req).unwrap();
         let [Step::Mount(m), rest @ ..] = &plan.steps[..] else { panic!("{plan:?}") };

@@ -125,6 +125,8 @@ mod tests {
             },
             ephemeral: false,
             resolved: None,
+            looked_up: vec![],
+            node_id: "node-1".into(),
         }
     }
 
@@ -170,6 +172,7 @@ mod tests {
             capabilities: Vec::new(),
             required_bytes: 0,
             limit_bytes: 0,
+            looked_up: vec![],
         };
         let out = Tmpfs::provision(req("pvc-1", vec![kv(SIZE, "8")])).unwrap();
         assert_eq!(out.volume_id, "pvc-1");
