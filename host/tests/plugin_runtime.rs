@@ -473,7 +473,12 @@ async fn exports_added_in_0_4_0_are_answered_by_the_host_for_earlier_plugins_and
         let capacity = wit::CapacityRequest { parameters: vec![], capabilities: vec![], looked_up: vec![] };
         let answer = e.runtime.call(plugin, "capacity", capacity).await.unwrap();
         assert_eq!((answer.available_bytes, answer.maximum_volume_bytes, answer.steps.len()), (None, None, 0));
-        let list = wit::ListRequest { hosts: vec!["127.0.0.1:8888".into()], looked_up: vec![] };
+        let list = wit::ListRequest {
+            hosts: vec!["127.0.0.1:8888".into()],
+            starting_token: String::new(),
+            max_entries: 10,
+            looked_up: vec![],
+        };
         let answer = e.runtime.call(plugin, "list", list).await.unwrap();
         assert!(answer.volumes.is_empty() && answer.steps.is_empty(), "{answer:?}");
         let describe =

@@ -763,3 +763,54 @@ fn a_link_met_during_a_race_is_refused_as_a_link() {
     }
     assert!(problems.is_empty(), "{} problems: {distinct:#?}", problems.len());
 }
+
+/// A plan's `socket-call` reaches a program's socket through `Executor::connect`: only a
+/// socket, never through a link (at its end or on the way), and at a path longer than a
+/// socket address can hold.
+#[test]
+fn a_socket_call_connects_only_to_a_socket_and_never_through_a_link() {
+    use mounthost::exec::Executor;
+    let root = tempfile::tempdir().unwrap();
+    let anchor = root.path().join("state");
+    let deep = anchor.join("run").join("d".repeat(100)).join("e".repeat(100));
+    std::fs::create_dir_all(&deep).unwrap();
+    let outside = root.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let exec = Linux::new(Cgroups::none(), [anchor.clone()]);
+
+    // A path longer than sun_path (108 bytes), connected through the socket's own descriptor.
+    let sock = deep.join("weed.sock");
+    assert!(sock.as_os_str().len() > 108);
+    // Bound at a short name, then moved where the path is long (a socket keeps its inode).
+    let server = std::os::unix::net::UnixListener::bind(root.path().join("s.sock")).unwrap();
+    std::fs::rename(root.path().join("s.sock"), &sock).unwrap();
+    let outside_server = std::os::unix::net::UnixListener::bind(outside.join("real.sock")).unwrap();
+    let stream = exec.connect(&sock).unwrap();
+    let (mut accepted, _) = server.accept().unwrap();
+    use std::io::{Read, Write};
+    (&stream).write_all(b"hello").unwrap();
+    let mut got = [0u8; 5];
+    accepted.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"hello");
+
+    // A link at the socket's name, to a socket outside: refused, and the outside server sees no one.
+    outside_server.set_nonblocking(true).unwrap();
+    let link = deep.join("link.sock");
+    symlink(outside.join("real.sock"), &link).unwrap();
+    let err = exec.connect(&link).unwrap_err();
+    assert!(err.to_string().contains("is a symbolic link"), "{err}");
+    // A link on the way (a directory swapped for one).
+    let hop = anchor.join("run").join("hop");
+    symlink(&outside, &hop).unwrap();
+    let err = exec.connect(&hop.join("real.sock")).unwrap_err();
+    assert!(err.to_string().contains("is a symbolic link"), "{err}");
+    assert!(outside_server.accept().is_err(), "nothing reached the socket outside");
+
+    // Something else than a socket at the name.
+    let file = deep.join("file.sock");
+    std::fs::write(&file, b"x").unwrap();
+    let err = exec.connect(&file).unwrap_err();
+    assert!(err.to_string().contains("is not a socket"), "{err}");
+    // Outside the anchors.
+    assert!(exec.connect(&outside.join("real.sock")).is_err());
+}

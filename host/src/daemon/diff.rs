@@ -100,6 +100,9 @@ pub enum Desired {
     Teardown { staging: PathBuf, host_dirs: Vec<PathBuf>, steps: Vec<Step>, process: Option<ProcessId> },
     /// Host directories no volume claims (start-up): gone, with whatever is mounted below them.
     Removed { dirs: Vec<PathBuf> },
+    /// NodeExpandVolume: the expand plan's calls to the volume's running program, each made
+    /// (telling a program its size again is harmless); nothing else.
+    Expand { steps: Vec<Step> },
 }
 
 impl Desired {
@@ -129,6 +132,7 @@ impl Desired {
                 steps
             }
             Desired::Removed { dirs } => return dirs.iter().map(PathBuf::as_path).collect(),
+            Desired::Expand { steps } => steps,
         };
         out.extend(steps.iter().flat_map(step_paths));
         out
@@ -374,6 +378,14 @@ pub fn diff(desired: &Desired, observed: Observed<'_>) -> Result<Vec<Action>, Co
             for d in dirs {
                 t.clear_below(d, &mut out);
                 out.push(Action::RemoveTree(d.clone()));
+            }
+        }
+        Desired::Expand { steps } => {
+            for step in steps {
+                match step {
+                    Step::SocketCall { .. } => out.push(Action::Run(step.clone())),
+                    other => return Err(Conflict::Unsupported { kind: other.kind() }),
+                }
             }
         }
     }

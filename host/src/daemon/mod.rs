@@ -19,6 +19,7 @@
 pub mod cache;
 pub mod diff;
 pub mod dynamic;
+pub mod expand;
 pub mod fuse_ids;
 pub mod heal;
 pub mod health;

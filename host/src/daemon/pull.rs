@@ -93,7 +93,7 @@ impl Node {
     }
 
     /// One checked stage plan, the lookups the planner asks for answered (`unpriv::lookup`).
-    async fn planned_stage(
+    pub(super) async fn planned_stage(
         &self,
         plugin: &LoadedPlugin,
         ask: &StageAsk,

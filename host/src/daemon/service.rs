@@ -146,6 +146,16 @@ impl Host for HostService {
         traced("NodeGetVolumeStats", &id, plugin, self.node.stats(req)).await
     }
 
+    async fn node_expand_volume(
+        &self,
+        req: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        let req = req.into_inner();
+        let id = req.volume_id.clone();
+        let plugin = self.plugin_of(&id, None);
+        traced("NodeExpandVolume", &id, plugin, self.node.expand(req)).await
+    }
+
     async fn list_volumes(&self, _: Request<ListVolumesRequest>) -> Result<Response<ListVolumesResponse>, Status> {
         let list = self.node.list().await.map_err(Status::from)?;
         let mut volumes = list

@@ -1,5 +1,7 @@
-//! CSI Controller: CreateVolume, DeleteVolume and ValidateVolumeCapabilities through the
-//! plugins' planners ([`crate::front::provision`]); Unimplemented for what mounthost does not offer.
+//! CSI Controller: CreateVolume, DeleteVolume and ValidateVolumeCapabilities
+//! ([`crate::front::provision`]), ControllerExpandVolume, GetCapacity and ListVolumes
+//! ([`crate::front::volumes`]) through the plugins' planners; Unimplemented for what mounthost
+//! does not offer.
 
 use std::sync::Arc;
 
@@ -57,16 +59,16 @@ impl csi::controller_server::Controller for ControllerService {
 
     async fn list_volumes(
         &self,
-        _: Request<csi::ListVolumesRequest>,
+        req: Request<csi::ListVolumesRequest>,
     ) -> Result<Response<csi::ListVolumesResponse>, Status> {
-        unimplemented("ListVolumes")
+        Ok(Response::new(self.inner.list(req.into_inner()).await?))
     }
 
     async fn get_capacity(
         &self,
-        _: Request<csi::GetCapacityRequest>,
+        req: Request<csi::GetCapacityRequest>,
     ) -> Result<Response<csi::GetCapacityResponse>, Status> {
-        unimplemented("GetCapacity")
+        Ok(Response::new(self.inner.capacity(req.into_inner()).await?))
     }
 
     async fn controller_get_capabilities(
@@ -74,14 +76,21 @@ impl csi::controller_server::Controller for ControllerService {
         _: Request<csi::ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
         use csi::controller_service_capability::rpc::Type;
-        let capabilities = [Type::CreateDeleteVolume, Type::SingleNodeMultiWriter]
-            .into_iter()
-            .map(|t| csi::ControllerServiceCapability {
-                r#type: Some(csi::controller_service_capability::Type::Rpc(csi::controller_service_capability::Rpc {
-                    r#type: t as i32,
-                })),
-            })
-            .collect();
+        let capabilities = [
+            Type::CreateDeleteVolume,
+            Type::SingleNodeMultiWriter,
+            Type::ExpandVolume,
+            Type::GetCapacity,
+            Type::ListVolumes,
+            Type::ListVolumesPublishedNodes,
+        ]
+        .into_iter()
+        .map(|t| csi::ControllerServiceCapability {
+            r#type: Some(csi::controller_service_capability::Type::Rpc(csi::controller_service_capability::Rpc {
+                r#type: t as i32,
+            })),
+        })
+        .collect();
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse { capabilities }))
     }
 
@@ -115,9 +124,9 @@ impl csi::controller_server::Controller for ControllerService {
 
     async fn controller_expand_volume(
         &self,
-        _: Request<csi::ControllerExpandVolumeRequest>,
+        req: Request<csi::ControllerExpandVolumeRequest>,
     ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
-        unimplemented("ControllerExpandVolume")
+        Ok(Response::new(self.inner.expand(req.into_inner()).await?))
     }
 
     async fn controller_get_volume(

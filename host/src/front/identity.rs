@@ -39,6 +39,12 @@ impl csi::identity_server::Identity for IdentityService {
                 })),
             });
         }
+        // Volumes grow while published (a plugin whose volumes cannot grow answers OUT_OF_RANGE).
+        capabilities.push(csi::PluginCapability {
+            r#type: Some(Type::VolumeExpansion(csi::plugin_capability::VolumeExpansion {
+                r#type: csi::plugin_capability::volume_expansion::Type::Online as i32,
+            })),
+        });
         Ok(Response::new(csi::GetPluginCapabilitiesResponse { capabilities }))
     }
 

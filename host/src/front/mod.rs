@@ -8,6 +8,7 @@ pub mod identity;
 pub mod metered;
 pub mod node;
 pub mod provision;
+pub mod volumes;
 
 use std::future::Future;
 use std::path::Path;

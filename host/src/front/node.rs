@@ -81,9 +81,11 @@ impl csi::node_server::Node for NodeService {
 
     async fn node_expand_volume(
         &self,
-        _: Request<csi::NodeExpandVolumeRequest>,
+        req: Request<csi::NodeExpandVolumeRequest>,
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
-        Err(Status::unimplemented("volume expansion is not supported"))
+        let req = req.into_inner();
+        let volume = req.volume_id.clone();
+        forwarded("NodeExpandVolume", &volume, self.host.clone().node_expand_volume(req)).await
     }
 
     async fn node_get_capabilities(
@@ -91,15 +93,20 @@ impl csi::node_server::Node for NodeService {
         _: Request<csi::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
         use csi::node_service_capability::rpc::Type;
-        let capabilities =
-            [Type::StageUnstageVolume, Type::GetVolumeStats, Type::VolumeCondition, Type::SingleNodeMultiWriter]
-                .into_iter()
-                .map(|t| csi::NodeServiceCapability {
-                    r#type: Some(csi::node_service_capability::Type::Rpc(csi::node_service_capability::Rpc {
-                        r#type: t as i32,
-                    })),
-                })
-                .collect();
+        let capabilities = [
+            Type::StageUnstageVolume,
+            Type::GetVolumeStats,
+            Type::VolumeCondition,
+            Type::SingleNodeMultiWriter,
+            Type::ExpandVolume,
+        ]
+        .into_iter()
+        .map(|t| csi::NodeServiceCapability {
+            r#type: Some(csi::node_service_capability::Type::Rpc(csi::node_service_capability::Rpc {
+                r#type: t as i32,
+            })),
+        })
+        .collect();
         Ok(Response::new(csi::NodeGetCapabilitiesResponse { capabilities }))
     }
 

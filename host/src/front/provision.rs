@@ -54,11 +54,11 @@ pub const CONFLICT_STATUS: u16 = 412;
 /// The controller service's logic.
 #[derive(Clone)]
 pub struct Controller {
-    config: Config,
-    runtime: Arc<PluginRuntime>,
-    http: HttpClient,
+    pub(super) config: Config,
+    pub(super) runtime: Arc<PluginRuntime>,
+    pub(super) http: HttpClient,
     /// Volume ids with a CreateVolume or DeleteVolume in flight.
-    locks: Arc<VolumeLocks>,
+    pub(super) locks: Arc<VolumeLocks>,
     /// Where plugins selected by OCI reference come from (none: such a StorageClass is refused).
     puller: Option<Arc<dyn PluginPuller>>,
 }
@@ -262,6 +262,10 @@ impl Controller {
         if let Some(why) = Self::host_keys_refused(&req, plugin_name, &plugin) {
             return Ok(unconfirmed(why));
         }
+        // CSI: a volume that does not exist is NOT_FOUND (a plugin that cannot tell says so).
+        if self.existence(&plugin, &id, &req.volume_context, &secrets).await? == wit::Existence::Missing {
+            return Err(Error::not_found(format!("volume {id} does not exist: its plugin finds no such volume")));
+        }
         let mut attrs = request::plugin_attrs(&req.volume_context);
         attrs.extend(request::plugin_attrs(&req.parameters));
         let wreq = wit::ValidateRequest {
@@ -330,7 +334,7 @@ impl Controller {
 
     /// The plugin `params` select for CreateVolume of `volume`, and for one selected by OCI
     /// reference, that reference pinned to the manifest it resolved to.
-    async fn plugin(
+    pub(super) async fn plugin(
         &self,
         params: &HashMap<String, String>,
         secrets: &Secrets,
@@ -378,7 +382,7 @@ impl Controller {
     }
 
     /// What this controller noted at CreateVolume about volume `id`'s pulled plugin.
-    fn note(&self, id: &str) -> Result<VolumeNote, Error> {
+    pub(super) fn note(&self, id: &str) -> Result<VolumeNote, Error> {
         match self.puller.as_deref() {
             Some(p) => p.recall(id),
             None => Ok(VolumeNote::None),
@@ -389,7 +393,7 @@ impl Controller {
     /// validation): the build pulled from the reference noted for exactly this volume at
     /// CreateVolume (pulled again with `secrets` when not loaded), else the folder's or the
     /// stock plugin called `name`.
-    async fn volume_plugin(
+    pub(super) async fn volume_plugin(
         &self,
         id: &str,
         name: &str,
@@ -424,7 +428,7 @@ impl Controller {
         }
     }
 
-    fn check(
+    pub(super) fn check(
         &self,
         plugin: &LoadedPlugin,
         operation: Operation,
@@ -463,7 +467,7 @@ impl Controller {
     }
 
     /// Run a plan's `http` steps in order; the first refused one ends it.
-    async fn execute(&self, plan: &Plan, secrets: &Secrets) -> Result<(), Failure> {
+    pub(super) async fn execute(&self, plan: &Plan, secrets: &Secrets) -> Result<(), Failure> {
         for step in &plan.steps {
             let Step::Http { method, urls, headers, body, ok_status } = step else {
                 return Err(Failure::Other(Error::internal(format!("a {} step reached the controller", step.kind()))));
@@ -491,7 +495,7 @@ impl Controller {
 }
 
 /// How executing a plan failed.
-enum Failure {
+pub(super) enum Failure {
     /// A step was answered 412: the backend holds the volume with other properties.
     Conflict(String),
     /// Anything else, already classified.
@@ -500,7 +504,7 @@ enum Failure {
 
 impl Failure {
     /// Outside CreateVolume a 412 is just a status the plan did not accept.
-    fn into_error(self) -> Error {
+    pub(super) fn into_error(self) -> Error {
         match self {
             Failure::Conflict(message) => Error::precondition(message),
             Failure::Other(e) => e,

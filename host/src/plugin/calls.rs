@@ -238,7 +238,7 @@ planner_call_since_0_4!(
     "list-volumes",
     call_list_volumes,
     |_| Secrets::default(),
-    |_| { Ok(wit::ListAnswer { volumes: Vec::new(), steps: Vec::new() }) }
+    |_| { Ok(wit::ListAnswer { volumes: Vec::new(), next_token: String::new(), steps: Vec::new() }) }
 );
 planner_call_since_0_4!(
     wit::DescribeRequest,

@@ -272,6 +272,11 @@ impl Seaweed {
         std::fs::read_to_string(self._dir.path().join("weed.log")).unwrap_or_default()
     }
 
+    /// The master's HTTP address.
+    pub fn master(&self) -> String {
+        format!("127.0.0.1:{}", self.ports[0])
+    }
+
     /// Read a file through the filer's HTTP API.
     pub fn read(&self, path: &str) -> (u16, String) {
         http("GET", &self.filer, path, &[], b"").unwrap()

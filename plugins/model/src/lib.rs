@@ -74,6 +74,16 @@ impl Plugin for Model {
         node::stage(&req).map(logged)
     }
 
+    /// A model volume holds one artifact, read-only: its size is the artifact's, and no
+    /// capacity asked for changes it (CSI's "Unsupported capacity": OUT_OF_RANGE).
+    fn expand(req: ExpandRequest) -> Result<ExpandPlan, BackendError> {
+        Err(BackendError::OutOfRange(format!(
+            "model volume {} cannot be expanded: it holds one OCI artifact, read-only, and its size \
+             is the artifact's; set allowVolumeExpansion: false on the model StorageClass",
+            req.volume_id
+        )))
+    }
+
     fn publish(req: PublishRequest) -> Result<Plan, BackendError> {
         node::publish(&req)
     }

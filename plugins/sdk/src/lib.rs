@@ -147,7 +147,7 @@ pub trait Plugin {
 
     /// List the volumes the plugin's backends (`req.hosts`) hold. Default: none are listed.
     fn list_volumes(_req: ListRequest) -> Result<ListAnswer, BackendError> {
-        Ok(ListAnswer { volumes: Vec::new(), steps: Vec::new() })
+        Ok(ListAnswer { volumes: Vec::new(), next_token: String::new(), steps: Vec::new() })
     }
 
     /// Say whether a volume exists. Default: the plugin cannot tell.

@@ -24,6 +24,9 @@
 //! this needs two controller processes at once. DeleteVolume removes the directory, then the
 //! record. Every step was measured on SeaweedFS 4.48: `DELETE /dir?recursive=true` answers 204
 //! whether or not the directory existed, `DELETE <file>` 204 likewise.
+//!
+//! Last, CreateVolume writes the volume's list entry (`crate::volumes::index_entry`), which
+//! DeleteVolume removes after the record.
 
 use mounthost_plugin_sdk::params::invalid;
 use mounthost_plugin_sdk::{
@@ -53,7 +56,7 @@ const DELETE_OK: &[u16] = &[200, 202, 204, 404];
 /// accepted; the host maps it to ALREADY_EXISTS.
 const RECORD_CHECK_OK: &[u16] = &[200, 404];
 /// The record was stored (4.48 answers 201 to a new file and to an overwrite).
-const RECORD_WRITE_OK: &[u16] = &[200, 201, 204];
+pub const RECORD_WRITE_OK: &[u16] = &[200, 201, 204];
 
 /// Where capacity records live in the filer: `<RECORD_ROOT><volume directory>`.
 pub const RECORD_ROOT: &str = "/.mounthost/capacity";
@@ -113,6 +116,8 @@ pub fn provision(req: &ProvisionRequest) -> Result<ProvisionPlan, BackendError> 
         ));
     }
     steps.push(http("POST", urls(&dir, &format!("/?mode={DIR_MODE}")), Vec::new(), "", CREATE_OK));
+    // What ListVolumes reads (crate::volumes).
+    steps.push(crate::volumes::index_entry(&settings.filers, &volume_id, req.required_bytes));
     Ok(ProvisionPlan { volume_id, capacity_bytes: req.required_bytes, context, steps })
 }
 
@@ -130,6 +135,7 @@ pub fn delete(req: &DeleteRequest) -> Result<Plan, BackendError> {
         steps: vec![
             http("DELETE", urls(dir, "?recursive=true"), Vec::new(), "", DELETE_OK),
             http("DELETE", urls(&record_path(dir), ""), Vec::new(), "", DELETE_OK),
+            http("DELETE", urls(&crate::volumes::index_path(&req.volume_id), ""), Vec::new(), "", DELETE_OK),
         ],
         attributes: Vec::new(),
     })
@@ -157,11 +163,11 @@ pub fn etag(content: &str) -> String {
     format!("\"{}\"", digest.iter().map(|b| format!("{b:02x}")).collect::<String>())
 }
 
-fn header(name: &str, value: &str) -> Header {
+pub fn header(name: &str, value: &str) -> Header {
     Header { name: name.into(), value: Value::Literal(value.into()) }
 }
 
-fn http(method: &str, urls: Vec<String>, headers: Vec<Header>, body: &str, ok: &[u16]) -> Step {
+pub fn http(method: &str, urls: Vec<String>, headers: Vec<Header>, body: &str, ok: &[u16]) -> Step {
     Step::Http(HttpCall {
         method: method.into(),
         urls,
@@ -222,7 +228,7 @@ pub fn parse_volume_id(id: &str) -> Result<(Vec<&str>, &str), BackendError> {
 }
 
 /// Percent-encode a remote path for a URL, keeping `/` and RFC 3986 unreserved characters.
-fn encode_path(path: &str) -> String {
+pub fn encode_path(path: &str) -> String {
     let mut out = String::with_capacity(path.len());
     for b in path.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {

@@ -9,7 +9,9 @@
 //!   an id that tells `delete` where both are ([`controller`]);
 //! - `stage` plans one `weed mount` FUSE process at the staging path ([`node`]);
 //! - `publish` is the SDK's bind mount of the staging path onto the target, read-only when asked;
-//! - `unstage` adds nothing: the host stops what stage started and removes the cache directory.
+//! - `unstage` adds nothing: the host stops what stage started and removes the cache directory;
+//! - `expand`, `capacity`, `list-volumes` and `describe` read SeaweedFS through lookups and
+//!   grow a volume's quota ([`volumes`]).
 //!
 //! The parameter table lives in [`params`] (value checks in [`values`]), the `weed mount` flag
 //! allowlist in [`mount_options`].
@@ -21,6 +23,7 @@ pub mod names;
 pub mod node;
 pub mod params;
 pub mod values;
+pub mod volumes;
 
 use mounthost_plugin_sdk::*;
 
@@ -70,6 +73,22 @@ impl Plugin for Seaweedfs {
 
     fn stage(req: StageRequest) -> Result<Plan, BackendError> {
         node::stage(&req)
+    }
+
+    fn expand(req: ExpandRequest) -> Result<ExpandPlan, BackendError> {
+        volumes::expand(&req)
+    }
+
+    fn capacity(req: CapacityRequest) -> Result<CapacityAnswer, BackendError> {
+        volumes::capacity(&req)
+    }
+
+    fn list_volumes(req: ListRequest) -> Result<ListAnswer, BackendError> {
+        volumes::list(&req)
+    }
+
+    fn describe(req: DescribeRequest) -> Result<DescribeAnswer, BackendError> {
+        volumes::describe(&req)
     }
 }
 

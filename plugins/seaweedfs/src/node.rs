@@ -16,6 +16,7 @@ use mounthost_plugin_sdk::{
 use crate::mount_options;
 use crate::params::{self, Settings};
 use crate::values;
+use crate::volumes;
 
 /// The program name the host maps to its `weed` binary.
 pub const PROGRAM: &str = "weed";
@@ -43,10 +44,20 @@ pub fn stage(req: &StageRequest) -> Result<Plan, BackendError> {
     // an earlier version from a name like `Data` must keep mounting. (The host has been seen to
     // pass the whole CSI id, `seaweedfs~<filers><path>`, where the WIT promises our part.)
     let id = req.volume_id.strip_prefix("seaweedfs~").unwrap_or(&req.volume_id);
-    if id != format!("{}{path}", settings.filer_list()) {
+    let provisioned = id == format!("{}{path}", settings.filer_list());
+    if !provisioned {
         values::check_bucket_path(&values::label("path"), path)?;
     }
     let collection = settings.collection_for(path)?;
+    // The size: a provisioned volume's capacity record, read first (crate::volumes), unless the
+    // StorageClass sets the quota itself.
+    let explicit = options.iter().find(|o| o.name == "collectionQuotaMB").and_then(|o| o.value.as_deref());
+    let explicit = explicit.and_then(|v| v.parse::<u64>().ok());
+    let recorded = provisioned.then_some((settings.filers.as_slice(), path));
+    let quota = match volumes::stage_quota(&req.looked_up, recorded, explicit)? {
+        Ok(q) => q,
+        Err(lookups) => return Ok(Plan { steps: lookups, attributes: Vec::new() }),
+    };
 
     let mut args: Vec<Arg> = vec![
         // A global flag, so it comes before the subcommand: without it weed writes glog files
@@ -57,7 +68,7 @@ pub fn stage(req: &StageRequest) -> Result<Plan, BackendError> {
         arg(format!("-filer.path={path}")),
         path_arg("-dir=", staging("")),
         path_arg("-cacheDir=", cache("")),
-        path_arg("-localSocket=", runtime("weed.sock")),
+        path_arg("-localSocket=", runtime(volumes::MOUNT_SOCKET)),
     ];
     let mut flag = |name: &str, value: Option<String>| {
         if let Some(v) = value {
@@ -65,6 +76,9 @@ pub fn stage(req: &StageRequest) -> Result<Plan, BackendError> {
         }
     };
     flag("collection", collection.clone());
+    if explicit.is_none() && quota > 0 {
+        flag("collectionQuotaMB", Some(quota.to_string()));
+    }
     flag("replication", settings.replication.map(str::to_string));
     flag("disk", settings.disk_type.map(str::to_string));
     flag("dataCenter", settings.data_center.map(str::to_string));
@@ -105,6 +119,7 @@ pub fn stage(req: &StageRequest) -> Result<Plan, BackendError> {
             kv("path", path),
             kv("collection", collection.unwrap_or_default()),
             kv("readOnly", read_only.to_string()),
+            kv("quotaMB", quota.to_string()),
         ],
     })
 }

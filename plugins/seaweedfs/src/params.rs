@@ -38,6 +38,20 @@ pub const SPECS: &[ParamSpec] = &[
         )
     },
     ParamSpec::parameter(
+        "master",
+        ParamKind::Endpoint,
+        None,
+        "A master's HTTP address, host:port, for GetCapacity (its free volume slots); without it \
+         the capacity is unknown.",
+    ),
+    ParamSpec::parameter(
+        "masterVolumeSizeLimitMB",
+        ParamKind::Integer,
+        Some("30000"),
+        "The master's -volumeSizeLimitMB, 1 to 1048576: GetCapacity counts each free volume slot \
+         as this much (SeaweedFS's HTTP API does not report it).",
+    ),
+    ParamSpec::parameter(
         "parentDir",
         ParamKind::RemotePath,
         Some("/buckets"),
@@ -241,6 +255,10 @@ pub struct Settings<'a> {
     pub path: Option<&'a str>,
     /// Where provisioning creates volume directories.
     pub parent_dir: &'a str,
+    /// A master's HTTP address (GetCapacity).
+    pub master: Option<&'a str>,
+    /// The master's volume size limit, MiB.
+    pub master_volume_size_limit_mb: u64,
     /// The explicit collection, if given.
     pub collection: Option<&'a str>,
     /// `-replication=`.
@@ -290,6 +308,13 @@ impl<'a> Settings<'a> {
             Some(v) => check_remote_path(&label("parentDir"), v)?,
             None => "/buckets",
         };
+        let master = match p.text("master")? {
+            Some(v) => Some(parse_filers(&label("master"), v).and_then(|m| match m.as_slice() {
+                [one] => Ok(*one),
+                _ => Err(invalid("parameter \"master\" takes one host:port")),
+            })?),
+            None => None,
+        };
         let collection = p.text("collection")?.map(|v| check_collection("collection", v)).transpose()?;
         let replication = p.text("replication")?.map(check_replication).transpose()?;
         let disk_type = p
@@ -320,6 +345,8 @@ impl<'a> Settings<'a> {
             filers,
             path,
             parent_dir,
+            master,
+            master_volume_size_limit_mb: p.integer("masterVolumeSizeLimitMB", 1, 1_048_576)?.unwrap_or(30_000),
             collection,
             replication,
             disk_type,

@@ -138,6 +138,7 @@ fn minimal_stage_plan() {
             kv("path", "/buckets/pvc-1"),
             kv("collection", "pvc-1"),
             kv("readOnly", "false"),
+            kv("quotaMB", "0"),
         ]
     );
 }
@@ -609,11 +610,11 @@ fn provision_req(name: &str, params: &[(&str, &str)]) -> ProvisionRequest {
     }
 }
 
-/// The one `POST` that creates the directory.
+/// The one `POST` that creates the directory, followed by the list entry's `PUT`.
 fn mkdir_of(plan: &ProvisionPlan) -> &HttpCall {
     match plan.steps.as_slice() {
-        [.., Step::Http(call)] if call.method == "POST" => call,
-        other => panic!("expected the directory's POST last, got {other:?}"),
+        [.., Step::Http(call), Step::Http(entry)] if call.method == "POST" && entry.method == "PUT" => call,
+        other => panic!("expected the directory's POST, then the list entry, got {other:?}"),
     }
 }
 
@@ -663,6 +664,20 @@ fn provision_plans_the_capacity_check_its_record_and_one_directory() {
                 body: vec![],
                 ok_status: vec![201, 409],
             }),
+            // The list entry: the hex of the volume id, its capacity in a header the filer keeps.
+            Step::Http(HttpCall {
+                method: "PUT".into(),
+                urls: vec![format!(
+                    "http://127.0.0.1:8888/.mounthost/volumes/{}",
+                    "3132372e302e302e313a383838382f6275636b6574732f7076632d31"
+                )],
+                headers: vec![Header {
+                    name: "Seaweed-Mounthost-Capacity-Bytes".into(),
+                    value: Value::Literal("5368709120".into()),
+                }],
+                body: vec![],
+                ok_status: vec![200, 201, 204],
+            }),
         ]
     );
 }
@@ -683,7 +698,11 @@ fn the_record_depends_on_the_capacity_only() {
     // No capacity asked for: nothing to compare, nothing recorded, only the directory.
     let sizeless = plan("pvc-1", 0);
     assert_eq!(sizeless.capacity_bytes, 0);
-    assert!(matches!(sizeless.steps.as_slice(), [Step::Http(c)] if c.method == "POST"), "{:?}", sizeless.steps);
+    assert!(
+        matches!(sizeless.steps.as_slice(), [Step::Http(c), Step::Http(e)] if c.method == "POST" && e.method == "PUT"),
+        "{:?}",
+        sizeless.steps
+    );
 }
 
 #[test]
@@ -873,6 +892,9 @@ fn delete_removes_the_directory_then_the_record(#[case] id: &str, #[case] dirs: 
             format!("{origin}/.mounthost/capacity{path}")
         })
         .collect();
+    let hex: String = id.bytes().map(|b| format!("{b:02x}")).collect();
+    let entries: Vec<String> =
+        dirs.iter().map(|d| format!("{}/.mounthost/volumes/{hex}", &d[..d[7..].find('/').unwrap() + 7])).collect();
     assert_eq!(
         plan.steps,
         vec![
@@ -886,6 +908,13 @@ fn delete_removes_the_directory_then_the_record(#[case] id: &str, #[case] dirs: 
             Step::Http(HttpCall {
                 method: "DELETE".into(),
                 urls: records,
+                headers: vec![],
+                body: vec![],
+                ok_status: vec![200, 202, 204, 404],
+            }),
+            Step::Http(HttpCall {
+                method: "DELETE".into(),
+                urls: entries,
                 headers: vec![],
                 body: vec![],
                 ok_status: vec![200, 202, 204, 404],
