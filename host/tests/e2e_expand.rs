@@ -216,6 +216,20 @@ fn a_published_seaweedfs_volume_grows_from_1_to_2_gib_while_a_pod_writes() {
                 .await
                 .unwrap_err();
             assert_eq!(err.code(), Code::NotFound, "{err:?}");
+            // "Exceeds capabilities": another access mode than staged; block access.
+            let mut reader = node_expand(&id, &target, &staging, 2 * GIB);
+            reader.volume_capability =
+                Some(common::capability(csi::volume_capability::access_mode::Mode::SingleNodeReaderOnly));
+            let err = node.node_expand_volume(reader).await.unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+            assert!(err.message().contains("SINGLE_NODE_MULTI_WRITER"), "{err:?}");
+            let mut block = controller_expand(&id, 2 * GIB, 0);
+            block.volume_capability = Some(csi::VolumeCapability {
+                access_type: Some(csi::volume_capability::AccessType::Block(Default::default())),
+                ..multi_writer()
+            });
+            let err = controller.controller_expand_volume(block).await.unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
             let mut no_range = node_expand(&id, &target, &staging, 0);
             no_range.capacity_range = None;
             let err = node.node_expand_volume(no_range).await.unwrap_err();
@@ -382,6 +396,11 @@ fn list_volumes_get_capacity_and_validation_answer_as_the_spec_says() {
                 }
                 println!("checked: ListVolumes max_entries={max}: {} volumes in {pages} pages", got.len());
             }
+            let err = controller
+                .list_volumes(csi::ListVolumesRequest { max_entries: -1, starting_token: String::new() })
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
             // "Invalid starting_token": ABORTED.
             for token in ["garbage", "nosuchplugin:x", "seaweedfs:not-a-token"] {
                 let err = controller
@@ -425,6 +444,18 @@ fn list_volumes_get_capacity_and_validation_answer_as_the_spec_says() {
                 .unwrap()
                 .into_inner();
             assert!(half.available_capacity as u64 <= free / 2 + GIB, "two copies halve it: {half:?}");
+            // No topology is advertised: a request naming one is refused.
+            let err = controller
+                .get_capacity(csi::GetCapacityRequest {
+                    parameters: with_master.clone(),
+                    accessible_topology: Some(csi::Topology {
+                        segments: [("zone".to_string(), "a".to_string())].into(),
+                    }),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
             // Without a master the plugin cannot tell: a non-OK code (UNIMPLEMENTED), naming it.
             let err = controller
                 .get_capacity(csi::GetCapacityRequest { parameters: params(&[]), ..Default::default() })

@@ -371,6 +371,17 @@ fn a_model_stages_from_the_registry_and_publishes_read_only() {
         let target = node.dirs.target("pod-1", "pv-model-1");
         csi.node_publish_volume(publish_req("pv-model-1", &staging, &target, &ctx)).await.unwrap();
         assert_eq!(tree(&target), expected(&model, |_| true), "the pod sees exactly the model's files, byte for byte");
+        // CSI NodeExpandVolume of a volume that cannot grow: "Unsupported capacity", OUT_OF_RANGE.
+        let grow = csi::NodeExpandVolumeRequest {
+            volume_id: "pv-model-1".into(),
+            volume_path: target.display().to_string(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
+            staging_target_path: staging.display().to_string(),
+            ..Default::default()
+        };
+        let err = csi.node_expand_volume(grow).await.unwrap_err();
+        assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+        assert!(err.message().contains("cannot be expanded"), "{err:?}");
         let write = std::fs::write(target.join("config.json"), b"x").unwrap_err();
         assert_eq!(write.raw_os_error(), Some(nix::errno::Errno::EROFS as i32), "{write}");
         let create = std::fs::write(target.join("new-file"), b"x").unwrap_err();
