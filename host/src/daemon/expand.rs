@@ -21,7 +21,7 @@ use super::Node;
 use super::diff::Desired;
 use super::pipeline::{Job, Persist};
 use super::stage::StageAsk;
-use crate::error::{Error, ErrorKind};
+use crate::error::Error;
 use crate::plan::policy::Operation;
 use crate::plan::{Plan, Step};
 use crate::plugin::bindings::types as wit;
@@ -29,40 +29,8 @@ use crate::proto::csi;
 use crate::secrets::Secrets;
 use crate::unpriv::lookup::{Rounds, as_plan};
 use crate::volume::request;
-use crate::volume::state::{Phase, VolumeState};
-
-/// The CSI capacity range, checked: `(required, limit)` in bytes, 0 for unspecified; at least
-/// one of them set.
-pub fn expansion_range(range: Option<&csi::CapacityRange>) -> Result<(u64, u64), Error> {
-    let range = range.ok_or_else(|| Error::invalid("capacity_range is required: the size to expand the volume to"))?;
-    let (required, limit) = (range.required_bytes, range.limit_bytes);
-    if required < 0 || limit < 0 || (limit > 0 && required > limit) {
-        return Err(Error::invalid(format!("capacity_range is invalid: required {required}, limit {limit}")));
-    }
-    if required == 0 && limit == 0 {
-        return Err(Error::invalid("capacity_range names no size: set required_bytes (or limit_bytes)"));
-    }
-    Ok((required as u64, limit as u64))
-}
-
-/// A plugin's expansion answer against the range asked for: more than `limit` is OUT_OF_RANGE,
-/// less than `required` a plugin bug.
-pub fn fits(plugin: &str, capacity: u64, required: u64, limit: u64) -> Result<(), Error> {
-    if limit > 0 && capacity > limit {
-        return Err(Error::new(
-            ErrorKind::OutOfRange,
-            format!(
-                "plugin {plugin} would give the volume {capacity} bytes, more than capacity_range.limit_bytes {limit}"
-            ),
-        ));
-    }
-    if capacity < required {
-        return Err(Error::internal(format!(
-            "plugin {plugin} answered the expansion to {required} bytes with a capacity of {capacity} bytes (a plugin bug)"
-        )));
-    }
-    Ok(())
-}
+use crate::volume::size::{expansion_range, fits};
+use crate::volume::state::{Phase, StagedCapability, VolumeState};
 
 impl Node {
     /// NodeExpandVolume (to completion, see [`Node::detached`]).
@@ -100,7 +68,7 @@ impl Node {
                 st.phase.as_str()
             )));
         }
-        let staged = st.capability.as_ref().and_then(request::capability_of_record);
+        let staged = st.capability.as_ref().and_then(capability_of_record);
         let capability = match (asked, staged) {
             (Some(a), Some(s)) if a.access_mode != s.access_mode => {
                 return Err(Error::invalid(format!(
@@ -181,22 +149,20 @@ impl Node {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ranges_and_answers_are_checked() {
-        let range = |required, limit| Some(csi::CapacityRange { required_bytes: required, limit_bytes: limit });
-        assert_eq!(expansion_range(range(2 << 30, 0).as_ref()).unwrap(), (2 << 30, 0));
-        assert_eq!(expansion_range(range(0, 4 << 30).as_ref()).unwrap(), (0, 4 << 30));
-        for (r, l) in [(0, 0), (-1, 0), (0, -1), (5, 4)] {
-            assert_eq!(expansion_range(range(r, l).as_ref()).unwrap_err().kind, ErrorKind::InvalidArgument, "{r} {l}");
-        }
-        assert_eq!(expansion_range(None).unwrap_err().kind, ErrorKind::InvalidArgument);
-        fits("p", 2 << 30, 2 << 30, 0).unwrap();
-        fits("p", 3 << 30, 2 << 30, 3 << 30).unwrap();
-        assert_eq!(fits("p", 4 << 30, 2 << 30, 3 << 30).unwrap_err().kind, ErrorKind::OutOfRange);
-        assert_eq!(fits("p", 1 << 30, 2 << 30, 0).unwrap_err().kind, ErrorKind::Internal);
-    }
+/// The capability a volume record holds, in the planners' terms (`None` for an access mode
+/// name this version does not know).
+fn capability_of_record(c: &StagedCapability) -> Option<wit::VolumeCapability> {
+    use wit::AccessMode as M;
+    let access_mode = [
+        M::SingleNodeWriter,
+        M::SingleNodeReaderOnly,
+        M::MultiNodeReaderOnly,
+        M::MultiNodeSingleWriter,
+        M::MultiNodeMultiWriter,
+        M::SingleNodeSingleWriter,
+        M::SingleNodeMultiWriter,
+    ]
+    .into_iter()
+    .find(|m| request::access_mode_name(*m) == c.access_mode)?;
+    Some(wit::VolumeCapability { access_mode, fs_type: c.fs_type.clone(), mount_flags: c.mount_flags.clone() })
 }

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use tracing::info;
 
 use super::provision::{Controller, Failure, hosts_in_id, split_id};
-use crate::daemon::expand::{expansion_range, fits};
+use crate::volume::size::{expansion_range, fits};
 use crate::error::{Error, ErrorKind};
 use crate::plan::policy::{self, Operation};
 use crate::plugin::bindings::types as wit;

@@ -3,6 +3,7 @@
 pub mod dirs;
 pub mod lock;
 pub mod request;
+pub mod size;
 pub mod state;
 
 pub use dirs::VolumeDirs;

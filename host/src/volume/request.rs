@@ -165,24 +165,6 @@ pub fn access_mode_name(mode: wit::AccessMode) -> &'static str {
     }
 }
 
-/// The capability a volume record holds, in the planners' terms (`None` for an access mode
-/// name this version does not know).
-pub fn capability_of_record(c: &crate::volume::state::StagedCapability) -> Option<wit::VolumeCapability> {
-    use wit::AccessMode as M;
-    let access_mode = [
-        M::SingleNodeWriter,
-        M::SingleNodeReaderOnly,
-        M::MultiNodeReaderOnly,
-        M::MultiNodeSingleWriter,
-        M::MultiNodeMultiWriter,
-        M::SingleNodeSingleWriter,
-        M::SingleNodeMultiWriter,
-    ]
-    .into_iter()
-    .find(|m| access_mode_name(*m) == c.access_mode)?;
-    Some(wit::VolumeCapability { access_mode, fs_type: c.fs_type.clone(), mount_flags: c.mount_flags.clone() })
-}
-
 /// Which plugin a volume uses: its `plugin` attribute, else the `<plugin>~` prefix of ids that
 /// mounthost's CreateVolume made.
 pub fn plugin_name(volume_id: &str, attrs: &HashMap<String, String>) -> Result<String, Error> {
