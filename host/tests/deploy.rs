@@ -1359,3 +1359,450 @@ fn plan(
         )]
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The controller's sidecars: what the front advertises, what each sidecar needs from the API.
+
+/// An API access a sidecar needs: verbs on a resource of an API group.
+struct Access {
+    group: &'static str,
+    resource: &'static str,
+    verbs: &'static [&'static str],
+    /// Needed in the pod's namespace only (a Role bound there is enough); else cluster-wide.
+    namespaced: bool,
+    /// Needed only when the sidecar's flag has this value among its comma-separated values
+    /// (`flag`, `value`, the flag's default); always when `None`.
+    when: Option<(&'static str, &'static str, &'static str)>,
+    why: &'static str,
+}
+
+/// A CSI sidecar of the controller pod, and what it needs.
+struct Sidecar {
+    /// The image's repository.
+    image: &'static str,
+    /// The release line `access` was read from: the image's tag starts with it.
+    release: &'static str,
+    /// The controller capability that makes it needed: present exactly when the front
+    /// advertises it.
+    serves: ControllerRpc,
+    /// What its release's code calls (its `deploy/kubernetes/rbac.yaml` lists more).
+    access: &'static [Access],
+}
+
+use mounthost::proto::csi::controller_service_capability::rpc::Type as ControllerRpc;
+
+const LEASES: Access = Access {
+    group: "coordination.k8s.io",
+    resource: "leases",
+    // csi-lib-utils' leader election: client-go's LeaseLock gets, creates and updates.
+    verbs: &["get", "create", "update"],
+    namespaced: true,
+    when: Some(("--leader-election", "true", "false")),
+    why: "leader election",
+};
+/// client-go's event recorder creates an event and patches it when it repeats.
+const EVENTS: Access = Access {
+    group: "",
+    resource: "events",
+    verbs: &["create", "patch"],
+    namespaced: false,
+    when: None,
+    why: "events on claims",
+};
+
+const SIDECARS: [Sidecar; 2] = [
+    // external-provisioner v5.2.0 for CREATE_DELETE_VOLUME without topology, attach, snapshots,
+    // clones or capacity tracking.
+    Sidecar {
+        image: "registry.k8s.io/sig-storage/csi-provisioner",
+        release: "v5.",
+        serves: ControllerRpc::CreateDeleteVolume,
+        access: &[
+            Access {
+                group: "",
+                resource: "persistentvolumes",
+                verbs: &["get", "list", "watch", "create", "patch", "delete"],
+                namespaced: false,
+                when: None,
+                why: "create, delete and finalize PVs",
+            },
+            Access {
+                group: "",
+                resource: "persistentvolumeclaims",
+                verbs: &["get", "list", "watch", "update"],
+                namespaced: false,
+                when: None,
+                why: "watch and annotate claims",
+            },
+            Access {
+                group: "storage.k8s.io",
+                resource: "storageclasses",
+                verbs: &["get", "list", "watch"],
+                namespaced: false,
+                when: None,
+                why: "the claim's StorageClass",
+            },
+            Access {
+                group: "",
+                resource: "nodes",
+                verbs: &["get"],
+                namespaced: false,
+                when: None,
+                why: "the selected node of a WaitForFirstConsumer claim",
+            },
+            EVENTS,
+            LEASES,
+        ],
+    },
+    // external-resizer v1.14.0: the pod informer only with --handle-volume-inuse-error (default
+    // true), the VolumeAttributesClass informer only with its feature gate (default off).
+    Sidecar {
+        image: "registry.k8s.io/sig-storage/csi-resizer",
+        release: "v1.",
+        serves: ControllerRpc::ExpandVolume,
+        access: &[
+            Access {
+                group: "",
+                resource: "persistentvolumes",
+                verbs: &["get", "list", "watch", "patch"],
+                namespaced: false,
+                when: None,
+                why: "watch PVs, patch their capacity",
+            },
+            Access {
+                group: "",
+                resource: "persistentvolumeclaims",
+                verbs: &["get", "list", "watch"],
+                namespaced: false,
+                when: None,
+                why: "watch claims",
+            },
+            Access {
+                group: "",
+                resource: "persistentvolumeclaims/status",
+                verbs: &["patch"],
+                namespaced: false,
+                when: None,
+                why: "the claim's resize status",
+            },
+            Access {
+                group: "",
+                resource: "pods",
+                verbs: &["get", "list", "watch"],
+                namespaced: false,
+                when: Some(("--handle-volume-inuse-error", "true", "true")),
+                why: "which claims pods use (volume-in-use errors)",
+            },
+            Access {
+                group: "storage.k8s.io",
+                resource: "volumeattributesclasses",
+                verbs: &["get", "list", "watch"],
+                namespaced: false,
+                when: Some(("--feature-gates", "VolumeAttributesClass=true", "")),
+                why: "ControllerModifyVolume",
+            },
+            EVENTS,
+            LEASES,
+        ],
+    },
+];
+
+/// Stock plugins whose volumes grow (ControllerExpandVolume and NodeExpandVolume), as
+/// docs/plugins/<plugin>.md says: seaweedfs grows the quota of `weed mount`; model answers
+/// OUT_OF_RANGE.
+const EXPANDS: [(&str, bool); 2] = [("seaweedfs", true), ("model", false)];
+
+/// Where client-go's in-cluster configuration reads the token, the CA and the namespace (the
+/// leader election's default namespace).
+const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// What `mounthost csi --mode controller` advertises: its controller RPC capabilities and its
+/// plugin capability VolumeExpansion (`None`, or its type).
+fn controller_capabilities() -> (BTreeSet<i32>, Option<i32>) {
+    use mounthost::proto::csi;
+    let scratch = tempfile::tempdir().unwrap();
+    let socket = scratch.path().join("csi.sock");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mounthost"));
+    cmd.arg("--state-dir").arg(scratch.path().join("state"));
+    cmd.args(["csi", "--mode", "controller", "--endpoint"]).arg(format!("unix://{}", socket.display()));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("MOUNTHOST_") || k == "CSI_ENDPOINT" {
+            cmd.env_remove(k);
+        }
+    }
+    let log = std::fs::File::create(scratch.path().join("log")).unwrap();
+    let child = cmd.stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).spawn().unwrap();
+    // Stopped also when an assertion below fails.
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut front = Stop(child);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !socket.exists() {
+        let exited = front.0.try_wait().unwrap();
+        let log = || std::fs::read_to_string(scratch.path().join("log")).unwrap_or_default();
+        assert!(exited.is_none(), "mounthost csi --mode controller exited ({exited:?}): {}", log());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "mounthost csi --mode controller: no socket after 60 s: {}",
+            log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let channel = mounthost::unpriv::grpc::channel(&socket);
+        let mut controller = csi::controller_client::ControllerClient::new(channel.clone());
+        let caps = controller.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await.unwrap();
+        let rpcs = caps
+            .into_inner()
+            .capabilities
+            .into_iter()
+            .filter_map(|c| match c.r#type {
+                Some(csi::controller_service_capability::Type::Rpc(rpc)) => Some(rpc.r#type),
+                _ => None,
+            })
+            .collect();
+        let mut identity = csi::identity_client::IdentityClient::new(channel);
+        let plugin = identity.get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {}).await.unwrap();
+        let expansion = plugin.into_inner().capabilities.into_iter().find_map(|c| match c.r#type {
+            Some(csi::plugin_capability::Type::VolumeExpansion(e)) => Some(e.r#type),
+            _ => None,
+        });
+        (rpcs, expansion)
+    })
+}
+
+/// Every (API group, resource, verb) an account is granted, cluster-wide (ClusterRoleBindings)
+/// or in `namespace` (RoleBindings there, to a Role or a ClusterRole), from the RBAC objects of
+/// a rendering. `*` stands for every group, resource or verb; rules limited to `resourceNames`
+/// are left out (the sidecars name objects they create).
+fn granted(objects: &[Value], account: &str, namespace: &str) -> (Vec<[String; 3]>, Vec<[String; 3]>) {
+    let ns_of = |o: &Value| o["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
+    let binds = |b: &Value| {
+        b["subjects"].as_array().into_iter().flatten().any(|s| {
+            s["kind"] == "ServiceAccount"
+                && s["name"] == account
+                && s["namespace"].as_str().map_or(ns_of(b), str::to_string) == namespace
+        })
+    };
+    let rules_of = |kind: &str, name: &str, ns: Option<&str>| -> Vec<[String; 3]> {
+        let role = objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name && ns.is_none_or(|ns| ns_of(o) == ns));
+        let mut out = Vec::new();
+        for rule in role.and_then(|r| r["rules"].as_array()).into_iter().flatten() {
+            if !strs(&rule["resourceNames"]).is_empty() {
+                continue;
+            }
+            for g in strs(&rule["apiGroups"]) {
+                for r in strs(&rule["resources"]) {
+                    for v in strs(&rule["verbs"]) {
+                        out.push([g.clone(), r.clone(), v]);
+                    }
+                }
+            }
+        }
+        out
+    };
+    let (mut cluster, mut local) = (Vec::new(), Vec::new());
+    for b in objects.iter().filter(|o| binds(o)) {
+        let (kind, name) =
+            (b["roleRef"]["kind"].as_str().unwrap_or_default(), b["roleRef"]["name"].as_str().unwrap_or_default());
+        match b["kind"].as_str() {
+            Some("ClusterRoleBinding") if kind == "ClusterRole" => cluster.extend(rules_of(kind, name, None)),
+            Some("RoleBinding") if ns_of(b) == namespace => {
+                let ns = (kind == "Role").then_some(namespace);
+                local.extend(rules_of(kind, name, ns));
+            }
+            _ => {}
+        }
+    }
+    (cluster, local)
+}
+
+fn covers(rules: &[[String; 3]], group: &str, resource: &str, verb: &str) -> bool {
+    rules.iter().any(|[g, r, v]| (g == group || g == "*") && (r == resource || r == "*") && (v == verb || v == "*"))
+}
+
+/// A flag's value as the sidecar sees it: given with a value, given bare (a boolean: `true`),
+/// or not given (`None`).
+fn sidecar_flag(args: &[String], flag: &str) -> Option<String> {
+    flags(args).into_iter().find(|(f, _, _)| f == flag).map(|(_, v, _)| v.unwrap_or_else(|| "true".into()))
+}
+
+#[test]
+fn controller_sidecars_serve_what_the_front_advertises_with_the_access_they_need() {
+    let (rpcs, expansion) = controller_capabilities();
+    let online = mounthost::proto::csi::plugin_capability::volume_expansion::Type::Online as i32;
+    let mut problems = Vec::new();
+    for r in rendered() {
+        let Some(front) = find_ours(r, |f| f.subcommand() == "csi" && f.mode().as_deref() == Some("controller")) else {
+            problems.push(format!("{}: no `mounthost csi --mode controller` container", r.dir));
+            continue;
+        };
+        let deployment = r.objects.iter().find(|o| pod_spec(o).is_some_and(|s| std::ptr::eq(s, front.spec))).unwrap();
+        let at = format!("{}: {}", r.dir, kind_name(deployment));
+        let replicas = deployment["spec"]["replicas"].as_u64().unwrap_or(1);
+        let namespace = deployment["metadata"]["namespace"].as_str().unwrap_or("default");
+        let account = front.spec["serviceAccountName"].as_str().unwrap_or("default");
+        let (cluster, local) = granted(&r.objects, account, namespace);
+        let token = token_volume(front.spec);
+        let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+        for (_, c) in containers(front.spec).into_iter().filter(|(_, c)| !is_mounthost(c)) {
+            let name = c["name"].as_str().unwrap_or("?");
+            let image = c["image"].as_str().unwrap_or_default();
+            let (repository, tag) = image.rsplit_once(':').unwrap_or((image, ""));
+            let Some(sidecar) = SIDECARS.iter().find(|s| s.image == repository) else {
+                problems.push(format!(
+                    "{at}: container {name} runs {image}, a sidecar whose API access this test does not know (SIDECARS)"
+                ));
+                continue;
+            };
+            *seen.entry(sidecar.image).or_default() += 1;
+            let at = format!("{at} container {name}");
+            if !tag.starts_with(sidecar.release) {
+                problems.push(format!(
+                    "{at}: {image}: the access table (SIDECARS) is for {}:{}*; check that release's RBAC and code, then the table",
+                    sidecar.image, sidecar.release
+                ));
+            }
+            let args = strs(&c["args"]);
+            if sidecar_flag(&args, "--csi-address").as_deref() != Some("/csi/csi.sock") {
+                problems.push(format!(
+                    "{at}: --csi-address is {:?}, the front serves /csi/csi.sock",
+                    sidecar_flag(&args, "--csi-address")
+                ));
+            }
+            if replicas > 1 && sidecar_flag(&args, "--leader-election").as_deref() != Some("true") {
+                problems
+                    .push(format!("{at}: {replicas} replicas, but no --leader-election=true: every replica would act"));
+            }
+            if sidecar.serves == ControllerRpc::ExpandVolume
+                && sidecar_flag(&args, "--handle-volume-inuse-error").as_deref() == Some("false")
+                && expansion != Some(online)
+            {
+                problems.push(format!(
+                    "{at}: --handle-volume-inuse-error=false, but the front's VolumeExpansion is {expansion:?}, not ONLINE"
+                ));
+            }
+            if sidecar.serves == ControllerRpc::CreateDeleteVolume && sidecar_flag(&args, "--enable-capacity").is_some()
+            {
+                problems.push(format!(
+                    "{at}: --enable-capacity: capacity tracking's access (CSIStorageCapacity, pods, replicasets, csinodes, nodes) is not in SIDECARS"
+                ));
+            }
+            // The same confinement as the CSI front.
+            let sc = &c["securityContext"];
+            if sc["allowPrivilegeEscalation"] != false
+                || sc["readOnlyRootFilesystem"] != true
+                || !strs(&sc["capabilities"]["drop"]).contains(&"ALL".to_string())
+                || !sc["capabilities"]["add"].is_null()
+                || sc["privileged"] == true
+            {
+                problems.push(format!(
+                    "{at}: securityContext {sc} is not allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities.drop [ALL]"
+                ));
+            }
+            // It talks to the API server: the pod's projected token at client-go's path.
+            match source_of(front.spec, c, &format!("{TOKEN_DIR}/token")) {
+                Some(s) if Some(&s.volume) == token.as_ref() && s.mount_path == TOKEN_DIR => {}
+                s => problems.push(format!(
+                    "{at}: {TOKEN_DIR} is {:?}, not the projected token volume {token:?} (token, ca.crt, namespace)",
+                    s.map(|s| (s.volume, s.mount_path))
+                )),
+            }
+            for access in sidecar.access {
+                let needed = access.when.is_none_or(|(flag, value, default)| {
+                    sidecar_flag(&args, flag).unwrap_or_else(|| default.to_string()).split(',').any(|v| v == value)
+                });
+                if !needed {
+                    continue;
+                }
+                for verb in access.verbs {
+                    let ok = covers(&cluster, access.group, access.resource, verb)
+                        || (access.namespaced && covers(&local, access.group, access.resource, verb));
+                    if !ok {
+                        let scope =
+                            if access.namespaced { format!("in namespace {namespace}") } else { "cluster-wide".into() };
+                        problems.push(format!(
+                            "{at}: ServiceAccount {account} is not granted `{verb}` on {}{} {scope} ({})",
+                            if access.group.is_empty() { String::new() } else { format!("{}/", access.group) },
+                            access.resource,
+                            access.why
+                        ));
+                    }
+                }
+            }
+        }
+        for sidecar in &SIDECARS {
+            let advertised = rpcs.contains(&(sidecar.serves as i32));
+            let count = seen.get(sidecar.image).copied().unwrap_or(0);
+            match (advertised, count) {
+                (true, 1) | (false, 0) => {}
+                (true, n) => problems.push(format!(
+                    "{at}: the front advertises {:?}, served by {}, which runs in {n} containers of the pod, not one",
+                    sidecar.serves, sidecar.image
+                )),
+                (false, n) => problems.push(format!(
+                    "{at}: {n} containers run {}, for {:?}, which the front does not advertise",
+                    sidecar.image, sidecar.serves
+                )),
+            }
+        }
+        check_expansion(r, seen.contains_key("registry.k8s.io/sig-storage/csi-resizer"), &mut problems);
+    }
+    fail_with(problems);
+}
+
+/// The volume of a pod spec that projects a service account token, the cluster CA as `ca.crt`
+/// and the namespace as `namespace`: what client-go reads in a pod.
+fn token_volume(spec: &Value) -> Option<String> {
+    spec["volumes"].as_array()?.iter().find_map(|v| {
+        let sources = v["projected"]["sources"].as_array()?;
+        let has = |path: &str| {
+            sources.iter().any(|s| {
+                s["serviceAccountToken"]["path"] == path
+                    || s["configMap"]["items"].as_array().is_some_and(|i| i.iter().any(|i| i["path"] == path))
+                    || s["downwardAPI"]["items"].as_array().is_some_and(|i| {
+                        i.iter().any(|i| i["path"] == path && i["fieldRef"]["fieldPath"] == "metadata.namespace")
+                    })
+            })
+        };
+        (has("token") && has("ca.crt") && has("namespace")).then(|| v["name"].as_str().unwrap_or_default().to_string())
+    })
+}
+
+/// A StorageClass allows expansion exactly when its plugin's volumes grow ([`EXPANDS`]), and
+/// only where a resizer runs; the CSIDriver asks the scheduler to wait for capacity objects
+/// only when something publishes them.
+fn check_expansion(r: &Rendered, resizer: bool, problems: &mut Vec<String>) {
+    for o in r.objects.iter().filter(|o| o["kind"] == "StorageClass") {
+        let at = format!("{}: {}", r.dir, kind_name(o));
+        let plugin = o["parameters"]["plugin"].as_str().unwrap_or_default();
+        let allows = o["allowVolumeExpansion"] == true;
+        match EXPANDS.iter().find(|(p, _)| *p == plugin) {
+            Some((_, expands)) if *expands != allows => problems.push(format!(
+                "{at}: allowVolumeExpansion is {allows}, but plugin {plugin}'s volumes {} grow",
+                if *expands { "do" } else { "do not" }
+            )),
+            Some(_) => {}
+            None => problems.push(format!("{at}: whether plugin {plugin:?}'s volumes grow is not in EXPANDS")),
+        }
+        if allows && !resizer {
+            problems.push(format!("{at}: allowVolumeExpansion: true, but the controller pod has no csi-resizer"));
+        }
+    }
+    for d in r.objects.iter().filter(|o| o["kind"] == "CSIDriver") {
+        if d["spec"]["storageCapacity"] == true {
+            problems.push(format!(
+                "{}: the CSIDriver sets storageCapacity: true, but nothing publishes CSIStorageCapacity objects (no --enable-capacity): late-binding claims would wait for them",
+                r.dir
+            ));
+        }
+    }
+}
