@@ -3,10 +3,12 @@
 //!
 //! C-core sends the unix socket's path, percent-encoded, as the HTTP/2 `:authority`; the `h2`
 //! crate under tonic resets such a stream with PROTOCOL_ERROR before any of our code sees the
-//! request (hyperium/h2 pull 487, unmerged). The test shows that limitation is real and that the
-//! documented channel option `("grpc.default_authority", "localhost")` makes every call work.
-//! It needs grpcio and grpcio-tools in `.local/venv` (scripts/test.sh installs them) and fails,
-//! never skips, without them.
+//! request (hyperium/h2 pull 487, unmerged). The first test shows that limitation is real and
+//! that the documented channel option `("grpc.default_authority", "localhost")` makes every call
+//! work. The second drives a volume's whole life from Python, as root in a private mount
+//! namespace against a real SeaweedFS: every RPC the driver advertises, each answer checked.
+//! Both need grpcio and grpcio-tools in `.local/venv` (scripts/test.sh installs them) and fail,
+//! never skip, without them.
 
 mod common;
 
@@ -14,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use common::{NodeDirs, Proc, guarded, wait_socket};
+use common::{NodeDirs, Proc, Seaweed, guarded, in_private_namespace, pids_with, wait_socket};
 use serde_json::Value;
 
 /// The venv's Python (`$MOUNTHOST_PYTHON` overrides).
@@ -86,6 +88,7 @@ fn python_grpcio_reaches_both_sockets_with_a_localhost_authority() {
         let started = Instant::now();
         let out = Command::new(python())
             .arg(&script)
+            .arg("authority")
             .arg(&proto)
             .arg(stubs.path())
             .arg(&dirs.csi_sock)
@@ -123,5 +126,92 @@ fn python_grpcio_reaches_both_sockets_with_a_localhost_authority() {
         assert_eq!(health["ok"]["node_id"], "node-1", "{health}");
         assert_eq!(health["ok"]["version"], env!("CARGO_PKG_VERSION"), "{health}");
         assert_eq!(health["ok"]["volumes"], 0, "{health}");
+    });
+}
+
+/// Every RPC the driver advertises (Identity; Controller and Node per their capabilities): the
+/// script prints `checked: grpcio <RPC>: ...` for each, and one missing fails the test.
+const CYCLE_RPCS: &[&str] = &[
+    "GetPluginInfo",
+    "GetPluginCapabilities",
+    "Probe",
+    "ControllerGetCapabilities",
+    "CreateVolume",
+    "ValidateVolumeCapabilities",
+    "ListVolumes",
+    "GetCapacity",
+    "ControllerExpandVolume",
+    "DeleteVolume",
+    "NodeGetCapabilities",
+    "NodeGetInfo",
+    "NodeStageVolume",
+    "NodePublishVolume",
+    "NodeGetVolumeStats",
+    "NodeExpandVolume",
+    "NodeUnpublishVolume",
+    "NodeUnstageVolume",
+];
+
+#[test]
+fn python_grpcio_drives_a_seaweedfs_volume_through_every_advertised_rpc() {
+    if !in_private_namespace("python_grpcio_drives_a_seaweedfs_volume_through_every_advertised_rpc") {
+        return;
+    }
+    let weed = Seaweed::start();
+    let dirs = NodeDirs::new();
+    let program = format!("--program=weed={}", common::weed_binary().display());
+    // ListVolumes carries no StorageClass: the filers it lists are the node's grants.
+    let grant = format!("--grant=seaweedfs:host={}", weed.filer);
+    let _host = dirs.start_host(std::slice::from_ref(&program));
+    let _front = dirs.start_front(&[program, grant]);
+    guarded(&dirs, || {
+        let name = "pvc-grpcio";
+        let staging = dirs.staging(name);
+        let target = dirs.target("pod-grpcio", name);
+        let nothing = dirs.target("pod-without-volumes", name);
+        let stubs = tempfile::tempdir().unwrap();
+        let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/grpc_clients.py");
+        let started = Instant::now();
+        let out = Command::new(python())
+            .arg(&script)
+            .arg("cycle")
+            .arg(&proto)
+            .arg(stubs.path())
+            .arg(&dirs.csi_sock)
+            .args(["--filer", &weed.filer, "--master", &weed.master(), "--name", name])
+            .arg("--staging")
+            .arg(&staging)
+            .arg("--target")
+            .arg(&target)
+            .arg("--nothing")
+            .arg(&nothing)
+            .args(["--node-id", "node-1", "--version", env!("CARGO_PKG_VERSION")])
+            .output()
+            .expect("running the venv's python");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        println!("{stdout}");
+        assert!(out.status.success(), "the Python client's cycle failed:\n{stdout}\n{stderr}");
+        let missing: Vec<&str> = CYCLE_RPCS
+            .iter()
+            .copied()
+            .filter(|rpc| !stdout.lines().any(|l| l.starts_with(&format!("checked: grpcio {rpc}: "))))
+            .collect();
+        assert!(missing.is_empty(), "the script checked no answer of {missing:?}:\n{stdout}");
+        assert!(stdout.lines().any(|l| l == "cycle: done"), "the script stopped early:\n{stdout}\n{stderr}");
+
+        // What the cycle left, seen from here: nothing mounted, no weed mount, no volume directory.
+        let mounted = common::mounts_below(dirs.root.path());
+        assert!(mounted.is_empty(), "still mounted after NodeUnstageVolume: {mounted:?}");
+        let weeds = pids_with(&format!("-dir={}", staging.display()));
+        assert!(weeds.is_empty(), "weed mount still runs after NodeUnstageVolume: {weeds:?}");
+        assert!(!weed.dir_exists(&format!("/buckets/{name}")), "the volume's directory outlived DeleteVolume");
+        println!(
+            "checked: grpcio {} drove {} RPCs through a SeaweedFS volume's life in {:?}",
+            stdout.lines().find_map(|l| l.strip_prefix("grpcio ")).unwrap_or("?"),
+            CYCLE_RPCS.len(),
+            started.elapsed()
+        );
     });
 }
