@@ -353,18 +353,14 @@ pub fn copies_of(replication: &str) -> u64 {
 
 /// Whether the volume exists: its directory on its filers.
 pub fn describe(req: &DescribeRequest) -> Result<DescribeAnswer, BackendError> {
-    let ctx = |k: &str| req.context.iter().find(|kv| kv.key == k).map(|kv| kv.value.clone());
-    let (filers, dir): (Vec<String>, String) = match controller::parse_volume_id(&req.volume_id) {
-        Ok((f, d)) => (f.into_iter().map(str::to_string).collect(), d.to_string()),
-        Err(_) => match (ctx("filer"), ctx("path")) {
-            // A static volume: its id is anyone's, its context says where it is.
-            (Some(f), Some(p)) => (f.split(',').map(str::to_string).collect(), p),
-            _ => return Ok(DescribeAnswer { existence: Existence::Unknown, steps: Vec::new() }),
-        },
+    // A static volume (an id CreateVolume did not make) is its context's directory, which
+    // `weed mount` creates at the first stage: a missing directory is no missing volume, and
+    // its context is checked by `validate`.
+    let Ok((filers, dir)) = controller::parse_volume_id(&req.volume_id) else {
+        return Ok(DescribeAnswer { existence: Existence::Unknown, steps: Vec::new() });
     };
-    let filers: Vec<&str> = filers.iter().map(String::as_str).collect();
-    let Some(found) = answer(&req.looked_up, "dir", &dir)? else {
-        let steps = vec![get("dir", "HEAD", urls(&filers, &dir, ""), Vec::new())];
+    let Some(found) = answer(&req.looked_up, "dir", dir)? else {
+        let steps = vec![get("dir", "HEAD", urls(&filers, dir, ""), Vec::new())];
         return Ok(DescribeAnswer { existence: Existence::Unknown, steps });
     };
     let existence = match found.status {
@@ -633,11 +629,11 @@ mod tests {
         assert_eq!(of(200).unwrap().existence, Existence::Exists);
         assert_eq!(of(404).unwrap().existence, Existence::Missing);
         assert!(matches!(of(0).unwrap_err(), BackendError::Unavailable(_)));
-        // A static volume: its context says where it is; without one nothing can be told.
-        let ctx = vec![kv("filer", "f:1"), kv("path", "/data")];
-        let st = describe(&describe_req("static-1", ctx, vec![])).unwrap();
-        assert_eq!(lookups(&st.steps)[0].2, ["http://f:1/data"]);
-        let none = describe(&describe_req("static-1", vec![], vec![])).unwrap();
-        assert_eq!((none.existence, none.steps.len()), (Existence::Unknown, 0));
+        // A static volume: its directory is made by the first stage, so whether it exists says
+        // nothing; no lookup is planned.
+        for ctx in [vec![kv("filer", "f:1"), kv("path", "/data")], vec![]] {
+            let st = describe(&describe_req("static-1", ctx, vec![answered("dir", 404, "")])).unwrap();
+            assert_eq!((st.existence, st.steps.len()), (Existence::Unknown, 0));
+        }
     }
 }
