@@ -4,12 +4,15 @@
 //! `/buckets` yet, and the others check the whole filer did not change).
 //!
 //! 1. CreateVolume of names SeaweedFS would refuse (mixed case, 128 bytes) gives valid directories.
-//! 2. CreateVolume of an existing name with another capacity is ALREADY_EXISTS and changes nothing.
-//! 3. DeleteVolume of ids this driver does not know is OK and deletes nothing.
+//! 2. CreateVolume of an existing name with a capacity range its size is not in is ALREADY_EXISTS
+//!    and changes nothing; a compatible range is the same volume; an empty range is INVALID_ARGUMENT.
+//! 3. DeleteVolume of ids this driver does not know (a plugin not loaded included) is OK and
+//!    deletes nothing.
 //! 4. A static volume under `/buckets` whose bucket name SeaweedFS refuses is INVALID_ARGUMENT
 //!    before anything runs.
 //! 5. When `weed mount` exits before mounting, the error quotes its cause, not its usage text.
 //! 6. ValidateVolumeCapabilities confirms only what was checked: the host's own keys included.
+//! 7. ValidateVolumeCapabilities of an id that names no volume of this driver is NOT_FOUND.
 
 mod common;
 
@@ -85,6 +88,15 @@ fn with_node(body: impl AsyncFnOnce(&mut Node<'_>)) {
 impl Node<'_> {
     async fn create(&mut self, name: &str, bytes: i64) -> Result<csi::Volume, tonic::Status> {
         self.controller.create_volume(create_req(self.weed, name, bytes)).await.map(|r| r.into_inner().volume.unwrap())
+    }
+
+    async fn create_range(
+        &mut self,
+        name: &str,
+        capacity_range: Option<csi::CapacityRange>,
+    ) -> Result<csi::Volume, tonic::Status> {
+        let req = csi::CreateVolumeRequest { capacity_range, ..create_req(self.weed, name, 0) };
+        self.controller.create_volume(req).await.map(|r| r.into_inner().volume.unwrap())
     }
 
     async fn delete(&mut self, id: &str) -> Result<(), tonic::Status> {
@@ -190,8 +202,12 @@ fn create_volume_accepts_any_name_the_co_may_send() {
     });
 }
 
-/// 2. CreateVolume of an existing name: the same capacity is OK, another is ALREADY_EXISTS and
-///    changes nothing in the filer; after DeleteVolume the name takes the new capacity.
+/// 2. CreateVolume's capacity rows (CSI v1.12 CreateVolume): an existing name "compatible with
+///    the specified capacity_range" (required <= size <= limit, 0 unspecified) is the same
+///    volume with its recorded size; any other range is "Volume already exists but is
+///    incompatible 6 ALREADY_EXISTS" and changes nothing in the filer; a range with required
+///    above limit, or negative, is INVALID_ARGUMENT and creates nothing; a new volume with only
+///    limit_bytes gets that size; after DeleteVolume the name takes a new size.
 #[test]
 fn create_volume_with_another_capacity_is_already_exists() {
     if !in_private_namespace("create_volume_with_another_capacity_is_already_exists") {
@@ -208,20 +224,61 @@ fn create_volume_with_another_capacity_is_already_exists() {
         // Data in the volume, written through the filer.
         assert_eq!(common::filer_put(&n.weed.filer, &format!("{dir}/data.txt"), "kept").unwrap(), 201);
 
-        let before = (n.weed.listing("/buckets"), n.weed.listing(&dir), n.weed.listing("/.mounthost/capacity/buckets"));
-        for bytes in [2 * GIB, GIB / 2, GIB + 1] {
-            let e = n.create(pv, bytes).await.unwrap_err();
-            assert_eq!(e.code(), Code::AlreadyExists, "{bytes} bytes: {e:?}");
-            assert!(e.message().contains(pv) && e.message().contains("412"), "{}", e.message());
+        let whole = |w: &Seaweed| (w.listing("/buckets"), w.listing(&dir), w.listing("/.mounthost/capacity/buckets"));
+        let before = whole(n.weed);
+        let range =
+            |required: i64, limit: i64| Some(csi::CapacityRange { required_bytes: required, limit_bytes: limit });
+        // Compatible: the same volume, of its recorded 1 GiB, and the filer unchanged.
+        for asked in [
+            range(GIB, 0),
+            range(GIB / 2, 0),
+            range(0, 2 * GIB),
+            range(GIB / 2, GIB),
+            range(GIB, GIB),
+            range(0, 0),
+            None,
+        ] {
+            let again = n.create_range(pv, asked).await.unwrap_or_else(|e| panic!("{asked:?}: {e:?}"));
+            assert_eq!(again, vol, "{asked:?}: the same volume, capacity included");
         }
-        let after = (n.weed.listing("/buckets"), n.weed.listing(&dir), n.weed.listing("/.mounthost/capacity/buckets"));
-        assert_eq!(before, after, "a refused CreateVolume changed nothing in the filer");
+        // Incompatible: ALREADY_EXISTS naming the name and the recorded size.
+        for asked in [range(2 * GIB, 0), range(GIB + 1, 0), range(0, GIB / 2), range(GIB + 1, 4 * GIB)] {
+            let e = n.create_range(pv, asked).await.unwrap_err();
+            assert_eq!(e.code(), Code::AlreadyExists, "{asked:?}: {e:?}");
+            assert!(e.message().contains(pv) && e.message().contains("1073741824 bytes"), "{}", e.message());
+        }
+        assert_eq!(whole(n.weed), before, "no CreateVolume of an existing name changed the filer");
         assert_eq!(n.weed.file(&record).as_deref(), Some("{\"capacityBytes\":1073741824}\n"));
         assert_eq!(n.weed.file(&format!("{dir}/data.txt")).as_deref(), Some("kept"));
-        assert_eq!(n.create(pv, GIB).await.unwrap(), vol, "the original capacity still answers OK");
-        let sizeless = n.create(pv, 0).await.expect("no capacity asked for: compatible with any");
-        assert_eq!((sizeless.volume_id.as_str(), sizeless.capacity_bytes), (vol.volume_id.as_str(), 0));
-        assert_eq!(n.weed.file(&record).as_deref(), Some("{\"capacityBytes\":1073741824}\n"), "and not recorded");
+
+        // A range with nothing in it, or negative: INVALID_ARGUMENT, for an existing name or a new one.
+        for name in [pv, "pvc-never-made"] {
+            for (asked, says) in [
+                (range(GIB, GIB / 2), "required_bytes 1073741824 is more than limit_bytes 536870912"),
+                (range(-1, 0), "must not be negative"),
+                (range(0, -GIB), "must not be negative"),
+            ] {
+                let e = n.create_range(name, asked).await.unwrap_err();
+                assert_eq!(e.code(), Code::InvalidArgument, "{asked:?}: {e:?}");
+                assert!(e.message().contains(says), "{}", e.message());
+            }
+        }
+        assert_eq!(whole(n.weed), before, "nothing created");
+        assert!(!n.weed.dir_exists("/buckets/pvc-never-made"));
+
+        // A new volume asking for at most 512 MiB gets 512 MiB, recorded; one asking for no size
+        // gets no fixed size (0) and no record.
+        let limited = n.create_range("pvc-limited", range(0, GIB / 2)).await.unwrap();
+        assert_eq!(limited.capacity_bytes, GIB / 2);
+        assert_eq!(n.weed.file(&record_of(&dir_of(&limited))).as_deref(), Some("{\"capacityBytes\":536870912}\n"));
+        assert_eq!(n.create_range("pvc-limited", range(GIB / 4, 0)).await.unwrap(), limited);
+        assert_eq!(n.create_range("pvc-limited", range(GIB, 0)).await.unwrap_err().code(), Code::AlreadyExists);
+        let sizeless = n.create_range("pvc-sizeless", None).await.unwrap();
+        assert_eq!(sizeless.capacity_bytes, 0);
+        assert_eq!(n.weed.file(&record_of(&dir_of(&sizeless))), None, "nothing recorded");
+        for v in [&limited, &sizeless] {
+            n.delete(&v.volume_id).await.unwrap();
+        }
 
         n.delete(&vol.volume_id).await.unwrap();
         assert!(!n.weed.dir_exists(&dir));
@@ -230,18 +287,22 @@ fn create_volume_with_another_capacity_is_already_exists() {
         assert_eq!((bigger.volume_id.as_str(), bigger.capacity_bytes), (vol.volume_id.as_str(), 2 * GIB));
         assert_eq!(n.weed.file(&record).as_deref(), Some("{\"capacityBytes\":2147483648}\n"));
         assert_eq!(n.weed.file(&format!("{dir}/data.txt")), None, "a new, empty volume");
-        assert_eq!(n.create(pv, GIB).await.unwrap_err().code(), Code::AlreadyExists, "now 1 GiB is the other capacity");
+        assert_eq!(n.create(pv, 3 * GIB).await.unwrap_err().code(), Code::AlreadyExists, "now 3 GiB is too much");
+        assert_eq!(n.create(pv, GIB).await.unwrap().capacity_bytes, 2 * GIB, "and 1 GiB fits in it");
         n.delete(&bigger.volume_id).await.unwrap();
         assert!(n.weed.listing("/buckets").is_empty() && n.weed.listing("/.mounthost/capacity/buckets").is_empty());
         println!(
-            "checked: same capacity OK twice, 3 other capacities ALREADY_EXISTS with the filer unchanged, \
-             no capacity OK, re-created at 2 GiB after delete"
+            "checked: 7 compatible ranges answered with the volume, 4 others ALREADY_EXISTS with the filer unchanged, \
+             6 invalid ranges INVALID_ARGUMENT, a limit-only volume of its limit, re-created at 2 GiB after delete"
         );
     });
 }
 
-/// 3. DeleteVolume of ids this driver never made, or that its plugin does not know, is OK and
-///    deletes nothing; an id naming a plugin that is not loaded is FAILED_PRECONDITION.
+/// 3. DeleteVolume of ids this driver never made, that name a plugin no loaded plugin is (and
+///    of which the controller holds no note), or that its plugin does not know, is OK and
+///    deletes nothing (CSI v1.12 DeleteVolume: "If a volume corresponding to the specified
+///    volume_id does not exist or the artifacts associated with the volume do not exist
+///    anymore, the Plugin MUST reply 0 OK"); a malformed id is INVALID_ARGUMENT.
 #[test]
 fn delete_volume_of_an_id_this_driver_does_not_know_is_ok() {
     if !in_private_namespace("delete_volume_of_an_id_this_driver_does_not_know_is_ok") {
@@ -260,6 +321,7 @@ fn delete_volume_of_an_id_this_driver_does_not_know_is_ok() {
             "vol-9f8e7d6c-5b4a".to_string(),                   // another driver's handle
             "~x".to_string(),                                  // empty plugin part
             format!("Seaweedfs~{}{dir}", n.weed.filer),        // not a plugin name
+            format!("nosuchplugin~{}{dir}", n.weed.filer),     // no plugin of that name, no note
             "seaweedfs~garbage".to_string(),                   // the plugin says: not mine
             format!("seaweedfs~{}/", n.weed.filer),            // the plugin never makes `/`
             format!("seaweedfs~{}/buckets/a b", n.weed.filer), // nor names with spaces
@@ -269,24 +331,26 @@ fn delete_volume_of_an_id_this_driver_does_not_know_is_ok() {
             n.delete(id).await.unwrap_or_else(|e| panic!("DeleteVolume {id:?}: {e:?}"));
             n.delete(id).await.unwrap_or_else(|e| panic!("DeleteVolume {id:?} again: {e:?}"));
         }
-        let missing = format!("nosuchplugin~{}{dir}", n.weed.filer);
-        let e = n.delete(&missing).await.unwrap_err();
-        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-        assert!(e.message().contains("nosuchplugin") && e.message().contains("cannot be loaded"), "{}", e.message());
         assert_eq!(n.delete("").await.unwrap_err().code(), Code::InvalidArgument, "volume_id is required");
         let e = n.delete(&"x".repeat(200)).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "over 128 bytes is a malformed field: {e:?}");
 
         assert_eq!(whole(n.weed), before, "nothing in the filer changed");
         assert_eq!(n.weed.file(&format!("{dir}/data.txt")).as_deref(), Some("kept"));
-        let front_log = std::fs::read_to_string(n.dirs.root.path().join("front.log")).unwrap();
+        let front_log = common::strip_ansi(&std::fs::read_to_string(n.dirs.root.path().join("front.log")).unwrap());
         assert!(front_log.contains("mounthost never makes"), "the front logs ids that are not its own");
         assert!(front_log.contains("does not know this volume id"), "and ids its plugin does not know");
+        let warned =
+            front_log.lines().find(|l| l.contains("no loaded plugin can have made") && l.contains("nosuchplugin"));
+        assert!(
+            warned.is_some_and(|l| l.contains("WARN")),
+            "an id of a plugin not loaded here is a warning:\n{front_log}"
+        );
 
         n.delete(&vol.volume_id).await.unwrap();
         assert!(!n.weed.dir_exists(&dir));
         println!(
-            "checked: {} unknown ids deleted twice with OK and the filer unchanged, a missing plugin refused",
+            "checked: {} unknown ids (a plugin not loaded among them) deleted twice with OK and the filer unchanged",
             unknown.len()
         );
     });
@@ -357,8 +421,9 @@ fn a_static_volume_under_buckets_with_a_refused_name_is_invalid_argument() {
 
 /// 5. `weed mount` of `/buckets/v1` on a filer without `/buckets` exits with its cause a few lines
 ///    above ~150 lines of usage text. Run by hand (output to a file, as the host does), the
-///    summary of its log holds the cause; staged through the host (a volume an earlier version
-///    provisioned with such a name, which the plugin lets through), the CSI error holds it too.
+///    summary of its log holds the cause; staged through the host (a provisioned volume whose
+///    path holds a file, so `weed mount` cannot make its directory), the CSI error holds that
+///    cause too.
 #[test]
 fn a_weed_mount_failure_shows_its_cause() {
     if !in_private_namespace("a_weed_mount_failure_shows_its_cause") {
@@ -412,11 +477,13 @@ fn a_weed_mount_failure_shows_its_cause() {
         );
         println!("checked: {} log lines summarised to {} bytes: {summary}", text.lines().count(), summary.len());
 
-        // Through the host: the id says the plugin provisioned /buckets/v2 (so the plugin lets
-        // it through); the filer still has no /buckets, so weed exits the same way.
-        let id = format!("seaweedfs~{}/buckets/v2", n.weed.filer);
+        // Through the host: the id says the plugin provisioned /buckets/vol2, and the plugin's
+        // check that the volume is there finds an entry: a file, put through the filer, so weed
+        // cannot make the directory and exits the same way.
+        assert_eq!(common::filer_put(&n.weed.filer, "/buckets/vol2", "not a directory").unwrap(), 201);
+        let id = format!("seaweedfs~{}/buckets/vol2", n.weed.filer);
         let ctx: HashMap<String, String> =
-            [("plugin", "seaweedfs"), ("filer", n.weed.filer.as_str()), ("path", "/buckets/v2")]
+            [("plugin", "seaweedfs"), ("filer", n.weed.filer.as_str()), ("path", "/buckets/vol2")]
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .into();
         let staging: PathBuf = n.dirs.staging("pv-v2");
@@ -424,7 +491,8 @@ fn a_weed_mount_failure_shows_its_cause() {
         assert_eq!(e.code(), Code::Unavailable, "{e:?}");
         assert!(e.message().contains("exited before mounting"), "{}", e.message());
         assert!(
-            e.message().contains("invalid bucket name v2: bucket name must between [3, 63] characters"),
+            e.message().contains("failed to create dir /buckets/vol2")
+                && e.message().contains("existing entry is a file"),
             "the CSI error holds the cause: {}",
             e.message()
         );
@@ -497,6 +565,64 @@ fn validate_volume_capabilities_confirms_only_what_it_checked() {
         n.delete(&vol.volume_id).await.unwrap();
         println!(
             "checked: 6 host keys ValidateVolumeCapabilities cannot confirm, each unconfirmed; 3 valid contexts confirmed"
+        );
+    });
+}
+
+/// 7. ValidateVolumeCapabilities rows (CSI v1.12): "Volume does not exist 5 NOT_FOUND" for ids
+///    mounthost never makes and for ids of a plugin no loaded plugin is (of which the controller
+///    holds no note); a missing field (volume id, capabilities) is INVALID_ARGUMENT; a
+///    capability mounthost does not support (block) is answered without `confirmed` ("SHALL
+///    return confirmed only if all the volume capabilities specified in the request are
+///    supported"), naming it.
+#[test]
+fn validate_volume_capabilities_of_a_volume_that_does_not_exist_is_not_found() {
+    if !in_private_namespace("validate_volume_capabilities_of_a_volume_that_does_not_exist_is_not_found") {
+        return;
+    }
+    with_node(async |n| {
+        let vol = n.create("pvc-validate-rows", GIB).await.unwrap();
+        let dir = dir_of(&vol);
+        let ask = |id: &str, caps: Vec<csi::VolumeCapability>| csi::ValidateVolumeCapabilitiesRequest {
+            volume_id: id.into(),
+            volume_context: vol.volume_context.clone(),
+            volume_capabilities: caps,
+            ..Default::default()
+        };
+        let unknown = [
+            ("pvc-1234".to_string(), "never makes such an id"),
+            ("~x".to_string(), "never makes such an id"),
+            (format!("Seaweedfs~{}{dir}", n.weed.filer), "never makes such an id"),
+            (format!("nosuchplugin~{}{dir}", n.weed.filer), "no plugin called nosuchplugin is loaded"),
+        ];
+        for (id, says) in &unknown {
+            for _ in 0..2 {
+                let e = n.controller.validate_volume_capabilities(ask(id, vec![multi_writer()])).await.unwrap_err();
+                assert_eq!(e.code(), Code::NotFound, "{id}: {e:?}");
+                assert!(e.message().contains(says), "{id}: {}", e.message());
+            }
+        }
+        let e = n.controller.validate_volume_capabilities(ask("", vec![multi_writer()])).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "volume_id is required: {e:?}");
+        let e = n.controller.validate_volume_capabilities(ask(&vol.volume_id, vec![])).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "volume_capabilities is required: {e:?}");
+        let block = csi::VolumeCapability {
+            access_mode: multi_writer().access_mode,
+            access_type: Some(csi::volume_capability::AccessType::Block(Default::default())),
+        };
+        let v = n
+            .controller
+            .validate_volume_capabilities(ask(&vol.volume_id, vec![multi_writer(), block]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(v.confirmed.is_none() && v.message.contains("block access is not supported"), "{v:?}");
+        let v = n.controller.validate_volume_capabilities(ask(&vol.volume_id, vec![multi_writer()])).await.unwrap();
+        assert!(v.into_inner().confirmed.is_some(), "the volume itself is confirmed");
+        n.delete(&vol.volume_id).await.unwrap();
+        println!(
+            "checked: {} ids of no volume NOT_FOUND twice, 2 missing fields INVALID_ARGUMENT, block unconfirmed",
+            unknown.len()
         );
     });
 }

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::registry::{Class, ModelBuilder, Packing, PushedModel, Registry, RegistryOptions, random_file};
-use common::{NodeDirs, Proc, Scrape, guarded, in_private_namespace, mounts_below, stage_req, wait_ready};
+use common::{NodeDirs, Proc, Scrape, guarded, in_private_namespace, mounts_below, wait_ready};
 use mounthost::proto::csi;
 use mounthost::proto::csi::node_client::NodeClient;
 use mounthost::proto::host::VolumeStatus;
@@ -163,6 +163,15 @@ async fn stage_until_done(
             }
             Err(s) => return (waits, Err(s)),
         }
+    }
+}
+
+/// NodeStageVolume of a model volume, MULTI_NODE_READER_ONLY: the capability it is published
+/// with ([`publish_req`]).
+fn stage_req(id: &str, staging: &Path, ctx: &HashMap<String, String>) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_capability: Some(common::capability(csi::volume_capability::access_mode::Mode::MultiNodeReaderOnly)),
+        ..common::stage_req(id, staging, ctx)
     }
 }
 

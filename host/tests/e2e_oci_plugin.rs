@@ -526,8 +526,8 @@ fn the_compiled_form_is_cached_across_runtime_starts() {
 /// In process, no root: two StorageClasses' plugins reporting the same name (team-a/tmpfs,
 /// team-b/tmpfs, in registries of their own). DeleteVolume of each volume runs the build that
 /// volume was created with, pulled with that call's credentials, after a controller restart
-/// that lost every loaded build and blob; a repeated DeleteVolume is OK; a volume with no note
-/// is FAILED_PRECONDITION saying where the note belongs.
+/// that lost every loaded build and blob; a repeated DeleteVolume is OK; so is one of a volume
+/// with no note (this controller does not know it).
 #[test]
 fn delete_volume_runs_the_build_that_volume_was_created_with() {
     use mounthost::front::provision::Controller;
@@ -585,10 +585,78 @@ fn delete_volume_runs_the_build_that_volume_was_created_with() {
         team_b.restart();
         second.delete(delete(&b.volume_id, &HashMap::new())).await.unwrap();
 
-        // No note for a volume of a plugin this controller does not have (its state was lost).
-        let e = second.delete(delete("tmpfs~pvc-lost", &HashMap::new())).await.unwrap_err();
-        assert_eq!(e.kind, mounthost::error::ErrorKind::FailedPrecondition, "{e}");
-        assert!(e.message.contains(&notes.display().to_string()) && e.message.contains("volumeAttributes"), "{e}");
-        println!("checked: {e}");
+        // No note for a volume of a plugin this controller does not have (never noted, or its
+        // state was lost): a volume this controller does not know, which CSI answers with OK.
+        second.delete(delete("tmpfs~pvc-lost", &HashMap::new())).await.expect("an id this controller does not know");
+        println!("checked: both volumes deleted with the build each was made with; an id with no note OK");
     });
+}
+
+/// DeleteVolume after the controller lost its notes, through the real front (CSI v1.12
+/// DeleteVolume: "If a volume corresponding to the specified volume_id does not exist or the
+/// artifacts associated with the volume do not exist anymore, the Plugin MUST reply 0 OK"): a
+/// volume created with a plugin pulled by reference (`tmpfs`, which no folder or stock plugin
+/// is) is noted at CreateVolume; with the controller's state directory of notes removed and the
+/// daemons restarted, its id names a plugin this controller does not know, so DeleteVolume is
+/// OK (twice, with a warning in the front's log), and ValidateVolumeCapabilities of it without
+/// its reference is NOT_FOUND, with it confirmed.
+#[test]
+fn delete_volume_after_the_controller_lost_its_notes_is_ok() {
+    if !in_private_namespace("delete_volume_after_the_controller_lost_its_notes_is_ok") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let reference = pushed(&registry, &fixture("tmpfs"), "plugins/tmpfs:v1", None);
+    let args = vec![format!("--insecure-registry={}", registry.host()), "--grant=tmpfs:fstype=tmpfs".to_string()];
+    let mut node = PluginNode::start(NodeDirs::new(), &args);
+    let notes = node.dirs.state.join("cache/plugin-sources");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut req = create_req("pvc-noted", &reference);
+    req.parameters.insert("sizeMiB".into(), "8".into());
+    let validate = |context: HashMap<String, String>| csi::ValidateVolumeCapabilitiesRequest {
+        volume_id: "tmpfs~pvc-noted".into(),
+        volume_context: context,
+        volume_capabilities: vec![common::multi_writer()],
+        ..Default::default()
+    };
+    let mut created = None;
+    guarded(&node.dirs, || {
+        rt.block_on(async {
+            let (_, mut controller) = node.clients().await;
+            let vol = controller.create_volume(req.clone()).await.unwrap().into_inner().volume.unwrap();
+            assert_eq!(vol.volume_id, "tmpfs~pvc-noted");
+            assert_eq!(vol.volume_context["plugin"], reference, "the pinned reference travels with the volume");
+            assert_eq!(std::fs::read_dir(&notes).unwrap().count(), 1, "one note");
+            let v = controller.validate_volume_capabilities(validate(vol.volume_context.clone())).await.unwrap();
+            assert!(v.into_inner().confirmed.is_some());
+            created = Some(vol);
+        })
+    });
+    let vol = created.unwrap();
+    // The controller's state is lost (a replaced pod whose state was an emptyDir).
+    std::fs::remove_dir_all(&notes).unwrap();
+    node.restart(&args);
+    guarded(&node.dirs, || {
+        rt.block_on(async {
+            let (_, mut controller) = node.clients().await;
+            let delete = csi::DeleteVolumeRequest { volume_id: vol.volume_id.clone(), secrets: HashMap::new() };
+            for _ in 0..2 {
+                controller.delete_volume(delete.clone()).await.expect("an id this controller does not know: OK");
+            }
+            assert!(!notes.exists() || std::fs::read_dir(&notes).unwrap().count() == 0, "no note was made up");
+            let front = strip_ansi(&std::fs::read_to_string(node.dirs.root.path().join("front.log")).unwrap());
+            let warned =
+                front.lines().find(|l| l.contains("no loaded plugin can have made") && l.contains("tmpfs~pvc-noted"));
+            assert!(warned.is_some_and(|l| l.contains("WARN")), "a warning names the volume:\n{front}");
+            let mut without = vol.volume_context.clone();
+            without.remove("plugin");
+            without.remove("pluginDigest");
+            let e = controller.validate_volume_capabilities(validate(without)).await.unwrap_err();
+            assert_eq!(e.code(), Code::NotFound, "{e:?}");
+            assert!(e.message().contains("no plugin called tmpfs is loaded"), "{e:?}");
+            let v = controller.validate_volume_capabilities(validate(vol.volume_context.clone())).await.unwrap();
+            assert!(v.into_inner().confirmed.is_some(), "its reference still names its build");
+        })
+    });
+    println!("checked: DeleteVolume OK twice after the notes were lost; Validate NOT_FOUND without the reference");
 }

@@ -1547,12 +1547,16 @@ impl Node {
         vols
     }
 
-    /// Stage (retrying while the model downloads, as kubelet does) and publish both volumes.
+    /// Stage (retrying while the model downloads, as kubelet does) and publish both volumes, the
+    /// model MULTI_NODE_READER_ONLY (staged with the capability it is published with).
     async fn publish(&self, csi: &mut NodeClient<UnixChannel>, vols: &Volumes) {
-        for v in [&vols.weed, &vols.model] {
+        let reader = || Some(common::capability(csi::volume_capability::access_mode::Mode::MultiNodeReaderOnly));
+        for (v, capability) in [(&vols.weed, Some(common::multi_writer())), (&vols.model, reader())] {
             let end = Instant::now() + Duration::from_secs(120);
+            let req =
+                csi::NodeStageVolumeRequest { volume_capability: capability, ..stage_req(&v.id, &v.staging, &v.ctx) };
             loop {
-                match csi.node_stage_volume(stage_req(&v.id, &v.staging, &v.ctx)).await {
+                match csi.node_stage_volume(req.clone()).await {
                     Ok(_) => break,
                     Err(s) if s.code() == tonic::Code::Unavailable && Instant::now() < end => {
                         tokio::time::sleep(Duration::from_millis(100)).await
@@ -1571,8 +1575,7 @@ impl Node {
         .await
         .unwrap();
         let mut req = publish_req(&vols.model.id, &vols.model.staging, &vols.model.target, true, &vols.model.ctx);
-        req.volume_capability =
-            Some(common::capability(csi::volume_capability::access_mode::Mode::MultiNodeReaderOnly));
+        req.volume_capability = reader();
         csi.node_publish_volume(req).await.unwrap();
     }
 

@@ -175,16 +175,30 @@ async fn lifecycle(weed: &Seaweed, dirs: &NodeDirs, front: &mut common::Proc, pr
     let err = std::fs::write(c.join("nope.txt"), b"x").unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc_erofs()), "a read-only publish rejects writes: {err}");
     // A ReadOnlyMany volume in a pod that does not say readOnly: the access mode alone keeps it
-    // read-only.
-    let d = dirs.target("pod-d", pv);
-    let mut rox = publish_req(&id, &staging, &d, false, &ctx);
-    rox.volume_capability.as_mut().unwrap().access_mode = Some(csi::volume_capability::AccessMode {
+    // read-only. A volume is published with the capability it was staged with, so this is a
+    // static volume of the same directory, staged and published MULTI_NODE_READER_ONLY.
+    let rox_id = "seaweedfs~rox-view";
+    let rox_staging = dirs.staging("rox-view");
+    let d = dirs.target("pod-d", "rox-view");
+    let rox_mode = Some(csi::volume_capability::AccessMode {
         mode: csi::volume_capability::access_mode::Mode::MultiNodeReaderOnly as i32,
     });
+    let mut rox_stage = stage_req(rox_id, &rox_staging, &ctx);
+    rox_stage.volume_capability.as_mut().unwrap().access_mode = rox_mode;
+    node.node_stage_volume(rox_stage).await.unwrap();
+    let mut rox = publish_req(rox_id, &rox_staging, &d, false, &ctx);
+    rox.volume_capability.as_mut().unwrap().access_mode = rox_mode;
     node.node_publish_volume(rox).await.unwrap();
     assert_eq!(std::fs::read_to_string(d.join("hello.txt")).unwrap(), "written in pod a\n");
     let err = std::fs::write(d.join("nope.txt"), b"x").unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc_erofs()), "MULTI_NODE_READER_ONLY rejects writes: {err}");
+    node.node_unpublish_volume(unpublish_req(rox_id, &d)).await.unwrap();
+    let rox_unstage = csi::NodeUnstageVolumeRequest {
+        volume_id: rox_id.into(),
+        staging_target_path: rox_staging.display().to_string(),
+    };
+    node.node_unstage_volume(rox_unstage).await.unwrap();
+    assert!(!d.exists(), "the read-only view is gone");
 
     // Stats: bytes and inodes, healthy; repeated.
     for _ in 0..2 {
@@ -220,7 +234,7 @@ async fn lifecycle(weed: &Seaweed, dirs: &NodeDirs, front: &mut common::Proc, pr
     assert_eq!(node.node_unstage_volume(unstage.clone()).await.unwrap_err().code(), Code::FailedPrecondition);
 
     // Tear down, each call twice.
-    for t in [&a, &b, &c, &d] {
+    for t in [&a, &b, &c] {
         node.node_unpublish_volume(unpublish_req(&id, t)).await.unwrap();
         node.node_unpublish_volume(unpublish_req(&id, t)).await.expect("unpublish of a gone target: OK");
         assert!(!t.exists(), "the target directory is removed");
@@ -570,8 +584,9 @@ fn check_metrics(dirs: &NodeDirs) {
     // plan), the front's controller planned the two provisions.
     let planned = host.value("mounthost_plugin_calls_total", &[sw, ("call", "stage"), ("outcome", "ok")]);
     assert!(planned >= 2.0, "host: stage plans {planned}\n{}", host.dump());
+    // Two rounds each: the capacity record's lookup, then the plan with its answer.
     let provisions = front.value("mounthost_plugin_calls_total", &[sw, ("call", "provision"), ("outcome", "ok")]);
-    assert_eq!(provisions, 2.0, "front: provision plans\n{}", front.dump());
+    assert_eq!(provisions, 4.0, "front: provision plans\n{}", front.dump());
     assert!(host.value("mounthost_plugin_call_duration_seconds_count", &[sw]) >= 2.0);
     assert!(host.value("mounthost_plugin_compile_cache_total", &[]) >= 1.0);
     for addr in [dirs.host_metrics(), dirs.front_metrics()] {

@@ -5,8 +5,12 @@
 //! - the volume must be staged at the given staging path (FAILED_PRECONDITION otherwise); an
 //!   ephemeral inline volume is staged here first, by the host itself, and unstaged again when
 //!   the publish fails and leaves it published nowhere;
+//! - the capability must be the one the volume was staged with: another one is
+//!   FAILED_PRECONDITION ("exceeds capabilities"), or ALREADY_EXISTS at a target the volume is
+//!   already published at ("published but is incompatible");
 //! - a SINGLE_NODE_WRITER or SINGLE_NODE_SINGLE_WRITER volume may be published read-write at
-//!   one target only (FAILED_PRECONDITION: "exceeds capabilities");
+//!   one target only, a SINGLE_NODE_READER_ONLY volume at one target only (FAILED_PRECONDITION:
+//!   "exceeds capabilities");
 //! - the volume's build of its plugin plans (the current build when the recorded one is gone
 //!   and the volume does not pin it; see `Node::resolve_build`), the policy checks, the diff
 //!   skips what the target already holds and refuses another mount there, or this volume with
@@ -172,6 +176,7 @@ impl Node {
                 state.phase
             )));
         }
+        staged_with(&state, &capability, &target)?;
         let t_load = t0.elapsed();
         let t1 = std::time::Instant::now();
         // Pinned by the record, or by the attribute itself (records older than the flag).
@@ -424,9 +429,41 @@ pub(super) fn publish_key(digest: &str, req: &wit::PublishRequest) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// A publish asks for the capability the volume was staged with (access mode, fs type and mount
+/// flags; records older than that field are not checked). CSI: "COs SHOULD NOT call
+/// NodePublishVolume a second time with a different volume_capability. If this happens, the
+/// Plugin SHOULD return FAILED_PRECONDITION" ("Exceeds capabilities"); at a target it is already
+/// published at with that capability, "Volume published but is incompatible": ALREADY_EXISTS.
+fn staged_with(state: &VolumeState, capability: &wit::VolumeCapability, target: &PathBuf) -> Result<(), Error> {
+    let Some(staged) = &state.capability else { return Ok(()) };
+    let asked = super::stage::staged_capability(capability);
+    if *staged == asked {
+        return Ok(());
+    }
+    let show = |c: &crate::volume::state::StagedCapability| {
+        format!("{} (fs_type {:?}, mount flags {:?})", c.access_mode, c.fs_type, c.mount_flags)
+    };
+    let id = &state.volume_id;
+    if state.published.contains_key(target) {
+        return Err(Error::exists(format!(
+            "volume {id} is already published at {} with capability {}, not {}; unpublish it first",
+            target.display(),
+            show(staged),
+            show(&asked)
+        )));
+    }
+    Err(Error::precondition(format!(
+        "volume {id} is staged with capability {}, and this publish asks for {}: it is published with the \
+         capability it was staged with (to change it, unpublish and unstage it, then stage it again)",
+        show(staged),
+        show(&asked)
+    )))
+}
+
 /// SINGLE_NODE_WRITER and SINGLE_NODE_SINGLE_WRITER: "can only be published once as read/write
 /// on a single node, at any given time". A second target is refused when either it or one
-/// already there is read-write.
+/// already there is read-write. SINGLE_NODE_READER_ONLY: "can only be published once as
+/// readonly on a single node, at any given time": any second target is refused.
 fn single_writer(
     state: &VolumeState,
     capability: &wit::VolumeCapability,
@@ -434,14 +471,17 @@ fn single_writer(
     readonly: bool,
 ) -> Result<(), Error> {
     use wit::AccessMode as M;
-    if !matches!(capability.access_mode, M::SingleNodeWriter | M::SingleNodeSingleWriter) {
-        return Ok(());
-    }
+    let once = match capability.access_mode {
+        M::SingleNodeWriter | M::SingleNodeSingleWriter => "read-write at one target only",
+        M::SingleNodeReaderOnly => "at one target only",
+        _ => return Ok(()),
+    };
     let others: Vec<_> = state.published.iter().filter(|(t, _)| *t != target).collect();
-    let writer = !readonly || others.iter().any(|(_, p)| !p.readonly);
+    let refused =
+        capability.access_mode == M::SingleNodeReaderOnly || !readonly || others.iter().any(|(_, p)| !p.readonly);
     match others.first() {
-        Some((other, _)) if writer => Err(Error::precondition(format!(
-            "volume {} has access mode {} and is already published at {}; it can be published read-write at one target only",
+        Some((other, _)) if refused => Err(Error::precondition(format!(
+            "volume {} has access mode {} and is already published at {}; it can be published {once}",
             state.volume_id,
             request::access_mode_name(capability.access_mode),
             other.display()

@@ -370,14 +370,19 @@ async fn a_read_only_publish_refuses_a_plan_that_leaves_the_pod_a_writable_targe
     use crate::volume::request;
     let e = Env::new();
     let a = e.target("pod-a");
-    e.node.stage(e.stage_req()).await.unwrap();
     // Read-only is asked by the CO's flag, or by a read-only access mode with the flag false
-    // (what kubelet sends for a ReadOnlyMany volume in a pod that does not say readOnly).
+    // (what kubelet sends for a ReadOnlyMany volume in a pod that does not say readOnly); the
+    // volume is staged with the capability it is published with.
     let asks = [
-        (e.publish_req(&a, true), "the publish asked for read-only"),
-        (reader_only(e.publish_req(&a, false)), "its access mode is MULTI_NODE_READER_ONLY"),
+        (e.stage_req(), e.publish_req(&a, true), "the publish asked for read-only"),
+        (
+            reader_only_stage(e.stage_req()),
+            reader_only(e.publish_req(&a, false)),
+            "its access mode is MULTI_NODE_READER_ONLY",
+        ),
     ];
-    for (req, why) in asks {
+    for (stage, req, why) in asks {
+        e.node.stage(stage).await.unwrap();
         // No fixture plugin answers a read-only publish with a writable plan: the node's plan
         // memo is handed the plans such a plugin could answer with, under this request's key.
         let asked = wit::PublishRequest {
@@ -419,6 +424,7 @@ async fn a_read_only_publish_refuses_a_plan_that_leaves_the_pod_a_writable_targe
         e.node.publish(req).await.unwrap();
         assert_eq!(e.calls("bind"), vec![format!("bind {} {} ro", e.staging().display(), a.display())]);
         e.node.unpublish(e.unpublish_req(&a)).await.unwrap();
+        e.node.unstage(e.unstage_req()).await.unwrap();
     }
 }
 
@@ -697,17 +703,25 @@ fn reader_only(mut req: csi::NodePublishVolumeRequest) -> csi::NodePublishVolume
     req
 }
 
+/// The stage of a volume published as [`reader_only`] says: MULTI_NODE_READER_ONLY.
+fn reader_only_stage(mut req: csi::NodeStageVolumeRequest) -> csi::NodeStageVolumeRequest {
+    use csi::volume_capability::access_mode::Mode;
+    req.volume_capability.as_mut().unwrap().access_mode =
+        Some(csi::volume_capability::AccessMode { mode: Mode::MultiNodeReaderOnly as i32 });
+    req
+}
+
 #[tokio::test]
 async fn a_read_only_access_mode_stays_read_only_across_a_restage() {
     let e = Env::new();
     let a = e.target("pod-a");
-    e.node.stage(e.stage_req()).await.unwrap();
+    e.node.stage(reader_only_stage(e.stage_req())).await.unwrap();
     e.node.publish(reader_only(e.publish_req(&a, false))).await.unwrap();
     assert_eq!(e.calls("bind"), vec![format!("bind {} {} ro", e.staging().display(), a.display())]);
 
     Mounts::unmount(&*e.rec, &e.staging(), false).unwrap();
     e.rec.clear_calls();
-    e.node.stage(e.stage_req()).await.unwrap();
+    e.node.stage(reader_only_stage(e.stage_req())).await.unwrap();
     assert_eq!(
         e.calls("bind"),
         vec![format!("bind {} {} ro", e.staging().display(), a.display())],
@@ -719,7 +733,7 @@ async fn a_read_only_access_mode_stays_read_only_across_a_restage() {
 async fn a_read_only_bind_is_compatible_with_a_read_only_republish() {
     let e = Env::new();
     let a = e.target("pod-a");
-    e.node.stage(e.stage_req()).await.unwrap();
+    e.node.stage(reader_only_stage(e.stage_req())).await.unwrap();
     e.node.publish(reader_only(e.publish_req(&a, false))).await.unwrap();
     e.rec.clear_calls();
     // The target holds a read-only bind of this volume; asking for exactly that is OK (CSI:

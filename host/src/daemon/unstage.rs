@@ -7,7 +7,8 @@
 //!   v1.12, "If the volume corresponding to the volume_id is not staged to the
 //!   staging_target_path, the Plugin MUST reply 0 OK". The same guard as NodeUnpublishVolume's
 //!   (`Node::recorded_at`).
-//! - Staged elsewhere: FAILED_PRECONDITION. Still published (targets that kubelet has not
+//! - Staged elsewhere: OK, and nothing is touched (the same CSI sentence: the volume is not
+//!   staged to that path), with a warning naming both paths. Still published (targets that kubelet has not
 //!   unmounted yet): FAILED_PRECONDITION naming them; targets kubelet already removed are
 //!   forgotten first.
 //! - Otherwise the plugin's unstage planner adds its clean-up steps (the recorded build, or the
@@ -72,12 +73,16 @@ impl Node {
             self.blocking(move |n| n.run_job(job)).await?;
             return Ok(());
         };
+        // CSI: "If the volume corresponding to the volume_id is not staged to the
+        // staging_target_path, the Plugin MUST reply 0 OK". Its stage elsewhere is left as it is.
         if st.staging_path != staging {
-            return Err(Error::precondition(format!(
-                "volume {id} is staged at {}, not {}",
-                st.staging_path.display(),
-                staging.display()
-            )));
+            warn!(
+                volume.id = %id,
+                path = %staging.display(),
+                staged = %st.staging_path.display(),
+                "unstage at a path the volume is not staged at: OK, and its stage is left as it is"
+            );
+            return Ok(());
         }
         // Targets kubelet unmounted and removed itself (or a reboot took) are forgotten.
         let st = self

@@ -48,12 +48,19 @@ impl csi::identity_server::Identity for IdentityService {
         Ok(Response::new(csi::GetPluginCapabilitiesResponse { capabilities }))
     }
 
-    /// Ready when the host daemon answers (node mode); a controller is ready once it runs.
+    /// Ready when the host daemon answers (node mode); a controller is ready once it runs. A
+    /// node front whose host daemon does not answer lacks what it needs to serve: CSI's Probe
+    /// table, "Missing required dependency 9 FAILED_PRECONDITION" ("Indicates that the plugin is
+    /// missing one or more required dependency"), with the reason in the message.
     async fn probe(&self, _: Request<csi::ProbeRequest>) -> Result<Response<csi::ProbeResponse>, Status> {
-        let ready = match (&self.host, self.mode.node()) {
-            (Some(host), true) => host.clone().health(HealthRequest {}).await.is_ok(),
-            _ => true,
-        };
-        Ok(Response::new(csi::ProbeResponse { ready: Some(ready) }))
+        if let (Some(host), true) = (&self.host, self.mode.node())
+            && let Err(e) = host.clone().health(HealthRequest {}).await
+        {
+            return Err(Status::failed_precondition(format!(
+                "the mounthost host daemon, which the node service needs, does not answer: {}",
+                e.message()
+            )));
+        }
+        Ok(Response::new(csi::ProbeResponse { ready: Some(true) }))
     }
 }

@@ -12,24 +12,32 @@
 //!   keeps no state, so the plugin plans a conditional request against what the backend
 //!   recorded, and an `http` step answered **412 Precondition Failed** (not in its accepted
 //!   statuses) means exactly that; later steps do not run.
-//! - DeleteVolume of a volume that does not exist is OK: an id not of the `<plugin>~<id>` form
-//!   (or naming something that cannot be a plugin) was never ours, and a plugin's `not-found`
-//!   for its part of the id means the same. An id naming a valid plugin name that is not loaded
-//!   is FAILED_PRECONDITION: it may well be ours with its plugin missing, and answering OK would
-//!   make the CO forget a volume whose data is still there.
+//! - CreateVolume's capacity must be compatible with `capacity_range`: a negative range, or
+//!   `required_bytes` above `limit_bytes`, is INVALID_ARGUMENT; a capacity the plugin answers
+//!   above `limit_bytes`, or nonzero and below `required_bytes` (0 is a volume of no fixed
+//!   size), is OUT_OF_RANGE ("Unsupported capacity_range"), as is the plugin's `out-of-range`.
+//! - DeleteVolume of a volume that does not exist is OK (CSI: "If a volume corresponding to the
+//!   specified volume_id does not exist or the artifacts associated with the volume do not exist
+//!   anymore, the Plugin MUST reply 0 OK"): an id not of the `<plugin>~<id>` form (or naming
+//!   something that cannot be a plugin) was never ours, a plugin's `not-found` for its part of
+//!   the id means the same, and so does an id whose plugin no loaded plugin is when this
+//!   controller holds no note for it (never noted, or its notes were lost): it knows no such
+//!   volume. That answer is logged as a warning, since a plugin not installed here may have made
+//!   it. ValidateVolumeCapabilities answers the same ids NOT_FOUND, and so ids whose plugin's
+//!   `describe` finds the volume missing (once it would confirm the request).
 //! - A volume created with a plugin pulled by OCI reference (`plugin: oci://…`): CreateVolume
 //!   notes, for that volume id, the pinned reference before it answers, and DeleteVolume runs
 //!   exactly that build with its own secrets (never another StorageClass's plugin that reports
-//!   the same name). Without a note and without a folder or stock plugin of that name,
-//!   DeleteVolume is FAILED_PRECONDITION saying where the note belongs; once deleted, the note
-//!   becomes a tombstone so a repeated DeleteVolume answers OK.
+//!   the same name). A noted build that cannot be pulled again is an error (the volume is known
+//!   and the call cannot complete); once deleted, the note becomes a tombstone so a repeated
+//!   DeleteVolume answers OK.
 //! - One operation per volume id at a time in this process (a second is ABORTED), so two
 //!   CreateVolume calls for one name cannot interleave their check and their write.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
@@ -90,8 +98,16 @@ impl Controller {
         }
         let (required, limit) =
             req.capacity_range.as_ref().map(|r| (r.required_bytes, r.limit_bytes)).unwrap_or((0, 0));
-        if required < 0 || limit < 0 || (limit > 0 && required > limit) {
-            return Err(Error::invalid(format!("capacity_range is invalid: required {required}, limit {limit}")));
+        // CSI: "The value of this field MUST NOT be negative"; a range with nothing in it is no range.
+        if required < 0 || limit < 0 {
+            return Err(Error::invalid(format!(
+                "capacity_range is invalid: required_bytes {required} and limit_bytes {limit} must not be negative"
+            )));
+        }
+        if limit > 0 && required > limit {
+            return Err(Error::invalid(format!(
+                "capacity_range is invalid: required_bytes {required} is more than limit_bytes {limit}"
+            )));
         }
         let (plugin, source) = self.plugin(&req.parameters, &secrets, &name).await?;
         request::dynamic_plugins(&req.parameters, &plugin.info.name)?;
@@ -115,12 +131,21 @@ impl Controller {
                 break (out, plan);
             }
         };
-        // The capacity a volume gets must fit the range asked for (CSI: "compatible").
-        if limit > 0 && out.capacity_bytes > limit as u64 {
+        // The capacity a volume gets must fit the range asked for (CSI: "Volume MUST be at least
+        // this big", "Volume MUST not be bigger than this"; 0 is a volume of no fixed size). A
+        // size the backend cannot make fit is "Unsupported capacity_range 11 OUT_OF_RANGE".
+        let outside = if limit > 0 && out.capacity_bytes > limit as u64 {
+            Some(format!("more than capacity_range.limit_bytes {limit}"))
+        } else if out.capacity_bytes > 0 && out.capacity_bytes < required as u64 {
+            Some(format!("less than capacity_range.required_bytes {required}"))
+        } else {
+            None
+        };
+        if let Some(outside) = outside {
             return Err(Error::new(
                 ErrorKind::OutOfRange,
                 format!(
-                    "plugin {} would give the volume {} bytes, more than capacity_range.limit_bytes {limit}",
+                    "plugin {} would give the volume {} bytes, {outside}; ask for a range that holds that size",
                     plugin.info.name, out.capacity_bytes
                 ),
             ));
@@ -173,9 +198,10 @@ impl Controller {
         })
     }
 
-    /// DeleteVolume. Ids this driver cannot have made, and ids the plugin does not know, are
-    /// volumes that do not exist: OK. A volume created with a plugin pulled by reference runs
-    /// exactly the build noted for it at CreateVolume, with this call's secrets.
+    /// DeleteVolume. Ids this driver cannot have made, ids of a plugin that is not loaded and
+    /// that no note names, and ids the plugin does not know, are volumes that do not exist: OK.
+    /// A volume created with a plugin pulled by reference runs exactly the build noted for it
+    /// at CreateVolume, with this call's secrets.
     pub async fn delete(&self, req: csi::DeleteVolumeRequest) -> Result<(), Error> {
         let id = request::volume_id(&req.volume_id)?;
         let secrets = request::secrets(&req.secrets)?;
@@ -188,7 +214,7 @@ impl Controller {
             info!(volume.id = %id, %source, "DeleteVolume of a volume deleted before: nothing to delete");
             return Ok(());
         }
-        let plugin = self.volume_plugin(&id, plugin_name, &note, &secrets).await.map_err(|e| {
+        let loaded = self.volume_plugin(&id, plugin_name, &note, &secrets).await.map_err(|e| {
             if e.kind == ErrorKind::Unavailable {
                 return e;
             }
@@ -198,6 +224,19 @@ impl Controller {
                  folder), or delete the data by hand and remove the PersistentVolume with reclaimPolicy Retain"
             ))
         })?;
+        // No plugin of that name and no note (never noted, or the notes were lost): this
+        // controller knows no such volume, and CSI answers a volume that does not exist with OK.
+        let Some(plugin) = loaded else {
+            warn!(
+                volume.id = %id,
+                plugin = plugin_name,
+                "DeleteVolume of an id no loaded plugin can have made, and of which this controller holds no note: \
+                 OK, as for a volume that does not exist. If a plugin not installed here made it (or one pulled \
+                 by OCI reference, whose note was lost with the controller's state), its data is still in that \
+                 plugin's backend: delete it there by hand"
+            );
+            return Ok(());
+        };
         let wreq = wit::DeleteRequest { volume_id: inner.to_string(), secrets: request::secret_kvs(&secrets) };
         match self.runtime.call(&plugin, &id, wreq).await {
             Ok(wplan) => {
@@ -217,7 +256,10 @@ impl Controller {
         Ok(())
     }
 
-    /// ValidateVolumeCapabilities: the plugin's `validate` over the volume's attributes.
+    /// ValidateVolumeCapabilities: the plugin's `validate` over the volume's attributes, then,
+    /// for what it would confirm, the plugin's `describe` (a volume it finds missing is
+    /// NOT_FOUND). An unsupported capability or attribute is answered without `confirmed`
+    /// whether or not the volume exists.
     pub async fn validate(
         &self,
         req: csi::ValidateVolumeCapabilitiesRequest,
@@ -229,7 +271,20 @@ impl Controller {
         request::map("volume_context", &req.volume_context)?;
         request::map("parameters", &req.parameters)?;
         let secrets = request::secrets(&req.secrets)?;
-        let (plugin_name, _) = split_id(&id).map_err(|e| Error::not_found(e.message))?;
+        // CSI: "Volume does not exist 5 NOT_FOUND". An id mounthost never makes is no volume of
+        // this driver's.
+        let (plugin_name, _) =
+            split_id(&id).ok().filter(|(p, _)| crate::plugin::info::valid_name(p)).ok_or_else(|| {
+                Error::not_found(format!(
+                    "volume {id:?} does not exist: mounthost never makes such an id (<plugin>~<id>)"
+                ))
+            })?;
+        let unknown = || {
+            Error::not_found(format!(
+                "volume {id} does not exist here: no plugin called {plugin_name} is loaded in this controller, and it \
+                 holds no note of a plugin pulled by OCI reference for it"
+            ))
+        };
         let mut capabilities = Vec::new();
         for c in &req.volume_capabilities {
             match request::capability(Some(c)) {
@@ -253,18 +308,15 @@ impl Controller {
                             "volume_context pins a build of plugin {plugin_name} this controller cannot confirm: {e}"
                         )));
                     }
+                    Err(PluginError::UnknownPlugin { .. }) => return Err(unknown()),
                     Err(e) => return Err(e.into()),
                 },
-                (note, _) => self.volume_plugin(&id, plugin_name, &note, &secrets).await?,
+                (note, _) => self.volume_plugin(&id, plugin_name, &note, &secrets).await?.ok_or_else(unknown)?,
             },
         };
         // The host's own keys are the host's to check: what is confirmed must have been checked.
         if let Some(why) = Self::host_keys_refused(&req, plugin_name, &plugin) {
             return Ok(unconfirmed(why));
-        }
-        // CSI: a volume that does not exist is NOT_FOUND (a plugin that cannot tell says so).
-        if self.existence(&plugin, &id, &req.volume_context, &secrets).await? == wit::Existence::Missing {
-            return Err(Error::not_found(format!("volume {id} does not exist: its plugin finds no such volume")));
         }
         let mut attrs = request::plugin_attrs(&req.volume_context);
         attrs.extend(request::plugin_attrs(&req.parameters));
@@ -273,21 +325,24 @@ impl Controller {
             secrets: request::secret_kvs(&secrets),
             capabilities,
         };
-        match self.runtime.call(&plugin, &id, wreq).await {
-            Ok(()) => Ok(csi::ValidateVolumeCapabilitiesResponse {
-                confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
-                    volume_context: req.volume_context,
-                    volume_capabilities: req.volume_capabilities,
-                    parameters: req.parameters,
-                    mutable_parameters: HashMap::new(),
-                }),
-                message: String::new(),
-            }),
-            Err(e) => {
-                let e = Error::from(e);
-                if e.kind == ErrorKind::InvalidArgument { Ok(unconfirmed(e.message)) } else { Err(e) }
-            }
+        if let Err(e) = self.runtime.call(&plugin, &id, wreq).await {
+            let e = Error::from(e);
+            return if e.kind == ErrorKind::InvalidArgument { Ok(unconfirmed(e.message)) } else { Err(e) };
         }
+        // What would be confirmed is confirmed of a volume that exists. CSI: "Volume does not
+        // exist 5 NOT_FOUND" (a plugin that cannot tell says so, and the volume is confirmed).
+        if self.existence(&plugin, &id, &req.volume_context, &secrets).await? == wit::Existence::Missing {
+            return Err(Error::not_found(format!("volume {id} does not exist: its plugin finds no such volume")));
+        }
+        Ok(csi::ValidateVolumeCapabilitiesResponse {
+            confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                volume_context: req.volume_context,
+                volume_capabilities: req.volume_capabilities,
+                parameters: req.parameters,
+                mutable_parameters: HashMap::new(),
+            }),
+            message: String::new(),
+        })
     }
 
     /// Why ValidateVolumeCapabilities cannot confirm the host's own keys of a request for a
@@ -392,14 +447,15 @@ impl Controller {
     /// The plugin of volume `id` (`<name>~…`) when the call names no reference (DeleteVolume,
     /// validation): the build pulled from the reference noted for exactly this volume at
     /// CreateVolume (pulled again with `secrets` when not loaded), else the folder's or the
-    /// stock plugin called `name`.
+    /// stock plugin called `name`; `None` when there is neither (no plugin of that name and no
+    /// note: this controller knows no such volume).
     pub(super) async fn volume_plugin(
         &self,
         id: &str,
         name: &str,
         note: &VolumeNote,
         secrets: &Secrets,
-    ) -> Result<Arc<LoadedPlugin>, Error> {
+    ) -> Result<Option<Arc<LoadedPlugin>>, Error> {
         if let (VolumeNote::Source(source), Some(puller)) = (note, self.puller.as_deref()) {
             let selected = pulled::select(&self.runtime, puller, source, false, secrets, id).await?;
             if selected.plugin.info.name != name {
@@ -408,23 +464,11 @@ impl Controller {
                     selected.plugin.info.name
                 )));
             }
-            return Ok(selected.plugin);
+            return Ok(Some(selected.plugin));
         }
         match self.runtime.resolve(name, None).await {
-            Err(e @ PluginError::UnknownPlugin { .. }) => {
-                let Some(path) = self.puller.as_deref().and_then(|p| p.note_path(id)) else {
-                    return Err(e.into());
-                };
-                Err(Error::precondition(format!(
-                    "{e}; and this controller holds no note of an OCI reference volume {id} was created from \
-                     ({} is missing: the controller's state directory was lost, for example with a replaced \
-                     pod whose state is an emptyDir). If its StorageClass selected the plugin by reference, \
-                     write that reference, pinned (the PersistentVolume's volumeAttributes `plugin`, \
-                     oci://…@sha256:…), into that file and retry",
-                    path.display()
-                )))
-            }
-            other => Ok(other?),
+            Err(PluginError::UnknownPlugin { .. }) => Ok(None),
+            other => Ok(Some(other?)),
         }
     }
 
@@ -485,6 +529,14 @@ impl Controller {
                     HttpError::Status { status: CONFLICT_STATUS, .. } => Failure::Conflict(message),
                     HttpError::Unreachable { .. } => Failure::Other(Error::unavailable(message)),
                     HttpError::Status { status, .. } if status >= 500 => Failure::Other(Error::unavailable(message)),
+                    // CSI's general rows: "does not carry secrets that are valid for
+                    // authentication", and an identity "that does not have permission".
+                    HttpError::Status { status: 401, .. } => {
+                        Failure::Other(Error::new(ErrorKind::Unauthenticated, message))
+                    }
+                    HttpError::Status { status: 403, .. } => {
+                        Failure::Other(Error::new(ErrorKind::PermissionDenied, message))
+                    }
                     HttpError::Status { .. } => Failure::Other(Error::precondition(message)),
                     HttpError::Invalid(_) => Failure::Other(Error::internal(message)),
                 }

@@ -23,7 +23,6 @@ use std::collections::HashMap;
 use tracing::info;
 
 use super::provision::{Controller, Failure, hosts_in_id, split_id};
-use crate::volume::size::{expansion_range, fits};
 use crate::error::{Error, ErrorKind};
 use crate::plan::policy::{self, Operation};
 use crate::plugin::bindings::types as wit;
@@ -33,6 +32,7 @@ use crate::proto::csi;
 use crate::secrets::Secrets;
 use crate::unpriv::lookup::{Rounds, as_plan};
 use crate::volume::request;
+use crate::volume::size::{expansion_range, fits};
 
 /// Longest plugin token in a ListVolumes token.
 pub const MAX_PLUGIN_TOKEN: usize = 256;
@@ -56,7 +56,9 @@ impl Controller {
         if let VolumeNote::Deleted(_) = &note {
             return Err(not_ours("it was deleted".into()));
         }
-        let plugin = self.volume_plugin(&id, plugin_name, &note, &secrets).await?;
+        let plugin = self.volume_plugin(&id, plugin_name, &note, &secrets).await?.ok_or_else(|| {
+            not_ours(format!("no plugin called {plugin_name} is loaded here, and this controller holds no note of it"))
+        })?;
         let _guard = self.locks.try_lock(&id)?;
         let mut rounds = Rounds::default();
         let (out, plan) = loop {

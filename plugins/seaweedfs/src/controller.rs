@@ -8,30 +8,42 @@
 //!
 //! The controller keeps no state, so a volume's capacity is recorded where the volume lives: a
 //! small file per volume in the filer, `/.mounthost/capacity<dir>`, outside the volume's own
-//! directory. Its content is fixed by the capacity, and the filer's ETag of a file written in
-//! one request is the MD5 of its content, so CreateVolume can ask "is the recorded capacity
-//! this one?" with a conditional request and nothing but status codes:
+//! directory, holding `{"capacityBytes":N}`. CreateVolume plans in two rounds:
 //!
-//! 1. `HEAD <record>` with `If-Match: "<md5 of the expected content>"`: 200 same capacity,
-//!    404 no record yet (a new volume, or one made before records existed), **412 another
-//!    capacity**, which the host answers with ALREADY_EXISTS before any later step runs;
-//! 2. `PUT <record>` with that content (201): writing the same content again is harmless;
-//! 3. `POST <dir>/?mode=0777`: 201 created, 409 already there.
+//! 1. a `lookup` (`GET <record>`), which the host makes while planning;
+//! 2. with its answer, CSI's rule "compatible with the specified `capacity_range`": a recorded
+//!    capacity N is compatible when `required_bytes <= N` (or no `required_bytes`) and
+//!    `N <= limit_bytes` (or no `limit_bytes`). Compatible: the volume is that one, of N bytes;
+//!    incompatible: `already-exists` (gRPC ALREADY_EXISTS), and nothing runs. No record (404):
+//!    a new volume of `required_bytes`, else of `limit_bytes` (the most it may be), else of no
+//!    fixed size (0, nothing recorded).
 //!
-//! A request without `required_bytes` skips steps 1 and 2: any capacity is compatible with it.
-//! Two CreateVolume calls for one name with different capacities racing each other through
-//! steps 1 and 2 can both succeed (the last `PUT` wins): the host takes a per-volume lock, so
-//! this needs two controller processes at once. DeleteVolume removes the directory, then the
-//! record. Every step was measured on SeaweedFS 4.48: `DELETE /dir?recursive=true` answers 204
-//! whether or not the directory existed, `DELETE <file>` 204 likewise.
+//! The plan then guards what the lookup saw, because the host executes it later, under the
+//! volume's lock: the filer's ETag of a file written in one request is the MD5 of its content,
+//! so `HEAD <record>` with `If-Match: "<md5>"` answers 200 for that content, 404 for no record
+//! and **412** for another one, which the host answers with ALREADY_EXISTS before any later step
+//! runs:
 //!
-//! Last, CreateVolume writes the volume's list entry (`crate::volumes::index_entry`), which
-//! DeleteVolume removes after the record.
+//! - a compatible record: `HEAD <record>` `If-Match` the content looked up (200 only), then
+//!   `POST <dir>/?mode=0777` (201 created, 409 already there);
+//! - a new volume with a size: `HEAD <record>` `If-Match` the content it will write (200 or
+//!   404), `PUT <record>` with that content, then the `POST`;
+//! - a new volume without a size: the `POST` only.
+//!
+//! Last, CreateVolume writes the volume's list entry (`crate::volumes::index_entry`) with the
+//! capacity it answers, which DeleteVolume removes after the record.
+//!
+//! A lookup no filer answered, or answered with anything but 200 or 404, is `unavailable`
+//! (UNAVAILABLE: retry later). Two CreateVolume calls for one name with different
+//! capacities can both succeed only from two controller processes at the same instant (the last
+//! `PUT` wins). DeleteVolume removes the directory, then the record. Every step was measured on
+//! SeaweedFS 4.48: `DELETE /dir?recursive=true` answers 204 whether or not the directory
+//! existed, `DELETE <file>` 204 likewise.
 
 use mounthost_plugin_sdk::params::invalid;
 use mounthost_plugin_sdk::{
-    BackendError, DeleteRequest, Header, HttpCall, Kv, ParamSource, Plan, ProvisionPlan, ProvisionRequest, Step, Value,
-    kv,
+    BackendError, DeleteRequest, Header, HttpCall, Kv, LookedUp, Lookup, ParamSource, Plan, ProvisionPlan,
+    ProvisionRequest, Step, Value, kv, looked_up,
 };
 
 use md5::{Digest, Md5};
@@ -57,6 +69,11 @@ const DELETE_OK: &[u16] = &[200, 202, 204, 404];
 const RECORD_CHECK_OK: &[u16] = &[200, 404];
 /// The record was stored (4.48 answers 201 to a new file and to an overwrite).
 pub const RECORD_WRITE_OK: &[u16] = &[200, 201, 204];
+/// `If-Match` on the record the lookup found: still the same. 412 (rewritten since) is
+/// ALREADY_EXISTS, 404 (deleted since) a refused status: a retry plans anew.
+const RECORD_SAME_OK: &[u16] = &[200];
+/// The key of the capacity record's lookup.
+pub const RECORD_LOOKUP: &str = "capacity-record";
 
 /// Where capacity records live in the filer: `<RECORD_ROOT><volume directory>`.
 pub const RECORD_ROOT: &str = "/.mounthost/capacity";
@@ -100,25 +117,114 @@ pub fn provision(req: &ProvisionRequest) -> Result<ProvisionPlan, BackendError> 
         let encoded = encode_path(path);
         settings.filers.iter().map(|f| format!("http://{f}{encoded}{query}")).collect()
     };
-    let mut steps = Vec::new();
-    // Without a required size there is nothing to compare (any capacity is compatible) and
-    // nothing to record.
-    if req.required_bytes > 0 {
-        let record = record_path(&dir);
-        let content = record_content(req.required_bytes);
-        steps.push(http("HEAD", urls(&record, ""), vec![header("If-Match", &etag(&content))], "", RECORD_CHECK_OK));
-        steps.push(http(
-            "PUT",
-            urls(&record, ""),
-            vec![header("Content-Type", "application/json")],
-            &content,
-            RECORD_WRITE_OK,
-        ));
-    }
+    let record = record_path(&dir);
+    let lookup = Step::Lookup(Lookup {
+        key: RECORD_LOOKUP.into(),
+        method: "GET".into(),
+        urls: urls(&record, ""),
+        headers: Vec::new(),
+    });
+    let Some(found) = looked_up(&req.looked_up, RECORD_LOOKUP) else {
+        // First round: read the record; the answer comes in the next call.
+        return Ok(ProvisionPlan { volume_id, capacity_bytes: 0, context, steps: vec![lookup] });
+    };
+    let mut steps = vec![lookup];
+    let capacity_bytes = match recorded(found, &record)? {
+        Some((capacity, body)) => {
+            if !compatible(capacity, req.required_bytes, req.limit_bytes) {
+                return Err(BackendError::AlreadyExists(format!(
+                    "a volume named {:?} already exists ({dir} in the filer) with {capacity} bytes, outside the \
+                     capacity_range asked for ({}); ask for a range that holds {capacity}, or use another name",
+                    req.name,
+                    range_text(req.required_bytes, req.limit_bytes)
+                )));
+            }
+            // Still the record looked up when the host executes the plan (under the volume's lock).
+            steps.push(http("HEAD", urls(&record, ""), vec![header("If-Match", &etag(&body))], "", RECORD_SAME_OK));
+            capacity
+        }
+        None => {
+            let capacity = new_capacity(req.required_bytes, req.limit_bytes);
+            // Without a size there is nothing to record (any range is compatible with it).
+            if capacity > 0 {
+                let content = record_content(capacity);
+                steps.push(http(
+                    "HEAD",
+                    urls(&record, ""),
+                    vec![header("If-Match", &etag(&content))],
+                    "",
+                    RECORD_CHECK_OK,
+                ));
+                steps.push(http(
+                    "PUT",
+                    urls(&record, ""),
+                    vec![header("Content-Type", "application/json")],
+                    &content,
+                    RECORD_WRITE_OK,
+                ));
+            }
+            capacity
+        }
+    };
     steps.push(http("POST", urls(&dir, &format!("/?mode={DIR_MODE}")), Vec::new(), "", CREATE_OK));
     // What ListVolumes reads (crate::volumes).
-    steps.push(crate::volumes::index_entry(&settings.filers, &volume_id, req.required_bytes));
-    Ok(ProvisionPlan { volume_id, capacity_bytes: req.required_bytes, context, steps })
+    steps.push(crate::volumes::index_entry(&settings.filers, &volume_id, capacity_bytes));
+    Ok(ProvisionPlan { volume_id, capacity_bytes, context, steps })
+}
+
+/// CSI: "Volume MUST be at least this big" (`required_bytes`), "Volume MUST not be bigger than
+/// this" (`limit_bytes`); 0 is "unspecified".
+pub fn compatible(capacity: u64, required: u64, limit: u64) -> bool {
+    capacity >= required && (limit == 0 || capacity <= limit)
+}
+
+/// The size a new volume gets: what is required, else the most it may be, else no fixed size.
+pub fn new_capacity(required: u64, limit: u64) -> u64 {
+    if required > 0 { required } else { limit }
+}
+
+fn range_text(required: u64, limit: u64) -> String {
+    match (required, limit) {
+        (0, 0) => "any size".into(),
+        (r, 0) => format!("at least {r} bytes"),
+        (0, l) => format!("at most {l} bytes"),
+        (r, l) => format!("{r} to {l} bytes"),
+    }
+}
+
+/// The capacity a record lookup found and the record's bytes; `None` for no record (404). A
+/// lookup no filer answered (status 0) or answered otherwise is `unavailable` (retry later), and
+/// a record that is not one this plugin writes is an error naming it.
+fn recorded(found: &LookedUp, record: &str) -> Result<Option<(u64, String)>, BackendError> {
+    match found.status {
+        200 => {}
+        404 => return Ok(None),
+        0 => {
+            return Err(BackendError::Unavailable(format!(
+                "no filer answered the read of the capacity record {record}; is the filer up?"
+            )));
+        }
+        status => {
+            return Err(BackendError::Unavailable(format!(
+                "the filer answered {status} to the read of the capacity record {record} (200 or 404 expected)"
+            )));
+        }
+    }
+    let body = String::from_utf8_lossy(&found.body).into_owned();
+    let capacity = if found.truncated {
+        Err(BackendError::Internal(format!("the capacity record of {record} is longer than any record")))
+    } else {
+        crate::volumes::record_bytes(found, record)
+    };
+    match capacity {
+        Ok(capacity) => Ok(Some((capacity, body))),
+        Err(BackendError::Internal(why)) => Err(BackendError::Internal(format!(
+            "{why}: it holds {:?}, not {{\"capacityBytes\":<bytes>}}; fix or remove it (it is the recorded size of \
+             one volume)",
+            body.chars().take(80).collect::<String>()
+        ))),
+        Err(e) => Err(e),
+    }
 }
 
 /// Plan DeleteVolume: remove the volume's directory tree, then its capacity record; absent

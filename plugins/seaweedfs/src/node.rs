@@ -53,11 +53,20 @@ pub fn stage(req: &StageRequest) -> Result<Plan, BackendError> {
     // StorageClass sets the quota itself.
     let explicit = options.iter().find(|o| o.name == "collectionQuotaMB").and_then(|o| o.value.as_deref());
     let explicit = explicit.and_then(|v| v.parse::<u64>().ok());
+    // A provisioned volume's directory is read with it, in the same round: CSI NodeStageVolume
+    // "Volume does not exist 5 NOT_FOUND", where `weed mount` would make an empty one.
     let recorded = provisioned.then_some((settings.filers.as_slice(), path));
+    let mut reads = volumes::stage_dir(&req.looked_up, recorded)?;
     let quota = match volumes::stage_quota(&req.looked_up, recorded, explicit)? {
         Ok(q) => q,
-        Err(lookups) => return Ok(Plan { steps: lookups, attributes: Vec::new() }),
+        Err(lookups) => {
+            reads.extend(lookups);
+            0
+        }
     };
+    if !reads.is_empty() {
+        return Ok(Plan { steps: reads, attributes: Vec::new() });
+    }
 
     let mut args: Vec<Arg> = vec![
         // A global flag, so it comes before the subcommand: without it weed writes glog files

@@ -598,6 +598,12 @@ fn validate_accepts_a_volume_context() {
     Seaweedfs::validate(req).unwrap();
 }
 
+/// What the host answers the capacity record's lookup with.
+fn record_answer(status: u16, body: &str) -> LookedUp {
+    LookedUp { key: crate::controller::RECORD_LOOKUP.into(), status, body: body.as_bytes().to_vec(), truncated: false }
+}
+
+/// CreateVolume of 5 GiB in its second round, the record's lookup answered "no record" (404).
 fn provision_req(name: &str, params: &[(&str, &str)]) -> ProvisionRequest {
     ProvisionRequest {
         name: name.into(),
@@ -606,7 +612,7 @@ fn provision_req(name: &str, params: &[(&str, &str)]) -> ProvisionRequest {
         capabilities: vec![rw()],
         required_bytes: 5 << 30,
         limit_bytes: 0,
-        looked_up: vec![],
+        looked_up: vec![record_answer(404, "")],
     }
 }
 
@@ -618,14 +624,68 @@ fn mkdir_of(plan: &ProvisionPlan) -> &HttpCall {
     }
 }
 
+const RECORD_URL: &str = "http://127.0.0.1:8888/.mounthost/capacity/buckets/pvc-1";
+
+fn record_lookup() -> Step {
+    Step::Lookup(Lookup {
+        key: crate::controller::RECORD_LOOKUP.into(),
+        method: "GET".into(),
+        urls: vec![RECORD_URL.into()],
+        headers: vec![],
+    })
+}
+
+fn if_match(etag: &str, ok: &[u16]) -> Step {
+    Step::Http(HttpCall {
+        method: "HEAD".into(),
+        urls: vec![RECORD_URL.into()],
+        headers: vec![Header { name: "If-Match".into(), value: Value::Literal(etag.into()) }],
+        body: vec![],
+        ok_status: ok.to_vec(),
+    })
+}
+
+fn mkdir_pvc_1() -> Step {
+    Step::Http(HttpCall {
+        method: "POST".into(),
+        urls: vec!["http://127.0.0.1:8888/buckets/pvc-1/?mode=0777".into()],
+        headers: vec![],
+        body: vec![],
+        ok_status: vec![201, 409],
+    })
+}
+
+/// The list entry of `127.0.0.1:8888/buckets/pvc-1`: the hex of the volume id, its capacity in a
+/// header the filer keeps.
+fn list_entry_pvc_1(capacity: u64) -> Step {
+    Step::Http(HttpCall {
+        method: "PUT".into(),
+        urls: vec![format!(
+            "http://127.0.0.1:8888/.mounthost/volumes/{}",
+            "3132372e302e302e313a383838382f6275636b6574732f7076632d31"
+        )],
+        headers: vec![Header {
+            name: "Seaweed-Mounthost-Capacity-Bytes".into(),
+            value: Value::Literal(capacity.to_string()),
+        }],
+        body: vec![],
+        ok_status: vec![200, 201, 204],
+    })
+}
+
 #[test]
-fn provision_plans_the_capacity_check_its_record_and_one_directory() {
-    let plan = Seaweedfs::provision(provision_req(
-        "pvc-1",
-        &[("replication", "001"), ("filer", "127.0.0.1:8888"), ("csi.storage.k8s.io/pvc/name", "data")],
-    ))
-    .unwrap();
-    assert_eq!(plan.volume_id, "127.0.0.1:8888/buckets/pvc-1");
+fn provision_reads_the_record_then_plans_its_check_the_record_and_one_directory() {
+    let params = [("replication", "001"), ("filer", "127.0.0.1:8888"), ("csi.storage.k8s.io/pvc/name", "data")];
+    // First round: only the record's lookup, which the host makes while planning.
+    let first =
+        Seaweedfs::provision(ProvisionRequest { looked_up: vec![], ..provision_req("pvc-1", &params) }).unwrap();
+    assert_eq!(first.steps, vec![record_lookup()]);
+    // Second round, no record yet: a new volume of the size required.
+    let plan = Seaweedfs::provision(provision_req("pvc-1", &params)).unwrap();
+    assert_eq!(
+        (plan.volume_id.as_str(), first.volume_id.as_str()),
+        ("127.0.0.1:8888/buckets/pvc-1", plan.volume_id.as_str())
+    );
     assert_eq!(plan.capacity_bytes, 5 << 30);
     assert_eq!(
         plan.context,
@@ -636,50 +696,130 @@ fn provision_plans_the_capacity_check_its_record_and_one_directory() {
             kv("collection", "pvc-1"),
         ]
     );
-    let record = "http://127.0.0.1:8888/.mounthost/capacity/buckets/pvc-1";
     let content = "{\"capacityBytes\":5368709120}\n";
     // md5 of the content, as `printf '{"capacityBytes":5368709120}\n' | md5sum` prints it.
     let etag = "\"beb64068111de617fe79591162f50522\"";
     assert_eq!(
         plan.steps,
         vec![
-            Step::Http(HttpCall {
-                method: "HEAD".into(),
-                urls: vec![record.into()],
-                headers: vec![Header { name: "If-Match".into(), value: Value::Literal(etag.into()) }],
-                body: vec![],
-                ok_status: vec![200, 404],
-            }),
+            record_lookup(),
+            if_match(etag, &[200, 404]),
             Step::Http(HttpCall {
                 method: "PUT".into(),
-                urls: vec![record.into()],
+                urls: vec![RECORD_URL.into()],
                 headers: vec![Header { name: "Content-Type".into(), value: Value::Literal("application/json".into()) }],
                 body: content.as_bytes().to_vec(),
                 ok_status: vec![200, 201, 204],
             }),
-            Step::Http(HttpCall {
-                method: "POST".into(),
-                urls: vec!["http://127.0.0.1:8888/buckets/pvc-1/?mode=0777".into()],
-                headers: vec![],
-                body: vec![],
-                ok_status: vec![201, 409],
-            }),
-            // The list entry: the hex of the volume id, its capacity in a header the filer keeps.
-            Step::Http(HttpCall {
-                method: "PUT".into(),
-                urls: vec![format!(
-                    "http://127.0.0.1:8888/.mounthost/volumes/{}",
-                    "3132372e302e302e313a383838382f6275636b6574732f7076632d31"
-                )],
-                headers: vec![Header {
-                    name: "Seaweed-Mounthost-Capacity-Bytes".into(),
-                    value: Value::Literal("5368709120".into()),
-                }],
-                body: vec![],
-                ok_status: vec![200, 201, 204],
-            }),
+            mkdir_pvc_1(),
+            list_entry_pvc_1(5 << 30),
         ]
     );
+}
+
+/// CSI: "compatible with the specified capacity_range": a recorded capacity N answers every
+/// range with required <= N <= limit (0: unspecified) as that volume, of N bytes, guarded by
+/// `If-Match` on the record it read (nothing rewritten); any other range is `already-exists`.
+#[rstest]
+#[case(5 << 30, 0, true)]
+#[case(1 << 30, 0, true)]
+#[case(0, 0, true)]
+#[case(0, 5 << 30, true)]
+#[case(1 << 30, 8 << 30, true)]
+#[case(5 << 30, 5 << 30, true)]
+#[case(6 << 30, 0, false)]
+#[case(0, 4 << 30, false)]
+#[case(1 << 30, 4 << 30, false)]
+#[case(6 << 30, 8 << 30, false)]
+fn a_recorded_capacity_answers_every_compatible_range(#[case] required: u64, #[case] limit: u64, #[case] ok: bool) {
+    let recorded = "{\"capacityBytes\":5368709120}\n";
+    let req = ProvisionRequest {
+        required_bytes: required,
+        limit_bytes: limit,
+        looked_up: vec![record_answer(200, recorded)],
+        ..provision_req("pvc-1", &[("filer", "127.0.0.1:8888")])
+    };
+    match Seaweedfs::provision(req) {
+        Ok(plan) if ok => {
+            assert_eq!(plan.capacity_bytes, 5 << 30, "the recorded capacity");
+            let etag = crate::controller::etag(recorded);
+            assert_eq!(
+                plan.steps,
+                vec![record_lookup(), if_match(&etag, &[200]), mkdir_pvc_1(), list_entry_pvc_1(5 << 30)]
+            );
+        }
+        Err(BackendError::AlreadyExists(m)) if !ok => {
+            assert!(m.contains("pvc-1") && m.contains("5368709120 bytes") && m.contains("/buckets/pvc-1"), "{m}");
+        }
+        other => panic!("required {required} limit {limit}: {other:?}"),
+    }
+}
+
+/// A new volume gets what is required, else its limit (the most it may be), else no size.
+#[rstest]
+#[case(1 << 30, 0, 1 << 30)]
+#[case(1 << 30, 2 << 30, 1 << 30)]
+#[case(0, 2 << 30, 2 << 30)]
+#[case(0, 0, 0)]
+fn a_new_volume_gets_a_size_in_its_range(#[case] required: u64, #[case] limit: u64, #[case] capacity: u64) {
+    let req = ProvisionRequest {
+        required_bytes: required,
+        limit_bytes: limit,
+        ..provision_req("pvc-1", &[("filer", "127.0.0.1:8888")])
+    };
+    let plan = Seaweedfs::provision(req).unwrap();
+    assert_eq!(plan.capacity_bytes, capacity);
+    let put = plan.steps.iter().find_map(|s| match s {
+        Step::Http(c) if c.method == "PUT" && c.urls == [RECORD_URL] => {
+            Some(String::from_utf8(c.body.clone()).unwrap())
+        }
+        _ => None,
+    });
+    if capacity == 0 {
+        // No size: nothing to record, only the directory and its list entry.
+        assert_eq!(plan.steps, vec![record_lookup(), mkdir_pvc_1(), list_entry_pvc_1(0)]);
+    } else {
+        assert_eq!(put, Some(crate::controller::record_content(capacity)));
+    }
+}
+
+#[test]
+fn a_record_lookup_that_fails_is_unavailable_and_a_foreign_record_is_named() {
+    let with = |answer: LookedUp| {
+        Seaweedfs::provision(ProvisionRequest {
+            looked_up: vec![answer],
+            ..provision_req("pvc-1", &[("filer", "127.0.0.1:8888")])
+        })
+    };
+    for status in [0, 500, 401] {
+        match with(record_answer(status, "")) {
+            Err(BackendError::Unavailable(m)) => assert!(m.contains("/.mounthost/capacity/buckets/pvc-1"), "{m}"),
+            other => panic!("{status}: {other:?}"),
+        }
+    }
+    for body in ["five gigabytes", "{\"capacityBytes\":-1}", "{\"capacity\":1}", ""] {
+        match with(record_answer(200, body)) {
+            Err(BackendError::Internal(m)) => {
+                assert!(m.contains("capacity record") && m.contains("fix or remove"), "{m}")
+            }
+            other => panic!("{body:?}: {other:?}"),
+        }
+    }
+    let truncated = LookedUp { truncated: true, ..record_answer(200, "{\"capacityBytes\":1}") };
+    assert!(matches!(with(truncated), Err(BackendError::Internal(_))));
+}
+
+#[test]
+fn records_parse_as_they_are_written() {
+    use crate::controller::record_content;
+    for n in [0, 1, 5 << 30, u64::MAX] {
+        let found = record_answer(200, &record_content(n));
+        assert_eq!(crate::volumes::record_bytes(&found, "r").unwrap(), n);
+    }
+    assert_eq!(crate::volumes::record_bytes(&record_answer(200, "{ \"capacityBytes\": 42 }"), "r").unwrap(), 42);
+    for bad in ["{\"capacityBytes\":}", "{\"capacityBytes\":18446744073709551616}"] {
+        assert!(crate::volumes::record_bytes(&record_answer(200, bad), "r").is_err(), "{bad}");
+    }
 }
 
 #[test]
@@ -689,20 +829,12 @@ fn the_record_depends_on_the_capacity_only() {
         req.required_bytes = bytes;
         Seaweedfs::provision(req).unwrap()
     };
-    let etag_of = |p: &ProvisionPlan| match &p.steps[0] {
+    let etag_of = |p: &ProvisionPlan| match &p.steps[1] {
         Step::Http(call) => call.headers.clone(),
         other => panic!("{other:?}"),
     };
     assert_eq!(etag_of(&plan("pvc-1", 1 << 30)), etag_of(&plan("pvc-2", 1 << 30)));
     assert_ne!(etag_of(&plan("pvc-1", 1 << 30)), etag_of(&plan("pvc-1", 2 << 30)));
-    // No capacity asked for: nothing to compare, nothing recorded, only the directory.
-    let sizeless = plan("pvc-1", 0);
-    assert_eq!(sizeless.capacity_bytes, 0);
-    assert!(
-        matches!(sizeless.steps.as_slice(), [Step::Http(c), Step::Http(e)] if c.method == "POST" && e.method == "PUT"),
-        "{:?}",
-        sizeless.steps
-    );
 }
 
 #[test]
@@ -716,7 +848,7 @@ fn provision_with_several_filers_and_an_explicit_collection() {
     assert!(plan.context.contains(&kv("collection", "shared")));
     assert!(plan.context.contains(&kv("parentDir", "/k8s")));
     assert_eq!(mkdir_of(&plan).urls, vec!["http://a:1/k8s/pvc-2/?mode=0777", "http://[::1]:2/k8s/pvc-2/?mode=0777"]);
-    let Step::Http(check) = &plan.steps[0] else { panic!() };
+    let Step::Http(check) = &plan.steps[1] else { panic!() };
     assert_eq!(
         check.urls,
         vec!["http://a:1/.mounthost/capacity/k8s/pvc-2", "http://[::1]:2/.mounthost/capacity/k8s/pvc-2"]
@@ -966,8 +1098,8 @@ fn provision_and_delete_agree_on_the_directory_and_the_record() {
             .collect(),
         other => panic!("{other:?}"),
     };
-    let created: Vec<String> = urls(&plan.steps[2]);
-    let record: Vec<String> = urls(&plan.steps[1]);
+    let created: Vec<String> = urls(&plan.steps[3]);
+    let record: Vec<String> = urls(&plan.steps[2]);
     assert_eq!(created, urls(&removal.steps[0]));
     assert_eq!(record, urls(&removal.steps[1]));
     assert_eq!(created[0], "http://f1:8888/a/b/pvc-9");

@@ -72,7 +72,7 @@ fn urls(filers: &[&str], path: &str, query: &str) -> Vec<String> {
 }
 
 /// A capacity record's size from its body (`{"capacityBytes":N}`).
-fn record_bytes(a: &LookedUp, what: &str) -> Result<u64, BackendError> {
+pub(crate) fn record_bytes(a: &LookedUp, what: &str) -> Result<u64, BackendError> {
     let doc: serde_json::Value = serde_json::from_slice(&a.body)
         .map_err(|e| BackendError::Internal(format!("the capacity record of {what} is not JSON: {e}")))?;
     doc.get("capacityBytes")
@@ -225,6 +225,26 @@ fn unhex(name: &str) -> Option<String> {
     let bytes: Option<Vec<u8>> =
         (0..name.len()).step_by(2).map(|i| u8::from_str_radix(name.get(i..i + 2)?, 16).ok()).collect();
     String::from_utf8(bytes?).ok()
+}
+
+/// Whether a provisioned volume's directory is there, for its stage: the lookup to make while
+/// it is unread (`HEAD <dir>`); `not-found` when the filer has no such directory (the volume was
+/// deleted, or its directory removed by hand), where `weed mount` would make an empty one.
+pub fn stage_dir(looked: &[LookedUp], provisioned: Option<(&[&str], &str)>) -> Result<Vec<Step>, BackendError> {
+    let Some((filers, dir)) = provisioned else {
+        return Ok(Vec::new());
+    };
+    let Some(found) = answer(looked, "dir", dir)? else {
+        return Ok(vec![get("dir", "HEAD", urls(filers, dir, ""), Vec::new())]);
+    };
+    match found.status {
+        200 => Ok(Vec::new()),
+        404 => Err(BackendError::NotFound(format!(
+            "the volume's directory {dir} is not in the filer (was the volume deleted?): staging it would make an \
+             empty one"
+        ))),
+        s => Err(BackendError::Unavailable(format!("checking {dir}: the filer answered {s}"))),
+    }
 }
 
 /// The stage's quota: the `collectionQuotaMB` mount option when the StorageClass sets one,
@@ -522,23 +542,43 @@ mod tests {
 
     #[test]
     fn a_provisioned_volume_is_staged_with_its_recorded_size_as_quota() {
+        let dir = || answered("dir", 200, "");
         let first = crate::node::stage(&stage_req(vec![], &[])).unwrap();
-        assert_eq!(lookups(&first.steps)[0].0, "capacity");
-        let plan =
-            crate::node::stage(&stage_req(vec![answered("capacity", 200, "{\"capacityBytes\":1073741825}")], &[]))
-                .unwrap();
+        let read: Vec<(String, String)> = lookups(&first.steps).into_iter().map(|(k, m, _)| (k, m)).collect();
+        assert_eq!(read, [("dir".into(), "HEAD".into()), ("capacity".into(), "GET".into())]);
+        let plan = crate::node::stage(&stage_req(
+            vec![dir(), answered("capacity", 200, "{\"capacityBytes\":1073741825}")],
+            &[],
+        ))
+        .unwrap();
         assert!(args(&plan).iter().any(|a| a.contains("-collectionQuotaMB=1025")), "{:?}", args(&plan));
         assert!(plan.attributes.contains(&kv("quotaMB", "1025")));
-        let plan = crate::node::stage(&stage_req(vec![answered("capacity", 404, "")], &[])).unwrap();
+        let plan = crate::node::stage(&stage_req(vec![dir(), answered("capacity", 404, "")], &[])).unwrap();
         assert!(!args(&plan).iter().any(|a| a.contains("collectionQuotaMB")));
         assert!(plan.attributes.contains(&kv("quotaMB", "0")));
-        let down = crate::node::stage(&stage_req(vec![answered("capacity", 0, "")], &[])).unwrap_err();
+        let down = crate::node::stage(&stage_req(vec![dir(), answered("capacity", 0, "")], &[])).unwrap_err();
         assert!(matches!(down, BackendError::Unavailable(_)));
-        // The StorageClass's own quota wins, and nothing is read.
-        let own = crate::node::stage(&stage_req(vec![], &[("mountOptions", "collectionQuotaMB=10")])).unwrap();
+        // The StorageClass's own quota wins, and only the directory is read.
+        let quota = [("mountOptions", "collectionQuotaMB=10")];
+        let own = crate::node::stage(&stage_req(vec![], &quota)).unwrap();
+        assert_eq!(lookups(&own.steps).into_iter().map(|(k, ..)| k).collect::<Vec<_>>(), ["dir"]);
+        let own = crate::node::stage(&stage_req(vec![dir()], &quota)).unwrap();
         let own_args = args(&own);
         assert_eq!(own_args.iter().filter(|a| a.contains("collectionQuotaMB")).count(), 1, "{own_args:?}");
         assert!(own.attributes.contains(&kv("quotaMB", "10")));
+    }
+
+    /// CSI NodeStageVolume "Volume does not exist 5 NOT_FOUND": a provisioned volume whose
+    /// directory is gone is `not-found`, and nothing is mounted (weed would make it anew).
+    #[test]
+    fn a_provisioned_volume_whose_directory_is_gone_is_not_found() {
+        let capacity = || answered("capacity", 200, "{\"capacityBytes\":1073741824}");
+        let gone = crate::node::stage(&stage_req(vec![answered("dir", 404, ""), capacity()], &[])).unwrap_err();
+        assert!(matches!(&gone, BackendError::NotFound(m) if m.contains("/buckets/")), "{gone:?}");
+        for status in [0, 500] {
+            let e = crate::node::stage(&stage_req(vec![answered("dir", status, ""), capacity()], &[])).unwrap_err();
+            assert!(matches!(e, BackendError::Unavailable(_)), "{status}: {e:?}");
+        }
     }
 
     fn list_req(token: &str, looked_up: Vec<LookedUp>) -> ListRequest {

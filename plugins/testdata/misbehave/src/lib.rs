@@ -15,6 +15,10 @@
 //! | `bad-env`       | plans a spawn with an invalid environment variable name     |
 //! | `log-flood`     | logs 10,000 lines, then plans like `ok`                     |
 //! | `error`         | returns `not-found` from the backend                        |
+//!
+//! Its `provision` planner, with `mode` `short`, answers a volume of half the `required_bytes`
+//! asked for and plans nothing (a size outside the range, which the host must refuse); with any
+//! other mode it provisions nothing, as the SDK's default.
 
 use mounthost_plugin_sdk::*;
 
@@ -114,6 +118,21 @@ impl Plugin for Misbehave {
             }
             "error" => Err(BackendError::NotFound("the thing is not there".into())),
             other => Err(params::invalid(format!("unknown mode {other:?}"))),
+        }
+    }
+
+    fn provision(req: ProvisionRequest) -> Result<ProvisionPlan, BackendError> {
+        let params = Params::new("parameter", &req.parameters)?;
+        match params.text("mode")? {
+            Some("short") => Ok(ProvisionPlan {
+                volume_id: req.name,
+                capacity_bytes: req.required_bytes / 2,
+                context: Vec::new(),
+                steps: Vec::new(),
+            }),
+            _ => Err(BackendError::InvalidArgument(
+                "plugin misbehave does not provision volumes; create a static PersistentVolume instead".into(),
+            )),
         }
     }
 }

@@ -5,7 +5,9 @@
 //!   itself, options `size=<sizeMiB>m` and `mode=0755`;
 //! - `publish` is the SDK's bind of the staging directory onto the target (read-only when asked);
 //! - `provision` names the volume after the request and plans nothing (the host prefixes
-//!   `tmpfs~`); `delete` plans nothing.
+//!   `tmpfs~`); its capacity is the tmpfs's size, so a `required_bytes` above it is
+//!   `out-of-range` (and the host answers a `limit_bytes` below it with OUT_OF_RANGE); `delete`
+//!   plans nothing.
 //!
 //! Its only parameter is `sizeMiB` (1 to 1024, default 16). Any other parameter, and any
 //! secret, is refused. The host grants no fstype by default: run it with
@@ -79,9 +81,19 @@ impl Plugin for Tmpfs {
                 req.name
             )));
         }
+        // The volume is a tmpfs of exactly this size.
+        let capacity = size.unwrap_or(SIZE_DEFAULT) << 20;
+        if req.required_bytes > capacity {
+            return Err(BackendError::OutOfRange(format!(
+                "required_bytes {} is more than the volume's size, {capacity} bytes (parameter {SIZE} {}); \
+                 ask for at most that, or set a larger {SIZE} (up to {SIZE_MAX})",
+                req.required_bytes,
+                capacity >> 20
+            )));
+        }
         Ok(ProvisionPlan {
             volume_id: req.name,
-            capacity_bytes: req.required_bytes,
+            capacity_bytes: capacity,
             context: size.map(|n| vec![kv(SIZE, n.to_string())]).unwrap_or_default(),
             steps: Vec::new(),
         })
@@ -181,6 +193,14 @@ mod tests {
         assert!(Tmpfs::provision(req("pvc-1", Vec::new())).unwrap().context.is_empty());
         assert!(Tmpfs::provision(req("a b", Vec::new())).is_err());
         assert!(Tmpfs::provision(req("pvc-1", vec![kv("nope", "1")])).is_err());
+        // Its capacity is the tmpfs's size; more than that cannot be given.
+        assert_eq!(out.capacity_bytes, 8 << 20);
+        assert_eq!(Tmpfs::provision(req("pvc-1", Vec::new())).unwrap().capacity_bytes, SIZE_DEFAULT << 20);
+        let sized = |required| ProvisionRequest { required_bytes: required, ..req("pvc-1", vec![kv(SIZE, "8")]) };
+        assert_eq!(Tmpfs::provision(sized(8 << 20)).unwrap().capacity_bytes, 8 << 20);
+        assert!(
+            matches!(Tmpfs::provision(sized((8 << 20) + 1)), Err(BackendError::OutOfRange(m)) if m.contains("sizeMiB"))
+        );
         assert_eq!(
             Tmpfs::delete(DeleteRequest { volume_id: "pvc-1".into(), secrets: Vec::new() }).unwrap(),
             Plan::default()
