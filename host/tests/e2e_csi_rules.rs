@@ -4,8 +4,8 @@
 //! `/buckets` yet, and the others check the whole filer did not change).
 //!
 //! 1. CreateVolume of names SeaweedFS would refuse (mixed case, 128 bytes) gives valid directories.
-//! 2. CreateVolume of an existing name with a capacity range its size is not in is ALREADY_EXISTS
-//!    and changes nothing; a compatible range is the same volume; an empty range is INVALID_ARGUMENT.
+//! 2. CreateVolume of an existing name with a capacity range its size is not in, or with other
+//!    parameters, is ALREADY_EXISTS and changes nothing; a compatible range is the same volume; an empty range is INVALID_ARGUMENT.
 //! 3. DeleteVolume of ids this driver does not know (a plugin not loaded included) is OK and
 //!    deletes nothing.
 //! 4. A static volume under `/buckets` whose bucket name SeaweedFS refuses is INVALID_ARGUMENT
@@ -58,6 +58,16 @@ fn dir_of(vol: &csi::Volume) -> String {
 /// The capacity record of the volume at `dir`.
 fn record_of(dir: &str) -> String {
     format!("/.mounthost/capacity{dir}")
+}
+
+/// What the seaweedfs plugin records for a volume of `bytes` at `/buckets/<name>` made by
+/// [`create_req`]: its size and its parameters (the context but its path), keys sorted.
+fn record_body(weed: &Seaweed, bytes: i64, dir: &str) -> String {
+    let collection = dir.rsplit('/').next().unwrap();
+    format!(
+        "{{\"capacityBytes\":{bytes},\"parameters\":{{\"collection\":\"{collection}\",\"filer\":\"{}\"}}}}\n",
+        weed.filer
+    )
 }
 
 fn entries(dir: &Path) -> Vec<String> {
@@ -205,7 +215,8 @@ fn create_volume_accepts_any_name_the_co_may_send() {
 /// 2. CreateVolume's capacity rows (CSI v1.12 CreateVolume): an existing name "compatible with
 ///    the specified capacity_range" (required <= size <= limit, 0 unspecified) is the same
 ///    volume with its recorded size; any other range is "Volume already exists but is
-///    incompatible 6 ALREADY_EXISTS" and changes nothing in the filer; a range with required
+///    incompatible 6 ALREADY_EXISTS" and changes nothing in the filer, as are other parameters
+///    with a compatible range; a range with required
 ///    above limit, or negative, is INVALID_ARGUMENT and creates nothing; a new volume with only
 ///    limit_bytes gets that size; after DeleteVolume the name takes a new size.
 #[test]
@@ -220,7 +231,7 @@ fn create_volume_with_another_capacity_is_already_exists() {
         let dir = dir_of(&vol);
         assert_eq!(dir, format!("/buckets/{pv}"), "a pvc-<uuid> name keeps its directory");
         let record = record_of(&dir);
-        assert_eq!(n.weed.file(&record).as_deref(), Some("{\"capacityBytes\":1073741824}\n"));
+        assert_eq!(n.weed.file(&record), Some(record_body(n.weed, GIB, &dir)));
         // Data in the volume, written through the filer.
         assert_eq!(common::filer_put(&n.weed.filer, &format!("{dir}/data.txt"), "kept").unwrap(), 201);
 
@@ -247,8 +258,15 @@ fn create_volume_with_another_capacity_is_already_exists() {
             assert_eq!(e.code(), Code::AlreadyExists, "{asked:?}: {e:?}");
             assert!(e.message().contains(pv) && e.message().contains("1073741824 bytes"), "{}", e.message());
         }
+        // Compatible capacity, other parameters: "Volume already exists but is incompatible"
+        // too, naming what differs.
+        let mut other = create_req(n.weed, pv, GIB);
+        other.parameters.insert("replication".into(), "001".into());
+        let e = n.controller.create_volume(other).await.unwrap_err();
+        assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+        assert!(e.message().contains("replication: (unset) recorded, \"001\" asked"), "{}", e.message());
         assert_eq!(whole(n.weed), before, "no CreateVolume of an existing name changed the filer");
-        assert_eq!(n.weed.file(&record).as_deref(), Some("{\"capacityBytes\":1073741824}\n"));
+        assert_eq!(n.weed.file(&record), Some(record_body(n.weed, GIB, &dir)));
         assert_eq!(n.weed.file(&format!("{dir}/data.txt")).as_deref(), Some("kept"));
 
         // A range with nothing in it, or negative: INVALID_ARGUMENT, for an existing name or a new one.
@@ -270,7 +288,7 @@ fn create_volume_with_another_capacity_is_already_exists() {
         // gets no fixed size (0) and no record.
         let limited = n.create_range("pvc-limited", range(0, GIB / 2)).await.unwrap();
         assert_eq!(limited.capacity_bytes, GIB / 2);
-        assert_eq!(n.weed.file(&record_of(&dir_of(&limited))).as_deref(), Some("{\"capacityBytes\":536870912}\n"));
+        assert_eq!(n.weed.file(&record_of(&dir_of(&limited))), Some(record_body(n.weed, GIB / 2, &dir_of(&limited))));
         assert_eq!(n.create_range("pvc-limited", range(GIB / 4, 0)).await.unwrap(), limited);
         assert_eq!(n.create_range("pvc-limited", range(GIB, 0)).await.unwrap_err().code(), Code::AlreadyExists);
         let sizeless = n.create_range("pvc-sizeless", None).await.unwrap();
@@ -285,7 +303,7 @@ fn create_volume_with_another_capacity_is_already_exists() {
         assert_eq!(n.weed.file(&record), None, "DeleteVolume removes the record");
         let bigger = n.create(pv, 2 * GIB).await.unwrap();
         assert_eq!((bigger.volume_id.as_str(), bigger.capacity_bytes), (vol.volume_id.as_str(), 2 * GIB));
-        assert_eq!(n.weed.file(&record).as_deref(), Some("{\"capacityBytes\":2147483648}\n"));
+        assert_eq!(n.weed.file(&record), Some(record_body(n.weed, 2 * GIB, &dir)));
         assert_eq!(n.weed.file(&format!("{dir}/data.txt")), None, "a new, empty volume");
         assert_eq!(n.create(pv, 3 * GIB).await.unwrap_err().code(), Code::AlreadyExists, "now 3 GiB is too much");
         assert_eq!(n.create(pv, GIB).await.unwrap().capacity_bytes, 2 * GIB, "and 1 GiB fits in it");
@@ -293,7 +311,7 @@ fn create_volume_with_another_capacity_is_already_exists() {
         assert!(n.weed.listing("/buckets").is_empty() && n.weed.listing("/.mounthost/capacity/buckets").is_empty());
         println!(
             "checked: 7 compatible ranges answered with the volume, 4 others ALREADY_EXISTS with the filer unchanged, \
-             6 invalid ranges INVALID_ARGUMENT, a limit-only volume of its limit, re-created at 2 GiB after delete"
+             other parameters ALREADY_EXISTS, 6 invalid ranges INVALID_ARGUMENT, a limit-only volume of its limit, re-created at 2 GiB after delete"
         );
     });
 }

@@ -8,13 +8,17 @@
 //!
 //! The controller keeps no state, so a volume's capacity is recorded where the volume lives: a
 //! small file per volume in the filer, `/.mounthost/capacity<dir>`, outside the volume's own
-//! directory, holding `{"capacityBytes":N}`. CreateVolume plans in two rounds:
+//! directory, holding `{"capacityBytes":N,"parameters":{...}}` (the volume's context but its
+//! `path`, keys sorted; records of earlier versions hold no `parameters`). CreateVolume plans
+//! in two rounds:
 //!
 //! 1. a `lookup` (`GET <record>`), which the host makes while planning;
 //! 2. with its answer, CSI's rule "compatible with the specified `capacity_range`": a recorded
 //!    capacity N is compatible when `required_bytes <= N` (or no `required_bytes`) and
 //!    `N <= limit_bytes` (or no `limit_bytes`). Compatible: the volume is that one, of N bytes;
-//!    incompatible: `already-exists` (gRPC ALREADY_EXISTS), and nothing runs. No record (404):
+//!    incompatible: `already-exists` (gRPC ALREADY_EXISTS), and nothing runs. The same for a
+//!    record whose parameters differ from the request's (a record without any matches every
+//!    request). No record (404):
 //!    a new volume of `required_bytes`, else of `limit_bytes` (the most it may be), else of no
 //!    fixed size (0, nothing recorded).
 //!
@@ -45,6 +49,8 @@ use mounthost_plugin_sdk::{
     BackendError, DeleteRequest, Header, HttpCall, Kv, LookedUp, Lookup, ParamSource, Plan, ProvisionPlan,
     ProvisionRequest, Step, Value, kv, looked_up,
 };
+
+use std::collections::BTreeMap;
 
 use md5::{Digest, Md5};
 
@@ -139,6 +145,19 @@ pub fn provision(req: &ProvisionRequest) -> Result<ProvisionPlan, BackendError> 
                     range_text(req.required_bytes, req.limit_bytes)
                 )));
             }
+            // CSI: an existing volume must also be compatible with the parameters asked for.
+            // Records of earlier versions hold none: any parameters match them.
+            if let Some(recorded) = parameters_of_record(body.as_bytes()) {
+                let differ = differences(&recorded, &recorded_parameters(&context));
+                if !differ.is_empty() {
+                    return Err(BackendError::AlreadyExists(format!(
+                        "a volume named {:?} already exists ({dir} in the filer) with other parameters ({}); \
+                         use another name, or the parameters it was created with",
+                        req.name,
+                        differ.join("; ")
+                    )));
+                }
+            }
             // Still the record looked up when the host executes the plan (under the volume's lock).
             steps.push(http("HEAD", urls(&record, ""), vec![header("If-Match", &etag(&body))], "", RECORD_SAME_OK));
             capacity
@@ -147,7 +166,7 @@ pub fn provision(req: &ProvisionRequest) -> Result<ProvisionPlan, BackendError> 
             let capacity = new_capacity(req.required_bytes, req.limit_bytes);
             // Without a size there is nothing to record (any range is compatible with it).
             if capacity > 0 {
-                let content = record_content(capacity);
+                let content = record_content(capacity, &recorded_parameters(&context));
                 steps.push(http(
                     "HEAD",
                     urls(&record, ""),
@@ -258,9 +277,42 @@ pub fn record_path(dir: &str) -> String {
     format!("{RECORD_ROOT}{dir}")
 }
 
-/// A capacity record's content: one line of JSON, always the same bytes for one capacity.
-pub fn record_content(capacity_bytes: u64) -> String {
-    format!("{{\"capacityBytes\":{capacity_bytes}}}\n")
+/// A capacity record's content: one line of JSON, always the same bytes for one capacity and
+/// one set of parameters (keys sorted; written by hand so no serializer feature can reorder
+/// them, since the record's ETag is compared byte for byte). No parameters: the record of
+/// earlier versions, `{"capacityBytes":N}`.
+pub fn record_content(capacity_bytes: u64, parameters: &BTreeMap<String, String>) -> String {
+    if parameters.is_empty() {
+        return format!("{{\"capacityBytes\":{capacity_bytes}}}\n");
+    }
+    let json = |v: &str| serde_json::Value::String(v.to_string()).to_string();
+    let fields: Vec<String> = parameters.iter().map(|(k, v)| format!("{}:{}", json(k), json(v))).collect();
+    format!("{{\"capacityBytes\":{capacity_bytes},\"parameters\":{{{}}}}}\n", fields.join(","))
+}
+
+/// What a record keeps of a volume's context to tell a CreateVolume of the same name with other
+/// parameters: everything but `path`, which the name decides.
+pub fn recorded_parameters(context: &[Kv]) -> BTreeMap<String, String> {
+    context.iter().filter(|kv| kv.key != "path").map(|kv| (kv.key.clone(), kv.value.clone())).collect()
+}
+
+/// The parameters a record holds: `None` for a record of an earlier version, which holds none.
+pub fn parameters_of_record(body: &[u8]) -> Option<BTreeMap<String, String>> {
+    let doc: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let map = doc.get("parameters")?.as_object()?;
+    Some(map.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect())
+}
+
+/// The parameters that differ between a record and a request, as `key: recorded → asked`.
+fn differences(recorded: &BTreeMap<String, String>, asked: &BTreeMap<String, String>) -> Vec<String> {
+    let keys: std::collections::BTreeSet<&String> = recorded.keys().chain(asked.keys()).collect();
+    keys.into_iter()
+        .filter(|k| recorded.get(*k) != asked.get(*k))
+        .map(|k| {
+            let show = |v: Option<&String>| v.map_or_else(|| "(unset)".to_string(), |v| format!("{v:?}"));
+            format!("{k}: {} recorded, {} asked", show(recorded.get(k)), show(asked.get(k)))
+        })
+        .collect()
 }
 
 /// The filer's ETag of a file with this content: its MD5 in hex, quoted.

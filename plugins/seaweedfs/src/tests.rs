@@ -2,6 +2,8 @@
 //! its error, secrets only as environment references, read-only sources, the mount-option
 //! allowlist, determinism, and the provision/delete round trip.
 
+use std::collections::BTreeMap;
+
 use mounthost_plugin_sdk::*;
 use rstest::rstest;
 
@@ -696,9 +698,9 @@ fn provision_reads_the_record_then_plans_its_check_the_record_and_one_directory(
             kv("collection", "pvc-1"),
         ]
     );
-    let content = "{\"capacityBytes\":5368709120}\n";
-    // md5 of the content, as `printf '{"capacityBytes":5368709120}\n' | md5sum` prints it.
-    let etag = "\"beb64068111de617fe79591162f50522\"";
+    let content = "{\"capacityBytes\":5368709120,\"parameters\":{\"collection\":\"pvc-1\",\"filer\":\"127.0.0.1:8888\",\"replication\":\"001\"}}\n";
+    // md5 of the content, as `printf '%s\n' '<content>' | md5sum` prints it.
+    let etag = "\"8a3a4464a57dfa4d79b6a423cb3b58b7\"";
     assert_eq!(
         plan.steps,
         vec![
@@ -779,7 +781,8 @@ fn a_new_volume_gets_a_size_in_its_range(#[case] required: u64, #[case] limit: u
         // No size: nothing to record, only the directory and its list entry.
         assert_eq!(plan.steps, vec![record_lookup(), mkdir_pvc_1(), list_entry_pvc_1(0)]);
     } else {
-        assert_eq!(put, Some(crate::controller::record_content(capacity)));
+        let params = [("filer".to_string(), "127.0.0.1:8888".to_string()), ("collection".into(), "pvc-1".into())];
+        assert_eq!(put, Some(crate::controller::record_content(capacity, &params.into())));
     }
 }
 
@@ -811,10 +814,18 @@ fn a_record_lookup_that_fails_is_unavailable_and_a_foreign_record_is_named() {
 
 #[test]
 fn records_parse_as_they_are_written() {
-    use crate::controller::record_content;
-    for n in [0, 1, 5 << 30, u64::MAX] {
-        let found = record_answer(200, &record_content(n));
-        assert_eq!(crate::volumes::record_bytes(&found, "r").unwrap(), n);
+    use crate::controller::{parameters_of_record, record_content};
+    let odd: BTreeMap<String, String> =
+        [("a\"b".to_string(), "\\\n".to_string()), ("filer".into(), "f:1".into())].into();
+    for params in [BTreeMap::new(), odd] {
+        for n in [0, 1, 5 << 30, u64::MAX] {
+            let content = record_content(n, &params);
+            assert!(content.ends_with('\n') && content.matches('\n').count() == 1, "one line: {content:?}");
+            let found = record_answer(200, &content);
+            assert_eq!(crate::volumes::record_bytes(&found, "r").unwrap(), n);
+            let back = parameters_of_record(content.as_bytes());
+            assert_eq!(back, (!params.is_empty()).then(|| params.clone()), "{content}");
+        }
     }
     assert_eq!(crate::volumes::record_bytes(&record_answer(200, "{ \"capacityBytes\": 42 }"), "r").unwrap(), 42);
     for bad in ["{\"capacityBytes\":}", "{\"capacityBytes\":18446744073709551616}"] {
@@ -823,9 +834,9 @@ fn records_parse_as_they_are_written() {
 }
 
 #[test]
-fn the_record_depends_on_the_capacity_only() {
+fn the_record_depends_on_the_capacity_and_the_parameters_not_the_name() {
     let plan = |name: &str, bytes: u64| {
-        let mut req = provision_req(name, &[("filer", "127.0.0.1:8888")]);
+        let mut req = provision_req(name, &[("filer", "127.0.0.1:8888"), ("collection", "shared")]);
         req.required_bytes = bytes;
         Seaweedfs::provision(req).unwrap()
     };
@@ -835,6 +846,36 @@ fn the_record_depends_on_the_capacity_only() {
     };
     assert_eq!(etag_of(&plan("pvc-1", 1 << 30)), etag_of(&plan("pvc-2", 1 << 30)));
     assert_ne!(etag_of(&plan("pvc-1", 1 << 30)), etag_of(&plan("pvc-1", 2 << 30)));
+    let mut other = provision_req("pvc-1", &[("filer", "127.0.0.1:8888"), ("collection", "other")]);
+    other.required_bytes = 1 << 30;
+    assert_ne!(etag_of(&plan("pvc-1", 1 << 30)), etag_of(&Seaweedfs::provision(other).unwrap()));
+}
+
+/// CSI: "compatible with the specified ... parameters": a record holding other parameters is
+/// `already-exists` naming each difference; a record of an earlier version (no parameters)
+/// matches any; the same parameters in another order are the same.
+#[test]
+fn a_recorded_volume_with_other_parameters_already_exists() {
+    let with = |recorded: &str, params: &[(&str, &str)]| {
+        Seaweedfs::provision(ProvisionRequest {
+            looked_up: vec![record_answer(200, recorded)],
+            ..provision_req("pvc-1", params)
+        })
+    };
+    let made =
+        Seaweedfs::provision(provision_req("pvc-1", &[("filer", "127.0.0.1:8888"), ("replication", "001")])).unwrap();
+    let Step::Http(put) = &made.steps[2] else { panic!("{:?}", made.steps) };
+    let recorded = String::from_utf8(put.body.clone()).unwrap();
+    with(&recorded, &[("replication", "001"), ("filer", "127.0.0.1:8888")]).unwrap();
+    match with(&recorded, &[("filer", "127.0.0.1:8888"), ("replication", "010"), ("ttl", "1d")]) {
+        Err(BackendError::AlreadyExists(m)) => assert!(
+            m.contains("replication: \"001\" recorded, \"010\" asked")
+                && m.contains("ttl: (unset) recorded, \"1d\" asked"),
+            "{m}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    with("{\"capacityBytes\":5368709120}\n", &[("filer", "127.0.0.1:8888"), ("replication", "010")]).unwrap();
 }
 
 #[test]

@@ -144,7 +144,9 @@ fn expand_controller(req: &ExpandRequest, asked: u64) -> Result<ExpandPlan, Back
         // Already that large (CSI: an expansion to a size the volume has is OK).
         return Ok(ExpandPlan { capacity_bytes: current, node_expansion_required: true, steps: Vec::new() });
     }
-    let content = controller::record_content(asked);
+    // The parameters CreateVolume recorded stay (a record of an earlier version holds none).
+    let kept = controller::parameters_of_record(&rec.body).unwrap_or_default();
+    let content = controller::record_content(asked, &kept);
     let steps = vec![
         controller::http(
             "PUT",
@@ -457,6 +459,14 @@ mod tests {
         );
         assert!(entry.urls[0].contains("/.mounthost/volumes/"), "{entry:?}");
         assert_eq!(entry.headers[0].name, CAPACITY_HEADER);
+        // The parameters CreateVolume recorded are kept.
+        let with_params = "{\"capacityBytes\":1073741824,\"parameters\":{\"replication\":\"001\"}}\n";
+        let kept = expand(&expand_req(ExpandSide::Controller, 2 << 30, read(200, (200, with_params)))).unwrap();
+        let Step::Http(record) = &kept.steps[0] else { panic!("{:?}", kept.steps) };
+        assert_eq!(
+            String::from_utf8_lossy(&record.body),
+            "{\"capacityBytes\":2147483648,\"parameters\":{\"replication\":\"001\"}}\n"
+        );
         // Already that large (or larger): nothing written, the recorded size answered.
         let same =
             expand(&expand_req(ExpandSide::Controller, 1 << 30, read(200, (200, "{\"capacityBytes\":2147483648}"))))
