@@ -29,7 +29,7 @@ use crate::proto::csi;
 use crate::secrets::Secrets;
 use crate::unpriv::lookup::{Rounds, as_plan};
 use crate::volume::request;
-use crate::volume::size::{expansion_range, fits};
+use crate::volume::size::{fits, node_expansion_range};
 use crate::volume::state::{Phase, StagedCapability, VolumeState};
 
 impl Node {
@@ -43,7 +43,7 @@ impl Node {
         if req.volume_path.is_empty() {
             return Err(Error::invalid("volume_path is required"));
         }
-        let (required, limit) = expansion_range(req.capacity_range.as_ref())?;
+        let (required, limit) = node_expansion_range(req.capacity_range.as_ref())?;
         let asked = req.volume_capability.as_ref().map(|c| request::capability(Some(c))).transpose()?;
         let secrets = request::secrets(&req.secrets)?;
         let _guard = self.inner.locks.try_lock(&id)?;

@@ -143,19 +143,25 @@ impl HttpClient {
             let mut body = resp.into_body();
             let mut kept = Vec::new();
             let mut truncated = false;
+            // The whole body (or its first MAX_READ bytes), or nothing: a body cut off by an
+            // error or the timeout is no answer, never a short one handed over as complete.
             let reading = async {
                 while let Some(frame) = body.frame().await {
-                    let Ok(data) = frame.map(|f| f.into_data().unwrap_or_default()) else { break };
+                    let Ok(data) = frame.map(|f| f.into_data().unwrap_or_default()) else { return false };
                     let room = MAX_READ - kept.len();
                     if data.len() > room {
                         kept.extend_from_slice(&data[..room]);
                         truncated = true;
-                        break;
+                        return true;
                     }
                     kept.extend_from_slice(&data);
                 }
+                true
             };
-            let _ = tokio::time::timeout(ATTEMPT_TIMEOUT, reading).await;
+            if !matches!(tokio::time::timeout(ATTEMPT_TIMEOUT, reading).await, Ok(true)) {
+                tracing::debug!(%url, status, "a lookup's body did not arrive whole");
+                continue;
+            }
             return Ok(Read { status, body: kept, truncated });
         }
         Ok(Read { status: 0, body: Vec::new(), truncated: false })
@@ -176,4 +182,42 @@ pub(crate) fn request(
     }
     req.body(Full::new(Bytes::from(body.to_owned())))
         .map_err(|e| HttpError::Invalid(format!("building the request to {target}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A server answering each connection with `answer` as it is, then closing.
+    async fn serving(answer: &'static str) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf).await;
+                let _ = conn.write_all(answer.as_bytes()).await;
+            }
+        });
+        format!("http://{at}/record")
+    }
+
+    /// A body cut off before its Content-Length is no answer (status 0, as when no URL
+    /// answers); a whole one is handed over with its status; the next URL is tried after a cut.
+    #[tokio::test]
+    async fn a_lookup_body_cut_off_is_no_answer() {
+        let client = HttpClient::default();
+        let cut = serving("HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"capacityBytes\":1").await;
+        let whole = serving("HTTP/1.1 200 OK\r\ncontent-length: 20\r\n\r\n{\"capacityBytes\":12}").await;
+        let read = client.read("GET", std::slice::from_ref(&cut), &[]).await.unwrap();
+        assert_eq!((read.status, read.body.len(), read.truncated), (0, 0, false));
+        let read = client.read("GET", &[cut, whole], &[]).await.unwrap();
+        assert_eq!(
+            (read.status, read.body.as_slice(), read.truncated),
+            (200, b"{\"capacityBytes\":12}".as_slice(), false)
+        );
+    }
 }

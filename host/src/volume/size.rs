@@ -19,6 +19,18 @@ pub fn expansion_range(range: Option<&csi::CapacityRange>) -> Result<(u64, u64),
     Ok((required as u64, limit as u64))
 }
 
+/// NodeExpandVolume's capacity range, checked: optional there (CSI: "If capacity_range is
+/// omitted then a plugin MAY inspect the file system of the volume to determine the maximum
+/// capacity to which the volume can be expanded"), so none, or one naming no size, is `(0, 0)`:
+/// the size the controller gave the volume.
+pub fn node_expansion_range(range: Option<&csi::CapacityRange>) -> Result<(u64, u64), Error> {
+    match range {
+        None => Ok((0, 0)),
+        Some(r) if r.required_bytes == 0 && r.limit_bytes == 0 => Ok((0, 0)),
+        Some(_) => expansion_range(range),
+    }
+}
+
 /// A plugin's expansion answer against the range asked for: more than `limit` is OUT_OF_RANGE,
 /// less than `required` a plugin bug.
 pub fn fits(plugin: &str, capacity: u64, required: u64, limit: u64) -> Result<(), Error> {
@@ -51,6 +63,14 @@ mod tests {
             assert_eq!(expansion_range(range(r, l).as_ref()).unwrap_err().kind, ErrorKind::InvalidArgument, "{r} {l}");
         }
         assert_eq!(expansion_range(None).unwrap_err().kind, ErrorKind::InvalidArgument);
+        // Optional on the node.
+        assert_eq!(node_expansion_range(None).unwrap(), (0, 0));
+        assert_eq!(node_expansion_range(range(0, 0).as_ref()).unwrap(), (0, 0));
+        assert_eq!(node_expansion_range(range(2 << 30, 0).as_ref()).unwrap(), (2 << 30, 0));
+        for (r, l) in [(-1, 0), (0, -1), (5, 4)] {
+            let e = node_expansion_range(range(r, l).as_ref()).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{r} {l}");
+        }
         fits("p", 2 << 30, 2 << 30, 0).unwrap();
         fits("p", 3 << 30, 2 << 30, 3 << 30).unwrap();
         assert_eq!(fits("p", 4 << 30, 2 << 30, 3 << 30).unwrap_err().kind, ErrorKind::OutOfRange);

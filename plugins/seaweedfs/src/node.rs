@@ -129,6 +129,9 @@ pub fn stage(req: &StageRequest) -> Result<Plan, BackendError> {
             kv("collection", collection.unwrap_or_default()),
             kv("readOnly", read_only.to_string()),
             kv("quotaMB", quota.to_string()),
+            // Set by the StorageClass (`mountOptions`), not by the volume's size: expansion
+            // cannot change it (crate::volumes::expand).
+            kv("quotaFixed", explicit.is_some().to_string()),
         ],
     })
 }

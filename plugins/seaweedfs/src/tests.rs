@@ -141,6 +141,7 @@ fn minimal_stage_plan() {
             kv("collection", "pvc-1"),
             kv("readOnly", "false"),
             kv("quotaMB", "0"),
+            kv("quotaFixed", "false"),
         ]
     );
 }

@@ -141,8 +141,10 @@ fn expand_controller(req: &ExpandRequest, asked: u64) -> Result<ExpandPlan, Back
     }
     let current = recorded_size(rec, dir)?.unwrap_or(0);
     if current >= asked {
-        // Already that large (CSI: an expansion to a size the volume has is OK).
-        return Ok(ExpandPlan { capacity_bytes: current, node_expansion_required: true, steps: Vec::new() });
+        // Already that large (CSI: an expansion to a size the volume has is OK). The list entry
+        // is written again: an earlier call may have grown the record and failed before it.
+        let steps = vec![index_entry(&filers, &req.volume_id, current)];
+        return Ok(ExpandPlan { capacity_bytes: current, node_expansion_required: true, steps });
     }
     // The parameters CreateVolume recorded stay (a record of an earlier version holds none).
     let kept = controller::parameters_of_record(&rec.body).unwrap_or_default();
@@ -169,6 +171,14 @@ fn expand_node(req: &ExpandRequest, asked: u64) -> Result<ExpandPlan, BackendErr
     if id != format!("{filer}{dir}") {
         return Err(BackendError::OutOfRange(format!(
             "volume {id} is a static volume of {dir}: it has no size this plugin records, so it cannot be expanded"
+        )));
+    }
+    if recorded("quotaFixed") == Some("true") {
+        return Err(BackendError::OutOfRange(format!(
+            "volume {id} was staged with collectionQuotaMB={} from the StorageClass's mountOptions: that quota, not \
+             the volume's size, bounds it, so it cannot grow here; remove collectionQuotaMB from mountOptions to let \
+             its size set the quota",
+            recorded("quotaMB").unwrap_or("?")
         )));
     }
     let filers: Vec<&str> = filer.split(',').collect();
@@ -277,6 +287,10 @@ pub fn list(req: &ListRequest) -> Result<ListAnswer, BackendError> {
         None => return Err(bad()),
         Some((i, after)) => (i.parse::<usize>().map_err(|_| bad())?, after),
     };
+    // The entry names this plugin writes are hex; the name goes into the lookup's query as is.
+    if !after.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+        return Err(bad());
+    }
     let Some(host) = req.hosts.get(at) else {
         return Ok(ListAnswer { volumes: Vec::new(), next_token: String::new(), steps: Vec::new() });
     };
@@ -471,7 +485,9 @@ mod tests {
         let same =
             expand(&expand_req(ExpandSide::Controller, 1 << 30, read(200, (200, "{\"capacityBytes\":2147483648}"))))
                 .unwrap();
-        assert_eq!((same.capacity_bytes, same.steps.len()), (2 << 30, 0));
+        assert_eq!((same.capacity_bytes, same.steps.len()), (2 << 30, 1));
+        let [Step::Http(entry)] = same.steps.as_slice() else { panic!("{:?}", same.steps) };
+        assert!(entry.urls[0].contains("/.mounthost/volumes/"), "only the list entry, written again: {entry:?}");
         // A volume made without a size has no record: it gets one.
         let sizeless = expand(&expand_req(ExpandSide::Controller, 1 << 30, read(200, (404, "")))).unwrap();
         assert_eq!((sizeless.capacity_bytes, sizeless.steps.len()), (1 << 30, 2));
@@ -575,7 +591,13 @@ mod tests {
         let own = crate::node::stage(&stage_req(vec![dir()], &quota)).unwrap();
         let own_args = args(&own);
         assert_eq!(own_args.iter().filter(|a| a.contains("collectionQuotaMB")).count(), 1, "{own_args:?}");
-        assert!(own.attributes.contains(&kv("quotaMB", "10")));
+        assert!(own.attributes.contains(&kv("quotaMB", "10")) && own.attributes.contains(&kv("quotaFixed", "true")));
+        // Such a volume cannot grow on the node: the StorageClass's quota bounds it.
+        let mut req = expand_req(ExpandSide::Node, 2 << 30, vec![]);
+        req.recorded = own.attributes.clone();
+        req.volume_id = format!("{}{}", own.attributes[0].value, own.attributes[1].value);
+        let e = expand(&req).unwrap_err();
+        assert!(matches!(&e, BackendError::OutOfRange(m) if m.contains("collectionQuotaMB=10")), "{e:?}");
     }
 
     /// CSI NodeStageVolume "Volume does not exist 5 NOT_FOUND": a provisioned volume whose
@@ -636,7 +658,9 @@ mod tests {
         assert_eq!((last.volumes.len(), last.next_token.as_str()), (0, "1:"));
         let f2 = list(&list_req("1:", vec![answered("list-1", 404, "")])).unwrap();
         assert_eq!((f2.volumes.len(), f2.next_token.as_str()), (0, ""));
-        assert!(matches!(list(&list_req("x", vec![])).unwrap_err(), BackendError::InvalidArgument(_)));
+        for bad in ["x", "0:a b", "0:zz&limit=1000", "0:a/b", "0:%2F"] {
+            assert!(matches!(list(&list_req(bad, vec![])).unwrap_err(), BackendError::InvalidArgument(_)), "{bad}");
+        }
         assert!(matches!(
             list(&list_req("", vec![answered("list-0", 500, "")])).unwrap_err(),
             BackendError::Unavailable(_)
