@@ -446,10 +446,57 @@ async fn a_resolved_stage_request_never_reaches_a_contract_0_1_0_plugin() {
     assert!(err.to_string().contains("0.1.0 plans cannot ask to resolve"), "{err}");
 }
 
+/// A component built against the frozen 0.3.0 contract (the last before 0.4.0): detected as
+/// 0.3.0, its plans come back in current terms (a 0.3.0 path argument keeps its suffix, which
+/// the policy then sees), its errors map, and the policy takes its plans.
+#[tokio::test]
+async fn a_contract_0_3_0_plugin_loads_and_plans_through_the_adapter() {
+    let e = env(fast());
+    let v030 = e.runtime.load_file(&fixtures::path("legacy030")).await.unwrap();
+    assert_eq!((v030.contract(), v030.contract().to_string()), (Contract::V030, "0.3.0".to_string()));
+    assert_eq!(
+        (v030.info.name.as_str(), v030.info.fstypes.as_slice()),
+        ("legacy030", ["tmpfs".to_string()].as_slice())
+    );
+    let plan = e.runtime.call(&v030, "vol-1", legacy_request(&[("sizeMiB", "8"), ("pathOption", "x")])).await.unwrap();
+    let cache = wit::PathRef { root: wit::DirRoot::Cache, rel: String::new() };
+    let expected = wit::Step::Mount(wit::Mount {
+        fstype: "tmpfs".into(),
+        source: wit::MountSource::Named("tmpfs".into()),
+        target: wit::PathRef { root: wit::DirRoot::Staging, rel: String::new() },
+        options: vec![
+            wit::Arg::Literal("size=8m".into()),
+            wit::Arg::Literal("mode=0755".into()),
+            wit::Arg::Path(wit::PathArg { prefix: "x=".into(), path: cache, suffix: "/.".into() }),
+        ],
+        readonly: false,
+    });
+    assert_eq!(plan.steps, [expected]);
+    assert_eq!(plan.attributes, [wit::Kv { key: "contract".into(), value: "0.3.0".into() }]);
+    // The policy sees the suffix (a mount option takes none), and takes the plan without it.
+    let refused = Policy::new().check(&v030, plan).unwrap_err();
+    assert!(refused.to_string().contains("suffix"), "{refused}");
+    let plain = e.runtime.call(&v030, "vol-1", legacy_request(&[("sizeMiB", "8")])).await.unwrap();
+    Policy::new().check(&v030, plain).unwrap();
+    let err = e.runtime.call(&v030, "vol-1", legacy_request(&[("fail", "not-found")])).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    let publish = wit::PublishRequest {
+        volume_id: "vol-1".into(),
+        context: vec![],
+        secrets: vec![],
+        capability: stage_request("ok").capability,
+        readonly: true,
+        recorded: vec![],
+    };
+    let plan = e.runtime.call(&v030, "vol-1", publish).await.unwrap();
+    assert!(matches!(&plan.steps[..], [wit::Step::Bind(b)] if b.readonly), "{plan:?}");
+}
+
 #[tokio::test]
 async fn exports_added_in_0_4_0_are_answered_by_the_host_for_earlier_plugins_and_by_sdk_defaults() {
     let e = env(fast());
     let legacy = e.runtime.load_file(&fixtures::path("legacy")).await.unwrap();
+    let v030 = e.runtime.load_file(&fixtures::path("legacy030")).await.unwrap();
     let current = e.runtime.resolve("misbehave", None).await.unwrap();
     let expand = wit::ExpandRequest {
         volume_id: "vol-1".into(),
@@ -462,7 +509,8 @@ async fn exports_added_in_0_4_0_are_answered_by_the_host_for_earlier_plugins_and
         recorded: vec![],
         looked_up: vec![],
     };
-    for (plugin, says) in [(&legacy, "older than 0.4.0"), (&current, "cannot be expanded")] {
+    for (plugin, says) in [(&legacy, "older than 0.4.0"), (&v030, "older than 0.4.0"), (&current, "cannot be expanded")]
+    {
         let err = e.runtime.call(plugin, "vol-1", expand.clone()).await.unwrap_err();
         assert!(
             matches!(&err, PluginError::Backend { error: BackendError::OutOfRange(m), .. } if m.contains(says)),
