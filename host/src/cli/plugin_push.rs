@@ -59,7 +59,11 @@ fn usage(message: String) -> CliError {
 /// Run `plugin push`; returns the pinned reference.
 pub async fn run(cfg: &Config, runtime: &PluginRuntime, args: PushArgs) -> Result<String, CliError> {
     let raw = args.reference.strip_prefix(SCHEME).unwrap_or(&args.reference);
-    let target = OciRef::parse(raw).map_err(|e| usage(format!("reference {raw:?}: {e}")))?;
+    // A reference is no place for credentials, but one written with them is not echoed.
+    let shown = crate::exec::oci::redact(&format!("{SCHEME}{raw}"));
+    let shown = shown.strip_prefix(SCHEME).unwrap_or(&shown).to_string();
+    let target =
+        OciRef::parse(raw).map_err(|e| usage(crate::exec::oci::redact(&format!("reference {shown:?}: {e}"))))?;
     if target.digest().is_some() {
         return Err(usage(format!(
             "reference {raw:?}: push to REGISTRY/REPOSITORY[:TAG]; the digest is what the push prints"

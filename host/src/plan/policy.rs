@@ -9,7 +9,9 @@
 //!   without following symlinks planted inside the volume; that needs the filesystem and is
 //!   not this pure check.)
 //! - Environment variable names are validated and the loader's (`LD_*`) refused; a program
-//!   with host config rules gets only the variables they allow ([`args`]); secrets may
+//!   with host config rules gets only the variables they allow ([`args`]), one without gets
+//!   none of the deny list's ([`env`]: `PATH`, `HOME`, `OPENSSL_CONF`, `SSH_ASKPASS`, proxies,
+//!   `GIT_*`, `RCLONE_*`, ...) unless host config allows it by name; secrets may
 //!   appear only as references (a secret, a secret inside a template text, a secret file),
 //!   and a literal holding a secret's value is refused. Secret files and path values are for
 //!   programs only: never mount options or HTTP headers.
@@ -21,7 +23,7 @@
 //! - A program's arguments carry no option host config denies it, and only options it
 //!   allows when it has an allow-list; a program's environment, which can make it run other
 //!   programs (`PATH`, `OPENSSL_CONF`, `SSH_ASKPASS`), holds only the variables its rules
-//!   allow once it has any rule ([`args`]).
+//!   allow once it has any rule ([`args`]), and nothing of the deny list before ([`env`]).
 //!
 //! A refused plan is an InvalidArgument-class error naming the step and the reason. The same
 //! rules, run by [`missing_grants`], list every grant a plan lacks at once (for
@@ -42,10 +44,12 @@ use super::url::{HostGrant, Target, parse as parse_url};
 use super::{Archive, EnvVar, Header, MountOption, Plan, SpawnArg, Step, Value};
 
 mod args;
+mod env;
 mod fuse;
 mod oci;
 
 pub use args::{ArgRules, OPTION_SETS, OptionName, SSHFS_DENY, option_set};
+pub use env::listed as denied_env;
 pub use fuse::HOST_MOUNT_OPTIONS;
 
 /// The CSI operation a plan is for.
@@ -655,12 +659,12 @@ fn program_args(ctx: &Context<'_>, program: &str, args: &[SpawnArg], host_mounte
     rules.check(program, &rendered)
 }
 
-/// An environment variable a plan sets for `program`: any valid one when host config has no
-/// rules for the program, else only those its rules allow.
+/// An environment variable a plan sets for `program`: with host config rules for the program,
+/// only those its rules allow; without, any valid one but those of the deny list ([`env`]).
 fn program_env(ctx: &Context<'_>, program: &str, name: &str) -> R<()> {
     match ctx.program_args.get(program) {
         Some(rules) => rules.check_env(program, name),
-        None => Ok(()),
+        None => env::check(program, name),
     }
 }
 

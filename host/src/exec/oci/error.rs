@@ -389,7 +389,7 @@ fn body_detail(body: &str) -> String {
 /// `text` with every URL in it (`scheme://…`) stripped of its userinfo (`user:password@`), its
 /// query and its fragment, and with the value of every `name=value` whose name says it is a
 /// secret (`…signature`, `…token`, `…credential`, `password`, `secret`, `sig`) replaced. Idempotent.
-pub(super) fn redact(text: &str) -> String {
+pub fn redact(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("://") {

@@ -43,7 +43,7 @@ use std::time::SystemTime;
 
 pub use auth::{Credentials, credentials_from_docker_config};
 pub use download::MAX_REFETCH;
-pub use error::OciError;
+pub use error::{OciError, redact};
 pub use plugin::PluginPull;
 pub use push::{PushedPlugin, push_plugin};
 

@@ -62,8 +62,20 @@ pub fn plugin_manifest(layer_digest: &str, size: u64, title: &str, annotations: 
 }
 
 /// Push `wasm` to `target` (`registry/repository[:tag]`, no digest) and return its pinned
-/// reference. `title` names the layer (the file's name).
+/// reference. `title` names the layer (the file's name). Errors are redacted as the cache's
+/// are ([`OciError::redacted`]): no URL query, userinfo or secret-named value reaches them.
 pub async fn push_plugin(
+    cfg: RegistryConfig,
+    target: &OciRef,
+    credentials: &Credentials,
+    wasm: Vec<u8>,
+    title: &str,
+    annotations: &BTreeMap<String, String>,
+) -> Result<PushedPlugin, OciError> {
+    push(cfg, target, credentials, wasm, title, annotations).await.map_err(OciError::redacted)
+}
+
+async fn push(
     cfg: RegistryConfig,
     target: &OciRef,
     credentials: &Credentials,

@@ -12,8 +12,9 @@
 //!   `bindfs~`); `delete` plans nothing.
 //!
 //! The data lives in the host's cache directory of the volume, so it is gone after the
-//! unstage. Its only parameter is `memoryLimitMiB` (16 to 4096, no limit by default). Any other
-//! parameter, and any secret, is refused. The host grants nothing by default: run it with
+//! unstage. Its parameters are `memoryLimitMiB` (16 to 4096, no limit by default) and `env`
+//! (`NAME=VALUE` items separated by `;`, set as literals in bindfs's environment, so tests can
+//! show what the host's policy lets through). Any other parameter, and any secret, is refused. The host grants nothing by default: run it with
 //! `--program bindfs=/usr/bin/bindfs --grant bindfs:program=bindfs --grant bindfs:fstype=fuse`.
 
 use mounthost_plugin_sdk::params::invalid;
@@ -40,8 +41,11 @@ const MEMORY_MAX: u64 = 4096;
 /// Longest plugin part of a volume id (WIT `provision-plan.volume-id`).
 const MAX_VOLUME_ID: usize = 100;
 
+/// The environment parameter.
+const ENV: &str = "env";
+
 /// Every documented key with where it may come from, for `check_known`.
-const KNOWN: [(&str, ParamSource); 1] = [(MEMORY, ParamSource::Parameter)];
+const KNOWN: [(&str, ParamSource); 2] = [(MEMORY, ParamSource::Parameter), (ENV, ParamSource::Parameter)];
 
 /// Check a parameter list (StorageClass parameters, or a volume context) and read
 /// `memoryLimitMiB`.
@@ -49,6 +53,18 @@ fn memory(kvs: &[Kv], source: ParamSource) -> Result<Option<u64>, BackendError> 
     let params = Params::new("parameter", kvs)?;
     params.check_known(KNOWN, source)?;
     params.integer(MEMORY, MEMORY_MIN, MEMORY_MAX)
+}
+
+/// The `env` parameter of a parameter list: its `NAME=VALUE` items, in order.
+fn env(kvs: &[Kv]) -> Result<Vec<EnvVar>, BackendError> {
+    let params = Params::new("parameter", kvs)?;
+    let Some(text) = params.text(ENV)? else { return Ok(Vec::new()) };
+    text.split(';')
+        .map(|item| match item.split_once('=') {
+            Some((name, value)) => Ok(EnvVar { name: name.into(), value: Value::Literal(value.into()) }),
+            None => Err(invalid(format!("env item {item:?} is not NAME=VALUE"))),
+        })
+        .collect()
 }
 
 /// This plugin reads no secret: any is a mistake in the StorageClass.
@@ -69,6 +85,14 @@ impl Plugin for Bindfs {
                 name: MEMORY.into(),
                 doc: format!("Memory limit of the bindfs process's cgroup in MiB, {MEMORY_MIN} to {MEMORY_MAX}."),
                 kind: ParamKind::Integer,
+                source: ParamSource::Parameter,
+                required: false,
+                default_value: None,
+            }, ParamDoc {
+                name: ENV.into(),
+                doc: "Environment of the bindfs process: NAME=VALUE items separated by ';' (for tests of the host's policy)."
+                    .into(),
+                kind: ParamKind::Text,
                 source: ParamSource::Parameter,
                 required: false,
                 default_value: None,
@@ -94,12 +118,9 @@ impl Plugin for Bindfs {
                 req.name
             )));
         }
-        Ok(ProvisionPlan {
-            volume_id: req.name,
-            capacity_bytes: req.required_bytes,
-            context: memory.map(|n| vec![kv(MEMORY, n.to_string())]).unwrap_or_default(),
-            steps: Vec::new(),
-        })
+        let mut context: Vec<Kv> = memory.map(|n| vec![kv(MEMORY, n.to_string())]).unwrap_or_default();
+        context.extend(req.parameters.iter().filter(|p| p.key == ENV).cloned());
+        Ok(ProvisionPlan { volume_id: req.name, capacity_bytes: req.required_bytes, context, steps: Vec::new() })
     }
 
     fn delete(_req: DeleteRequest) -> Result<Plan, BackendError> {
@@ -108,6 +129,7 @@ impl Plugin for Bindfs {
 
     fn stage(req: StageRequest) -> Result<Plan, BackendError> {
         let memory = memory(&req.context, ParamSource::Context)?;
+        let env = env(&req.context)?;
         no_secrets(&req.secrets)?;
         Ok(Plan {
             steps: vec![
@@ -117,7 +139,7 @@ impl Plugin for Bindfs {
                     program: PROGRAM.into(),
                     // `-f`: stay in the foreground, so the host supervises the FUSE server itself.
                     args: vec![arg("-f"), path_arg("", cache(DATA)), path_arg("", staging(""))],
-                    env: Vec::new(),
+                    env,
                     mountpoint: staging(""),
                     fstype: FSTYPE.into(),
                     ready_timeout_ms: READY_TIMEOUT_MS,
@@ -184,7 +206,11 @@ mod tests {
             assert!(Bindfs::stage(stage_req(vec![kv(MEMORY, bad)])).is_err(), "{bad:?}");
         }
         let err = Bindfs::stage(stage_req(vec![kv("memory", "64")])).unwrap_err();
-        assert_eq!(err, invalid("unknown parameter \"memory\"; accepted: memoryLimitMiB"));
+        assert_eq!(err, invalid("unknown parameter \"memory\"; accepted: env, memoryLimitMiB"));
+        let s = spawn(&Bindfs::stage(stage_req(vec![kv(ENV, "TZ=UTC;A=b=c")])).unwrap());
+        let lit = |n: &str, v: &str| EnvVar { name: n.into(), value: Value::Literal(v.into()) };
+        assert_eq!(s.env, vec![lit("TZ", "UTC"), lit("A", "b=c")]);
+        assert!(Bindfs::stage(stage_req(vec![kv(ENV, "TZ")])).is_err());
         // Orchestrator keys are not the plugin's business.
         assert!(Bindfs::stage(stage_req(vec![kv("csi.storage.k8s.io/pod.name", "p")])).is_ok());
         let mut req = stage_req(Vec::new());

@@ -391,6 +391,24 @@ fn a_program_with_rules_gets_no_environment_variable_they_do_not_allow(
 }
 
 #[test]
+fn a_program_without_rules_gets_no_variable_of_the_deny_list() {
+    for listed in crate::plan::policy::env::listed() {
+        let name = match listed.strip_suffix('*') {
+            Some(prefix) => format!("{prefix}X"),
+            None => listed.to_string(),
+        };
+        for name in [name.clone(), name.to_ascii_lowercase()] {
+            let err = spawn_env(None, &[("TZ", "UTC"), (&name, "v")]).unwrap_err();
+            assert_eq!((err.index, err.kind), (1, "spawn-fuse"), "{err}");
+            assert!(err.reason.starts_with(&format!("program \"fusetest\": environment variable {name:?} ")), "{err}");
+            assert!(err.reason.ends_with(&format!("(--program-args fusetest:env={name})")), "{err}");
+            // Allowed by name, it passes.
+            spawn_env(Some(with_env(ArgRules::default(), &[&name, "TZ"])), &[("TZ", "UTC"), (&name, "v")]).unwrap();
+        }
+    }
+}
+
+#[test]
 fn environment_rules_compare_names_exactly_and_apply_to_their_program_only() {
     let rules = with_env(ArgRules::default(), &["TZ", "AWS_REGION"]);
     spawn_env(Some(rules.clone()), &[("TZ", "UTC"), ("AWS_REGION", "eu-west-1")]).unwrap();
@@ -401,11 +419,20 @@ fn environment_rules_compare_names_exactly_and_apply_to_their_program_only() {
     assert!(spawn_env(Some(deny(&["ssh_command"])), &[("PATH", "/k")]).is_err());
     assert!(spawn_env(Some(allow(&["-f"])), &[("PATH", "/k")]).is_err());
     spawn_env(Some(sshfs_preset()), &[]).unwrap();
-    spawn_env(None, &[("PATH", "/k"), ("OPENSSL_CONF", "/k/x.cnf")]).unwrap();
+    // No rule: the deny list's names are refused, others pass.
+    spawn_env(None, &[("TZ", "UTC"), ("AWS_REGION", "eu-west-1")]).unwrap();
+    let err = spawn_env(None, &[("TZ", "UTC"), ("OPENSSL_CONF", "/k/x.cnf")]).unwrap_err();
+    assert!(err.reason.contains("\"OPENSSL_CONF\" names a program or library"), "{err}");
+    // Rules for another program leave this one's environment to the deny list.
     let mut f = Fixture::new();
     f.program_args.insert("sshfs".into(), sshfs_preset());
-    let env = vec![super::env("PATH", w::Value::Literal("/k".into()))];
+    let env = vec![super::env("TZ", w::Value::Literal("UTC".into()))];
     f.check(Operation::Stage, vec![spawn("fusetest", vec![], env)]).unwrap();
+    let env = vec![super::env("PATH", w::Value::Literal("/k".into()))];
+    let err = f.check(Operation::Stage, vec![spawn("fusetest", vec![], env)]).unwrap_err();
+    assert!(err.reason.contains("--program-args fusetest:env=PATH"), "{err}");
+    // A denied name is allowed by name, for that program only.
+    spawn_env(Some(with_env(ArgRules::default(), &["PATH"])), &[("PATH", "/usr/bin")]).unwrap();
     // An allowed name is still subject to the loader rule.
     let err = spawn_env(Some(with_env(ArgRules::default(), &["LD_PRELOAD"])), &[("LD_PRELOAD", "/k/x.so")]);
     assert!(err.unwrap_err().reason.contains("would change what the dynamic loader runs"));
