@@ -153,7 +153,7 @@ fn pull_auth(secrets: &Secrets) -> Result<RegistryAuth, Error> {
 }
 
 /// Every blob a manifest lists: its config and its layers.
-fn manifest_blobs(manifest: &str) -> Result<Vec<BlobRef>, String> {
+pub fn manifest_blobs(manifest: &str) -> Result<Vec<BlobRef>, String> {
     let v: serde_json::Value = serde_json::from_str(manifest).map_err(|e| format!("is not JSON: {e}"))?;
     let one = |d: &serde_json::Value| -> Result<BlobRef, String> {
         let digest = d["digest"].as_str().ok_or("a descriptor has no digest")?.to_string();

@@ -85,6 +85,11 @@ fn parse_line(line: &[u8]) -> Option<MountEntry> {
     let device = lossy(h.next()?);
     let root = path(h.next()?).into_owned();
     let mount_point = path(h.next()?).into_owned();
+    // The kernel writes mount points from the reader's root; the root field may be another
+    // kind of name (`net:[4026531840]` for a namespace file).
+    if !mount_point.is_absolute() {
+        return None;
+    }
     let mount_options = lossy(h.next()?);
     // The rest of `head` are optional fields (shared:N, master:N, ...), zero or more.
     let mut t = fields(tail);
@@ -175,6 +180,17 @@ pub fn at<'a>(entries: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `mountinfo` fuzz target (host/fuzz): a relative mount point (here `:4`) was
+    /// accepted, which no kernel writes and no absolute path can be compared to.
+    #[test]
+    fn a_relative_mount_point_is_malformed_and_another_root_name_is_not() {
+        let err = parse(b"1 2 3:4 /+/ :4 /+/ - x y v-\n").unwrap_err();
+        assert_eq!(err.line, 1);
+        let ns = parse(b"40 22 0:4 net:[4026531840] /run/netns/a rw - nsfs nsfs rw\n").unwrap();
+        assert_eq!(ns[0].root, Path::new("net:[4026531840]"));
+        assert_eq!(ns[0].mount_point, Path::new("/run/netns/a"));
+    }
 
     const SAMPLE: &str = "\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw

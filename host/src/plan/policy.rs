@@ -261,6 +261,15 @@ fn lacks<T>(missing: MissingGrant, reason: String) -> G<T> {
 
 /// Check a node or controller plan and resolve it.
 pub fn check(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> {
+    // A refusal quotes what the plan said, which may hold a secret's value; it reaches logs
+    // and the CO's events.
+    check_steps(ctx, plan).map_err(|mut e| {
+        e.reason = ctx.secrets.scrub(&e.reason);
+        e
+    })
+}
+
+fn check_steps(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> {
     let whole =
         |reason: String| PolicyError { plugin: ctx.plugin.into(), index: 0, kind: "plan", reason, missing: None };
     if plan.steps.len() > MAX_STEPS {
@@ -450,6 +459,8 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> G<Step> {
             fstype(ctx, &m.fstype)?;
             let source = match &m.source {
                 wit::MountSource::Named(n) => {
+                    // First: the refusal below shows the name. A source shows in mountinfo.
+                    text(ctx, n, "mount source")?;
                     if !token(n) {
                         return Err(format!(
                             "mount source {n:?} must be a pseudo name such as \"tmpfs\" or a path inside the volume; devices are not allowed"
@@ -593,6 +604,8 @@ fn path(ctx: &Context<'_>, p: &wit::PathRef) -> R<PathBuf> {
     if rel.starts_with('/') {
         return Err(format!("{} is absolute; plans name paths relative to the volume's directories", shown()));
     }
+    // A path shows in mountinfo, which every process on the node reads, and in logs.
+    text(ctx, rel, &format!("path (in {})", root_name(p.root)))?;
     if rel.is_empty() {
         return Ok(root.to_path_buf());
     }

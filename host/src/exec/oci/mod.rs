@@ -44,6 +44,13 @@ use std::time::SystemTime;
 pub use auth::{Credentials, credentials_from_docker_config};
 pub use download::MAX_REFETCH;
 pub use error::{OciError, redact};
+
+/// The parsers of registry bytes, for the fuzz targets in `host/fuzz`; not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::plugin::plugin_layer;
+    pub use super::unpack::unpack;
+}
 pub use plugin::PluginPull;
 pub use push::{PushedPlugin, push_plugin};
 

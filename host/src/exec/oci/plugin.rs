@@ -278,7 +278,7 @@ fn prune_tombstones(dir: &Path, keep: Duration) {
 /// The plugin layer of a manifest: `artifactType` (or, without one, the config's media type)
 /// is [`ARTIFACT_TYPE`], and there is exactly one layer, of [`LAYER_MEDIA_TYPE`], at most
 /// [`MAX_PULLED_BYTES`].
-pub(super) fn plugin_layer(manifest: &str) -> Result<BlobRef, String> {
+pub fn plugin_layer(manifest: &str) -> Result<BlobRef, String> {
     let doc: serde_json::Value =
         serde_json::from_str(manifest).map_err(|e| format!("the manifest is not JSON: {e}"))?;
     let str_at = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);

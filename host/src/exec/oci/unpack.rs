@@ -62,7 +62,7 @@ impl<R: Read> Read for Budgeted<R> {
 
 /// Unpack the archive `blob` (its digest `digest`, for messages) into the directory `into`,
 /// which must be empty or not exist.
-pub(super) fn unpack(blob: &Path, digest: &str, format: Archive, into: &Path) -> io::Result<()> {
+pub fn unpack(blob: &Path, digest: &str, format: Archive, into: &Path) -> io::Result<()> {
     let file = File::open(blob)?;
     let reader: Box<dyn Read> = match format {
         Archive::Tar => Box::new(BufReader::with_capacity(1 << 20, file)),

@@ -54,6 +54,8 @@ pub(super) fn host_mount(
              connection)"
         ));
     }
+    // First: the refusal below shows the source.
+    text(ctx, &m.source, "the mount source")?;
     let printable = m.source.bytes().all(|b| b.is_ascii_graphic() && b != b',');
     if m.source.is_empty() || m.source.len() > MAX_SOURCE || !printable || m.source.starts_with('/') {
         return Err(format!(
@@ -62,7 +64,6 @@ pub(super) fn host_mount(
             m.source
         ));
     }
-    text(ctx, &m.source, "the mount source")?;
     for o in &m.options {
         let max_read = o.strip_prefix("max_read=").map(|n| n.parse::<u64>().ok().filter(|n| MAX_READ.contains(n)));
         match max_read {

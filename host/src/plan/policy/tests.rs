@@ -158,6 +158,32 @@ fn spawn_steps_are_policed(#[case] step: w::Step, #[case] reason: &str) {
     assert!(err.reason.contains(reason), "{err}");
 }
 
+/// Found by the `plan` fuzz target (host/fuzz): a path holding a secret's value was accepted,
+/// and a path shows in mountinfo, which every process on the node reads.
+#[rstest]
+#[case::bind_target(w::Step::Bind(w::Bind { source: p(DirRoot::Cache, "a"), target: p(DirRoot::Cache, "x-hunter22-y"), readonly: false, options: vec![] }))]
+#[case::mkdir(w::Step::Mkdir(p(DirRoot::Cache, "a/hunter22")))]
+#[case::mountpoint(w::Step::SpawnFuse(w::SpawnFuse { mountpoint: p(DirRoot::Staging, "hunter22"), ..match spawn("fusetest", vec![], vec![]) { w::Step::SpawnFuse(s) => s, _ => unreachable!() } }))]
+fn a_path_holding_a_secret_value_is_refused(#[case] step: w::Step) {
+    let f = Fixture::new();
+    let err = f.check(Operation::Stage, vec![step]).unwrap_err();
+    assert!(err.reason.contains("contains the value of secret \"token\""), "{err}");
+    assert!(!err.reason.contains("hunter22"), "the refusal does not show it either: {err}");
+}
+
+/// Found by the `plan` fuzz target: a refusal quoted a secret's value the plan carried (a mount
+/// source that is not a pseudo name, a program name), and refusals reach logs and CO events.
+#[rstest]
+#[case::mount_source(mount("tmpfs", w::MountSource::Named("/dev/hunter22".into()), vec![]), "mount source")]
+#[case::program(spawn("hunter22x", vec![], vec![]), "<redacted:token>")]
+#[case::fstype(mount("hunter22", w::MountSource::Named("tmpfs".into()), vec![]), "<redacted:token>")]
+fn a_refusal_never_quotes_a_secret_value(#[case] step: w::Step, #[case] says: &str) {
+    let f = Fixture::new();
+    let err = f.check(Operation::Stage, vec![step]).unwrap_err();
+    assert!(err.to_string().contains(says), "{err}");
+    assert!(!err.to_string().contains("hunter22"), "{err}");
+}
+
 #[test]
 fn a_granted_program_needs_a_configured_binary() {
     let mut f = Fixture::new();
