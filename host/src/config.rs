@@ -22,6 +22,75 @@ pub const DEFAULT_FUSE_FILES_DIR: &str = "/run/mounthost/fuse";
 /// The ids unprivileged FUSE programs run as unless configured: the last 65536-id block below
 /// 2^31 (0x7FFF0000-0x7FFFFFFF), one whole block of kubelet's user-namespace allocator.
 pub const DEFAULT_FUSE_IDS: &str = "2147418112-2147483647";
+/// The largest file an unprivileged FUSE program may write unless configured, in MiB.
+pub const DEFAULT_FUSE_MAX_FILE_MIB: u64 = 64 << 10;
+/// The most processes and threads of one volume's FUSE programs unless configured.
+pub const DEFAULT_FUSE_MAX_PIDS: u64 = 1024;
+/// Mounts one dynamic volume may hold unless configured.
+pub const DEFAULT_DYNAMIC_MAX_MOUNTS: u64 = 64;
+/// POST and DELETE requests one dynamic volume's socket takes a minute unless configured.
+pub const DEFAULT_DYNAMIC_REQUESTS_PER_MINUTE: u64 = 120;
+/// How many of those may come at once (the token bucket's size) unless configured.
+pub const DEFAULT_DYNAMIC_BURST: u64 = 20;
+
+/// The node's limits on each dynamic volume's mounts; a volume's attributes may lower each
+/// ([`crate::volume::request::DynamicLimits`]), never raise it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DynamicCaps {
+    /// Mounts at once.
+    pub max_mounts: u64,
+    /// Bytes all of a volume's mounts fetch together (`None`: no cap).
+    pub max_bytes: Option<u64>,
+    /// POST and DELETE requests a minute (a token bucket refilled at this rate).
+    pub requests_per_minute: u64,
+    /// The bucket's size: requests that may come at once after a quiet while.
+    pub burst: u64,
+}
+
+impl Default for DynamicCaps {
+    fn default() -> Self {
+        DynamicCaps {
+            max_mounts: DEFAULT_DYNAMIC_MAX_MOUNTS,
+            max_bytes: None,
+            requests_per_minute: DEFAULT_DYNAMIC_REQUESTS_PER_MINUTE,
+            burst: DEFAULT_DYNAMIC_BURST,
+        }
+    }
+}
+
+impl DynamicCaps {
+    /// Refuse a volume's attribute that would raise a cap (INVALID_ARGUMENT, naming both).
+    pub fn check(&self, asked: &crate::volume::request::DynamicLimits) -> Result<(), crate::error::Error> {
+        use crate::volume::request as r;
+        let above = |key: &str, asked: Option<u64>, cap: Option<u64>, flag: &str, unit: u64| match (asked, cap) {
+            (Some(a), Some(c)) if a > c => Err(crate::error::Error::invalid(format!(
+                "volume attribute {key} is {}, above this node's cap of {} ({flag}); ask for {} or less",
+                a / unit,
+                c / unit,
+                c / unit
+            ))),
+            _ => Ok(()),
+        };
+        above(r::DYNAMIC_MAX_MOUNTS_KEY, asked.max_mounts, Some(self.max_mounts), "--dynamic-max-mounts", 1)?;
+        above(r::DYNAMIC_MAX_MIB_KEY, asked.max_bytes, self.max_bytes, "--dynamic-max-mib", 1 << 20)?;
+        above(r::DYNAMIC_RATE_KEY, asked.requests_per_minute, Some(self.requests_per_minute), "--dynamic-requests-per-minute", 1)
+    }
+
+    /// The limits a volume with `asked` gets: the lower of each.
+    pub fn effective(&self, asked: &crate::volume::request::DynamicLimits) -> DynamicCaps {
+        let lower = |a: Option<u64>, c: Option<u64>| match (a, c) {
+            (Some(a), Some(c)) => Some(a.min(c)),
+            (a, c) => a.or(c),
+        };
+        DynamicCaps {
+            max_mounts: asked.max_mounts.map_or(self.max_mounts, |a| a.min(self.max_mounts)),
+            max_bytes: lower(asked.max_bytes, self.max_bytes),
+            requests_per_minute: asked.requests_per_minute.map_or(self.requests_per_minute, |a| a.min(self.requests_per_minute)),
+            burst: self.burst,
+        }
+    }
+}
+
 /// Where the stock seaweedfs plugin's `weed` is looked for unless configured.
 pub const DEFAULT_WEED: &str = "/usr/local/bin/weed";
 
@@ -53,6 +122,12 @@ pub struct Config {
     /// The ids FUSE programs whose connection the host mounts run as (WIT
     /// `fuse-mount.host-fd`): each such volume gets one of its own, as user and group.
     pub fuse_ids: FuseIds,
+    /// Caps on what those programs may write: the largest file (RLIMIT_FSIZE; `None`: none).
+    pub fuse_max_file_bytes: Option<u64>,
+    /// Caps every volume's cgroup gets (processes, block I/O), whatever runs in it.
+    pub fuse_caps: crate::exec::cgroup::Caps,
+    /// Limits on each dynamic volume's mounts.
+    pub dynamic: DynamicCaps,
     /// Where those programs' secret files live, one directory per volume: outside the private
     /// state directory, which they cannot reach (a tmpfs the daemon mounts there). `None`:
     /// derived from the state directory ([`Config::fuse_files`]).
@@ -193,6 +268,9 @@ impl Config {
             node_id: default_node_id(),
             fuse_stop_grace: std::time::Duration::from_secs(10),
             fuse_ids: FuseIds::default(),
+            fuse_max_file_bytes: Some(DEFAULT_FUSE_MAX_FILE_MIB << 20),
+            dynamic: DynamicCaps::default(),
+            fuse_caps: crate::exec::cgroup::Caps { pids: Some(DEFAULT_FUSE_MAX_PIDS), io: Vec::new() },
             fuse_files_dir: None,
             cgroup_parent: DEFAULT_CGROUP_PARENT.to_string(),
             instance: None,

@@ -6,6 +6,11 @@
 //!   `http_proxy`, `GIT_SSH_COMMAND`, ...) is refused at NodeStageVolume with nothing spawned
 //!   or mounted, a harmless one reaches the program exactly, and host config allows a denied one
 //!   by name (after which the program gets only the names its rules allow).
+//! - What an unprivileged FUSE program can write is capped: a program (the `misbehave` test
+//!   plugin's `host-fd` mode runs a script the test writes, as the volume's FUSE id) that tries
+//!   to fill the disk stops at its RLIMIT_FSIZE with EFBIG and lives on, one that forks stops at
+//!   its cgroup's `pids.max`, and its cgroup holds the configured block I/O throttle; the failed
+//!   stage leaves no process, mount or group.
 
 mod common;
 
@@ -125,6 +130,141 @@ fn a_plans_environment_passes_the_deny_list_only_where_host_config_allows_it() {
                 "{m}"
             );
             assert!(mounts_below(&staging).is_empty());
+        })
+    });
+}
+
+/// The live processes whose real user id is `uid` (a zombie is dead: killed, and its reaping
+/// is its parent's, PID 1's once its own parent exited).
+fn processes_of(uid: u32) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else { continue };
+        if status.lines().any(|l| l.starts_with("State:") && l.contains("zombie")) {
+            continue;
+        }
+        let real = status.lines().find_map(|l| l.strip_prefix("Uid:")?.split_whitespace().next()?.parse::<u32>().ok());
+        if real == Some(uid) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// The block device `path` lies on, `MAJ:MIN`, or another of the node's where that one is not a
+/// block device (an overlay, a tmpfs): the throttle rule only has to name a real device.
+fn block_device_of(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path).unwrap().dev();
+    let own = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
+    if Path::new("/sys/dev/block").join(&own).exists() {
+        return own;
+    }
+    let mut all: Vec<String> =
+        std::fs::read_dir("/sys/dev/block").unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    all.sort();
+    all.into_iter().next().expect("a block device")
+}
+
+#[test]
+fn an_unprivileged_program_that_fills_the_disk_or_forks_stops_at_its_caps() {
+    use std::os::unix::fs::PermissionsExt;
+    if !in_private_namespace("an_unprivileged_program_that_fills_the_disk_or_forks_stops_at_its_caps") {
+        return;
+    }
+    let dirs = NodeDirs::new();
+    // The script and the directory it fills, where the FUSE id can reach them (the test's own
+    // root is 0700).
+    let open = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let fill = open.path().join("fill");
+    std::fs::create_dir(&fill).unwrap();
+    std::fs::set_permissions(&fill, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let device = block_device_of(open.path());
+    let script = open.path().join("fusetest");
+    // It never answers the kernel: it reports what it could do (in a file of its own, which the
+    // test reads), then exits, and the stage fails. dd, which leaves SIGXFSZ as it finds it,
+    // fills; Python forks.
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/bin/sh
+exec >{fill}/report 2>&1
+dd if=/dev/zero of={fill}/big bs=65536 count=1024 2>&1 | head -n 1
+echo "written $(stat -c %s {fill}/big) bytes as uid $(id -u)"
+exec /usr/bin/python3 - <<'PY'
+import os, sys
+cg = dict(line.split(":", 2)[1:] for line in open("/proc/self/cgroup").read().splitlines())
+if "pids" in cg:
+    pids, io = f"/sys/fs/cgroup/pids{{cg['pids']}}/pids.max", f"/sys/fs/cgroup/blkio{{cg['blkio']}}/blkio.throttle.write_bps_device"
+else:
+    pids, io = f"/sys/fs/cgroup{{cg['']}}/pids.max", f"/sys/fs/cgroup{{cg['']}}/io.max"
+print("pids.max", open(pids).read().strip())
+print("throttle", open(io).read().strip(), flush=True)
+forked = 0
+try:
+    for _ in range(64):
+        if os.fork() == 0:
+            import time
+            time.sleep(60)
+            os._exit(0)
+        forked += 1
+except OSError as e:
+    print(f"fork {{forked + 1}} failed: {{e.strerror}}")
+print(f"forked {{forked}} of 64")
+PY
+"#,
+            fill = fill.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let plugins = dirs.root.path().join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::copy(mounthost::stock::fixtures::path("misbehave"), plugins.join("misbehave.wasm")).unwrap();
+    let args = [
+        format!("--plugin-dir={}", plugins.display()),
+        format!("--program=fusetest={}", script.display()),
+        "--grant=misbehave:program=fusetest".into(),
+        "--grant=misbehave:fstype=fuse.test".into(),
+        "--fuse-max-file-mib=1".into(),
+        "--fuse-max-pids=8".into(),
+        format!("--fuse-io-max={device} wbps=1048576 wiops=100"),
+    ];
+    let _host = dirs.start_host(&args);
+    let _front = dirs.start_front(&args);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (id, staging) = ("misbehave~pv-fill", dirs.staging("pv-fill"));
+    let ctx: HashMap<String, String> =
+        [("plugin".to_string(), "misbehave".to_string()), ("mode".into(), "host-fd".into())].into();
+    guarded(&dirs, || {
+        rt.block_on(async {
+            let ch = channel(&dirs.csi_sock);
+            common::wait_ready(&ch).await;
+            let mut node = NodeClient::new(ch);
+            let status = node.node_stage_volume(stage_req(id, &staging, &ctx)).await.unwrap_err();
+            assert!(status.message().contains("exited before mounting"), "{status:?}");
+            let m = &std::fs::read_to_string(fill.join("report")).unwrap();
+            // dd stopped at the cap with EFBIG (a SIGXFSZ would have killed it silently), as
+            // the volume's FUSE id.
+            assert!(m.contains("dd: error writing") && m.contains("File too large"), "{m}");
+            assert_eq!(std::fs::metadata(fill.join("big")).unwrap().len(), 1 << 20);
+            let uid: u32 = m
+                .split("written 1048576 bytes as uid ")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+                .unwrap_or_else(|| panic!("no uid in {m}"));
+            assert!(uid >= 2147418112, "{m}");
+            assert!(m.contains("pids.max 8\n"), "{m}");
+            assert!(m.contains(&format!("throttle {device} ")) && m.contains("1048576"), "{m}");
+            // Python and 7 children make 8: the eighth fork failed.
+            assert!(m.contains("fork 8 failed: Resource temporarily unavailable"), "{m}");
+            assert!(m.contains("forked 7 of 64"), "{m}");
+            // Nothing is left: no mount, no process of that id, no group.
+            assert!(mounts_below(&staging).is_empty());
+            assert_eq!(processes_of(uid), Vec::<i32>::new());
+            assert!(dirs.cgroups_left().is_empty(), "{:?}", dirs.cgroups_left());
         })
     });
 }

@@ -102,6 +102,33 @@ pub struct GlobalArgs {
     /// /run/mounthost/fuse-<hash of the state directory> for another].
     #[arg(long, env = "MOUNTHOST_FUSE_FILES_DIR", global = true)]
     pub fuse_files_dir: Option<PathBuf>,
+    /// The largest file, in MiB, an unprivileged FUSE program (plugins' `fuse-mount.host-fd`) may
+    /// write: its RLIMIT_FSIZE, which it cannot raise; a write past it fails with EFBIG. 0: no cap.
+    #[arg(long, env = "MOUNTHOST_FUSE_MAX_FILE_MIB", default_value_t = crate::config::DEFAULT_FUSE_MAX_FILE_MIB, global = true)]
+    pub fuse_max_file_mib: u64,
+    /// The most processes and threads of one volume's FUSE programs together (its cgroup's
+    /// pids.max, where the node has the pids controller); a fork past it fails. 0: no cap.
+    #[arg(long, env = "MOUNTHOST_FUSE_MAX_PIDS", default_value_t = crate::config::DEFAULT_FUSE_MAX_PIDS, global = true)]
+    pub fuse_max_pids: u64,
+    /// Throttle the block I/O of each volume's FUSE programs on one device, "MAJ:MIN KEY=N...",
+    /// KEY one of rbps, wbps (bytes per second), riops, wiops (operations per second): its
+    /// cgroup's io.max (v2) or blkio.throttle.* (v1) (repeatable) [default: none].
+    #[arg(long = "fuse-io-max", env = "MOUNTHOST_FUSE_IO_MAX", value_delimiter = ',', value_parser = crate::exec::cgroup::IoLimit::parse, global = true)]
+    pub fuse_io_max: Vec<crate::exec::cgroup::IoLimit>,
+    /// Mounts one dynamic volume's pod may hold at once (a volume's dynamicMaxMounts may lower it).
+    #[arg(long, env = "MOUNTHOST_DYNAMIC_MAX_MOUNTS", default_value_t = crate::config::DEFAULT_DYNAMIC_MAX_MOUNTS, value_parser = clap::value_parser!(u64).range(1..=4096), global = true)]
+    pub dynamic_max_mounts: u64,
+    /// MiB all of one dynamic volume's mounts may fetch together; a mount that would pass it is
+    /// refused before any byte is fetched (a volume's dynamicMaxMiB may lower it) [default: no cap].
+    #[arg(long, env = "MOUNTHOST_DYNAMIC_MAX_MIB", value_parser = clap::value_parser!(u64).range(1..=1 << 30), global = true)]
+    pub dynamic_max_mib: Option<u64>,
+    /// POST and DELETE requests a minute one dynamic volume's socket takes (a token bucket; more
+    /// are answered 429 with Retry-After; a volume's dynamicRequestsPerMinute may lower it).
+    #[arg(long, env = "MOUNTHOST_DYNAMIC_REQUESTS_PER_MINUTE", default_value_t = crate::config::DEFAULT_DYNAMIC_REQUESTS_PER_MINUTE, value_parser = clap::value_parser!(u64).range(1..=60_000), global = true)]
+    pub dynamic_requests_per_minute: u64,
+    /// How many of those may come at once after a quiet while (the bucket's size).
+    #[arg(long, env = "MOUNTHOST_DYNAMIC_BURST", default_value_t = crate::config::DEFAULT_DYNAMIC_BURST, value_parser = clap::value_parser!(u64).range(1..=10_000), global = true)]
+    pub dynamic_burst: u64,
     /// The cgroup, relative to the hierarchy's root (v2, or v1's memory hierarchy), under which
     /// every volume's FUSE processes get a group of their own.
     #[arg(long, env = "MOUNTHOST_CGROUP_PARENT", default_value = crate::config::DEFAULT_CGROUP_PARENT, value_parser = parse_cgroup_parent, global = true)]
@@ -240,6 +267,17 @@ impl GlobalArgs {
         }
         cfg.fuse_stop_grace = Duration::from_secs(self.fuse_stop_grace_secs);
         cfg.fuse_ids = self.fuse_ids;
+        cfg.fuse_max_file_bytes = (self.fuse_max_file_mib > 0).then(|| self.fuse_max_file_mib.saturating_mul(1 << 20));
+        cfg.dynamic = crate::config::DynamicCaps {
+            max_mounts: self.dynamic_max_mounts,
+            max_bytes: self.dynamic_max_mib.map(|m| m << 20),
+            requests_per_minute: self.dynamic_requests_per_minute,
+            burst: self.dynamic_burst,
+        };
+        cfg.fuse_caps = crate::exec::cgroup::Caps {
+            pids: (self.fuse_max_pids > 0).then_some(self.fuse_max_pids),
+            io: self.fuse_io_max.clone(),
+        };
         cfg.fuse_files_dir = self.fuse_files_dir.as_ref().map(std::path::absolute).transpose()?;
         cfg.cgroup_parent = self.cgroup_parent.clone();
         cfg.registries = crate::config::Registries {

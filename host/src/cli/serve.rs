@@ -1,6 +1,6 @@
 //! `mounthost host`, `mounthost csi` and `mounthost local`: the long-running processes.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
@@ -136,7 +136,16 @@ fn claim_state_dir_now(cfg: &mut Config) -> anyhow::Result<StateDirLock> {
 /// node whose `/var/lib/kubelet` is itself a link is resolved here, once.
 fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
     cfg.kubelet_dir = Linux::make_root(&cfg.kubelet_dir)?;
-    let cgroups = Cgroups::detect(&cfg.own_cgroup_parent());
+    for limit in &cfg.fuse_caps.io {
+        let device = limit.device();
+        if !Path::new("/sys/dev/block").join(&device).exists() {
+            anyhow::bail!("--fuse-io-max names device {device}, which is not a block device of this node (/sys/dev/block/{device})");
+        }
+    }
+    let cgroups = Cgroups::detect(&cfg.own_cgroup_parent()).with_caps(cfg.fuse_caps.clone());
+    for missing in cgroups.unapplied() {
+        tracing::warn!("{missing}: volumes run without it");
+    }
     match (cgroups.version(), cgroups.parent_dir()) {
         (Some(v), Some(dir)) => tracing::info!(version = ?v, parent = %dir.display(), "per-volume cgroups"),
         _ => tracing::warn!(
@@ -156,7 +165,7 @@ fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
         Err(e) => tracing::warn!(path = %fuse_files.display(), error = %e,
             "no directory for unprivileged FUSE programs' files; plans that give them secret files are refused"),
     }
-    Ok(Arc::new(Linux::new(cgroups, anchors)))
+    Ok(Arc::new(Linux::new(cgroups, anchors).with_max_file_bytes(cfg.fuse_max_file_bytes)))
 }
 
 /// At the daemon's exit, its FUSE files directory goes if it is unused: empty and no tmpfs on

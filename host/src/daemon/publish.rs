@@ -195,6 +195,8 @@ impl Node {
         let wplan = self.publish_plan(&plugin, &id, wit_req).await?;
         // A dynamic volume's own files go below the host's tmpfs at the target (dynamic.rs).
         let dynamic = request::dynamic_plugins(&req.volume_context, &state.plugin)?;
+        let dynamic_limits = request::dynamic_limits(&req.volume_context)?;
+        self.config().dynamic.check(&dynamic_limits)?;
         let content = if dynamic.is_some() { target.join(super::dynamic::VOLUME_DIR) } else { target.clone() };
         if dynamic.is_some() && !self.inner.exec.atomic_read_only_binds() {
             return Err(Error::precondition(format!(
@@ -237,7 +239,7 @@ impl Node {
             Some(_) => super::dynamic::publication_steps(&target, plan.steps),
             None => plan.steps,
         };
-        let publication = Publication { readonly, steps, dynamic };
+        let publication = Publication { readonly, steps, dynamic, dynamic_limits };
         // Recorded with other flags or other steps (read-only, noexec, ...): the kernel keeps
         // what it has, so it is not the same publication.
         if let Some(p) = state.published.get(&target)

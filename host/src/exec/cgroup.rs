@@ -30,6 +30,12 @@
 //! Without either, processes run without a group and a plan that asks for a memory limit is
 //! refused (FailedPrecondition) instead of running unlimited.
 //!
+//! Every volume's group also gets the node's caps ([`Caps`], host config): `pids.max` (the
+//! processes and threads of the volume's programs together) and block I/O throttling per device
+//! (v2 `io.max`; v1 `blkio.throttle.{read,write}_{bps,iops}_device`), where the node has the
+//! controller (v2: listed in the root's `cgroup.controllers`; v1: a mounted `pids` or `blkio`
+//! hierarchy). [`Cgroups::unapplied`] names a configured cap the node cannot apply.
+//!
 //! A process joins its group between fork and exec (it writes `0` to `cgroup.procs`), so it is
 //! never outside it, not even for an instant.
 
@@ -53,6 +59,93 @@ pub enum Version {
     V1,
 }
 
+/// Caps every volume's group gets, whatever its plan says (host config).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Caps {
+    /// `pids.max`: processes and threads of the group together.
+    pub pids: Option<u64>,
+    /// Block I/O throttling, one entry per device.
+    pub io: Vec<IoLimit>,
+}
+
+/// Block I/O throttling of one device (`MAJ:MIN`, as `/sys/dev/block` names it): bytes and
+/// operations per second, read and write; a field left out is not throttled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoLimit {
+    pub major: u32,
+    pub minor: u32,
+    pub rbps: Option<u64>,
+    pub wbps: Option<u64>,
+    pub riops: Option<u64>,
+    pub wiops: Option<u64>,
+}
+
+impl IoLimit {
+    /// `MAJ:MIN KEY=N...` with KEY one of `rbps`, `wbps`, `riops`, `wiops` (each at most once,
+    /// N a positive integer), as v2's `io.max` takes it.
+    pub fn parse(s: &str) -> Result<IoLimit, String> {
+        let usage = "expected MAJ:MIN KEY=N..., KEY one of rbps, wbps, riops, wiops (e.g. \"8:0 wbps=104857600 wiops=1000\")";
+        let mut words = s.split_whitespace();
+        let device = words.next().ok_or_else(|| format!("{s:?}: {usage}"))?;
+        let (major, minor) = device
+            .split_once(':')
+            .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)))
+            .ok_or_else(|| format!("{s:?}: device {device:?} is not MAJ:MIN; {usage}"))?;
+        let mut limit = IoLimit { major, minor, ..IoLimit::default() };
+        for word in words {
+            let (key, value) = word.split_once('=').ok_or_else(|| format!("{s:?}: {word:?} is not KEY=N; {usage}"))?;
+            let n = value
+                .parse::<u64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("{s:?}: {key}={value:?} is not a positive integer"))?;
+            let field = match key {
+                "rbps" => &mut limit.rbps,
+                "wbps" => &mut limit.wbps,
+                "riops" => &mut limit.riops,
+                "wiops" => &mut limit.wiops,
+                _ => return Err(format!("{s:?}: unknown key {key:?}; {usage}")),
+            };
+            if field.replace(n).is_some() {
+                return Err(format!("{s:?}: {key} is given twice"));
+            }
+        }
+        if limit.fields().iter().all(|(_, v)| v.is_none()) {
+            return Err(format!("{s:?}: no limit given; {usage}"));
+        }
+        Ok(limit)
+    }
+
+    /// The device, `MAJ:MIN`.
+    pub fn device(&self) -> String {
+        format!("{}:{}", self.major, self.minor)
+    }
+
+    fn fields(&self) -> [(&'static str, Option<u64>); 4] {
+        [("rbps", self.rbps), ("wbps", self.wbps), ("riops", self.riops), ("wiops", self.wiops)]
+    }
+
+    /// The line v2's `io.max` takes (fields left out are `max`).
+    fn v2_line(&self) -> String {
+        let mut line = self.device();
+        for (key, value) in self.fields() {
+            line.push_str(&format!(" {key}={}", value.map_or("max".to_string(), |v| v.to_string())));
+        }
+        line
+    }
+
+    /// v1's throttle files and what each gets (`MAJ:MIN N`; `0` clears a rule).
+    fn v1_writes(&self) -> [(&'static str, String); 4] {
+        let line = |v: Option<u64>| format!("{} {}", self.device(), v.unwrap_or(0));
+        [
+            ("blkio.throttle.read_bps_device", line(self.rbps)),
+            ("blkio.throttle.write_bps_device", line(self.wbps)),
+            ("blkio.throttle.read_iops_device", line(self.riops)),
+            ("blkio.throttle.write_iops_device", line(self.wiops)),
+        ]
+    }
+}
+
 /// The daemon's cgroup parent, as detected. Groups are named by their path relative to the
 /// hierarchy's root (`<parent>/<key>`, or a record's older one); only the parent's own are listed.
 #[derive(Debug, Clone)]
@@ -69,6 +162,10 @@ pub struct Cgroups {
     /// With v1: the memory hierarchy is also a cpuset one (co-mounted), whose new groups need
     /// CPUs and memory nodes; the file names' prefix.
     memory_cpuset: Option<&'static str>,
+    /// With v2: the controllers the hierarchy's root offers.
+    v2_controllers: Vec<String>,
+    /// What every group gets.
+    caps: Caps,
 }
 
 /// Another hierarchy a v1 group spans.
@@ -79,6 +176,10 @@ struct Other {
     /// A cpuset hierarchy (new groups need CPUs and memory nodes): the prefix of its files'
     /// names, `cpuset.` (or none, mounted with `noprefix`).
     cpuset: Option<&'static str>,
+    /// Holds the `pids` controller.
+    pids: bool,
+    /// Holds the `blkio` controller.
+    blkio: bool,
 }
 
 /// The prefix of a cpuset hierarchy's file names, if `m` is one.
@@ -138,6 +239,7 @@ impl Cgroups {
                 .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
         });
         if let Some(m) = v2 {
+            let controllers = std::fs::read_to_string(m.mount_point.join("cgroup.controllers")).unwrap_or_default();
             return Cgroups {
                 root: Some(m.mount_point.clone()),
                 parent: Some(m.mount_point.join(parent)),
@@ -145,6 +247,8 @@ impl Cgroups {
                 version: Some(Version::V2),
                 others: Vec::new(),
                 memory_cpuset: None,
+                v2_controllers: controllers.split_whitespace().map(str::to_string).collect(),
+                caps: Caps::default(),
             };
         }
         let v1 = mounts.iter().find(|m| m.fstype == "cgroup" && controls(m, "memory"));
@@ -168,8 +272,15 @@ impl Cgroups {
                         }
                         ok
                     })
-                    .map(|m| Other { root: m.mount_point.clone(), cpuset: cpuset_prefix(m) })
+                    .map(|m| Other {
+                        root: m.mount_point.clone(),
+                        cpuset: cpuset_prefix(m),
+                        pids: m.fstype == "cgroup" && controls(m, "pids"),
+                        blkio: m.fstype == "cgroup" && controls(m, "blkio"),
+                    })
                     .collect(),
+                v2_controllers: Vec::new(),
+                caps: Caps::default(),
             },
             None => Cgroups { name: parent.to_string(), ..Self::none() },
         }
@@ -184,7 +295,36 @@ impl Cgroups {
             version: None,
             others: Vec::new(),
             memory_cpuset: None,
+            v2_controllers: Vec::new(),
+            caps: Caps::default(),
         }
+    }
+
+    /// Give every group `caps` from now on.
+    pub fn with_caps(mut self, caps: Caps) -> Self {
+        self.caps = caps;
+        self
+    }
+
+    /// The configured caps this node cannot apply (no such controller), each said in a
+    /// sentence: the daemon warns of them at start and runs its volumes without them.
+    pub fn unapplied(&self) -> Vec<String> {
+        let mut missing = Vec::new();
+        let (pids, io) = match self.version {
+            Some(Version::V2) => {
+                let has = |c: &str| self.v2_controllers.iter().any(|x| x == c);
+                (has("pids"), has("io"))
+            }
+            Some(Version::V1) => (self.others.iter().any(|o| o.pids), self.others.iter().any(|o| o.blkio)),
+            None => (false, false),
+        };
+        if self.caps.pids.is_some() && !pids {
+            missing.push("the process cap (--fuse-max-pids): this node has no writable pids cgroup controller".to_string());
+        }
+        if !self.caps.io.is_empty() && !io {
+            missing.push("the block I/O caps (--fuse-io-max): this node has no writable io (v2) or blkio (v1) cgroup controller".to_string());
+        }
+        missing
     }
 
     /// Remove the (empty) parent in every hierarchy, best effort: for tests, benchmarks and
@@ -248,7 +388,7 @@ impl Cgroups {
         std::fs::create_dir_all(parent)
             .map_err(|e| io::Error::new(e.kind(), format!("creating cgroup {}: {e}", parent.display())))?;
         if version == Version::V2 {
-            self.enable_memory_v2(parent)?;
+            self.enable_v2(parent)?;
         }
         match std::fs::create_dir(&dir) {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
@@ -274,10 +414,13 @@ impl Cgroups {
         write_file(&dir.join(limit_file), &value)?;
         if version == Version::V2 {
             write_file(&dir.join("memory.oom.group"), "1")?;
+            self.cap_v2(&dir)?;
         }
         let mut joining = vec![open_procs(&dir)?];
         for other in &self.others {
-            joining.push(open_procs(&other.make(group)?)?);
+            let made = other.make(group)?;
+            self.cap_v1(other, &made)?;
+            joining.push(open_procs(&made)?);
         }
         Ok(Some(Joining(joining)))
     }
@@ -310,20 +453,65 @@ impl Cgroups {
         Ok(moved)
     }
 
+    /// The v2 controllers a group needs: `memory`, and those of the caps the root offers.
+    fn v2_needed(&self) -> Vec<&'static str> {
+        let has = |c: &str| self.v2_controllers.iter().any(|x| x == c);
+        let mut needed = vec!["memory"];
+        if self.caps.pids.is_some() && has("pids") {
+            needed.push("pids");
+        }
+        if !self.caps.io.is_empty() && has("io") {
+            needed.push("io");
+        }
+        needed
+    }
+
+    /// The caps of a v2 group whose controllers are enabled (those the root offers).
+    fn cap_v2(&self, dir: &Path) -> io::Result<()> {
+        let needed = self.v2_needed();
+        if needed.contains(&"pids") {
+            write_file(&dir.join("pids.max"), &self.caps.pids.map_or("max".to_string(), |n| n.to_string()))?;
+        }
+        if needed.contains(&"io") {
+            for limit in &self.caps.io {
+                write_file(&dir.join("io.max"), &limit.v2_line())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The caps of a group in another v1 hierarchy, if it holds their controller.
+    fn cap_v1(&self, other: &Other, dir: &Path) -> io::Result<()> {
+        if other.pids {
+            write_file(&dir.join("pids.max"), &self.caps.pids.map_or("max".to_string(), |n| n.to_string()))?;
+        }
+        if other.blkio {
+            for limit in &self.caps.io {
+                for (file, line) in limit.v1_writes() {
+                    write_file(&dir.join(file), &line)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// v2 distributes a controller only where every ancestor enables it for its children:
     /// the hierarchy's root, each cgroup on the way down, and the group's parent itself.
-    fn enable_memory_v2(&self, parent: &Path) -> io::Result<()> {
+    fn enable_v2(&self, parent: &Path) -> io::Result<()> {
         let Some(root) = &self.root else { return Ok(()) };
         let mut dirs = vec![root.clone()];
         for component in parent.strip_prefix(root).unwrap_or(Path::new("")).components() {
             let next = dirs.last().expect("starts with the root").join(component);
             dirs.push(next);
         }
+        let needed = self.v2_needed();
         for dir in &dirs {
             let control = dir.join("cgroup.subtree_control");
             let enabled = std::fs::read_to_string(&control)?;
-            if !enabled.split_whitespace().any(|c| c == "memory") {
-                write_file(&control, "+memory")?;
+            for controller in &needed {
+                if !enabled.split_whitespace().any(|c| c == *controller) {
+                    write_file(&control, &format!("+{controller}"))?;
+                }
             }
         }
         Ok(())
@@ -613,5 +801,65 @@ mod tests {
             assert_eq!(c.dir(bad).unwrap_err().kind(), io::ErrorKind::InvalidInput, "{bad:?}");
         }
         assert_eq!(c.oom_kills("../x"), None);
+    }
+
+    #[test]
+    fn an_io_limit_is_a_device_and_positive_fields() {
+        let l = IoLimit::parse("253:0 wbps=1048576 riops=100").unwrap();
+        assert_eq!((l.major, l.minor, l.wbps, l.riops, l.rbps, l.wiops), (253, 0, Some(1 << 20), Some(100), None, None));
+        assert_eq!(l.v2_line(), "253:0 rbps=max wbps=1048576 riops=100 wiops=max");
+        assert_eq!(
+            l.v1_writes().map(|(f, v)| format!("{f}={v}")),
+            [
+                "blkio.throttle.read_bps_device=253:0 0",
+                "blkio.throttle.write_bps_device=253:0 1048576",
+                "blkio.throttle.read_iops_device=253:0 100",
+                "blkio.throttle.write_iops_device=253:0 0",
+            ]
+        );
+        for (bad, says) in [
+            ("", "expected MAJ:MIN"),
+            ("8:0", "no limit given"),
+            ("sda wbps=1", "is not MAJ:MIN"),
+            ("8:x wbps=1", "is not MAJ:MIN"),
+            ("8:0 wbps", "is not KEY=N"),
+            ("8:0 wbps=0", "not a positive integer"),
+            ("8:0 wbps=-1", "not a positive integer"),
+            ("8:0 wbps=max", "not a positive integer"),
+            ("8:0 bps=1", "unknown key \"bps\""),
+            ("8:0 wbps=1 wbps=2", "wbps is given twice"),
+        ] {
+            let err = IoLimit::parse(bad).unwrap_err();
+            assert!(err.contains(says), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn caps_a_node_has_no_controller_for_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let point = |name: &str| {
+            let p = dir.path().join(name);
+            std::fs::create_dir(&p).unwrap();
+            p.to_str().unwrap().to_string()
+        };
+        let (memory, pids, blkio) = (point("memory"), point("pids"), point("blkio"));
+        let caps = Caps { pids: Some(64), io: vec![IoLimit::parse("8:0 wbps=1").unwrap()] };
+        let full = [entry(&memory, "cgroup", "rw,memory"), entry(&pids, "cgroup", "rw,pids"), entry(&blkio, "cgroup", "rw,blkio")];
+        let c = Cgroups::detect_in(&full, "mh").with_caps(caps.clone());
+        assert!(c.unapplied().is_empty(), "{:?}", c.unapplied());
+        assert_eq!(c.others.iter().map(|o| (o.pids, o.blkio)).collect::<Vec<_>>(), [(true, false), (false, true)]);
+        let c = Cgroups::detect_in(&full[..1], "mh").with_caps(caps.clone());
+        let missing = c.unapplied();
+        assert_eq!(missing.len(), 2, "{missing:?}");
+        assert!(missing[0].contains("--fuse-max-pids") && missing[1].contains("--fuse-io-max"), "{missing:?}");
+        // Nothing configured, nothing missing.
+        assert!(Cgroups::detect_in(&full[..1], "mh").unapplied().is_empty());
+        // v2: what the root's cgroup.controllers lists.
+        let v2 = point("v2");
+        std::fs::write(Path::new(&v2).join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        let c = Cgroups::detect_in(&[entry(&v2, "cgroup2", "rw")], "mh").with_caps(caps);
+        assert_eq!(c.v2_needed(), ["memory", "pids"]);
+        let missing = c.unapplied();
+        assert!(missing.len() == 1 && missing[0].contains("--fuse-io-max"), "{missing:?}");
     }
 }

@@ -27,13 +27,21 @@ pub struct Linux {
     cgroups: Cgroups,
     anchors: Anchors,
     api: Api,
+    /// The largest file an unprivileged FUSE program may write (see [`process::Unprivileged`]).
+    max_file_bytes: Option<u64>,
 }
 
 impl Linux {
     /// FUSE processes go into groups below `cgroups`' parent; every path must lie below one
     /// of `anchors` (absolute and canonical: kubelet's directory and the state directory).
     pub fn new(cgroups: Cgroups, anchors: impl IntoIterator<Item = PathBuf>) -> Self {
-        Linux { cgroups, anchors: Anchors::new(anchors), api: Api::New }
+        Linux { cgroups, anchors: Anchors::new(anchors), api: Api::New, max_file_bytes: None }
+    }
+
+    /// Cap the size of every file an unprivileged FUSE program writes (its RLIMIT_FSIZE).
+    pub fn with_max_file_bytes(mut self, bytes: Option<u64>) -> Self {
+        self.max_file_bytes = bytes;
+        self
     }
 
     /// Use only what kernels before 5.2 (mount API) and 5.6 (`openat2`) offer, as a node with
@@ -286,7 +294,12 @@ impl Linux {
                 return Err(FuseError::Cgroup(e));
             }
         };
-        let unprivileged = process::Unprivileged { fuse: dev.as_fd(), uid: host.uid, gid: host.gid };
+        let unprivileged = process::Unprivileged {
+            fuse: dev.as_fd(),
+            uid: host.uid,
+            gid: host.gid,
+            max_file_bytes: self.max_file_bytes,
+        };
         let id = process::spawn_as(&fuse.spec, log, group.as_ref(), Some(unprivileged));
         drop((group, dev));
         let id = match id {

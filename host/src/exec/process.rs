@@ -91,6 +91,9 @@ pub struct Unprivileged<'a> {
     pub uid: u32,
     /// Its group; it gets no supplementary groups.
     pub gid: u32,
+    /// The largest file it may write (its RLIMIT_FSIZE, soft and hard: it cannot raise it);
+    /// a write past it fails with EFBIG (SIGXFSZ, which would kill it, is ignored). `None`: no cap.
+    pub max_file_bytes: Option<u64>,
 }
 
 /// Run a set-up program to its end in this process's environment, its output on this process's
@@ -131,7 +134,7 @@ pub fn spawn_logged(
 /// it there), the child puts the FUSE connection at descriptor
 /// [`crate::plan::FUSE_FD`], marks every higher descriptor close-on-exec (so only stdin, stdout,
 /// stderr and the connection survive the exec), sets `no_new_privs`, drops its supplementary
-/// groups and becomes `gid` and `uid` (losing every capability).
+/// groups, gets its file-size cap and becomes `gid` and `uid` (losing every capability).
 pub fn spawn_as(
     spec: &Spec<'_>,
     log: std::fs::File,
@@ -150,7 +153,7 @@ pub fn spawn_as(
         .stderr(err_log);
     // Collected here: the child may not allocate.
     let group_fds: Vec<i32> = cgroup.map(|j| j.files().iter().map(AsRawFd::as_raw_fd).collect()).unwrap_or_default();
-    let drop_to = unprivileged.map(|u| (u.fuse.as_raw_fd(), u.uid, u.gid));
+    let drop_to = unprivileged.map(|u| (u.fuse.as_raw_fd(), u.uid, u.gid, u.max_file_bytes));
     // SAFETY: the closure runs in the child between fork and exec, where only
     // async-signal-safe calls are allowed; setsid(2), write(2) and the calls of `drop_privileges`
     // are, and nothing allocates (`last_os_error` only reads errno; iterating `group_fds`
@@ -167,7 +170,7 @@ pub fn spawn_as(
                 }
             }
             match drop_to {
-                Some((fuse, uid, gid)) => drop_privileges(fuse, uid, gid)?,
+                Some((fuse, uid, gid, max_file)) => drop_privileges(fuse, uid, gid, max_file)?,
                 // Only stdin, stdout and stderr survive the exec: a descriptor the daemon
                 // inherited or opened without close-on-exec never reaches a FUSE program.
                 None => close_from_at_exec(3)?,
@@ -211,13 +214,23 @@ pub fn reserve_low_descriptors() {
 ///
 /// # Safety
 /// Call only in a forked child before exec; `fuse` must be an open descriptor.
-unsafe fn drop_privileges(fuse: i32, uid: u32, gid: u32) -> std::io::Result<()> {
+unsafe fn drop_privileges(fuse: i32, uid: u32, gid: u32, max_file: Option<u64>) -> std::io::Result<()> {
     use nix::libc;
     let check = |r: libc::c_int| if r == -1 { Err(std::io::Error::last_os_error()) } else { Ok(()) };
     let target = crate::plan::FUSE_FD;
     // SAFETY: each call takes plain integers, a null pointer the kernel reads nothing through
-    // (setgroups with a count of 0) or a pointer to a live local it fills (getrlimit).
+    // (setgroups with a count of 0), a pointer to a live local it reads (setrlimit) or fills
+    // (getrlimit), or SIG_IGN as a handler (an ignored disposition survives the exec).
     unsafe {
+        if let Some(bytes) = max_file {
+            // Set as root, before the uid changes: both limits, so it cannot be raised again.
+            let limit = libc::rlimit { rlim_cur: bytes, rlim_max: bytes };
+            check(libc::setrlimit(libc::RLIMIT_FSIZE, &limit))?;
+            // A write past the cap then fails with EFBIG instead of killing the program.
+            if libc::signal(libc::SIGXFSZ, libc::SIG_IGN) == libc::SIG_ERR {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
         if fuse == target {
             // Already in place: only clear its close-on-exec flag.
             check(libc::fcntl(target, libc::F_SETFD, 0))?;

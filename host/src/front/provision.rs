@@ -175,7 +175,10 @@ impl Controller {
             .extend(out.context.into_iter().filter(|kv| !request::is_reserved(&kv.key)).map(|kv| (kv.key, kv.value)));
         context.insert(request::PLUGIN_KEY.into(), plugin.info.name.clone());
         // The host's own settings (a pinned build, a dynamic volume's) travel with the volume.
-        for key in [request::DIGEST_KEY, request::DYNAMIC_KEY, request::DYNAMIC_PLUGINS_KEY] {
+        for key in [request::DIGEST_KEY, request::DYNAMIC_KEY, request::DYNAMIC_PLUGINS_KEY]
+            .into_iter()
+            .chain(request::DYNAMIC_LIMIT_KEYS)
+        {
             if let Some(v) = req.parameters.get(key) {
                 context.insert(key.into(), v.clone());
             }

@@ -33,7 +33,56 @@ pub const DYNAMIC_KEY: &str = "dynamic";
 /// The plugins a dynamic volume's pod may mount with, comma-separated (default: its own).
 pub const DYNAMIC_PLUGINS_KEY: &str = "dynamicPlugins";
 
-/// A dynamic volume's allowed plugins, or `None` for a volume that is not dynamic.
+/// A dynamic volume's cap on its mounts (at most the node's `--dynamic-max-mounts`).
+pub const DYNAMIC_MAX_MOUNTS_KEY: &str = "dynamicMaxMounts";
+/// A dynamic volume's cap on the bytes its mounts fetch, in MiB (at most `--dynamic-max-mib`).
+pub const DYNAMIC_MAX_MIB_KEY: &str = "dynamicMaxMiB";
+/// A dynamic volume's rate of POST and DELETE (at most `--dynamic-requests-per-minute`).
+pub const DYNAMIC_RATE_KEY: &str = "dynamicRequestsPerMinute";
+/// The attributes that lower a dynamic volume's limits.
+pub const DYNAMIC_LIMIT_KEYS: [&str; 3] = [DYNAMIC_MAX_MOUNTS_KEY, DYNAMIC_MAX_MIB_KEY, DYNAMIC_RATE_KEY];
+
+/// What a dynamic volume's attributes say of its limits: each one set lowers the node's (a
+/// value above the node's is refused at publish); one not set is the node's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DynamicLimits {
+    /// Mounts at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_mounts: Option<u64>,
+    /// Bytes all its mounts fetch together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    /// POST and DELETE requests a minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u64>,
+}
+
+impl DynamicLimits {
+    /// No attribute set.
+    pub fn is_default(&self) -> bool {
+        *self == DynamicLimits::default()
+    }
+}
+
+/// The limits a dynamic volume's attributes set (checked: positive integers in range).
+pub fn dynamic_limits(attrs: &HashMap<String, String>) -> Result<DynamicLimits, Error> {
+    let number = |key: &str, max: u64| -> Result<Option<u64>, Error> {
+        let Some(raw) = attrs.get(key) else { return Ok(None) };
+        match raw.trim().parse::<u64>() {
+            Ok(n) if (1..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(Error::invalid(format!("volume attribute {key} is {}; use an integer from 1 to {max}", shown(raw)))),
+        }
+    };
+    Ok(DynamicLimits {
+        max_mounts: number(DYNAMIC_MAX_MOUNTS_KEY, 4096)?,
+        max_bytes: number(DYNAMIC_MAX_MIB_KEY, 1 << 30)?.map(|mib| mib << 20),
+        requests_per_minute: number(DYNAMIC_RATE_KEY, 60_000)?,
+    })
+}
+
+/// A dynamic volume's allowed plugins, or `None` for a volume that is not dynamic; its limit
+/// attributes are checked too ([`dynamic_limits`]).
 pub fn dynamic_plugins(attrs: &HashMap<String, String>, own: &str) -> Result<Option<Vec<String>>, Error> {
     let dynamic = match attrs.get(DYNAMIC_KEY).map(String::as_str) {
         None | Some("false") => false,
@@ -47,13 +96,12 @@ pub fn dynamic_plugins(attrs: &HashMap<String, String>, own: &str) -> Result<Opt
     };
     let listed = attrs.get(DYNAMIC_PLUGINS_KEY);
     if !dynamic {
-        return match listed {
-            Some(_) => Err(Error::invalid(format!(
-                "volume attribute {DYNAMIC_PLUGINS_KEY} is set but {DYNAMIC_KEY} is not \"true\""
-            ))),
+        return match DYNAMIC_LIMIT_KEYS.iter().copied().chain([DYNAMIC_PLUGINS_KEY]).find(|k| attrs.contains_key(*k)) {
+            Some(key) => Err(Error::invalid(format!("volume attribute {key} is set but {DYNAMIC_KEY} is not \"true\""))),
             None => Ok(None),
         };
     }
+    dynamic_limits(attrs)?;
     let mut plugins = Vec::new();
     for name in listed.map(|l| l.split(',').map(str::trim).collect()).unwrap_or_else(|| vec![own]) {
         if !crate::plugin::info::valid_name(name) {
@@ -198,6 +246,7 @@ pub fn is_reserved(key: &str) -> bool {
         || key == DIGEST_KEY
         || key == DYNAMIC_KEY
         || key == DYNAMIC_PLUGINS_KEY
+        || DYNAMIC_LIMIT_KEYS.contains(&key)
         || key.starts_with(K8S_PREFIX)
 }
 
@@ -388,5 +437,35 @@ mod dynamic_tests {
             assert_eq!(e.kind, crate::error::ErrorKind::InvalidArgument, "{bad:?}: {e:?}");
         }
         assert!(is_reserved(DYNAMIC_KEY) && is_reserved(DYNAMIC_PLUGINS_KEY), "plugins never see them");
+    }
+
+    #[test]
+    fn a_dynamic_volume_may_lower_its_limits_with_positive_integers() {
+        let set = attrs(&[
+            ("dynamic", "true"),
+            ("dynamicMaxMounts", "4"),
+            ("dynamicMaxMiB", "512"),
+            ("dynamicRequestsPerMinute", " 30 "),
+        ]);
+        assert!(dynamic_plugins(&set, "model").unwrap().is_some());
+        assert_eq!(
+            dynamic_limits(&set).unwrap(),
+            DynamicLimits { max_mounts: Some(4), max_bytes: Some(512 << 20), requests_per_minute: Some(30) }
+        );
+        assert!(dynamic_limits(&attrs(&[("dynamic", "true")])).unwrap().is_default());
+        for (key, value, says) in [
+            ("dynamicMaxMounts", "0", "use an integer from 1 to 4096"),
+            ("dynamicMaxMounts", "-1", "use an integer from 1 to 4096"),
+            ("dynamicMaxMiB", "1.5", "use an integer from 1 to 1073741824"),
+            ("dynamicRequestsPerMinute", "lots", "use an integer from 1 to 60000"),
+            ("dynamicRequestsPerMinute", "60001", "use an integer from 1 to 60000"),
+        ] {
+            let e = dynamic_plugins(&attrs(&[("dynamic", "true"), (key, value)]), "model").unwrap_err();
+            assert!(e.message.contains(key) && e.message.contains(says), "{key}={value}: {}", e.message);
+        }
+        // A limit without `dynamic: "true"` is a mistake.
+        let e = dynamic_plugins(&attrs(&[("dynamicMaxMounts", "4")]), "model").unwrap_err();
+        assert!(e.message.contains("dynamicMaxMounts is set but dynamic is not"), "{}", e.message);
+        assert!(DYNAMIC_LIMIT_KEYS.iter().all(|k| is_reserved(k)), "plugins never see them");
     }
 }

@@ -103,6 +103,9 @@ pub struct Publication {
     /// publish under `volume/`, and serve `csi.sock`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dynamic: Option<Vec<String>>,
+    /// What a dynamic volume's attributes lowered of the node's limits on its mounts.
+    #[serde(default, skip_serializing_if = "crate::volume::request::DynamicLimits::is_default")]
+    pub dynamic_limits: crate::volume::request::DynamicLimits,
 }
 
 /// Where a pod's dynamic mount is in its life.
@@ -133,6 +136,14 @@ pub struct DynamicMount {
     /// The checked plan's steps once planned (what a restart mounts again).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<crate::plan::Step>,
+    /// The bytes its plan fetches (its `fetch-blob` steps' sizes), counted against the
+    /// volume's `dynamicMaxMiB`.
+    #[serde(default, skip_serializing_if = "is_zero_bytes")]
+    pub bytes: u64,
+}
+
+fn is_zero_bytes(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The persisted state of one volume.
@@ -692,7 +703,7 @@ mod tests {
         let mut s = state(&id);
         store.save(&s).unwrap();
         s.phase = Phase::Staged;
-        s.published.insert("/pods/u/mount".into(), Publication { readonly: true, steps: Vec::new(), dynamic: None });
+        s.published.insert("/pods/u/mount".into(), Publication { readonly: true, steps: Vec::new(), dynamic: None, dynamic_limits: Default::default() });
         store.save(&s).unwrap();
         assert_eq!(store.load(&id).unwrap(), Some(s.clone()));
         let path = store.path(&id);
@@ -735,7 +746,7 @@ mod tests {
         assert!(!s.can_publish(), "not before stage completed");
         s.phase = Phase::Staged;
         assert!(s.can_publish() && s.can_unstage());
-        s.published.insert("/t".into(), Publication { readonly: false, steps: Vec::new(), dynamic: None });
+        s.published.insert("/t".into(), Publication { readonly: false, steps: Vec::new(), dynamic: None, dynamic_limits: Default::default() });
         assert!(!s.can_unstage(), "not while published");
     }
 

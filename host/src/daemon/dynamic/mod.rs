@@ -26,6 +26,7 @@
 //! when a pod replaces them.
 
 pub mod api;
+mod limits;
 mod server;
 
 use std::collections::{BTreeMap, HashMap};
@@ -62,6 +63,8 @@ pub const RESOLVED_REFERENCE: &str = "mounthost.resolved.reference";
 pub const RESOLVED_MANIFEST_DIGEST: &str = "mounthost.resolved.manifestDigest";
 pub const RESOLVED_MANIFEST: &str = "mounthost.resolved.manifest";
 pub const RESOLVED_CONFIG: &str = "mounthost.resolved.config";
+/// How long a POST may take to plan and resolve its mount (registry round trips).
+const RESOLVE_WAIT: Duration = Duration::from_secs(30);
 /// How long a POST waits for its mount before answering 202.
 const CREATE_WAIT: Duration = Duration::from_secs(2);
 /// How often a mount waiting for its blobs looks again.
@@ -104,6 +107,8 @@ pub struct Dynamic {
     /// sweeper tries again.
     unserved: Mutex<HashMap<String, PathBuf>>,
     tasks: Mutex<HashMap<String, tokio::task::AbortHandle>>,
+    /// Each volume's bucket of POST and DELETE requests.
+    buckets: Mutex<HashMap<String, limits::Bucket>>,
     /// Signalled when a mount reaches a final phase.
     settled: tokio::sync::Notify,
     /// Connections served at once on all sockets of the node.
@@ -117,6 +122,7 @@ impl Default for Dynamic {
             servers: Default::default(),
             unserved: Default::default(),
             tasks: Default::default(),
+            buckets: Default::default(),
             settled: Default::default(),
             connections: Arc::new(tokio::sync::Semaphore::new(server::MAX_NODE_CONNECTIONS)),
             sweeper: Default::default(),
@@ -165,11 +171,19 @@ pub struct ApiErr {
     pub status: u16,
     pub code: &'static str,
     pub message: String,
+    /// Seconds after which the request may succeed (a `Retry-After` header).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiErr {
     pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
-        ApiErr { status, code, message: message.into() }
+        ApiErr { status, code, message: message.into(), retry_after: None }
+    }
+
+    /// With a `Retry-After` of `secs`.
+    pub fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
     }
 }
 
@@ -187,7 +201,7 @@ impl From<Error> for ApiErr {
             ErrorKind::DataLoss => (502, "data_loss"),
             ErrorKind::Internal | ErrorKind::Unimplemented => (500, "internal"),
         };
-        ApiErr { status, code, message: crate::error::bounded(e.message) }
+        ApiErr { status, code, message: crate::error::bounded(e.message), retry_after: None }
     }
 }
 
@@ -375,6 +389,7 @@ impl Node {
             lock(&s.watch).live = false;
         }
         d.unserved.lock().unwrap_or_else(|p| p.into_inner()).remove(volume);
+        lock(&d.buckets).remove(volume);
         let prefix = waiter(volume, "");
         let mut tasks = d.tasks.lock().unwrap_or_else(|p| p.into_inner());
         for (key, task) in tasks.iter().filter(|(k, _)| k.starts_with(&prefix)) {
@@ -431,7 +446,7 @@ impl Node {
                             warn!(volume.id = %st.volume_id, mount = %id, error = %e.message, "mounting a dynamic mount again");
                         }
                     }
-                    MountPhase::Pending => self.start_mount(&st.volume_id, id),
+                    MountPhase::Pending => self.start_mount(&st.volume_id, id, None),
                     MountPhase::Failed => {}
                 }
             }
@@ -504,61 +519,54 @@ impl Node {
 
     /// `POST /mounts`: the status (201 ready, 202 in progress, 200 the same request again)
     /// and the mount.
+    ///
+    /// The volume's lock is held only to read what it allows and to record the mount: the
+    /// plugin's build, its plans and the resolution of what it mounts (registry I/O) happen
+    /// without it, so a request waiting for the lock never waits for a registry. What the
+    /// plan fetches is counted against the volume's byte cap before anything is recorded or
+    /// fetched; the count, the cap on mounts and the id are checked again when it is recorded.
     pub async fn dynamic_create(&self, volume: &str, ask: CreateMount) -> Result<(u16, MountView), ApiErr> {
         api::check_id(&ask.id).map_err(|m| ApiErr::new(400, "bad_id", m))?;
         api::check_parameters(&ask.parameters).map_err(|m| ApiErr::new(400, "invalid_parameters", m))?;
+        self.take_request_token(volume)?;
         let id = ask.id.clone();
+        let st = {
+            let _guard = self.lock_volume(volume, false).await?;
+            self.dynamic_state(volume)?
+        };
+        let plugin = ask.plugin.clone().unwrap_or_else(|| st.plugin.clone());
+        let mut record =
+            DynamicMount { plugin, parameters: ask.parameters, phase: MountPhase::Pending, reason: None, steps: Vec::new(), bytes: 0 };
+        if let Some(again) = self.admit(&st, &id, &record)? {
+            return Ok(again);
+        }
+        self.inner.runtime.resolve(&record.plugin, None).await.map_err(|e| match e {
+            crate::plugin::PluginError::UnknownPlugin { .. } => ApiErr::new(
+                404,
+                "unknown_plugin",
+                format!("plugin {:?} is not installed on this node: {e}", record.plugin),
+            ),
+            other => ApiErr::from(Error::from(other)),
+        })?;
+        // The plugin's plans, the policy's check and the resolution answer a bad request at
+        // once, and leave nothing recorded.
+        let p = self.planning(&st, &id, &record).await?;
+        let plan = tokio::time::timeout(RESOLVE_WAIT, self.full_plan(&p, volume, &record)).await.map_err(|_| {
+            ApiErr::new(
+                503,
+                "unavailable",
+                format!("resolving the mount did not finish within {RESOLVE_WAIT:?} (is the registry reachable?); retry"),
+            )
+        })??;
+        record.bytes = fetched_bytes(&plan);
+        self.check_bytes(&st, &id, &record)?;
         {
             let _guard = self.lock_volume(volume, false).await?;
             let mut st = self.dynamic_state(volume)?;
-            let (_, allowed) = publication(&st).expect("checked by dynamic_state");
-            let plugin = ask.plugin.clone().unwrap_or_else(|| st.plugin.clone());
-            if !allowed.contains(&plugin) {
-                return Err(ApiErr::new(
-                    403,
-                    "forbidden_plugin",
-                    format!(
-                        "plugin {plugin:?} is not allowed for this volume (allowed: {}); the StorageClass parameter dynamicPlugins sets the list",
-                        allowed.join(", ")
-                    ),
-                ));
+            if let Some(again) = self.admit(&st, &id, &record)? {
+                return Ok(again);
             }
-            if let Some(m) = st.dynamic.get(&id) {
-                if m.plugin != plugin || m.parameters != ask.parameters {
-                    return Err(ApiErr::new(
-                        409,
-                        "conflict",
-                        format!("mount {id} exists with other parameters; delete it first"),
-                    ));
-                }
-                // A pending mount whose task is gone (its lock wait ended, a bug) starts again.
-                if m.phase == MountPhase::Ready || (m.phase == MountPhase::Pending && self.mount_running(volume, &id)) {
-                    return Ok((200, view(&id, m, self.progress_of(volume, &id))));
-                }
-            } else if st.dynamic.len() >= MAX_MOUNTS {
-                return Err(ApiErr::new(
-                    409,
-                    "too_many_mounts",
-                    format!("the volume holds {MAX_MOUNTS} mounts, the most it may; delete one first"),
-                ));
-            }
-            self.inner.runtime.resolve(&plugin, None).await.map_err(|e| match e {
-                crate::plugin::PluginError::UnknownPlugin { .. } => {
-                    ApiErr::new(404, "unknown_plugin", format!("plugin {plugin:?} is not installed on this node: {e}"))
-                }
-                other => ApiErr::from(Error::from(other)),
-            })?;
-            let record = DynamicMount {
-                plugin,
-                parameters: ask.parameters,
-                phase: MountPhase::Pending,
-                reason: None,
-                steps: Vec::new(),
-            };
-            // The plugin's first plan and the policy's check answer a bad request at once, and
-            // leave nothing recorded.
-            let p = self.planning(&st, &id, &record).await?;
-            self.plan_round(&p, volume, &record, Vec::new()).await?;
+            self.check_bytes(&st, &id, &record)?;
             // Whatever an earlier mount of this id left in its cache directory goes first.
             let cache = self.dynamic_cache(volume).join(&id);
             self.blocking(move |n| n.inner.exec.remove_tree(&cache).map_err(|e| super::pipeline::io_error(e, &cache)))
@@ -566,7 +574,7 @@ impl Node {
             st.dynamic.insert(id.clone(), record);
             self.inner.store.save(&st).map_err(Error::from)?;
             info!(volume.id = %volume, mount = %id, "dynamic mount accepted");
-            self.start_mount(volume, &id);
+            self.start_mount(volume, &id, Some(plan));
         }
         // A mount of files already in the cache is ready in milliseconds: answer with it.
         let deadline = tokio::time::Instant::now() + CREATE_WAIT;
@@ -587,10 +595,107 @@ impl Node {
         }
     }
 
+    /// May `record` become mount `id` of the volume `st`? `Some(answer)` when it already is
+    /// (the same request again); an error when its plugin is not allowed, the id holds another
+    /// mount or the volume holds as many mounts as it may.
+    fn admit(&self, st: &VolumeState, id: &str, record: &DynamicMount) -> Result<Option<(u16, MountView)>, ApiErr> {
+        let (_, allowed) = publication(st).expect("checked by dynamic_state");
+        if !allowed.contains(&record.plugin) {
+            return Err(ApiErr::new(
+                403,
+                "forbidden_plugin",
+                format!(
+                    "plugin {:?} is not allowed for this volume (allowed: {}); the StorageClass parameter dynamicPlugins sets the list",
+                    record.plugin,
+                    allowed.join(", ")
+                ),
+            ));
+        }
+        let volume = &st.volume_id;
+        if let Some(m) = st.dynamic.get(id) {
+            if m.plugin != record.plugin || m.parameters != record.parameters {
+                return Err(ApiErr::new(409, "conflict", format!("mount {id} exists with other parameters; delete it first")));
+            }
+            // A pending mount whose task is gone (its lock wait ended, a bug) starts again.
+            if m.phase == MountPhase::Ready || (m.phase == MountPhase::Pending && self.mount_running(volume, id)) {
+                return Ok(Some((200, view(id, m, self.progress_of(volume, id)))));
+            }
+            return Ok(None);
+        }
+        let max = self.limits_of(st).max_mounts;
+        if st.dynamic.len() as u64 >= max {
+            return Err(ApiErr::new(
+                409,
+                "too_many_mounts",
+                format!(
+                    "the volume holds {} mounts, the most it may ({} {max}); delete one first",
+                    st.dynamic.len(),
+                    limit_source(st, crate::volume::request::DYNAMIC_MAX_MOUNTS_KEY, "--dynamic-max-mounts")
+                ),
+            ));
+        }
+        Ok(None)
+    }
+
+    /// Would `record` take the bytes of the volume's mounts past its cap? 507, naming it.
+    fn check_bytes(&self, st: &VolumeState, id: &str, record: &DynamicMount) -> Result<(), ApiErr> {
+        let Some(max) = self.limits_of(st).max_bytes else { return Ok(()) };
+        let others: u64 = st
+            .dynamic
+            .iter()
+            .filter(|(other, m)| other.as_str() != id && m.phase != MountPhase::Failed)
+            .map(|(_, m)| m.bytes)
+            .sum();
+        if others.saturating_add(record.bytes) > max {
+            return Err(ApiErr::new(
+                507,
+                "resource_exhausted",
+                format!(
+                    "mount {id} fetches {} bytes and the volume's other mounts {others}, more than its cap of {max} bytes ({} {} MiB); delete a mount first",
+                    record.bytes,
+                    limit_source(st, crate::volume::request::DYNAMIC_MAX_MIB_KEY, "--dynamic-max-mib"),
+                    max >> 20
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The limits of a dynamic volume: the node's, lowered by its attributes.
+    fn limits_of(&self, st: &VolumeState) -> crate::config::DynamicCaps {
+        let asked = st.published.values().find(|p| p.dynamic.is_some()).map(|p| p.dynamic_limits).unwrap_or_default();
+        self.config().dynamic.effective(&asked)
+    }
+
+    /// One token of the volume's POST and DELETE bucket, or 429 with when to retry.
+    fn take_request_token(&self, volume: &str) -> Result<(), ApiErr> {
+        let st = self.dynamic_state(volume)?;
+        let limits = self.limits_of(&st);
+        let mut buckets = lock(&self.inner.dynamic.buckets);
+        let bucket = buckets
+            .entry(volume.to_string())
+            .or_insert_with(|| limits::Bucket::new(limits.burst, limits.requests_per_minute));
+        bucket.set_rate(limits.burst, limits.requests_per_minute);
+        bucket.take(std::time::Instant::now()).map_err(|wait| {
+            let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+            ApiErr::new(
+                429,
+                "too_many_requests",
+                format!(
+                    "this volume takes {} POST and DELETE requests a minute ({}); retry in {secs} s",
+                    limits.requests_per_minute,
+                    limit_source(&st, crate::volume::request::DYNAMIC_RATE_KEY, "--dynamic-requests-per-minute")
+                ),
+            )
+            .retry_after(secs)
+        })
+    }
+
     /// `DELETE /mounts/{id}`: unmounted, its directory and cache gone, forgotten. Runs as a
     /// task of its own with the volume's lock: a client that goes away does not stop it halfway.
     pub async fn dynamic_delete(&self, volume: &str, id: &str) -> Result<MountView, ApiErr> {
         api::check_id(id).map_err(|m| ApiErr::new(400, "bad_id", m))?;
+        self.take_request_token(volume)?;
         let (this, volume, id) = (self.clone(), volume.to_string(), id.to_string());
         tokio::spawn(async move {
             let _guard = this.lock_volume(&volume, false).await?;
@@ -648,14 +753,15 @@ impl Node {
         tasks.get(&waiter(volume, id)).is_some_and(|t| !t.is_finished())
     }
 
-    /// Start (or start again) the task that plans, pulls and mounts a recorded mount.
-    fn start_mount(&self, volume: &str, id: &str) {
+    /// Start (or start again) the task that plans (unless `planned`), pulls and mounts a
+    /// recorded mount.
+    fn start_mount(&self, volume: &str, id: &str, planned: Option<Plan>) {
         let key = waiter(volume, id);
         let (this, volume, id) = (self.clone(), volume.to_string(), id.to_string());
         // Registered before the task can end (its end forgets its own handle only).
         let mut tasks = self.inner.dynamic.tasks.lock().unwrap_or_else(|p| p.into_inner());
         let task = tokio::runtime::Handle::current().spawn(async move {
-            let outcome = this.mount_now(&volume, &id).await;
+            let outcome = this.mount_now(&volume, &id, planned).await;
             this.settle(&volume, &id, outcome).await;
         });
         if let Some(old) = tasks.insert(key, task.abort_handle()) {
@@ -740,31 +846,47 @@ impl Node {
         self.check(&p.plugin, Operation::DynamicMount, &p.dirs, &p.context, p.ephemeral, &none, wplan)
     }
 
-    /// Plan, pull and mount one recorded mount.
-    async fn mount_now(&self, volume: &str, id: &str) -> Result<(), Error> {
+    /// A mount's whole plan: the plugin's first, and when it resolves an OCI reference, the
+    /// second with what the host resolved (registry I/O; never with the volume's lock held).
+    async fn full_plan(&self, p: &Planning, volume: &str, m: &DynamicMount) -> Result<Plan, Error> {
+        let plan = self.plan_round(p, volume, m, Vec::new()).await?;
+        let Some(first) = plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. })).cloned() else {
+            return Ok(plan);
+        };
+        let none = Secrets::default();
+        let source = self.source(&first, &none)?;
+        let Step::Resolve { reference, .. } = &first else { unreachable!("matched above") };
+        let found = self.inner.artifacts.resolve(&source).await.map_err(|e| super::pull::oci_error(e, reference))?;
+        let resolved = vec![
+            kv(RESOLVED_REFERENCE, reference),
+            kv(RESOLVED_MANIFEST_DIGEST, &found.manifest_digest),
+            kv(RESOLVED_MANIFEST, &found.manifest),
+            kv(RESOLVED_CONFIG, &found.config),
+        ];
+        let plan = self.plan_round(p, volume, m, resolved).await?;
+        if plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. })) != Some(&first) {
+            return Err(Error::internal(format!(
+                "plugin {} answered the resolved {reference} with a plan that does not resolve it again unchanged",
+                p.plugin.info.name
+            )));
+        }
+        Ok(plan)
+    }
+
+    /// Plan (unless `planned`: what the POST planned), pull and mount one recorded mount.
+    async fn mount_now(&self, volume: &str, id: &str, planned: Option<Plan>) -> Result<(), Error> {
         let st = self.inner.store.load(volume)?.ok_or_else(|| Error::unavailable("the volume is gone"))?;
         let Some(m) = st.dynamic.get(id).cloned() else { return Ok(()) };
-        let p = self.planning(&st, id, &m).await?;
-        let mut plan = self.plan_round(&p, volume, &m, Vec::new()).await?;
-        if let Some(first) = plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. })).cloned() {
-            let none = Secrets::default();
-            let source = self.source(&first, &none)?;
-            let Step::Resolve { reference, .. } = &first else { unreachable!("matched above") };
-            let found =
-                self.inner.artifacts.resolve(&source).await.map_err(|e| super::pull::oci_error(e, reference))?;
-            let resolved = vec![
-                kv(RESOLVED_REFERENCE, reference),
-                kv(RESOLVED_MANIFEST_DIGEST, &found.manifest_digest),
-                kv(RESOLVED_MANIFEST, &found.manifest),
-                kv(RESOLVED_CONFIG, &found.config),
-            ];
-            plan = self.plan_round(&p, volume, &m, resolved).await?;
-            if plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. })) != Some(&first) {
-                return Err(Error::internal(format!(
-                    "plugin {} answered the resolved {reference} with a plan that does not resolve it again unchanged",
-                    p.plugin.info.name
-                )));
+        let plan = match planned {
+            Some(plan) => plan,
+            None => {
+                let p = self.planning(&st, id, &m).await?;
+                self.full_plan(&p, volume, &m).await?
             }
+        };
+        if let Some(first) = plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. })) {
+            let source = self.source(first, &Secrets::default())?;
+            let Step::Resolve { reference, .. } = first else { unreachable!("matched above") };
             self.pull(volume, id, &source, &plan, reference).await?;
         }
         // The mount still waits for its blobs (the artifacts keep them from a prune) until its
@@ -905,6 +1027,22 @@ fn moved_mounts(
     out
 }
 
+/// The bytes a plan fetches.
+fn fetched_bytes(plan: &Plan) -> u64 {
+    plan.steps.iter().map(|s| if let Step::FetchBlob { size, .. } = s { *size } else { 0 }).fold(0, u64::saturating_add)
+}
+
+/// Where a volume's limit comes from: its attribute `key` when it set one, else the node's `flag`.
+fn limit_source(st: &VolumeState, key: &str, flag: &str) -> String {
+    let set = st.published.values().find(|p| p.dynamic.is_some()).map(|p| p.dynamic_limits).unwrap_or_default();
+    let by_volume = match key {
+        crate::volume::request::DYNAMIC_MAX_MOUNTS_KEY => set.max_mounts.is_some(),
+        crate::volume::request::DYNAMIC_MAX_MIB_KEY => set.max_bytes.is_some(),
+        _ => set.requests_per_minute.is_some(),
+    };
+    if by_volume { format!("volume attribute {key}") } else { format!("the node's {flag}") }
+}
+
 fn not_found(id: &str) -> ApiErr {
     ApiErr::new(404, "not_found", format!("this volume has no mount {id}"))
 }
@@ -989,6 +1127,7 @@ mod tests {
             phase: MountPhase::Pending,
             reason: None,
             steps: vec![],
+            bytes: 0,
         };
         assert_eq!(view("a", &m, None).state, MountState::Pending);
         let v = view("a", &m, Some((1, 2)));

@@ -147,5 +147,9 @@ fn json(status: StatusCode, body: &impl serde::Serialize) -> Answer {
 
 fn error(e: ApiErr) -> Answer {
     let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    json(status, &ApiError { code: e.code.to_string(), message: e.message })
+    let mut answer = json(status, &ApiError { code: e.code.to_string(), message: e.message });
+    if let Some(secs) = e.retry_after {
+        answer.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+    }
+    answer
 }

@@ -15,6 +15,7 @@
 //! | `bad-env`       | plans a spawn with an invalid environment variable name     |
 //! | `log-flood`     | logs 10,000 lines, then plans like `ok`                     |
 //! | `error`         | returns `not-found` from the backend                        |
+//! | `host-fd`       | spawns `fusetest` unprivileged on a connection the host mounts |
 //!
 //! Its `provision` planner, with `mode` `short`, answers a volume of half the `required_bytes`
 //! asked for and plans nothing (a size outside the range, which the host must refuse); with any
@@ -117,6 +118,16 @@ impl Plugin for Misbehave {
                 plan(vec![tmpfs()])
             }
             "error" => Err(BackendError::NotFound("the thing is not there".into())),
+            "host-fd" => plan(vec![Step::SpawnFuse(SpawnFuse {
+                program: "fusetest".into(),
+                args: vec![fuse_fd_arg("", "")],
+                env: vec![],
+                mountpoint: staging(""),
+                fstype: "fuse.test".into(),
+                ready_timeout_ms: 10_000,
+                memory_limit_bytes: None,
+                mount: host_fd("misbehave", &[], false),
+            })]),
             other => Err(params::invalid(format!("unknown mode {other:?}"))),
         }
     }
