@@ -1,6 +1,8 @@
 //! Host configuration: plain data that tests build directly and the CLI fills from flags
 //! and `MOUNTHOST_*` environment variables.
 
+pub mod caps;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -125,7 +127,7 @@ pub struct Config {
     /// Caps on what those programs may write: the largest file (RLIMIT_FSIZE; `None`: none).
     pub fuse_max_file_bytes: Option<u64>,
     /// Caps every volume's cgroup gets (processes, block I/O), whatever runs in it.
-    pub fuse_caps: crate::exec::cgroup::Caps,
+    pub fuse_caps: caps::Caps,
     /// Limits on each dynamic volume's mounts.
     pub dynamic: DynamicCaps,
     /// Where those programs' secret files live, one directory per volume: outside the private
@@ -270,7 +272,7 @@ impl Config {
             fuse_ids: FuseIds::default(),
             fuse_max_file_bytes: Some(DEFAULT_FUSE_MAX_FILE_MIB << 20),
             dynamic: DynamicCaps::default(),
-            fuse_caps: crate::exec::cgroup::Caps { pids: Some(DEFAULT_FUSE_MAX_PIDS), io: Vec::new() },
+            fuse_caps: caps::Caps { pids: Some(DEFAULT_FUSE_MAX_PIDS), io: Vec::new() },
             fuse_files_dir: None,
             cgroup_parent: DEFAULT_CGROUP_PARENT.to_string(),
             instance: None,

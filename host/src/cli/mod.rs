@@ -113,8 +113,8 @@ pub struct GlobalArgs {
     /// Throttle the block I/O of each volume's FUSE programs on one device, "MAJ:MIN KEY=N...",
     /// KEY one of rbps, wbps (bytes per second), riops, wiops (operations per second): its
     /// cgroup's io.max (v2) or blkio.throttle.* (v1) (repeatable) [default: none].
-    #[arg(long = "fuse-io-max", env = "MOUNTHOST_FUSE_IO_MAX", value_delimiter = ',', value_parser = crate::exec::cgroup::IoLimit::parse, global = true)]
-    pub fuse_io_max: Vec<crate::exec::cgroup::IoLimit>,
+    #[arg(long = "fuse-io-max", env = "MOUNTHOST_FUSE_IO_MAX", value_delimiter = ',', value_parser = crate::config::caps::IoLimit::parse, global = true)]
+    pub fuse_io_max: Vec<crate::config::caps::IoLimit>,
     /// Mounts one dynamic volume's pod may hold at once (a volume's dynamicMaxMounts may lower it).
     #[arg(long, env = "MOUNTHOST_DYNAMIC_MAX_MOUNTS", default_value_t = crate::config::DEFAULT_DYNAMIC_MAX_MOUNTS, value_parser = clap::value_parser!(u64).range(1..=4096), global = true)]
     pub dynamic_max_mounts: u64,
@@ -274,7 +274,7 @@ impl GlobalArgs {
             requests_per_minute: self.dynamic_requests_per_minute,
             burst: self.dynamic_burst,
         };
-        cfg.fuse_caps = crate::exec::cgroup::Caps {
+        cfg.fuse_caps = crate::config::caps::Caps {
             pids: (self.fuse_max_pids > 0).then_some(self.fuse_max_pids),
             io: self.fuse_io_max.clone(),
         };
