@@ -157,6 +157,9 @@ pub fn manifest_blobs(manifest: &str) -> Result<Vec<BlobRef>, String> {
     let v: serde_json::Value = serde_json::from_str(manifest).map_err(|e| format!("is not JSON: {e}"))?;
     let one = |d: &serde_json::Value| -> Result<BlobRef, String> {
         let digest = d["digest"].as_str().ok_or("a descriptor has no digest")?.to_string();
+        if !crate::plan::oci_ref::is_sha256(&digest) {
+            return Err(format!("descriptor digest {digest:?} is not sha256:<64 lowercase hex digits>"));
+        }
         let size = d["size"].as_u64().ok_or_else(|| format!("descriptor {digest} has no size"))?;
         let media_type = d["mediaType"].as_str().unwrap_or_default().to_string();
         Ok(BlobRef { digest, size, media_type })
@@ -200,14 +203,19 @@ mod tests {
 
     #[test]
     fn a_manifest_lists_its_config_and_layers() {
-        let m = r#"{"schemaVersion":2,"config":{"mediaType":"application/vnd.cncf.model.config.v1+json","digest":"sha256:aa","size":3},
-            "layers":[{"mediaType":"application/vnd.cncf.model.weight.v1.raw","digest":"sha256:bb","size":7}]}"#;
-        let b = manifest_blobs(m).unwrap();
-        assert_eq!(
-            b.iter().map(|b| (b.digest.as_str(), b.size)).collect::<Vec<_>>(),
-            [("sha256:aa", 3), ("sha256:bb", 7)]
+        let (aa, bb) = (format!("sha256:{}", "a".repeat(64)), format!("sha256:{}", "b".repeat(64)));
+        let m = format!(
+            r#"{{"schemaVersion":2,"config":{{"mediaType":"application/vnd.cncf.model.config.v1+json","digest":"{aa}","size":3}},
+            "layers":[{{"mediaType":"application/vnd.cncf.model.weight.v1.raw","digest":"{bb}","size":7}}]}}"#
         );
-        assert!(manifest_blobs(r#"{"config":{"digest":"sha256:aa","size":3}}"#).unwrap_err().contains("no layers"));
-        assert!(manifest_blobs(r#"{"layers":[{"digest":"sha256:aa"}]}"#).unwrap_err().contains("no size"));
+        let b = manifest_blobs(&m).unwrap();
+        assert_eq!(b.iter().map(|b| (b.digest.as_str(), b.size)).collect::<Vec<_>>(), [(aa.as_str(), 3), (bb.as_str(), 7)]);
+        assert!(manifest_blobs(&format!(r#"{{"config":{{"digest":"{aa}","size":3}}}}"#)).unwrap_err().contains("no layers"));
+        assert!(manifest_blobs(&format!(r#"{{"layers":[{{"digest":"{aa}"}}]}}"#)).unwrap_err().contains("no size"));
+        // Found by the oci_manifest fuzz target: an empty or malformed digest was listed.
+        for bad in ["", "sha256:aa", "sha512:aa", "../../x"] {
+            let m = format!(r#"{{"layers":[{{"digest":"{bad}","size":1}}]}}"#);
+            assert!(manifest_blobs(&m).unwrap_err().contains("is not sha256"), "{bad:?}");
+        }
     }
 }

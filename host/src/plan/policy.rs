@@ -433,6 +433,7 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> G<Step> {
             let mut names = BTreeSet::new();
             let mut env = Vec::with_capacity(s.env.len());
             for e in s.env {
+                text(ctx, &e.name, "an environment variable's name")?;
                 env_name(&e.name)?;
                 program_env(ctx, &s.program, &e.name)?;
                 if !names.insert(e.name.clone()) {
@@ -543,6 +544,7 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> G<Step> {
             if !matches!(l.method.as_str(), "GET" | "HEAD") {
                 return Err(format!("lookup method {:?} is not GET or HEAD (lookups only read)", l.method).into());
             }
+            text(ctx, &l.key, "a lookup key")?;
             if l.key.is_empty() || l.key.len() > 64 || !token(&l.key) {
                 return Err(format!("lookup key {:?} must be 1 to 64 letters, digits, '.', '_' or '-'", l.key).into());
             }
@@ -846,6 +848,8 @@ pub fn env_name(name: &str) -> Result<(), String> {
 fn headers(ctx: &Context<'_>, hs: Vec<wit::Header>) -> R<Vec<Header>> {
     hs.into_iter()
         .map(|h| {
+            // First: the refusals below show the name, and a name is sent as it is.
+            text(ctx, &h.name, "a header name")?;
             let valid = !h.name.is_empty()
                 && h.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
             if !valid {
@@ -915,6 +919,7 @@ fn check_attributes(ctx: &Context<'_>, kvs: Vec<wit::Kv>) -> R<Vec<(String, Stri
     }
     kvs.into_iter()
         .map(|kv| {
+            text(ctx, &kv.key, "an attribute key")?;
             if kv.key.is_empty() || kv.key.len() > 128 || !kv.key.bytes().all(|b| b.is_ascii_graphic()) {
                 return Err(format!("attribute key {:?} must be 1-128 printable characters", kv.key));
             }
