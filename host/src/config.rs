@@ -75,7 +75,13 @@ impl DynamicCaps {
         };
         above(r::DYNAMIC_MAX_MOUNTS_KEY, asked.max_mounts, Some(self.max_mounts), "--dynamic-max-mounts", 1)?;
         above(r::DYNAMIC_MAX_MIB_KEY, asked.max_bytes, self.max_bytes, "--dynamic-max-mib", 1 << 20)?;
-        above(r::DYNAMIC_RATE_KEY, asked.requests_per_minute, Some(self.requests_per_minute), "--dynamic-requests-per-minute", 1)
+        above(
+            r::DYNAMIC_RATE_KEY,
+            asked.requests_per_minute,
+            Some(self.requests_per_minute),
+            "--dynamic-requests-per-minute",
+            1,
+        )
     }
 
     /// The limits a volume with `asked` gets: the lower of each.
@@ -87,7 +93,9 @@ impl DynamicCaps {
         DynamicCaps {
             max_mounts: asked.max_mounts.map_or(self.max_mounts, |a| a.min(self.max_mounts)),
             max_bytes: lower(asked.max_bytes, self.max_bytes),
-            requests_per_minute: asked.requests_per_minute.map_or(self.requests_per_minute, |a| a.min(self.requests_per_minute)),
+            requests_per_minute: asked
+                .requests_per_minute
+                .map_or(self.requests_per_minute, |a| a.min(self.requests_per_minute)),
             burst: self.burst,
         }
     }

@@ -161,8 +161,10 @@ fn block_device_of(path: &Path) -> String {
     if Path::new("/sys/dev/block").join(&own).exists() {
         return own;
     }
-    let mut all: Vec<String> =
-        std::fs::read_dir("/sys/dev/block").unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut all: Vec<String> = std::fs::read_dir("/sys/dev/block")
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     all.sort();
     all.into_iter().next().expect("a block device")
 }

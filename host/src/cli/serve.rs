@@ -139,7 +139,9 @@ fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
     for limit in &cfg.fuse_caps.io {
         let device = limit.device();
         if !Path::new("/sys/dev/block").join(&device).exists() {
-            anyhow::bail!("--fuse-io-max names device {device}, which is not a block device of this node (/sys/dev/block/{device})");
+            anyhow::bail!(
+                "--fuse-io-max names device {device}, which is not a block device of this node (/sys/dev/block/{device})"
+            );
         }
     }
     let cgroups = Cgroups::detect(&cfg.own_cgroup_parent()).with_caps(cfg.fuse_caps.clone());

@@ -26,7 +26,8 @@ impl IoLimit {
     /// `MAJ:MIN KEY=N...` with KEY one of `rbps`, `wbps`, `riops`, `wiops` (each at most once,
     /// N a positive integer), as v2's `io.max` takes it.
     pub fn parse(s: &str) -> Result<IoLimit, String> {
-        let usage = "expected MAJ:MIN KEY=N..., KEY one of rbps, wbps, riops, wiops (e.g. \"8:0 wbps=104857600 wiops=1000\")";
+        let usage =
+            "expected MAJ:MIN KEY=N..., KEY one of rbps, wbps, riops, wiops (e.g. \"8:0 wbps=104857600 wiops=1000\")";
         let mut words = s.split_whitespace();
         let device = words.next().ok_or_else(|| format!("{s:?}: {usage}"))?;
         let (major, minor) = device
@@ -95,7 +96,10 @@ mod tests {
     #[test]
     fn an_io_limit_is_a_device_and_positive_fields() {
         let l = IoLimit::parse("253:0 wbps=1048576 riops=100").unwrap();
-        assert_eq!((l.major, l.minor, l.wbps, l.riops, l.rbps, l.wiops), (253, 0, Some(1 << 20), Some(100), None, None));
+        assert_eq!(
+            (l.major, l.minor, l.wbps, l.riops, l.rbps, l.wiops),
+            (253, 0, Some(1 << 20), Some(100), None, None)
+        );
         assert_eq!(l.v2_line(), "253:0 rbps=max wbps=1048576 riops=100 wiops=max");
         assert_eq!(
             l.v1_writes().map(|(f, v)| format!("{f}={v}")),

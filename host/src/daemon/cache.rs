@@ -209,8 +209,13 @@ mod tests {
             "layers":[{{"mediaType":"application/vnd.cncf.model.weight.v1.raw","digest":"{bb}","size":7}}]}}"#
         );
         let b = manifest_blobs(&m).unwrap();
-        assert_eq!(b.iter().map(|b| (b.digest.as_str(), b.size)).collect::<Vec<_>>(), [(aa.as_str(), 3), (bb.as_str(), 7)]);
-        assert!(manifest_blobs(&format!(r#"{{"config":{{"digest":"{aa}","size":3}}}}"#)).unwrap_err().contains("no layers"));
+        assert_eq!(
+            b.iter().map(|b| (b.digest.as_str(), b.size)).collect::<Vec<_>>(),
+            [(aa.as_str(), 3), (bb.as_str(), 7)]
+        );
+        assert!(
+            manifest_blobs(&format!(r#"{{"config":{{"digest":"{aa}","size":3}}}}"#)).unwrap_err().contains("no layers")
+        );
         assert!(manifest_blobs(&format!(r#"{{"layers":[{{"digest":"{aa}"}}]}}"#)).unwrap_err().contains("no size"));
         // Found by the oci_manifest fuzz target: an empty or malformed digest was listed.
         for bad in ["", "sha256:aa", "sha512:aa", "../../x"] {

@@ -234,10 +234,15 @@ impl Cgroups {
             None => (false, false),
         };
         if self.caps.pids.is_some() && !pids {
-            missing.push("the process cap (--fuse-max-pids): this node has no writable pids cgroup controller".to_string());
+            missing.push(
+                "the process cap (--fuse-max-pids): this node has no writable pids cgroup controller".to_string(),
+            );
         }
         if !self.caps.io.is_empty() && !io {
-            missing.push("the block I/O caps (--fuse-io-max): this node has no writable io (v2) or blkio (v1) cgroup controller".to_string());
+            missing.push(
+                "the block I/O caps (--fuse-io-max): this node has no writable io (v2) or blkio (v1) cgroup controller"
+                    .to_string(),
+            );
         }
         missing
     }
@@ -728,7 +733,11 @@ mod tests {
         };
         let (memory, pids, blkio) = (point("memory"), point("pids"), point("blkio"));
         let caps = Caps { pids: Some(64), io: vec![IoLimit::parse("8:0 wbps=1").unwrap()] };
-        let full = [entry(&memory, "cgroup", "rw,memory"), entry(&pids, "cgroup", "rw,pids"), entry(&blkio, "cgroup", "rw,blkio")];
+        let full = [
+            entry(&memory, "cgroup", "rw,memory"),
+            entry(&pids, "cgroup", "rw,pids"),
+            entry(&blkio, "cgroup", "rw,blkio"),
+        ];
         let c = Cgroups::detect_in(&full, "mh").with_caps(caps.clone());
         assert!(c.unapplied().is_empty(), "{:?}", c.unapplied());
         assert_eq!(c.others.iter().map(|o| (o.pids, o.blkio)).collect::<Vec<_>>(), [(true, false), (false, true)]);

@@ -71,7 +71,9 @@ pub fn dynamic_limits(attrs: &HashMap<String, String>) -> Result<DynamicLimits, 
         let Some(raw) = attrs.get(key) else { return Ok(None) };
         match raw.trim().parse::<u64>() {
             Ok(n) if (1..=max).contains(&n) => Ok(Some(n)),
-            _ => Err(Error::invalid(format!("volume attribute {key} is {}; use an integer from 1 to {max}", shown(raw)))),
+            _ => {
+                Err(Error::invalid(format!("volume attribute {key} is {}; use an integer from 1 to {max}", shown(raw))))
+            }
         }
     };
     Ok(DynamicLimits {
@@ -97,7 +99,9 @@ pub fn dynamic_plugins(attrs: &HashMap<String, String>, own: &str) -> Result<Opt
     let listed = attrs.get(DYNAMIC_PLUGINS_KEY);
     if !dynamic {
         return match DYNAMIC_LIMIT_KEYS.iter().copied().chain([DYNAMIC_PLUGINS_KEY]).find(|k| attrs.contains_key(*k)) {
-            Some(key) => Err(Error::invalid(format!("volume attribute {key} is set but {DYNAMIC_KEY} is not \"true\""))),
+            Some(key) => {
+                Err(Error::invalid(format!("volume attribute {key} is set but {DYNAMIC_KEY} is not \"true\"")))
+            }
             None => Ok(None),
         };
     }

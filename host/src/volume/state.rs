@@ -703,7 +703,10 @@ mod tests {
         let mut s = state(&id);
         store.save(&s).unwrap();
         s.phase = Phase::Staged;
-        s.published.insert("/pods/u/mount".into(), Publication { readonly: true, steps: Vec::new(), dynamic: None, dynamic_limits: Default::default() });
+        s.published.insert(
+            "/pods/u/mount".into(),
+            Publication { readonly: true, steps: Vec::new(), dynamic: None, dynamic_limits: Default::default() },
+        );
         store.save(&s).unwrap();
         assert_eq!(store.load(&id).unwrap(), Some(s.clone()));
         let path = store.path(&id);
@@ -746,7 +749,10 @@ mod tests {
         assert!(!s.can_publish(), "not before stage completed");
         s.phase = Phase::Staged;
         assert!(s.can_publish() && s.can_unstage());
-        s.published.insert("/t".into(), Publication { readonly: false, steps: Vec::new(), dynamic: None, dynamic_limits: Default::default() });
+        s.published.insert(
+            "/t".into(),
+            Publication { readonly: false, steps: Vec::new(), dynamic: None, dynamic_limits: Default::default() },
+        );
         assert!(!s.can_unstage(), "not while published");
     }
 

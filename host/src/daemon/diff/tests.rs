@@ -54,7 +54,17 @@ fn stage(steps: Vec<Step>, published: &[(&str, bool)], process: Option<ProcessId
         steps,
         published: published
             .iter()
-            .map(|(t, ro)| (p(t), Publication { readonly: *ro, steps: vec![bind(STAGING, t, *ro)], dynamic: None, dynamic_limits: Default::default() }))
+            .map(|(t, ro)| {
+                (
+                    p(t),
+                    Publication {
+                        readonly: *ro,
+                        steps: vec![bind(STAGING, t, *ro)],
+                        dynamic: None,
+                        dynamic_limits: Default::default(),
+                    },
+                )
+            })
             .collect(),
         process,
     }
@@ -250,7 +260,14 @@ fn a_target_whose_pod_is_gone_is_skipped_and_the_others_get_everything_they_need
         staging: Root { path: p(STAGING), below: p("/k/plugins/v") },
         host_dirs: vec![],
         steps: vec![tmpfs(STAGING, false)],
-        published: [gone, kept].map(|t| (p(t), Publication { readonly: false, steps: steps(t), dynamic: None, dynamic_limits: Default::default() })).into(),
+        published: [gone, kept]
+            .map(|t| {
+                (
+                    p(t),
+                    Publication { readonly: false, steps: steps(t), dynamic: None, dynamic_limits: Default::default() },
+                )
+            })
+            .into(),
         process: None,
     };
     let gone_targets = [p(gone)].into();
@@ -265,7 +282,11 @@ fn a_target_whose_pod_is_gone_is_skipped_and_the_others_get_everything_they_need
         staging: Root { path: p(STAGING), below: p("/k/plugins/v") },
         host_dirs: vec![],
         steps: vec![tmpfs(STAGING, false)],
-        published: [(p(kept), Publication { readonly: false, steps: steps(kept), dynamic: None, dynamic_limits: Default::default() })].into(),
+        published: [(
+            p(kept),
+            Publication { readonly: false, steps: steps(kept), dynamic: None, dynamic_limits: Default::default() },
+        )]
+        .into(),
         process: None,
     };
     assert_eq!(run(&alone, &[], false).unwrap(), got);

@@ -535,8 +535,14 @@ impl Node {
             self.dynamic_state(volume)?
         };
         let plugin = ask.plugin.clone().unwrap_or_else(|| st.plugin.clone());
-        let mut record =
-            DynamicMount { plugin, parameters: ask.parameters, phase: MountPhase::Pending, reason: None, steps: Vec::new(), bytes: 0 };
+        let mut record = DynamicMount {
+            plugin,
+            parameters: ask.parameters,
+            phase: MountPhase::Pending,
+            reason: None,
+            steps: Vec::new(),
+            bytes: 0,
+        };
         if let Some(again) = self.admit(&st, &id, &record)? {
             return Ok(again);
         }
@@ -555,7 +561,9 @@ impl Node {
             ApiErr::new(
                 503,
                 "unavailable",
-                format!("resolving the mount did not finish within {RESOLVE_WAIT:?} (is the registry reachable?); retry"),
+                format!(
+                    "resolving the mount did not finish within {RESOLVE_WAIT:?} (is the registry reachable?); retry"
+                ),
             )
         })??;
         record.bytes = fetched_bytes(&plan);
@@ -614,7 +622,11 @@ impl Node {
         let volume = &st.volume_id;
         if let Some(m) = st.dynamic.get(id) {
             if m.plugin != record.plugin || m.parameters != record.parameters {
-                return Err(ApiErr::new(409, "conflict", format!("mount {id} exists with other parameters; delete it first")));
+                return Err(ApiErr::new(
+                    409,
+                    "conflict",
+                    format!("mount {id} exists with other parameters; delete it first"),
+                ));
             }
             // A pending mount whose task is gone (its lock wait ended, a bug) starts again.
             if m.phase == MountPhase::Ready || (m.phase == MountPhase::Pending && self.mount_running(volume, id)) {
