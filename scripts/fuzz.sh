@@ -7,7 +7,7 @@
 # Targets live in host/fuzz/fuzz_targets; `scripts/fuzz.sh list` names them. The seed corpus
 # is host/fuzz/corpus/TARGET (in the repository, only read); what the run learns goes to
 # .local/fuzz/corpus/TARGET and crashes to .local/fuzz/artifacts/TARGET/ (re-run one with
-# `scripts/fuzz.sh TARGET 0 .local/fuzz/artifacts/TARGET/crash-...`). FUZZ_PROFILE=dev builds
+# `scripts/fuzz.sh TARGET 0 .local/fuzz/artifacts/TARGET/crash-...`: SECONDS 0 takes input files). FUZZ_PROFILE=dev builds
 # unoptimised (faster to build, slower to run; what .ci/run uses), the default is release.
 # Installs cargo-fuzz with `cargo install --locked` when it is missing.
 set -euo pipefail
@@ -32,11 +32,15 @@ profile=()
 [ "${FUZZ_PROFILE:-release}" = dev ] && profile=(--dev)
 work=.local/fuzz
 mkdir -p "$work/corpus/$target" "$work/artifacts/$target"
+# SECONDS 0: the arguments are inputs (crash files) to run once each, not options.
+if [ "$seconds" = 0 ]; then
+    inputs=()
+    for f in "$@"; do inputs+=("$(realpath "$f")"); done
+    cd host
+    exec cargo fuzz run -s none "${profile[@]}" "$target" "${inputs[@]}" -- -rss_limit_mb=2048 -timeout=10
+fi
 cd host
-# Files given after the options are inputs to run once, not corpus directories.
-runs=()
-[ "$seconds" = 0 ] && runs=(-runs=1)
 exec cargo fuzz run -s none "${profile[@]}" "$target" \
     "../$work/corpus/$target" "fuzz/corpus/$target" -- \
     -max_total_time="$seconds" -artifact_prefix="../$work/artifacts/$target/" -print_final_stats=1 \
-    -rss_limit_mb=2048 -timeout=10 "${runs[@]}" "$@"
+    -rss_limit_mb=2048 -timeout=10 "$@"
