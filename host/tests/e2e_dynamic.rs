@@ -405,6 +405,11 @@ struct PodA<'a> {
 
 /// Run `body` on a [`PodA`] (in the private namespace of the test called `test`).
 fn with_pod_a(test: &str, host_args: &[&str], body: impl AsyncFnOnce(&mut PodA<'_>)) {
+    with_pod_a_ctx(test, host_args, &[], body)
+}
+
+/// [`with_pod_a`], with more attributes on the volume.
+fn with_pod_a_ctx(test: &str, host_args: &[&str], attrs: &[(&str, &str)], body: impl AsyncFnOnce(&mut PodA<'_>)) {
     if !in_private_namespace(test) {
         return;
     }
@@ -413,7 +418,9 @@ fn with_pod_a(test: &str, host_args: &[&str], body: impl AsyncFnOnce(&mut PodA<'
     let node = DynNode::start_with(&registry, host_args);
     run(&node, async || {
         let mut csi = node.node().await;
-        let dir = node.dynamic_volume(&mut csi, PV_A, POD_A, &dynamic_ctx(&base.reference)).await;
+        let mut ctx = dynamic_ctx(&base.reference);
+        ctx.extend(attrs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let dir = node.dynamic_volume(&mut csi, PV_A, POD_A, &ctx).await;
         body(&mut PodA { registry: &registry, base: &base, node: &node, csi, dir }).await
     });
 }
@@ -559,6 +566,186 @@ fn a_pod_that_floods_its_socket_does_not_flood_the_log() {
         assert_eq!(lines.len() - before, flood + 1);
         assert_eq!(skipped as usize + flood, 300, "written and left out: {:?}", lines.last());
         println!("checked: 300 reads, 0 info lines; 300 bad requests, {flood} info lines and {skipped} counted");
+    });
+}
+
+/// A volume's caps on its mounts: the bytes they fetch (a mount that would pass the cap is
+/// answered 507 naming it, with nothing recorded and nothing fetched) and how many there are
+/// (409); a deleted mount makes room again.
+#[test]
+fn a_dynamic_volume_holds_only_what_its_caps_allow() {
+    with_pod_a_ctx(
+        "a_dynamic_volume_holds_only_what_its_caps_allow",
+        &["--dynamic-max-mib=64"],
+        &[("dynamicMaxMiB", "1"), ("dynamicMaxMounts", "2")],
+        async |p| {
+            let a = p.dir.clone();
+            let big = |n: u8| tiny_model(p.registry, &format!("models/big{n}"), "v1", &vec![n; 600 << 10]);
+            let (one, two) = (big(1), big(2));
+            let small = tiny_model(p.registry, "models/small", "v1", b"small weights");
+            mount(&a, "one", &one.reference);
+            let log_from = p.registry.log().len();
+            let (status, v) =
+                call(&a, "POST", "/mounts", Some(json!({"id": "two", "parameters": {"reference": two.reference}})));
+            assert_eq!((status, v["code"].as_str()), (507, Some("resource_exhausted")), "{v}");
+            let m = v["message"].as_str().unwrap();
+            assert!(m.contains("mount two fetches") && m.contains("volume attribute dynamicMaxMiB 1 MiB"), "{m}");
+            // Nothing recorded, nothing fetched: not in the cache, and the registry was never
+            // asked for its weights.
+            assert_eq!(call(&a, "GET", "/mounts/two", None).0, 404);
+            assert!(!two.cached(&p.node.dirs.state, "model.safetensors"));
+            let weights = &two.layer("model.safetensors").digest;
+            assert!(
+                !p.registry.log()[log_from..]
+                    .lines()
+                    .any(|l| l.contains("GET ") && l.contains(&format!("/blobs/{weights}"))),
+                "the registry served the refused weights"
+            );
+            // Under the byte cap but over the count.
+            mount(&a, "small", &small.reference);
+            let (status, v) =
+                call(&a, "POST", "/mounts", Some(json!({"id": "three", "parameters": {"reference": small.reference}})));
+            assert_eq!((status, v["code"].as_str()), (409, Some("too_many_mounts")), "{v}");
+            assert!(v["message"].as_str().unwrap().contains("(volume attribute dynamicMaxMounts 2)"), "{v}");
+            // A deleted mount's bytes and place are free again.
+            assert_eq!(call(&a, "DELETE", "/mounts/one", None).0, 200);
+            mount(&a, "two", &two.reference);
+            assert_eq!(regular_files(&snapshot(&a.join("mounts/two"))), files_of(&two));
+            println!(
+                "checked: 507 past dynamicMaxMiB with nothing fetched, 409 past dynamicMaxMounts, room again after a delete"
+            );
+        },
+    );
+}
+
+/// The whole answer to one request, head and body.
+fn whole_answer(dir: &Path, method: &str, path: &str) -> String {
+    let mut s = connect(dir).unwrap();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: v\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// POST and DELETE come out of a token bucket per volume: past it, 429 with Retry-After
+/// (seconds to the next token) and nothing done; reads are not limited; another volume's
+/// bucket is its own. A volume attribute above the node's cap is refused at publish.
+#[test]
+fn a_dynamic_volume_past_its_rate_gets_429_with_retry_after() {
+    with_pod_a_ctx(
+        "a_dynamic_volume_past_its_rate_gets_429_with_retry_after",
+        &["--dynamic-burst=3"],
+        &[("dynamicRequestsPerMinute", "6")],
+        async |p| {
+            let a = p.dir.clone();
+            for _ in 0..3 {
+                assert_eq!(call(&a, "DELETE", "/mounts/none", None).0, 404);
+            }
+            let answer = whole_answer(&a, "DELETE", "/mounts/none");
+            assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+            let retry: u64 = answer
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("retry-after: ").map(|v| v.trim().parse().unwrap()))
+                .unwrap_or_else(|| panic!("no Retry-After in {answer}"));
+            assert!((1..=10).contains(&retry), "one token every 10 s: {answer}");
+            assert!(
+                answer.contains("too_many_requests")
+                    && answer
+                        .contains("6 POST and DELETE requests a minute (volume attribute dynamicRequestsPerMinute)"),
+                "{answer}"
+            );
+            let (status, v) =
+                call(&a, "POST", "/mounts", Some(json!({"id": "m", "parameters": {"reference": p.base.reference}})));
+            assert_eq!(status, 429, "{v}");
+            assert_eq!(call(&a, "GET", "/mounts/m", None).0, 404, "the refused POST recorded nothing");
+            for _ in 0..20 {
+                assert_eq!(call(&a, "GET", "/mounts", None).0, 200);
+            }
+            // Another volume asks for more than the node allows: refused at publish, by name.
+            let staging = p.node.dirs.staging(PV_B);
+            let mut ctx = dynamic_ctx(&p.base.reference);
+            ctx.insert("dynamicMaxMounts".into(), "100".into());
+            p.csi.node_stage_volume(common::stage_req(PV_B, &staging, &ctx)).await.unwrap();
+            let target = p.node.dirs.target(POD_B, PV_B);
+            for _ in 0..2 {
+                let err = p
+                    .csi
+                    .node_publish_volume(common::publish_req(PV_B, &staging, &target, true, &ctx))
+                    .await
+                    .unwrap_err();
+                assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+                assert!(
+                    err.message().contains(
+                        "volume attribute dynamicMaxMounts is 100, above this node's cap of 64 (--dynamic-max-mounts)"
+                    ),
+                    "{err:?}"
+                );
+            }
+            // Within the cap it is published, with a bucket of its own: full while A's is empty.
+            ctx.insert("dynamicMaxMounts".into(), "8".into());
+            p.csi.node_publish_volume(common::publish_req(PV_B, &staging, &target, true, &ctx)).await.unwrap();
+            for _ in 0..3 {
+                assert_eq!(call(&target, "DELETE", "/mounts/none", None).0, 404);
+            }
+            assert_eq!(call(&a, "DELETE", "/mounts/none", None).0, 429);
+            p.csi
+                .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                    volume_id: PV_B.into(),
+                    target_path: target.display().to_string(),
+                })
+                .await
+                .unwrap();
+            p.csi
+                .node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                    volume_id: PV_B.into(),
+                    staging_target_path: staging.display().to_string(),
+                })
+                .await
+                .unwrap();
+            println!(
+                "checked: 3 requests, then 429 with Retry-After {retry}; reads unlimited; a cap above the node's refused at publish"
+            );
+        },
+    );
+}
+
+/// A POST whose registry never answers plans and resolves without the volume's lock: the
+/// pod's other requests (a mount of another model, a delete) are answered meanwhile.
+#[test]
+fn a_mount_waiting_for_its_registry_holds_no_lock() {
+    let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hole_host = hole.local_addr().unwrap().to_string();
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = held.clone();
+    std::thread::spawn(move || {
+        for c in hole.incoming().flatten() {
+            keep.lock().unwrap().push(c);
+        }
+    });
+    let insecure = format!("--insecure-registry={hole_host}");
+    let grant = format!("--grant=model:host={hole_host}");
+    with_pod_a("a_mount_waiting_for_its_registry_holds_no_lock", &[&insecure, &grant], async |p| {
+        let a = p.dir.clone();
+        let stuck_dir = a.clone();
+        let stuck_ref = format!("{hole_host}/models/never:v1");
+        let stuck = std::thread::spawn(move || {
+            call(&stuck_dir, "POST", "/mounts", Some(json!({"id": "stuck", "parameters": {"reference": stuck_ref}})))
+        });
+        // The registry has the connection: the POST is resolving.
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while held.lock().unwrap().is_empty() {
+            assert!(std::time::Instant::now() < until, "the POST never reached the registry");
+            if stuck.is_finished() {
+                panic!("the POST was answered without reaching the registry: {:?}", stuck.join().unwrap());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let other = tiny_model(p.registry, "models/other", "v1", b"other weights");
+        mount(&a, "other", &other.reference);
+        assert_eq!(call(&a, "DELETE", "/mounts/other", None).0, 200);
+        assert!(!stuck.is_finished(), "the stuck POST is still waiting for its registry");
+        assert_eq!(call(&a, "GET", "/mounts/stuck", None).0, 404, "nothing is recorded while it resolves");
+        println!("checked: a mount and a delete were answered while another POST waited for its registry");
     });
 }
 
