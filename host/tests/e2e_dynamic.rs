@@ -756,3 +756,132 @@ fn volume_key(id: &str) -> String {
 fn libc_erofs() -> i32 {
     nix::errno::Errno::EROFS as i32
 }
+
+/// The flood benchmark (`bench/dynamic-flood.sh`, not part of the suite): volume B's pod
+/// mounts a fresh model (`FLOOD_MIB` MiB of weights, default 8) `FLOOD_ROUNDS` times (default
+/// 7) in each of three conditions, in turn: a quiet node; volume A's pod burning its CPU
+/// without touching its socket (the baseline for what a busy pod costs the node anyway); and
+/// volume A's pod flooding its own socket (`bench/flood.py`, `FLOOD_THREADS` connections,
+/// default 16). A's processes run in a cgroup of one CPU, like a pod's limit, when the v1 cpu
+/// hierarchy is there. It prints the median times, their ratios, the host daemon's CPU time
+/// per second while B mounts under the flood (B's mount included), and what the flooder was
+/// answered.
+#[test]
+#[ignore = "a benchmark: bench/dynamic-flood.sh"]
+fn flood_benchmark() {
+    let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let (rounds, mib, threads) = (env("FLOOD_ROUNDS", 7), env("FLOOD_MIB", 8), env("FLOOD_THREADS", 16));
+    with_pod_a("flood_benchmark", &[], async |p| {
+        let b = p.node.dynamic_volume(&mut p.csi, PV_B, POD_B, &dynamic_ctx(&p.base.reference)).await;
+        let models: Vec<PushedModel> = (0..3 * rounds)
+            .map(|i| {
+                let weights: Vec<u8> =
+                    (0..mib << 20).map(|j| (j as u32).wrapping_mul(2654435761).wrapping_add(i as u32) as u8).collect();
+                tiny_model(p.registry, &format!("models/fresh{i}"), "v1", &weights)
+            })
+            .collect();
+        let cgroup = Path::new("/sys/fs/cgroup/cpu").join(format!("mounthost-bench-flood-{}", std::process::id()));
+        let limited = std::fs::create_dir(&cgroup).is_ok()
+            && std::fs::write(cgroup.join("cpu.cfs_period_us"), "100000").is_ok()
+            && std::fs::write(cgroup.join("cpu.cfs_quota_us"), "100000").is_ok();
+        let flooder = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/flood.py");
+        let host_pid = p.node.host_pid();
+        // The host daemon's CPU time so far (user and system, all its threads).
+        let host_cpu = || {
+            let stat = std::fs::read_to_string(format!("/proc/{host_pid}/stat")).unwrap();
+            let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+            let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+            Duration::from_millis(ticks * 10)
+        };
+        // One mount of B: POST to ready, polled every 2 ms; then deleted (not timed).
+        let time_mount = |i: usize| {
+            let id = format!("m{i}");
+            let started = std::time::Instant::now();
+            let body = json!({"id": id, "parameters": {"reference": models[i].reference}});
+            let (status, v) = call(&b, "POST", "/mounts", Some(body));
+            assert!(matches!(status, 200..=202), "{status} {v}");
+            loop {
+                let (status, v) = call(&b, "GET", &format!("/mounts/{id}"), None);
+                if status == 200 && v["state"] == "ready" {
+                    break;
+                }
+                assert!(v["state"] != "failed" && started.elapsed() < Duration::from_secs(120), "{status} {v}");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let took = started.elapsed();
+            while call(&b, "DELETE", &format!("/mounts/{id}"), None).0 == 429 {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            took
+        };
+        // Volume A's pod: a process in the CPU-limited cgroup; it prints one line when it runs
+        // and one when it ends (SIGTERM).
+        let pod_a = |args: &[&std::ffi::OsStr]| {
+            let mut child = std::process::Command::new("python3")
+                .args(args)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("python3");
+            if limited {
+                std::fs::write(cgroup.join("cgroup.procs"), child.id().to_string()).unwrap();
+            }
+            let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+            std::thread::sleep(Duration::from_secs(1));
+            (child, out)
+        };
+        let stop = |(mut child, mut out): (std::process::Child, std::io::BufReader<std::process::ChildStdout>)| {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM)
+                .unwrap();
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+            child.wait().unwrap();
+            line.trim().to_string()
+        };
+        let burner = "import signal, sys\nsignal.signal(signal.SIGTERM, lambda *_: (print('done', flush=True), sys.exit(0)))\nprint('burning', flush=True)\nwhile True: pass";
+        let (mut quiet, mut busy, mut flooded) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut flood_cpu, mut flood_wall) = (Duration::ZERO, Duration::ZERO);
+        for r in 0..rounds {
+            quiet.push(time_mount(3 * r));
+            let burning = pod_a(&["-c".as_ref(), burner.as_ref()]);
+            busy.push(time_mount(3 * r + 1));
+            stop(burning);
+            let flooding =
+                pod_a(&[flooder.as_ref(), p.dir.as_os_str(), p.base.reference.as_ref(), threads.to_string().as_ref()]);
+            let (cpu0, t0) = (host_cpu(), std::time::Instant::now());
+            flooded.push(time_mount(3 * r + 2));
+            let (cpu1, t1) = (host_cpu(), std::time::Instant::now());
+            let report = stop(flooding);
+            flood_cpu += cpu1 - cpu0;
+            flood_wall += t1 - t0;
+            println!(
+                "bench: round {r}: quiet {:?}, busy {:?}, flooded {:?}, host daemon CPU during that mount (its own work included) {:?}, flooder {report}",
+                quiet[r],
+                busy[r],
+                flooded[r],
+                cpu1 - cpu0
+            );
+        }
+        if limited {
+            let _ = std::fs::remove_dir(&cgroup);
+        }
+        let median = |v: &mut Vec<Duration>| {
+            v.sort();
+            v[v.len() / 2]
+        };
+        let (q, u, f) = (median(&mut quiet), median(&mut busy), median(&mut flooded));
+        let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+        println!(
+            "bench: volume B mounts a fresh {mib} MiB model, median of {rounds}: quiet {q:?}, A busy {u:?}, A flooding {f:?}"
+        );
+        println!(
+            "bench: flooding/quiet {:.2}, busy/quiet {:.2}, flooding/busy {:.2} (target <= 1.20); host daemon CPU {:.2} s per second of a flooded mount (its own work included); A {} with {threads} connections",
+            ratio(f, q),
+            ratio(u, q),
+            ratio(f, u),
+            ratio(flood_cpu, flood_wall),
+            if limited { "in a cgroup of 1 CPU" } else { "unlimited (no v1 cpu hierarchy)" },
+        );
+    });
+}

@@ -165,6 +165,11 @@ impl DynNode {
         *self.host.lock().unwrap() = Some(self.dirs.start_host(&self.args));
     }
 
+    /// The host daemon's pid.
+    pub fn host_pid(&self) -> u32 {
+        self.host.lock().unwrap().as_ref().expect("the host daemon runs").child.id()
+    }
+
     pub fn host_alive(&self) -> bool {
         self.host.lock().unwrap().as_mut().is_some_and(|h| h.child.try_wait().unwrap().is_none())
     }

@@ -36,7 +36,8 @@ pub fn in_private_namespace(test: &str) -> bool {
     let out = Command::new("unshare")
         .args(["--mount", "--propagation", "private", "--"])
         .arg(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        // --include-ignored: a benchmark (`#[ignore]`) asked for by name runs too.
+        .args([test, "--exact", "--test-threads=1", "--nocapture", "--include-ignored"])
         .env(OUTER_NAMESPACE, &mine)
         .output()
         .expect("running unshare (util-linux)");
@@ -44,8 +45,9 @@ pub fn in_private_namespace(test: &str) -> bool {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{test} in its namespace:\n{stdout}\n{stderr}");
     assert!(stdout.contains("1 passed"), "{test} did not run in its namespace:\n{stdout}");
-    // Show what the inner test printed (counts it checked).
-    for line in stdout.lines().chain(stderr.lines()).filter_map(|l| l.find("checked:").map(|i| &l[i..])) {
+    // Show what the inner test printed (counts it checked, a benchmark's numbers).
+    let shown = |l: &str| l.find("checked:").or_else(|| l.find("bench:"));
+    for line in stdout.lines().chain(stderr.lines()).filter_map(|l| shown(l).map(|i| &l[i..])) {
         println!("{line}");
     }
     false

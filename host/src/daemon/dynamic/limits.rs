@@ -1,7 +1,12 @@
-//! The rate limit of one dynamic volume's POST and DELETE requests: a token bucket of `burst`
-//! tokens refilled at `per_minute` tokens a minute. A request takes one token or is answered
-//! 429 with the time until the next one (its `Retry-After`). GETs take none: reading costs the
-//! host a state file read and changes nothing.
+//! The rate limits of one dynamic volume's socket.
+//!
+//! [`Bucket`]: its POST and DELETE requests, a token bucket of `burst` tokens refilled at
+//! `per_minute` tokens a minute. A request takes one token or is answered 429 with the time
+//! until the next one (its `Retry-After`). GETs take none: reading changes nothing.
+//!
+//! [`Pacer`]: every request, whatever it asks, is handled at most at a steady rate after a
+//! burst; one past it waits (the connection is not read meanwhile) rather than being refused,
+//! so a pod that floods its socket slows its own answers and costs the daemon little.
 
 use std::time::{Duration, Instant};
 
@@ -22,13 +27,6 @@ impl Bucket {
         Bucket { tokens: burst.max(1) as f64, at: None, burst: burst.max(1), per_minute: per_minute.max(1) }
     }
 
-    /// Follow a changed configuration (a lower rate, a smaller bucket) from now on.
-    pub fn set_rate(&mut self, burst: u64, per_minute: u64) {
-        self.burst = burst.max(1);
-        self.per_minute = per_minute.max(1);
-        self.tokens = self.tokens.min(self.burst as f64);
-    }
-
     /// Take a token at `now`, or say how long until one is there.
     pub fn take(&mut self, now: Instant) -> Result<(), Duration> {
         let per_second = self.per_minute as f64 / 60.0;
@@ -43,6 +41,36 @@ impl Bucket {
         } else {
             Err(Duration::from_secs_f64((1.0 - self.tokens) / per_second))
         }
+    }
+}
+
+/// Requests of one volume's socket handled per second at most, after a burst of [`PACE_BURST`].
+pub const PACE_PER_SECOND: u32 = 100;
+/// Requests handled at once after a quiet while.
+pub const PACE_BURST: u32 = 200;
+
+/// The pace of one volume's requests (a virtual-time scheduler: each request reserves the
+/// next slot, `1 / per_second` after the one before, and may run up to `burst` slots early).
+#[derive(Debug, Clone)]
+pub struct Pacer {
+    interval: Duration,
+    /// How far ahead of its slot a request may run: `burst - 1` slots.
+    early: Duration,
+    /// The slot the next request gets, unless it comes later.
+    next: Option<Instant>,
+}
+
+impl Pacer {
+    pub fn new(per_second: u32, burst: u32) -> Pacer {
+        let interval = Duration::from_secs(1) / per_second.max(1);
+        Pacer { interval, early: interval * (burst.max(1) - 1), next: None }
+    }
+
+    /// When the request arriving at `now` may be handled: `now`, or later (reserved for it).
+    pub fn slot(&mut self, now: Instant) -> Instant {
+        let slot = self.next.map_or(now, |n| n.max(now));
+        self.next = Some(slot + self.interval);
+        slot.checked_sub(self.early).map_or(now, |at| at.max(now))
     }
 }
 
@@ -72,13 +100,23 @@ mod tests {
     }
 
     #[test]
-    fn a_lower_rate_applies_at_once() {
+    fn a_pacer_lets_a_burst_through_then_spaces_requests() {
         let t0 = Instant::now();
-        let mut b = Bucket::new(10, 600);
-        b.set_rate(2, 6);
-        assert_eq!(b.take(t0), Ok(()));
-        assert_eq!(b.take(t0), Ok(()));
-        let wait = b.take(t0).unwrap_err();
-        assert!((wait.as_secs_f64() - 10.0).abs() < 1e-6, "{wait:?}");
+        let ms = Duration::from_millis;
+        let mut p = Pacer::new(100, 3);
+        for _ in 0..3 {
+            assert_eq!(p.slot(t0), t0);
+        }
+        // Past the burst, one every 10 ms: each later request waits longer.
+        assert_eq!(p.slot(t0), t0 + ms(10));
+        assert_eq!(p.slot(t0), t0 + ms(20));
+        // Arriving on time, it waits no more than its slot.
+        assert_eq!(p.slot(t0 + ms(20)), t0 + ms(30));
+        // A quiet second gives the burst back, and no more.
+        let later = t0 + ms(1000);
+        for _ in 0..3 {
+            assert_eq!(p.slot(later), later);
+        }
+        assert_eq!(p.slot(later), later + ms(10));
     }
 }

@@ -107,8 +107,8 @@ pub struct Dynamic {
     /// sweeper tries again.
     unserved: Mutex<HashMap<String, PathBuf>>,
     tasks: Mutex<HashMap<String, tokio::task::AbortHandle>>,
-    /// Each volume's bucket of POST and DELETE requests.
-    buckets: Mutex<HashMap<String, limits::Bucket>>,
+    /// Each volume's bucket of POST and DELETE requests, with what a refusal says of its rate.
+    buckets: Mutex<HashMap<String, (limits::Bucket, String)>>,
     /// Signalled when a mount reaches a final phase.
     settled: tokio::sync::Notify,
     /// Connections served at once on all sockets of the node.
@@ -680,26 +680,35 @@ impl Node {
     }
 
     /// One token of the volume's POST and DELETE bucket, or 429 with when to retry.
+    ///
+    /// The bucket is made from the volume's record at its first request and kept until the
+    /// socket stops (the limits are the publication's and change only with it), so a request
+    /// past the rate is answered without reading anything: a flood costs the daemon little.
     fn take_request_token(&self, volume: &str) -> Result<(), ApiErr> {
-        let st = self.dynamic_state(volume)?;
-        let limits = self.limits_of(&st);
-        let mut buckets = lock(&self.inner.dynamic.buckets);
-        let bucket = buckets
-            .entry(volume.to_string())
-            .or_insert_with(|| limits::Bucket::new(limits.burst, limits.requests_per_minute));
-        bucket.set_rate(limits.burst, limits.requests_per_minute);
-        bucket.take(std::time::Instant::now()).map_err(|wait| {
-            let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
-            ApiErr::new(
-                429,
-                "too_many_requests",
-                format!(
-                    "this volume takes {} POST and DELETE requests a minute ({}); retry in {secs} s",
+        let now = std::time::Instant::now();
+        let taken = lock(&self.inner.dynamic.buckets)
+            .get_mut(volume)
+            .map(|(b, said)| b.take(now).map_err(|w| (w, said.clone())));
+        let taken = match taken {
+            Some(taken) => taken,
+            None => {
+                let st = self.dynamic_state(volume)?;
+                let limits = self.limits_of(&st);
+                let said = format!(
+                    "this volume takes {} POST and DELETE requests a minute ({})",
                     limits.requests_per_minute,
                     limit_source(&st, crate::volume::request::DYNAMIC_RATE_KEY, "--dynamic-requests-per-minute")
-                ),
-            )
-            .retry_after(secs)
+                );
+                let mut buckets = lock(&self.inner.dynamic.buckets);
+                let (bucket, said) = buckets
+                    .entry(volume.to_string())
+                    .or_insert_with(|| (limits::Bucket::new(limits.burst, limits.requests_per_minute), said));
+                bucket.take(now).map_err(|w| (w, said.clone()))
+            }
+        };
+        taken.map_err(|(wait, said)| {
+            let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+            ApiErr::new(429, "too_many_requests", format!("{said}; retry in {secs} s")).retry_after(secs)
         })
     }
 

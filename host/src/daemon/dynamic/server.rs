@@ -5,7 +5,8 @@
 //! [`MAX_NODE_CONNECTIONS`] on the node (more are closed at accept), request
 //! heads of at most 16 KiB and [`MAX_HEADERS`] headers read within [`HEAD_TIMEOUT`], bodies of
 //! at most [`api::MAX_BODY`] bytes read within [`BODY_TIMEOUT`], a connection open at most
-//! [`CONNECTION_TIMEOUT`]. Every request is logged with the peer's pid, uid and gid (a
+//! [`CONNECTION_TIMEOUT`], and requests handled at most [`PACE_PER_SECOND`] a second after a
+//! burst of [`PACE_BURST`] (one past it waits its turn; see [`Pacer`]). Every request is logged with the peer's pid, uid and gid (a
 //! successful read at debug; the rest at info, at most [`LOG_LINES_PER_SECOND`] lines a second).
 
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{debug, info};
 
 use super::api::{self, ApiError, CreateMount, MountList};
+use super::limits::{PACE_BURST, PACE_PER_SECOND, Pacer};
 use super::{ApiErr, Node};
 use crate::unpriv::unix_http::{self, Bounds, Listener, LogBudget, Peer};
 
@@ -57,9 +59,14 @@ pub async fn run(
         log: log.clone(),
     };
     let name = format!("dynamic socket of volume {volume}");
+    let pacer = Arc::new(std::sync::Mutex::new(Pacer::new(PACE_PER_SECOND, PACE_BURST)));
     let handler = move |peer: Option<Peer>, req: Request<Incoming>| {
-        let (node, volume, log) = (node.clone(), volume.clone(), log.clone());
-        async move { handle(&node, &volume, &log, peer, req).await }
+        let (node, volume, log, pacer) = (node.clone(), volume.clone(), log.clone(), pacer.clone());
+        async move {
+            let at = pacer.lock().unwrap_or_else(|p| p.into_inner()).slot(std::time::Instant::now());
+            tokio::time::sleep_until(at.into()).await;
+            handle(&node, &volume, &log, peer, req).await
+        }
     };
     unix_http::serve(name, listener, relisten, bounds, handler).await
 }
