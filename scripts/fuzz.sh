@@ -34,6 +34,10 @@ work=.local/fuzz
 mkdir -p "$work/corpus/$target" "$work/artifacts/$target"
 # SECONDS 0: the arguments are inputs (crash files) to run once each, not options.
 if [ "$seconds" = 0 ]; then
+    if [ $# -eq 0 ]; then
+        echo "usage: scripts/fuzz.sh TARGET 0 FILE... (SECONDS 0 runs the given inputs once each)" >&2
+        exit 2
+    fi
     inputs=()
     for f in "$@"; do inputs+=("$(realpath "$f")"); done
     cd host

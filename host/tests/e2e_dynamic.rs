@@ -687,7 +687,10 @@ fn a_dynamic_volume_past_its_rate_gets_429_with_retry_after() {
             for _ in 0..3 {
                 assert_eq!(call(&target, "DELETE", "/mounts/none", None).0, 404);
             }
-            assert_eq!(call(&a, "DELETE", "/mounts/none", None).0, 429);
+            // A's bucket is still (nearly) empty: a token every 10 s came back at most once
+            // or twice while B was published, and then A is refused again.
+            let a_answers: Vec<u16> = (0..3).map(|_| call(&a, "DELETE", "/mounts/none", None).0).collect();
+            assert!(a_answers.contains(&429), "A's bucket is its own: {a_answers:?}");
             p.csi
                 .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
                     volume_id: PV_B.into(),

@@ -158,12 +158,19 @@ fn block_device_of(path: &Path) -> String {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::metadata(path).unwrap().dev();
     let own = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
-    if Path::new("/sys/dev/block").join(&own).exists() {
+    let sys = Path::new("/sys/dev/block").join(&own);
+    // A whole disk (I/O limits take no partition): the path's own, the disk of its partition,
+    // or else the first the node has.
+    if sys.exists() && !sys.join("partition").exists() {
         return own;
+    }
+    if sys.join("partition").exists() {
+        return std::fs::read_to_string(sys.join("../dev")).unwrap().trim().to_string();
     }
     let mut all: Vec<String> = std::fs::read_dir("/sys/dev/block")
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|d| !Path::new("/sys/dev/block").join(d).join("partition").exists())
         .collect();
     all.sort();
     all.into_iter().next().expect("a block device")

@@ -115,8 +115,9 @@ pub struct GlobalArgs {
     /// cgroup's io.max (v2) or blkio.throttle.* (v1) (repeatable) [default: none].
     #[arg(long = "fuse-io-max", env = "MOUNTHOST_FUSE_IO_MAX", value_delimiter = ',', value_parser = crate::config::caps::IoLimit::parse, global = true)]
     pub fuse_io_max: Vec<crate::config::caps::IoLimit>,
-    /// Mounts one dynamic volume's pod may hold at once (a volume's dynamicMaxMounts may lower it).
-    #[arg(long, env = "MOUNTHOST_DYNAMIC_MAX_MOUNTS", default_value_t = crate::config::DEFAULT_DYNAMIC_MAX_MOUNTS, value_parser = clap::value_parser!(u64).range(1..=4096), global = true)]
+    /// Mounts one dynamic volume's pod may hold at once, at most 1024 (each takes inodes of the
+    /// volume's 4096-inode tmpfs); a volume's dynamicMaxMounts may lower it.
+    #[arg(long, env = "MOUNTHOST_DYNAMIC_MAX_MOUNTS", default_value_t = crate::config::DEFAULT_DYNAMIC_MAX_MOUNTS, value_parser = clap::value_parser!(u64).range(1..=1024), global = true)]
     pub dynamic_max_mounts: u64,
     /// MiB all of one dynamic volume's mounts may fetch together; a mount that would pass it is
     /// refused before any byte is fetched (a volume's dynamicMaxMiB may lower it) [default: no cap].

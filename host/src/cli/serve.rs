@@ -138,9 +138,17 @@ fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
     cfg.kubelet_dir = Linux::make_root(&cfg.kubelet_dir)?;
     for limit in &cfg.fuse_caps.io {
         let device = limit.device();
-        if !Path::new("/sys/dev/block").join(&device).exists() {
+        let sys = Path::new("/sys/dev/block").join(&device);
+        if !sys.exists() {
             anyhow::bail!(
                 "--fuse-io-max names device {device}, which is not a block device of this node (/sys/dev/block/{device})"
+            );
+        }
+        // The kernel takes I/O limits for whole disks only (a partition's write is ENODEV),
+        // which would fail every volume's stage.
+        if sys.join("partition").exists() {
+            anyhow::bail!(
+                "--fuse-io-max names device {device}, a partition; I/O limits apply to whole disks: name the disk it is on (/sys/dev/block/{device}/../dev)"
             );
         }
     }

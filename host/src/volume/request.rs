@@ -77,7 +77,7 @@ pub fn dynamic_limits(attrs: &HashMap<String, String>) -> Result<DynamicLimits, 
         }
     };
     Ok(DynamicLimits {
-        max_mounts: number(DYNAMIC_MAX_MOUNTS_KEY, 4096)?,
+        max_mounts: number(DYNAMIC_MAX_MOUNTS_KEY, 1024)?,
         max_bytes: number(DYNAMIC_MAX_MIB_KEY, 1 << 30)?.map(|mib| mib << 20),
         requests_per_minute: number(DYNAMIC_RATE_KEY, 60_000)?,
     })
@@ -458,8 +458,9 @@ mod dynamic_tests {
         );
         assert!(dynamic_limits(&attrs(&[("dynamic", "true")])).unwrap().is_default());
         for (key, value, says) in [
-            ("dynamicMaxMounts", "0", "use an integer from 1 to 4096"),
-            ("dynamicMaxMounts", "-1", "use an integer from 1 to 4096"),
+            ("dynamicMaxMounts", "0", "use an integer from 1 to 1024"),
+            ("dynamicMaxMounts", "-1", "use an integer from 1 to 1024"),
+            ("dynamicMaxMounts", "1025", "use an integer from 1 to 1024"),
             ("dynamicMaxMiB", "1.5", "use an integer from 1 to 1073741824"),
             ("dynamicRequestsPerMinute", "lots", "use an integer from 1 to 60000"),
             ("dynamicRequestsPerMinute", "60001", "use an integer from 1 to 60000"),

@@ -56,8 +56,6 @@ use api::{CreateMount, MOUNTS_DIR, MountState, MountView, SOCKET_NAME};
 pub const VOLUME_DIR: &str = "volume";
 /// The source name of the host's tmpfs at a dynamic volume's target.
 pub const TMPFS_SOURCE: &str = "mounthost-dynamic";
-/// Mounts one volume may hold.
-pub const MAX_MOUNTS: usize = 64;
 /// The reserved keys the resolution of a dynamic mount's `resolve` step is passed under.
 pub const RESOLVED_REFERENCE: &str = "mounthost.resolved.reference";
 pub const RESOLVED_MANIFEST_DIGEST: &str = "mounthost.resolved.manifestDigest";
@@ -656,8 +654,7 @@ impl Node {
             .dynamic
             .iter()
             .filter(|(other, m)| other.as_str() != id && m.phase != MountPhase::Failed)
-            .map(|(_, m)| m.bytes)
-            .sum();
+            .fold(0u64, |sum, (_, m)| sum.saturating_add(m.bytes));
         if others.saturating_add(record.bytes) > max {
             return Err(ApiErr::new(
                 507,
@@ -901,8 +898,12 @@ impl Node {
         let plan = match planned {
             Some(plan) => plan,
             None => {
+                // Planned again (a restarted daemon): the tag may name a larger artifact now.
                 let p = self.planning(&st, id, &m).await?;
-                self.full_plan(&p, volume, &m).await?
+                let plan = self.full_plan(&p, volume, &m).await?;
+                let again = DynamicMount { bytes: fetched_bytes(&plan), ..m.clone() };
+                self.check_bytes(&st, id, &again).map_err(|e| Error::new(ErrorKind::ResourceExhausted, e.message))?;
+                plan
             }
         };
         if let Some(first) = plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. })) {
