@@ -221,7 +221,7 @@ if [ "$have_mounthost" = 1 ]; then
     # `$!` is mounthost's own pid and the clean-up stops it.
     # Its download module logs one JSON line per blob (when all bytes were received, hashed
     # and stored), read back after the runs.
-    "$mounthost" --state-dir "$work/mh" --log warn,mounthost::exec::oci::download=debug --log-format json \
+    "$mounthost" --state-dir "$work/mh" --log warn,mounthost::oci::download=debug --log-format json \
         local --no-demo --insecure-registry "$host" >"$work/local.log" 2>&1 &
     local_pid=$!
     for _ in $(seq 300); do [ -S "$work/mh/csi.sock" ] && break; sleep 0.1; done

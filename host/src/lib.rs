@@ -13,6 +13,7 @@ pub mod error;
 pub mod exec;
 pub mod front;
 pub mod metrics;
+pub mod oci;
 pub mod plan;
 pub mod plugin;
 pub mod proto;

@@ -816,7 +816,7 @@ fn interrupted_pull(test: &str, how: Interruption) {
             // Resumed, not restarted: at most what the design lets a kill lose again (progress
             // not yet saved, buffers and writes in flight) plus what sat in the sockets.
             let refetched = total.saturating_sub(blobs);
-            let bound = mounthost::exec::oci::MAX_REFETCH + (4 << 20);
+            let bound = mounthost::oci::MAX_REFETCH + (4 << 20);
             assert!(
                 refetched <= bound && refetched < before,
                 "resumed: {total} bytes through the relay for {blobs} bytes of blobs ({before} before the \

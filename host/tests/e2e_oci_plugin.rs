@@ -17,7 +17,7 @@ use common::{
     NodeDirs, Proc, guarded, in_private_namespace, mounts_below, publish_req, stage_req, strip_ansi, wait_ready,
 };
 use mounthost::config::Config;
-use mounthost::exec::oci::{Artifacts, Credentials, PluginPull, RegistryConfig, push_plugin};
+use mounthost::oci::{Artifacts, Credentials, PluginPull, RegistryConfig, push_plugin};
 use mounthost::plan::oci_ref::OciRef;
 use mounthost::plugin::PluginRuntime;
 use mounthost::plugin::cache::Obtained;

@@ -1,4 +1,4 @@
-//! The OCI cache and puller (`mounthost::exec::oci`) against a real `docker-registry`
+//! The OCI cache and puller (`mounthost::oci`) against a real `docker-registry`
 //! (`common::registry`): resolve, download and verify, single flight, a corrupted blob, a
 //! registry killed mid-download, TLS with and without the CA, htpasswd, a full disk.
 
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::registry::{Class, ModelBuilder, Packing, PushedModel, Registry, RegistryOptions, random_file};
-use mounthost::exec::oci::{Artifacts, BlobRef, Credentials, Ensure, OciError, RegistryConfig, Source};
+use mounthost::oci::{Artifacts, BlobRef, Credentials, Ensure, OciError, RegistryConfig, Source};
 use mounthost::plan::Archive;
 use sha2::{Digest, Sha256};
 
@@ -21,14 +21,14 @@ fn runtime() -> tokio::runtime::Runtime {
 struct Cache {
     _dir: tempfile::TempDir,
     root: PathBuf,
-    a: Artifacts,
+    a: std::sync::Arc<Artifacts>,
 }
 
 fn cache(cfg: RegistryConfig) -> Cache {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
     let a = Artifacts::new(root.join("cache"), cfg).unwrap();
-    Cache { _dir: dir, root, a }
+    Cache { _dir: dir, root, a: std::sync::Arc::new(a) }
 }
 
 fn plain(reg: &Registry) -> RegistryConfig {
@@ -127,6 +127,7 @@ fn a_model_is_resolved_pulled_verified_and_assembled_and_a_second_ensure_fetches
     let below = c.root.join("vol");
     std::fs::create_dir(&below).unwrap();
     let dest = below.join("model");
+    let asm = mounthost::exec::artifacts::Assembler::new(c.a.clone());
     for layer in &model.layers {
         let format = match layer.media_type.rsplit('.').next().unwrap() {
             "tar" => Archive::Tar,
@@ -135,8 +136,8 @@ fn a_model_is_resolved_pulled_verified_and_assembled_and_a_second_ensure_fetches
             _ => Archive::Raw,
         };
         let to = if format == Archive::Raw { dest.join(&layer.filepath) } else { dest.clone() };
-        c.a.assemble(&layer.descriptor.digest, format, &to, &below).unwrap();
-        c.a.assemble(&layer.descriptor.digest, format, &to, &below).unwrap();
+        asm.assemble(&layer.descriptor.digest, format, &to, &below).unwrap();
+        asm.assemble(&layer.descriptor.digest, format, &to, &below).unwrap();
     }
     for (path, sha, size) in &model.files {
         let file = dest.join(path);

@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
             assert!(mounthost_plugin_model::manifest::check_file_path(&layer.path).is_ok(), "{layer:?}");
         }
     }
-    if let Ok(layer) = mounthost::exec::oci::fuzzing::plugin_layer(manifest) {
+    if let Ok(layer) = mounthost::oci::fuzzing::plugin_layer(manifest) {
         assert!(layer.digest.starts_with("sha256:"), "{layer:?}");
     }
     if let Ok(blobs) = mounthost::daemon::cache::manifest_blobs(manifest) {

@@ -1,5 +1,5 @@
 //! `mounthost plugin push FILE REF`: publish a plugin to an OCI registry as an artifact of its
-//! own type (`exec::oci::push`), and print the reference pinned by the manifest digest that a
+//! own type (`oci::push`), and print the reference pinned by the manifest digest that a
 //! StorageClass's `plugin` parameter takes:
 //!
 //! ```text
@@ -23,7 +23,7 @@ use clap::Args;
 
 use super::plugin::CliError;
 use crate::config::Config;
-use crate::exec::oci::{Credentials, RegistryConfig, credentials_from_docker_config, push_plugin};
+use crate::oci::{Credentials, RegistryConfig, credentials_from_docker_config, push_plugin};
 use crate::plan::oci_ref::OciRef;
 use crate::plugin::PluginRuntime;
 use crate::plugin::pulled::{MAX_PULLED_BYTES, NAME_ANNOTATION, SCHEME, VERSION_ANNOTATION};
@@ -60,10 +60,9 @@ fn usage(message: String) -> CliError {
 pub async fn run(cfg: &Config, runtime: &PluginRuntime, args: PushArgs) -> Result<String, CliError> {
     let raw = args.reference.strip_prefix(SCHEME).unwrap_or(&args.reference);
     // A reference is no place for credentials, but one written with them is not echoed.
-    let shown = crate::exec::oci::redact(&format!("{SCHEME}{raw}"));
+    let shown = crate::oci::redact(&format!("{SCHEME}{raw}"));
     let shown = shown.strip_prefix(SCHEME).unwrap_or(&shown).to_string();
-    let target =
-        OciRef::parse(raw).map_err(|e| usage(crate::exec::oci::redact(&format!("reference {shown:?}: {e}"))))?;
+    let target = OciRef::parse(raw).map_err(|e| usage(crate::oci::redact(&format!("reference {shown:?}: {e}"))))?;
     if target.digest().is_some() {
         return Err(usage(format!(
             "reference {raw:?}: push to REGISTRY/REPOSITORY[:TAG]; the digest is what the push prints"

@@ -10,9 +10,9 @@ use crate::daemon::Node;
 use crate::exec::Linux;
 use crate::exec::cgroup::Cgroups;
 use crate::exec::instance::{self, Claim, StateDirLock};
-use crate::exec::oci::{Artifacts, PluginPull, RegistryConfig};
 use crate::front::provision::Controller;
 use crate::front::{self, Mode};
+use crate::oci::{Artifacts, PluginPull, RegistryConfig};
 use crate::plugin::PluginRuntime;
 
 /// Arguments of `mounthost csi`.

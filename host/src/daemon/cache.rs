@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::Node;
 use super::pull::oci_error;
 use crate::error::Error;
-use crate::exec::oci::{BlobRef, CachedBlob, Ensure, Progress};
+use crate::oci::{BlobRef, CachedBlob, Ensure, Progress};
 use crate::plan::{RegistryAuth, Step};
 use crate::secrets::Secrets;
 
@@ -182,7 +182,7 @@ fn complete(blobs: &[BlobRef]) -> Progress {
         total_bytes: total,
         blobs: blobs
             .iter()
-            .map(|b| crate::exec::oci::BlobProgress { digest: b.digest.clone(), done: b.size, total: b.size })
+            .map(|b| crate::oci::BlobProgress { digest: b.digest.clone(), done: b.size, total: b.size })
             .collect(),
     }
 }

@@ -73,7 +73,9 @@ struct Inner {
     /// Publish plans by a digest of their inputs (see `publish.rs`).
     plans: std::sync::Mutex<std::collections::HashMap<[u8; 32], wit::Plan>>,
     /// The node's OCI blob cache and its downloads (see `pull.rs`).
-    artifacts: Arc<crate::exec::oci::Artifacts>,
+    artifacts: Arc<crate::oci::Artifacts>,
+    /// Unpacks and links the cache's blobs into volumes (the executor's side of the cache).
+    assembler: Arc<crate::exec::artifacts::Assembler>,
     /// Dynamic volumes' servers and mounts in progress (see `dynamic`).
     dynamic: dynamic::Dynamic,
     /// FUSE ids chosen for stages in flight (see `fuse_ids`).
@@ -94,9 +96,10 @@ impl Node {
         // under the state directory are computed by the daemon itself.
         let roots = Roots::new([config.kubelet_dir.clone()]);
         let boot_id = exec.boot().map_err(|e| Error::internal(format!("reading the boot id: {e}")))?.id;
-        let registries = crate::exec::oci::RegistryConfig::of(&config.registries);
-        let artifacts = crate::exec::oci::Artifacts::new(config.state_dir.join("cache"), registries)
+        let registries = crate::oci::RegistryConfig::of(&config.registries);
+        let artifacts = crate::oci::Artifacts::new(config.state_dir.join("cache"), registries)
             .map_err(|e| Error::precondition(format!("setting up the OCI blob cache: {e}")))?;
+        let artifacts = Arc::new(artifacts);
         Ok(Node {
             inner: Arc::new(Inner {
                 config,
@@ -109,7 +112,8 @@ impl Node {
                 backoff: Default::default(),
                 spawned: Default::default(),
                 plans: Default::default(),
-                artifacts: Arc::new(artifacts),
+                assembler: crate::exec::artifacts::Assembler::new(artifacts.clone()),
+                artifacts,
                 dynamic: Default::default(),
                 fuse_claims: Default::default(),
                 fuse_tmpfs: Default::default(),
@@ -129,7 +133,7 @@ impl Node {
     }
 
     /// The node's OCI blob cache.
-    pub fn artifacts(&self) -> &Arc<crate::exec::oci::Artifacts> {
+    pub fn artifacts(&self) -> &Arc<crate::oci::Artifacts> {
         &self.inner.artifacts
     }
 
@@ -236,8 +240,8 @@ impl Node {
     }
 
     /// Plugins selected by OCI reference are pulled through the node's blob cache.
-    fn puller(&self) -> crate::exec::oci::PluginPull {
-        crate::exec::oci::PluginPull::new(self.inner.artifacts.clone(), None)
+    fn puller(&self) -> crate::oci::PluginPull {
+        crate::oci::PluginPull::new(self.inner.artifacts.clone(), None)
     }
 
     /// Policy over a plugin's plan, plus: every secret it references must be in the request.

@@ -350,7 +350,7 @@ impl Node {
                 let below = dirs.host_dirs().into_iter().find(|d| dest.starts_with(d)).ok_or_else(|| {
                     Error::internal(format!("unpack into {} outside the volume's cache", dest.display()))
                 })?;
-                self.inner.artifacts.assemble(digest, *format, dest, &below).map_err(|e| io_error(e, dest))?;
+                self.inner.assembler.assemble(digest, *format, dest, &below).map_err(|e| io_error(e, dest))?;
                 Ok(None)
             }
             Step::Socket { path } => {

@@ -4,7 +4,7 @@
 //! reference (manifest and config, over the distribution protocol, from a registry the policy
 //! granted) and calls the planner again with what it found; that plan carries the same
 //! `resolve` step, a `fetch-blob` step per blob and the steps that use them. Before anything
-//! is executed, every blob must be in the node's cache ([`crate::exec::oci`]):
+//! is executed, every blob must be in the node's cache ([`crate::oci`]):
 //!
 //! - all there: the plan runs like any other (unpack links files from the cache);
 //! - some missing: their downloads start (or keep going) in the host, and the stage answers
@@ -23,7 +23,8 @@ use std::collections::BTreeMap;
 use super::Node;
 use super::stage::StageAsk;
 use crate::error::Error;
-use crate::exec::oci::{BlobRef, Credentials, Ensure, OciError, Prepared, Progress, Source};
+use crate::exec::artifacts::Prepared;
+use crate::oci::{BlobRef, Credentials, Ensure, OciError, Progress, Source};
 use crate::plan::oci_ref::OciRef;
 use crate::plan::policy::Operation;
 use crate::plan::{Plan, RegistryAuth, Step};
@@ -127,7 +128,7 @@ impl Node {
         let mut working = 0;
         for step in &plan.steps {
             if let Step::Unpack { digest, format, .. } = step {
-                match self.inner.artifacts.prepare(digest, *format) {
+                match self.inner.assembler.prepare(digest, *format) {
                     Prepared::Ready => {}
                     Prepared::Working => working += 1,
                     Prepared::Failed(e) => {
@@ -213,7 +214,7 @@ impl Node {
                 Credentials::Basic { username: secret(username_key)?, password: secret(password_key)? }
             }
             RegistryAuth::Token(key) => Credentials::Bearer(secret(key)?),
-            RegistryAuth::DockerConfig(key) => crate::exec::oci::credentials_from_docker_config(&secret(key)?, reached)
+            RegistryAuth::DockerConfig(key) => crate::oci::credentials_from_docker_config(&secret(key)?, reached)
                 .map_err(|e| oci_error(e, reference))?,
         })
     }

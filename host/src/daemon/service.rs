@@ -287,7 +287,7 @@ impl Host for HostService {
 }
 
 /// Progress as the cache RPCs send it.
-fn blob_pulls(p: &crate::exec::oci::Progress) -> Vec<BlobPull> {
+fn blob_pulls(p: &crate::oci::Progress) -> Vec<BlobPull> {
     p.blobs.iter().map(|b| BlobPull { digest: b.digest.clone(), done_bytes: b.done, total_bytes: b.total }).collect()
 }
 

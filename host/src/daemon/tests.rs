@@ -1345,7 +1345,7 @@ async fn a_record_of_a_newer_schema_is_refused_left_as_it_is_and_the_others_serv
 /// the volume asked for plain HTTP itself.
 #[tokio::test]
 async fn a_node_mirror_gets_only_its_own_credentials_and_plain_http_only_without_them() {
-    use crate::exec::oci::Credentials;
+    use crate::oci::Credentials;
     use crate::plan::{RegistryAuth, Step};
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::new(std::fs::canonicalize(dir.path()).unwrap().join("state"));

@@ -7,6 +7,7 @@
 //! the pipeline in unit tests. Paths below the daemon's anchors are resolved without following
 //! symbolic links ([`beneath`]).
 
+pub mod artifacts;
 pub mod beneath;
 pub mod cgroup;
 pub mod executor;
@@ -15,7 +16,6 @@ pub mod instance;
 pub mod linux;
 pub mod mount;
 pub mod mountinfo;
-pub mod oci;
 pub mod process;
 pub mod recording;
 

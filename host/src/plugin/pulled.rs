@@ -1,7 +1,7 @@
 //! Plugins selected by OCI reference: `plugin: oci://registry/repository@sha256:<manifest>`.
 //!
 //! The runtime has no effects, so the registry is reached through a [`PluginPuller`] its owner
-//! supplies (`exec::oci::PluginPull`, the node's OCI blob cache: the same client, TLS, proxy,
+//! supplies (`oci::PluginPull`, the node's OCI blob cache: the same client, TLS, proxy,
 //! plain-HTTP and credential rules as model artifacts). What this module adds is pure:
 //!
 //! - the reference's form: pinned by the manifest digest, or a tag only where the host allows

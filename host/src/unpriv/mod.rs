@@ -11,4 +11,5 @@ pub mod metrics_http;
 pub mod plugin_files;
 pub mod private_files;
 pub mod socket;
+pub mod sys;
 pub mod unix_http;

@@ -40,8 +40,9 @@ use super::Node;
 use super::diff::{Desired, Root};
 use super::pipeline::{Job, Persist};
 use crate::error::{Error, ErrorKind};
-use crate::exec::oci::{Ensure, Prepared};
+use crate::exec::artifacts::Prepared;
 use crate::exec::{FileId, FileKind};
+use crate::oci::Ensure;
 use crate::plan::policy::{Operation, RESERVED_ATTRIBUTE_PREFIX};
 use crate::plan::{MountOption, Plan, Step};
 use crate::plugin::bindings::types as wit;
@@ -937,7 +938,7 @@ impl Node {
         &self,
         volume: &str,
         id: &str,
-        source: &crate::exec::oci::Source,
+        source: &crate::oci::Source,
         plan: &Plan,
         reference: &str,
     ) -> Result<(), Error> {
@@ -960,7 +961,7 @@ impl Node {
         for step in &plan.steps {
             if let Step::Unpack { digest, format, .. } = step {
                 loop {
-                    match self.inner.artifacts.prepare(digest, *format) {
+                    match self.inner.assembler.prepare(digest, *format) {
                         Prepared::Ready => break,
                         Prepared::Working => tokio::time::sleep(PULL_TICK).await,
                         Prepared::Failed(e) => return Err(oci(e)),

@@ -1,15 +1,17 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use super::super::{Artifacts, Prepared, RegistryConfig};
+use super::super::{Assembler, Prepared};
 use super::*;
+use crate::oci::{Artifacts, RegistryConfig};
 use crate::plan::Archive;
 
 /// An empty cache with `blob` stored in it (as a download leaves it: 0444), and a volume
 /// directory to assemble into.
-fn cache_with(blob: &[u8]) -> (tempfile::TempDir, Artifacts, String, PathBuf) {
+fn cache_with(blob: &[u8]) -> (tempfile::TempDir, Arc<Assembler>, String, PathBuf) {
     let (t, root) = tempdir();
-    let a = Artifacts::new(root.join("cache"), RegistryConfig::default()).unwrap();
+    let a = Assembler::new(Arc::new(Artifacts::new(root.join("cache"), RegistryConfig::default()).unwrap()));
     let digest = sha256(blob);
     let path = root.join("cache/blobs/sha256").join(digest.trim_start_matches("sha256:"));
     std::fs::write(&path, blob).unwrap();
@@ -124,7 +126,7 @@ fn another_filesystem_gets_a_copy() {
 }
 
 /// `prepare` until it stops answering `Working` (30 s at most).
-fn prepared(a: &Artifacts, digest: &str, format: Archive) -> Prepared {
+fn prepared(a: &Arc<Assembler>, digest: &str, format: Archive) -> Prepared {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         match a.prepare(digest, format) {
@@ -223,7 +225,7 @@ fn two_daemons_unpacking_the_same_layer_at_once_both_succeed() {
     let big = TarOf::new().file("w.bin", &vec![5u8; 8 << 20]).bytes();
     let (_t, a, digest, root) = cache_with(&big);
     // A second cache on the same directory: digest locks are per process.
-    let b = Artifacts::new(root.join("cache"), RegistryConfig::default()).unwrap();
+    let b = Assembler::new(Arc::new(Artifacts::new(root.join("cache"), RegistryConfig::default()).unwrap()));
     std::fs::create_dir(root.join("vol2")).unwrap();
     let (va, vb) = (root.join("vol"), root.join("vol2"));
     std::thread::scope(|s| {

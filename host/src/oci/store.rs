@@ -30,13 +30,13 @@ use super::error::OciError;
 
 /// The cache's directories.
 #[derive(Debug, Clone)]
-pub(super) struct Store {
+pub struct Store {
     root: PathBuf,
 }
 
 /// One cached digest as found on disk.
 #[derive(Debug, Clone)]
-pub(super) struct OnDisk {
+pub struct OnDisk {
     pub hex: String,
     /// The blob's size (0 when only its tree is left).
     pub blob_bytes: u64,
@@ -49,7 +49,7 @@ pub(super) struct OnDisk {
 }
 
 /// The hex part of a `sha256:<64 hex>` digest.
-pub(super) fn hex_of(digest: &str) -> Result<&str, OciError> {
+pub fn hex_of(digest: &str) -> Result<&str, OciError> {
     match digest.strip_prefix("sha256:") {
         Some(hex) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) => {
             Ok(hex)
@@ -293,7 +293,7 @@ fn tree_usage(path: &Path) -> io::Result<(u64, bool)> {
 
 /// Remove a tree of the cache (read-only directories included): renamed aside first, so it
 /// disappears at once, then emptied. A missing one is fine.
-pub(super) fn remove_tree(path: &Path) -> io::Result<()> {
+pub fn remove_tree(path: &Path) -> io::Result<()> {
     let meta = match path.symlink_metadata() {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         other => other?,

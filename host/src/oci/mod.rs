@@ -7,9 +7,8 @@
 //! So [`Artifacts::ensure`] never waits: it says which blobs are there and starts one background
 //! download per missing digest, node-wide, shared by every volume asking for it; the CSI call
 //! returns a retriable error while the pull goes on, and the next call finds it further along
-//! ([`Artifacts::progress`]) or done. [`Artifacts::prepare`] likewise unpacks a layer once into
-//! a read-only tree in the background, and [`Artifacts::assemble`] hardlinks the tree into a
-//! volume. Because the cache is shared, [`Artifacts::authorize`] first makes a source prove to
+//! ([`Artifacts::progress`]) or done. The executor (`exec::artifacts`) then unpacks a layer
+//! once into a read-only tree of this store and hardlinks the tree into a volume. Because the cache is shared, [`Artifacts::authorize`] first makes a source prove to
 //! the registry that it may read the blobs the cache already holds. Layout, verification,
 //! resume and eviction: `docs/model-cache.md`.
 //!
@@ -17,7 +16,6 @@
 //! verified against the system roots plus an optional CA bundle, plain HTTP only to hosts the
 //! node lists as insecure, an optional proxy.
 
-mod assemble;
 mod auth;
 mod authorize;
 mod cache;
@@ -25,19 +23,17 @@ mod download;
 mod error;
 mod flight;
 mod follower;
-mod link;
 mod plugin;
 mod pulls;
 mod push;
 mod registry;
 mod segments;
 mod store;
-mod unpack;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -49,12 +45,10 @@ pub use error::{OciError, redact};
 #[doc(hidden)]
 pub mod fuzzing {
     pub use super::plugin::plugin_layer;
-    pub use super::unpack::unpack;
 }
 pub use plugin::PluginPull;
 pub use push::{PushedPlugin, push_plugin};
-
-use crate::plan::Archive;
+pub use store::{Store, hex_of, remove_tree};
 
 /// The node's registry settings (from the daemon's configuration).
 #[derive(Clone, Default)]
@@ -161,18 +155,6 @@ pub struct BlobProgress {
     pub total: u64,
 }
 
-/// What [`Artifacts::prepare`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Prepared {
-    /// [`Artifacts::assemble`] will only link: the tree is there (or the blob is raw).
-    Ready,
-    /// The layer is being unpacked (in the background).
-    Working,
-    /// The unpack failed (a refused or corrupt archive, a full disk, the blob gone). Reported
-    /// once; the next `prepare` starts over.
-    Failed(OciError),
-}
-
 /// What [`Artifacts::ensure`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ensure {
@@ -277,26 +259,16 @@ impl Artifacts {
         self.core.forget(volume)
     }
 
-    /// Get the blob `digest` ready for [`Artifacts::assemble`] without waiting: for the tar
-    /// formats, start unpacking it into the cache's tree on a thread of its own (once per
-    /// digest on the node, whoever asks) and say how far it is; a raw blob is `Ready` at once.
-    /// Call it again until `Ready`. The blob must be in the cache (after `Ensure::Ready`).
-    pub fn prepare(&self, digest: &str, format: Archive) -> Prepared {
-        match self.core.prepare(digest, format) {
-            Prepared::Failed(e) => Prepared::Failed(e.redacted()),
-            other => other,
-        }
+    /// The store on disk, for the executor's unpacking and linking (`exec::artifacts`), which
+    /// holds [`Artifacts::digest_lock`] while it writes a digest's tree.
+    pub fn store(&self) -> &Store {
+        &self.core.store
     }
 
-    /// Put the blob `digest` at `dest` (blocking): for `Raw`, `dest` is the file, a hardlink to
-    /// the blob; for the tar formats, every file of the cache's read-only tree for the blob is
-    /// hardlinked into the directory `dest` (copied when `dest` is on another filesystem); the
-    /// tree is unpacked first if [`Artifacts::prepare`] has not made it (that can take long).
-    /// `dest` lies below the directory `below` and is resolved without following symbolic
-    /// links; missing directories are created, and temporary names an interrupted assemble left
-    /// there are removed. Idempotent.
-    pub fn assemble(&self, digest: &str, format: Archive, dest: &Path, below: &Path) -> io::Result<()> {
-        self.core.assemble(digest, format, dest, below)
+    /// The lock of one digest: held while its tree is unpacked or linked into a volume, and
+    /// tried by [`Artifacts::prune`], which leaves a held digest alone.
+    pub fn digest_lock(&self, hex: &str) -> Arc<std::sync::Mutex<()>> {
+        self.core.digest_lock(hex)
     }
 
     /// The bytes of the cached blob `digest`, hashed again; `None` when the cache does not hold
@@ -382,4 +354,4 @@ impl Artifacts {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -116,7 +116,7 @@ impl OciError {
     }
 
     /// A local I/O failure at `path`; ENOSPC becomes [`OciError::DiskFull`].
-    pub(super) fn local(path: &std::path::Path, e: &io::Error, reference: &str, digest: &str) -> OciError {
+    pub fn local(path: &std::path::Path, e: &io::Error, reference: &str, digest: &str) -> OciError {
         if e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error())
             || e.kind() == io::ErrorKind::StorageFull
             || e.raw_os_error() == Some(rustix::io::Errno::DQUOT.raw_os_error())
@@ -132,7 +132,7 @@ impl OciError {
 
     /// The same error with every URL in its text stripped of query, fragment and userinfo
     /// ([`redact`]): applied where an error leaves the cache, whatever built it.
-    pub(super) fn redacted(self) -> OciError {
+    pub fn redacted(self) -> OciError {
         let r = |s: String| redact(&s);
         match self {
             OciError::Tls { registry, detail, hint, plain_http } => {

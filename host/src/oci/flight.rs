@@ -6,15 +6,15 @@
 //! waits: a volume that stops waiting (unstaged, or an operator's `cache pull` interrupted) only
 //! leaves the list of waiters, and whoever asks next finds the blob done or still coming.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::cache::Core;
+use super::cache::{Core, Flight, Inner, State, Stopped};
 use super::download::{Blob, Live, download};
 use super::error::OciError;
-use super::pulls::{Pulls, Sight};
+use super::pulls::Sight;
 use super::registry::{Endpoint, Scope, host_of};
 use super::store::hex_of;
 use super::{BlobProgress, BlobRef, Ensure, Progress, Source};
@@ -23,52 +23,10 @@ use super::{BlobProgress, BlobRef, Ensure, Progress, Source};
 /// broke mid-blob); a failure without progress ends the flight at once.
 const RETRIES: u32 = 3;
 
-/// The map behind the lock.
-#[derive(Default)]
-pub(super) struct Inner {
-    /// Downloads running or failed-not-yet-reported, by hex digest.
-    pub flights: HashMap<String, Flight>,
-    /// What each volume asked for (kept until it is forgotten).
-    pub volumes: BTreeMap<String, Vec<BlobRef>>,
-    /// The last transient failure of a digest's download and the bytes it left on disk
-    /// (cleared when a download of it succeeds or fails for good).
-    transient: HashMap<String, Stopped>,
-    /// What each waiter's pull has seen, for the metrics.
-    pulls: Pulls,
-}
-
-/// A download stopped by a transient failure: no new one starts before `retry_at`, so a
-/// caller that asks every few milliseconds (a dynamic mount, a warm-up) does not hammer a
-/// registry that answers 429 or 5xx.
-struct Stopped {
-    error: String,
-    kept: u64,
-    failures: u32,
-    retry_at: std::time::Instant,
-}
-
 /// The wait after the first transient failure of a download; doubled with each further one.
 const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
 /// The longest wait between two attempts.
 const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
-
-pub(super) struct Flight {
-    live: Arc<Live>,
-    state: State,
-    /// Volumes waiting for it.
-    waiters: BTreeSet<String>,
-    /// Whose credentials it downloads with.
-    pub scope: Scope,
-}
-
-enum State {
-    Running,
-    /// Failed for good; each volume in `unreported` still has to be told.
-    Failed {
-        error: OciError,
-        unreported: BTreeSet<String>,
-    },
-}
 
 impl Core {
     pub fn ensure(self: &Arc<Self>, volume: &str, src: &Source, blobs: &[BlobRef]) -> Ensure {

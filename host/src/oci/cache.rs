@@ -1,6 +1,6 @@
 //! The cache's shared state ([`Core`]): the store on disk, the registries' clients, the map of
-//! downloads in flight and of the volumes waiting, what each source was proven to read, the
-//! unpacks in progress, and eviction over all of them.
+//! downloads in flight and of the volumes waiting, what each source was proven to read, and
+//! eviction over all of them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
@@ -8,9 +8,9 @@ use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::assemble::Unpack;
+use super::download::Live;
 use super::error::OciError;
-use super::flight::Inner;
+use super::pulls::Pulls;
 use super::registry::{Registries, Scope};
 use super::store::{Store, hex_of};
 use super::{BlobRef, CachedBlob, Pruned, RegistryConfig};
@@ -31,9 +31,6 @@ pub(super) struct Core {
     /// (scope, hex digest) pairs a registry let read: by a `HEAD` of `authorize`, or by a
     /// download. Kept for the process's lifetime (emptied past [`MAX_PROVEN`] entries).
     proven: Mutex<HashSet<(Scope, String)>>,
-    /// Unpacks that [`super::Artifacts::prepare`] started, by hex digest: running, or failed
-    /// and not yet reported.
-    pub unpacks: Mutex<HashMap<String, Unpack>>,
 }
 
 /// Proofs kept before the set is emptied (each costs one request again).
@@ -61,7 +58,6 @@ impl Core {
             handle: tokio::runtime::Handle::try_current().ok(),
             digest_locks: Mutex::new(HashMap::new()),
             proven: Mutex::new(HashSet::new()),
-            unpacks: Mutex::new(HashMap::new()),
         })
     }
 
@@ -144,4 +140,46 @@ impl Core {
         }
         Ok(pruned)
     }
+}
+
+/// The map behind the lock.
+#[derive(Default)]
+pub(super) struct Inner {
+    /// Downloads running or failed-not-yet-reported, by hex digest.
+    pub flights: HashMap<String, Flight>,
+    /// What each volume asked for (kept until it is forgotten).
+    pub volumes: BTreeMap<String, Vec<BlobRef>>,
+    /// The last transient failure of a digest's download and the bytes it left on disk
+    /// (cleared when a download of it succeeds or fails for good).
+    pub transient: HashMap<String, Stopped>,
+    /// What each waiter's pull has seen, for the metrics.
+    pub pulls: Pulls,
+}
+
+/// A download stopped by a transient failure: no new one starts before `retry_at`, so a
+/// caller that asks every few milliseconds (a dynamic mount, a warm-up) does not hammer a
+/// registry that answers 429 or 5xx.
+pub(super) struct Stopped {
+    pub error: String,
+    pub kept: u64,
+    pub failures: u32,
+    pub retry_at: std::time::Instant,
+}
+
+pub(super) struct Flight {
+    pub live: Arc<Live>,
+    pub state: State,
+    /// Volumes waiting for it.
+    pub waiters: BTreeSet<String>,
+    /// Whose credentials it downloads with.
+    pub scope: Scope,
+}
+
+pub(super) enum State {
+    Running,
+    /// Failed for good; each volume in `unreported` still has to be told.
+    Failed {
+        error: OciError,
+        unreported: BTreeSet<String>,
+    },
 }

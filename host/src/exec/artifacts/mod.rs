@@ -1,39 +1,81 @@
-//! [`Core::assemble`]: a blob into a volume, through the cache's tree for it; and
-//! [`Core::prepare`], which unpacks that tree in the background first.
+//! A fetched blob into a volume, through the node cache's read-only tree for it
+//! ([`Assembler::assemble`]), and [`Assembler::prepare`], which unpacks that tree in the
+//! background first. The cache itself (its store, the registries, the downloads) is `oci/`;
+//! what writes below a volume root or into the cache's trees is here, in the executor's room:
+//! archives are unpacked and trees linked through descriptors resolved without following
+//! links ([`crate::exec::beneath`]).
 //!
 //! Unpacking a multi-GB `tar+zstd` layer takes longer than kubelet waits for NodeStageVolume,
 //! so a stage asks `prepare` (which never blocks) until every tree is there, answering a
 //! retriable error meanwhile, and `assemble` then only links. Called without `prepare`,
-//! `assemble` unpacks itself, as before.
+//! `assemble` unpacks itself.
 
+mod link;
+mod unpack;
+
+use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use super::Prepared;
-use super::cache::Core;
-use super::error::OciError;
-use super::link::{link_file, link_tree};
-use super::store::{hex_of, remove_tree};
-use super::unpack::unpack;
+use self::link::{link_file, link_tree};
+use self::unpack::unpack;
+use crate::oci::{Artifacts, OciError, hex_of, remove_tree};
 use crate::plan::Archive;
+
+/// The parsers of registry bytes, for the fuzz targets in `host/fuzz`; not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::unpack::unpack;
+}
+
+/// What [`Assembler::prepare`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prepared {
+    /// [`Assembler::assemble`] will only link: the tree is there (or the blob is raw).
+    Ready,
+    /// The layer is being unpacked (in the background).
+    Working,
+    /// The unpack failed (a refused or corrupt archive, a full disk, the blob gone). Reported
+    /// once; the next `prepare` starts over.
+    Failed(OciError),
+}
+
+/// Unpacks and links the node cache's blobs. Cheap to share in an `Arc`.
+pub struct Assembler {
+    cache: Arc<Artifacts>,
+    /// Unpacks that `prepare` started, by hex digest: running, or failed and not yet reported.
+    unpacks: Mutex<HashMap<String, Unpack>>,
+}
 
 /// An unpack `prepare` started.
 #[derive(Debug, Clone)]
-pub(super) enum Unpack {
+enum Unpack {
     Running,
     /// Failed; reported to the next `prepare` of the digest, which then starts over.
     Failed(OciError),
 }
 
-impl Core {
+impl Assembler {
+    /// Unpacks and links for the blobs of `cache`.
+    pub fn new(cache: Arc<Artifacts>) -> Arc<Assembler> {
+        Arc::new(Assembler { cache, unpacks: Mutex::new(HashMap::new()) })
+    }
+
+    /// Put the blob `digest` at `dest` (blocking): for `Raw`, `dest` is the file, a hardlink to
+    /// the blob; for the tar formats, every file of the cache's read-only tree for the blob is
+    /// hardlinked into the directory `dest` (copied when `dest` is on another filesystem); the
+    /// tree is unpacked first if [`Assembler::prepare`] has not made it (that can take long).
+    /// `dest` lies below the directory `below` and is resolved without following symbolic
+    /// links; missing directories are created, and temporary names an interrupted assemble left
+    /// there are removed. Idempotent.
     pub fn assemble(&self, digest: &str, format: Archive, dest: &Path, below: &Path) -> io::Result<()> {
         let hex = hex_of(digest).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-        let lock = self.digest_lock(hex);
+        let lock = self.cache.digest_lock(hex);
         let _held = lock.lock().unwrap_or_else(|p| p.into_inner());
         match format {
             Archive::Raw => {
-                let blob = self.store.blob(hex);
+                let blob = self.cache.store().blob(hex);
                 if !blob.is_file() {
                     return Err(missing(digest));
                 }
@@ -44,11 +86,22 @@ impl Core {
                 link_tree(&tree, dest, below)?;
             }
         }
-        self.store.touch(hex);
+        self.cache.store().touch(hex);
         Ok(())
     }
 
+    /// Get the blob `digest` ready for [`Assembler::assemble`] without waiting: for the tar
+    /// formats, start unpacking it into the cache's tree on a thread of its own (once per
+    /// digest on the node, whoever asks) and say how far it is; a raw blob is `Ready` at once.
+    /// Call it again until `Ready`. The blob must be in the cache (after `Ensure::Ready`).
     pub fn prepare(self: &Arc<Self>, digest: &str, format: Archive) -> Prepared {
+        match self.prepare_inner(digest, format) {
+            Prepared::Failed(e) => Prepared::Failed(e.redacted()),
+            other => other,
+        }
+    }
+
+    fn prepare_inner(self: &Arc<Self>, digest: &str, format: Archive) -> Prepared {
         let hex = match hex_of(digest) {
             Ok(hex) => hex.to_string(),
             Err(e) => return Prepared::Failed(e),
@@ -66,11 +119,11 @@ impl Core {
             }
             None => {}
         }
-        if self.store.tree(&hex).is_dir() {
+        if self.cache.store().tree(&hex).is_dir() {
             return Prepared::Ready;
         }
-        if !self.store.blob(&hex).is_file() {
-            return Prepared::Failed(local(&self.store.blob(&hex), &missing(digest), digest));
+        if !self.cache.store().blob(&hex).is_file() {
+            return Prepared::Failed(local(&self.cache.store().blob(&hex), &missing(digest), digest));
         }
         unpacks.insert(hex.clone(), Unpack::Running);
         drop(unpacks);
@@ -79,7 +132,7 @@ impl Core {
         let started = std::thread::Builder::new().name("mh-unpack".into()).spawn(move || {
             let (hex, digest) = (key, owned);
             let _entered = span.enter();
-            let lock = core.digest_lock(&hex);
+            let lock = core.cache.digest_lock(&hex);
             let result = {
                 let _held = lock.lock().unwrap_or_else(|p| p.into_inner());
                 core.tree_locked(&hex, &digest, format)
@@ -88,12 +141,12 @@ impl Core {
             match result {
                 Ok(tree) => {
                     unpacks.remove(&hex);
-                    core.store.touch(&hex);
+                    core.cache.store().touch(&hex);
                     tracing::debug!(digest, tree = %tree.display(), "layer ready");
                 }
                 Err(e) => {
                     tracing::warn!(digest, error = %e, "unpacking a layer failed");
-                    unpacks.insert(hex, Unpack::Failed(local(&core.store.tree_dir(), &e, &digest)));
+                    unpacks.insert(hex, Unpack::Failed(local(&core.cache.store().tree_dir(), &e, &digest)));
                 }
             }
         });
@@ -101,23 +154,23 @@ impl Core {
             Ok(_) => Prepared::Working,
             Err(e) => {
                 self.unpacks.lock().unwrap_or_else(|p| p.into_inner()).remove(&hex);
-                Prepared::Failed(local(&self.store.tree_dir(), &e, digest))
+                Prepared::Failed(local(&self.cache.store().tree_dir(), &e, digest))
             }
         }
     }
 
     /// The tree of `hex`, unpacked now if it is not there yet. The caller holds its digest lock.
     fn tree_locked(&self, hex: &str, digest: &str, format: Archive) -> io::Result<PathBuf> {
-        let tree = self.store.tree(hex);
+        let tree = self.cache.store().tree(hex);
         if tree.is_dir() {
             return Ok(tree);
         }
-        let blob = self.store.blob(hex);
+        let blob = self.cache.store().blob(hex);
         if !blob.is_file() {
             return Err(missing(digest));
         }
         // Locked (flock) until renamed, so another daemon sharing the cache leaves it alone.
-        let (tmp, _locked) = self.store.new_tree_tmp(hex)?;
+        let (tmp, _locked) = self.cache.store().new_tree_tmp(hex)?;
         let started = std::time::Instant::now();
         if let Err(e) = unpack(&blob, digest, format, &tmp) {
             let _ = remove_tree(&tmp);
@@ -130,7 +183,7 @@ impl Core {
                 return Err(e);
             }
         }
-        std::fs::File::open(self.store.tree_dir())?.sync_all()?;
+        std::fs::File::open(self.cache.store().tree_dir())?.sync_all()?;
         tracing::info!(
             digest,
             elapsed_ms = started.elapsed().as_millis() as u64,
@@ -151,3 +204,6 @@ fn missing(digest: &str) -> io::Error {
 fn local(path: &Path, e: &io::Error, digest: &str) -> OciError {
     OciError::local(path, e, "its archive", digest)
 }
+
+#[cfg(test)]
+mod tests;

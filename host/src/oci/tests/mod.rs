@@ -1,6 +1,5 @@
 //! Unit tests of the OCI cache: no root, no real registry (an in-process fake serves HTTP).
 
-mod assemble;
 mod auth;
 mod authorize;
 mod fake;
@@ -8,13 +7,12 @@ mod pull;
 mod redact;
 mod segments;
 mod store;
-mod unpack;
 
 use std::path::Path;
 
 /// A tar archive built from entries written byte by byte, so malicious names and types can be
 /// made (the tar crate's builder refuses them).
-pub(super) struct TarOf(tar::Builder<Vec<u8>>);
+pub(crate) struct TarOf(tar::Builder<Vec<u8>>);
 
 impl TarOf {
     pub fn new() -> TarOf {
@@ -58,7 +56,7 @@ impl TarOf {
 }
 
 /// A tree most tests unpack: nested files, an implicit parent, links inside.
-pub(super) fn good_tar() -> Vec<u8> {
+pub(crate) fn good_tar() -> Vec<u8> {
     TarOf::new()
         .dir("./")
         .dir("a/")
@@ -71,34 +69,34 @@ pub(super) fn good_tar() -> Vec<u8> {
         .bytes()
 }
 
-pub(super) fn gzip(bytes: &[u8]) -> Vec<u8> {
+pub(crate) fn gzip(bytes: &[u8]) -> Vec<u8> {
     use std::io::Write;
     let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     e.write_all(bytes).unwrap();
     e.finish().unwrap()
 }
 
-pub(super) fn zstd(bytes: &[u8]) -> Vec<u8> {
+pub(crate) fn zstd(bytes: &[u8]) -> Vec<u8> {
     zstd::stream::encode_all(bytes, 1).unwrap()
 }
 
-pub(super) fn sha256(bytes: &[u8]) -> String {
+pub(crate) fn sha256(bytes: &[u8]) -> String {
     use sha2::Digest;
     format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
 }
 
-pub(super) fn mode(path: &Path) -> u32 {
+pub(crate) fn mode(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
 }
 
-pub(super) fn ino(path: &Path) -> u64 {
+pub(crate) fn ino(path: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::symlink_metadata(path).unwrap().ino()
 }
 
 /// A temp dir whose path is canonical (an anchor must be).
-pub(super) fn tempdir() -> (tempfile::TempDir, std::path::PathBuf) {
+pub(crate) fn tempdir() -> (tempfile::TempDir, std::path::PathBuf) {
     let t = tempfile::tempdir().unwrap();
     let p = t.path().canonicalize().unwrap();
     (t, p)

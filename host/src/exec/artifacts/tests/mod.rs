@@ -1,0 +1,8 @@
+//! Unit tests of unpacking and linking the cache's blobs: no root, no registry.
+
+mod assemble;
+mod unpack;
+
+pub(super) use std::path::Path;
+
+pub(super) use crate::oci::tests::*;
