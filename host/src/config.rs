@@ -163,6 +163,35 @@ pub struct Config {
     /// The stock plugins this process offers, by name (all of them unless configured): a
     /// volume naming another is refused as an unknown plugin ([`Config::offer_stock`]).
     pub stock_plugins: std::collections::BTreeSet<String>,
+    /// Lazy volumes (docs/lazy.md).
+    pub lazy: LazyConfig,
+}
+
+/// How lazy volumes are served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LazyConfig {
+    /// The executable started as a lazy volume's FUSE server (`mounthost lazyfs`): the daemon's
+    /// own binary.
+    pub server: PathBuf,
+    /// How long a read of bytes not on the node waits before it fails with EIO.
+    pub read_wait: std::time::Duration,
+    /// The unit a reader's request is rounded to, and the read-ahead's.
+    pub chunk_bytes: u64,
+}
+
+/// A lazy read's wait for its bytes, by default.
+pub const DEFAULT_LAZY_READ_WAIT_SECS: u64 = 30;
+/// A lazy reader's chunk, by default (MiB).
+pub const DEFAULT_LAZY_CHUNK_MIB: u64 = 4;
+
+impl Default for LazyConfig {
+    fn default() -> Self {
+        LazyConfig {
+            server: PathBuf::from("/usr/local/bin/mounthost"),
+            read_wait: std::time::Duration::from_secs(DEFAULT_LAZY_READ_WAIT_SECS),
+            chunk_bytes: DEFAULT_LAZY_CHUNK_MIB << 20,
+        }
+    }
 }
 
 /// The range of ids (`FIRST-LAST`, inclusive) from which each volume whose FUSE program the
@@ -287,6 +316,7 @@ impl Config {
             registries: Registries::default(),
             allow_plugin_tags: false,
             stock_plugins: crate::stock::names().into_iter().map(String::from).collect(),
+            lazy: LazyConfig::default(),
         }
     }
 

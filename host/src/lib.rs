@@ -12,6 +12,7 @@ pub mod daemon;
 pub mod error;
 pub mod exec;
 pub mod front;
+pub mod lazyfs;
 pub mod metrics;
 pub mod oci;
 pub mod plan;

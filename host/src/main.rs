@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use mounthost::cli::{Cli, Command, cache, client, dynamic, plugin, serve};
+use mounthost::cli::{Cli, Command, cache, client, dynamic, lazyfs, plugin, serve};
 use mounthost::telemetry;
 
 fn main() -> ExitCode {
@@ -68,6 +68,15 @@ async fn run() -> ExitCode {
                 Err(e) => {
                     eprintln!("error ({:?}): {}", e.code, e.message);
                     ExitCode::from(2)
+                }
+            };
+        }
+        Command::Lazyfs(args) => {
+            return match lazyfs::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
                 }
             };
         }

@@ -79,6 +79,28 @@ struct CacheResult {
     result: String,
 }
 
+/// A lazy volume (its id: a volume staged on this node, whose series go at unstage) and one of
+/// its quantities.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LazyLabels {
+    volume: String,
+    what: String,
+}
+
+/// A lazy volume's state, as its session last saw it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LazyVolume {
+    pub total_bytes: u64,
+    pub verified_bytes: u64,
+    pub present_bytes: u64,
+    pub demand_requests: u64,
+    pub demand_bytes: u64,
+    pub fill_bytes: u64,
+    pub passthrough_files: u64,
+    pub failed: bool,
+    pub stalled: bool,
+}
+
 /// The registry a pull contacted, `host[:port]` as references spell it.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RegistryLabel {
@@ -209,6 +231,9 @@ pub struct Metrics {
     oci_deduplicated: Family<RegistryFound, Counter>,
     oci_pull_duration: Histograms<RegistryOutcome>,
     oci_pulls: Family<RegistryLabel, Gauge>,
+    lazy_bytes: Family<LazyLabels, Gauge>,
+    lazy_fetched: Family<LazyLabels, Gauge>,
+    lazy_state: Family<LazyLabels, Gauge>,
     /// Roles this process serves (`host`, `csi`) and whether each is ready.
     ready: Mutex<BTreeMap<&'static str, bool>>,
     /// Why the host daemon stands by instead of serving (another daemon holds its state
@@ -329,6 +354,26 @@ impl Metrics {
             "Pulls waiting for blobs now, by registry",
             oci_pulls.clone(),
         );
+        let lazy_bytes = Family::<LazyLabels, Gauge>::default();
+        registry.register_with_unit(
+            "mounthost_lazy_volume",
+            "A lazy volume's bytes: what=total (its layers), verified (complete blobs and chunks that matched the index), present (on the node, verified or not)",
+            Unit::Bytes,
+            lazy_bytes.clone(),
+        );
+        let lazy_fetched = Family::<LazyLabels, Gauge>::default();
+        registry.register_with_unit(
+            "mounthost_lazy_volume_fetched",
+            "Bytes fetched for a lazy volume's blobs since the host daemon started: what=demand (for readers, ahead of the fill) or fill (the background fill)",
+            Unit::Bytes,
+            lazy_fetched.clone(),
+        );
+        let lazy_state = Family::<LazyLabels, Gauge>::default();
+        registry.register(
+            "mounthost_lazy_volume_state",
+            "A lazy volume's counts and flags: what=demand_requests (ranges fetched for readers), passthrough_files, failed (1: a blob failed verification, every read fails), stalled (1: the fill stopped for now)",
+            lazy_state.clone(),
+        );
         Metrics {
             registry,
             host_operations,
@@ -346,6 +391,9 @@ impl Metrics {
             oci_deduplicated,
             oci_pull_duration,
             oci_pulls,
+            lazy_bytes,
+            lazy_fetched,
+            lazy_state,
             ready: Mutex::new(BTreeMap::new()),
             standby: Mutex::new(None),
             refresh: Mutex::new(BTreeMap::new()),
@@ -414,6 +462,36 @@ impl Metrics {
     pub fn csi_request(&self, rpc: &str, code: tonic::Code, took: Duration) {
         self.csi_requests.get_or_create(&RpcCode { rpc: rpc.into(), code: code_name(code) }).inc();
         self.csi_duration.get_or_create(&Rpc { rpc: rpc.into() }).observe(took.as_secs_f64());
+    }
+
+    /// A lazy volume's state now.
+    pub fn lazy_volume(&self, volume: &str, v: &LazyVolume) {
+        let label = |what: &str| LazyLabels { volume: volume.into(), what: what.into() };
+        let set = |f: &Family<LazyLabels, Gauge>, what: &str, n: u64| {
+            f.get_or_create(&label(what)).set(i64::try_from(n).unwrap_or(i64::MAX));
+        };
+        set(&self.lazy_bytes, "total", v.total_bytes);
+        set(&self.lazy_bytes, "verified", v.verified_bytes);
+        set(&self.lazy_bytes, "present", v.present_bytes);
+        set(&self.lazy_fetched, "demand", v.demand_bytes);
+        set(&self.lazy_fetched, "fill", v.fill_bytes);
+        set(&self.lazy_state, "demand_requests", v.demand_requests);
+        set(&self.lazy_state, "passthrough_files", v.passthrough_files);
+        set(&self.lazy_state, "failed", u64::from(v.failed));
+        set(&self.lazy_state, "stalled", u64::from(v.stalled));
+    }
+
+    /// A lazy volume is gone (unstaged): its series go.
+    pub fn lazy_volume_gone(&self, volume: &str) {
+        for what in ["total", "verified", "present"] {
+            self.lazy_bytes.remove(&LazyLabels { volume: volume.into(), what: what.into() });
+        }
+        for what in ["demand", "fill"] {
+            self.lazy_fetched.remove(&LazyLabels { volume: volume.into(), what: what.into() });
+        }
+        for what in ["demand_requests", "passthrough_files", "failed", "stalled"] {
+            self.lazy_state.remove(&LazyLabels { volume: volume.into(), what: what.into() });
+        }
     }
 
     /// The host restarted a volume's FUSE process; `oom_kills` new OOM kills were seen.

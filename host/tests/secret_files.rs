@@ -70,6 +70,7 @@ fn spawn_step() -> Step {
         ready_timeout_ms: 1000,
         memory_limit_bytes: None,
         host_mount: None,
+        lazy: None,
     }
 }
 

@@ -5,6 +5,7 @@ pub mod cache;
 pub mod client;
 pub mod dynamic;
 pub mod first_volume;
+pub mod lazyfs;
 pub mod plugin;
 pub mod plugin_check;
 pub mod plugin_push;
@@ -160,6 +161,18 @@ pub struct GlobalArgs {
     /// volume naming another one is refused as an unknown plugin.
     #[arg(long, env = "MOUNTHOST_STOCK_PLUGINS", value_delimiter = ',', value_parser = parse_stock_plugin, default_value = "seaweedfs,model", global = true)]
     pub stock_plugins: Vec<String>,
+    /// Seconds a read of a lazy volume waits for bytes that are not on the node yet (the
+    /// registry slow or gone) before it fails with EIO.
+    #[arg(long, env = "MOUNTHOST_LAZY_READ_WAIT_SECS", default_value_t = crate::config::DEFAULT_LAZY_READ_WAIT_SECS, value_parser = clap::value_parser!(u64).range(1..=600), global = true)]
+    pub lazy_read_wait_secs: u64,
+    /// The chunk (MiB) a lazy volume fetches for a reader at least, aligned, and the unit of its
+    /// read-ahead; a power of two from 1 to 64.
+    #[arg(long, env = "MOUNTHOST_LAZY_CHUNK_MIB", default_value_t = crate::config::DEFAULT_LAZY_CHUNK_MIB, value_parser = parse_chunk_mib, global = true)]
+    pub lazy_chunk_mib: u64,
+    /// The executable started as lazy volumes' FUSE server (`mounthost lazyfs`) [default: this
+    /// binary].
+    #[arg(long, env = "MOUNTHOST_LAZY_SERVER", global = true)]
+    pub lazy_server: Option<PathBuf>,
     /// Log filter, e.g. `info` or `info,mounthost=debug`.
     #[arg(long, env = "MOUNTHOST_LOG", default_value = "info", global = true)]
     pub log: String,
@@ -219,6 +232,9 @@ pub enum Command {
     /// A dynamic volume's mounts, through the socket in its published directory: create,
     /// list, get, delete, wait. Needs no host daemon socket and no root.
     Dynamic(dynamic::DynamicArgs),
+    /// The FUSE server of a lazy model volume: started by the host daemon, unprivileged, with
+    /// the FUSE connection and its control socket as descriptors; not run by hand.
+    Lazyfs(lazyfs::LazyfsArgs),
 }
 
 impl GlobalArgs {
@@ -289,7 +305,23 @@ impl GlobalArgs {
             cache_max_bytes: self.cache_max_mib.map(|m| m << 20),
         };
         cfg.allow_plugin_tags = self.allow_plugin_tags;
+        cfg.lazy = crate::config::LazyConfig {
+            server: match &self.lazy_server {
+                Some(p) => std::path::absolute(p)?,
+                None => std::env::current_exe()?,
+            },
+            read_wait: Duration::from_secs(self.lazy_read_wait_secs),
+            chunk_bytes: self.lazy_chunk_mib << 20,
+        };
         Ok(cfg)
+    }
+}
+
+/// `--lazy-chunk-mib`: a power of two from 1 to 64.
+fn parse_chunk_mib(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if (1..=64).contains(&n) && n.is_power_of_two() => Ok(n),
+        _ => Err(format!("{s:?} is not a power of two from 1 to 64 (MiB)")),
     }
 }
 

@@ -141,6 +141,7 @@ mod tests {
             ready_timeout_ms: 1,
             memory_limit_bytes: None,
             host_mount: host_fd.then(|| HostMount { source: "s".into(), options: vec![], readonly: false }),
+            lazy: None,
         };
         VolumeState {
             version: SCHEMA_VERSION,

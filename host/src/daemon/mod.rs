@@ -23,6 +23,7 @@ pub mod expand;
 pub mod fuse_ids;
 pub mod heal;
 pub mod health;
+pub mod lazy;
 pub mod pipeline;
 pub mod publish;
 pub mod pull;
@@ -84,6 +85,8 @@ struct Inner {
     fuse_tmpfs: std::sync::Mutex<()>,
     /// Planning-time reads of backends (`lookup` steps, see `unpriv::lookup`).
     http: crate::unpriv::http::HttpClient,
+    /// Lazy volumes' sessions (see `lazy`).
+    lazies: lazy::Lazies,
 }
 
 impl Node {
@@ -118,6 +121,7 @@ impl Node {
                 fuse_claims: Default::default(),
                 fuse_tmpfs: Default::default(),
                 http: Default::default(),
+                lazies: Default::default(),
             }),
         })
     }

@@ -16,7 +16,8 @@ use super::diff::{self, Action, Conflict, Desired, Observed};
 use crate::error::{Error, ErrorKind};
 use crate::exec::beneath::is_link_refused;
 use crate::exec::process::{ProcessId, Spec};
-use crate::exec::{Fuse, FuseError, HostFuse};
+use crate::exec::lazy::Opening;
+use crate::exec::{Control, Fuse, FuseError, HostFuse};
 use crate::plan::{Step, resolve_env_at};
 use crate::secrets::Secrets;
 use crate::volume::dirs::volume_key;
@@ -302,8 +303,17 @@ impl Node {
                 ready_timeout_ms,
                 memory_limit_bytes,
                 host_mount,
+                lazy,
             } => {
                 let runtime = self.dirs(id, None, None).runtime.expect("a volume has a runtime dir");
+                // The host's own lazy server: its control socket, and what it is told first.
+                let opening = lazy.as_ref().map(|l| self.lazy_opening(id, l)).transpose()?.map(|(o, _)| o);
+                let sender = opening.as_ref().map(Opening::sender);
+                let control = sender.as_ref().map(|send| Control {
+                    dir: &runtime,
+                    name: crate::unpriv::lazy_wire::CONTROL_SOCKET,
+                    opening: send,
+                });
                 // A program the host mounts for runs as the volume's own id, which its record
                 // holds before it first runs (daemon/fuse_ids.rs).
                 let fuse_id = host_mount.as_ref().map(|_| self.recorded_fuse_id(id)).transpose()?;
@@ -329,6 +339,7 @@ impl Node {
                     group: &self.group_of(id)?,
                     memory_limit: *memory_limit_bytes,
                     host_mount,
+                    control,
                 };
                 let pid = exec.spawn_fuse(&fuse).map_err(|e| fuse_error(e, secrets))?;
                 // The supervisor watches it from the moment the stage is done.

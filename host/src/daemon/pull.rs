@@ -47,7 +47,16 @@ impl Node {
         dirs: &VolumeDirs,
     ) -> Result<Plan, Error> {
         let plan = self.planned_stage(plugin, ask, attrs, dirs, None).await?;
+        let lazy = request::lazy(&ask.context)?;
         let Some(first) = resolve_step(&plan).cloned() else {
+            if lazy {
+                return Err(Error::invalid(format!(
+                    "volume {}: volume attribute {} is \"true\", but plugin {} plans no OCI artifact to serve lazily",
+                    ask.id,
+                    request::LAZY_KEY,
+                    plugin.info.name
+                )));
+            }
             return Ok(plan);
         };
         let source = self.source(&first, &ask.secrets)?;
@@ -57,6 +66,7 @@ impl Node {
             Step::Resolve { reference, .. } => reference,
             _ => return Ok(plan),
         };
+        let manifest_digest = found.manifest_digest.clone();
         let resolved = wit::Resolved {
             reference: asked.clone(),
             manifest_digest: found.manifest_digest,
@@ -69,6 +79,10 @@ impl Node {
                 "plugin {} answered the resolved {reference} with a plan that does not resolve it again unchanged",
                 plugin.info.name
             )));
+        }
+        if lazy {
+            // Nothing waits for the blobs: the host's server reads them as its readers ask.
+            return self.lazy_stage_plan(&ask.id, plan, &source, &reference, &manifest_digest).await;
         }
         let blobs = plan_blobs(&plan);
         // A blob some other volume brought into the cache is this volume's only if its
@@ -262,8 +276,11 @@ impl Node {
     }
 }
 
-/// The blobs a plan's `fetch-blob` steps name.
+/// The blobs a plan's `fetch-blob` steps name, and those its lazy server serves.
 pub(super) fn plan_blobs(plan: &Plan) -> Vec<BlobRef> {
+    let lazy = crate::plan::lazy::layers(plan).into_iter().flat_map(|l| {
+        l.layers.iter().map(|l| BlobRef { digest: l.digest.clone(), size: l.size, media_type: l.media_type.clone() })
+    });
     plan.steps
         .iter()
         .filter_map(|s| match s {
@@ -272,6 +289,7 @@ pub(super) fn plan_blobs(plan: &Plan) -> Vec<BlobRef> {
             }
             _ => None,
         })
+        .chain(lazy)
         .collect()
 }
 

@@ -310,6 +310,7 @@ mod tests {
             ready_timeout_ms: 1,
             memory_limit_bytes: None,
             host_mount: None,
+            lazy: None,
         }
     }
 
@@ -369,6 +370,7 @@ mod tests {
             ready_timeout_ms: 1,
             memory_limit_bytes: None,
             host_mount: Some(crate::plan::HostMount { source: "s".into(), options: vec![], readonly: false }),
+            lazy: None,
         }
     }
 

@@ -118,7 +118,8 @@ impl Node {
         let attrs = request::plugin_attrs(&ask.context);
         let dirs = self.dirs(&ask.id, Some(&ask.staging), None);
         let plan = self.stage_plan(&plugin, &ask, &attrs, &dirs).await?;
-        let cached = plan.steps.iter().any(|s| matches!(s, crate::plan::Step::FetchBlob { .. }));
+        let lazy = crate::plan::lazy::layers(&plan).is_some();
+        let cached = lazy || plan.steps.iter().any(|s| matches!(s, crate::plan::Step::FetchBlob { .. }));
         let mut state = VolumeState {
             version: SCHEMA_VERSION,
             volume_id: ask.id.clone(),
@@ -151,6 +152,10 @@ impl Node {
         })
         .await?;
         self.inner.backoff.clear(&ask.id);
+        if lazy {
+            // Its server runs; from now on a session feeds it (reads on demand, the fill).
+            self.lazy_attach(&ask.id);
+        }
         if cached {
             // Now that this volume's blobs count as used, the cache may shrink to its cap.
             self.blocking(|n| {
@@ -186,6 +191,10 @@ impl Node {
             && *d != st.digest
         {
             return refuse(format!("plugin digest {}, not {d}", st.digest));
+        }
+        let (staged_lazy, asked_lazy) = (crate::plan::lazy::layers(&st.plan).is_some(), request::lazy(&ask.context)?);
+        if staged_lazy != asked_lazy {
+            return refuse(format!("{} {staged_lazy}, not {asked_lazy}", request::LAZY_KEY));
         }
         let attrs = request::plugin_attrs(&ask.context);
         if attrs != st.context {

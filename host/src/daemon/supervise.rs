@@ -51,7 +51,15 @@ pub async fn run(node: Node) {
         }
         last_survey = Some(Instant::now());
         let n = node.clone();
-        let Ok(survey) = tokio::task::spawn_blocking(move || n.survey()).await else { continue };
+        let Ok(survey) = tokio::task::spawn_blocking(move || {
+            // Every staged lazy volume has its session (one a restart re-adopted, say).
+            n.lazy_sweep();
+            n.survey()
+        })
+        .await
+        else {
+            continue;
+        };
         for id in survey.broken {
             let n = node.clone();
             // The volume's lock keeps a second restart of the same volume out.

@@ -47,7 +47,9 @@ impl Node {
 
     /// Unstage under the volume's lock (also an ephemeral volume's last unpublish).
     pub(super) async fn unstage_locked(&self, id: &str, staging: &Path) -> Result<(), Error> {
-        // A volume still waiting for its blobs waits no more (a download others share goes on).
+        // A volume still waiting for its blobs waits no more (a download others share goes on);
+        // a lazy volume's session ends, and its fill with it when no other volume wants the blobs.
+        self.lazy_detach(id);
         self.inner.artifacts.forget(id);
         let Some(st) = self.inner.store.load(id)? else {
             // Not this volume's: an unknown id must not unmount another volume's stage or pod.

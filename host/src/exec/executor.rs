@@ -45,6 +45,29 @@ pub struct Fuse<'a> {
     /// The host mounts the filesystem and runs the program unprivileged; `None`: the program
     /// mounts it itself, with the daemon's privileges.
     pub host_mount: Option<HostFuse<'a>>,
+    /// The host's own lazy FUSE server: its control socket, and what the host tells it first.
+    pub control: Option<Control<'a>>,
+}
+
+/// The control socket of the host's own FUSE server (a lazy volume's, `mounthost lazyfs`):
+/// bound in `dir` (the volume's runtime directory) as `name` before the program starts and
+/// handed to it as descriptor [`crate::unpriv::lazy_wire::CONTROL_FD`]; once its mount answers,
+/// the executor connects and runs `opening` on the connection (the file table and the layers'
+/// descriptors, answered by the server's readiness), within the spawn's ready timeout.
+#[derive(Clone, Copy)]
+pub struct Control<'a> {
+    /// The directory the socket is bound in.
+    pub dir: &'a Path,
+    /// The socket's name.
+    pub name: &'a str,
+    /// The host's opening of the conversation; an error fails the spawn.
+    pub opening: &'a (dyn Fn(&std::os::unix::net::UnixStream) -> io::Result<()> + Sync),
+}
+
+impl std::fmt::Debug for Control<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Control").field("dir", &self.dir).field("name", &self.name).finish_non_exhaustive()
+    }
 }
 
 /// A FUSE connection the host opens and mounts itself before it starts the program (WIT
@@ -184,6 +207,9 @@ pub trait Processes {
     fn watch(&self, id: &ProcessId) -> io::Result<Exit>;
     /// Every user and group id some live process has (real, effective, saved or filesystem).
     fn ids_in_use(&self) -> io::Result<std::collections::BTreeSet<u32>>;
+    /// Register `files` as passthrough backing files on the FUSE connection of the host's own
+    /// lazy server `server`; their backing ids, in order ([`super::lazy::backing_open`]).
+    fn backing_open(&self, server: &ProcessId, files: &[&std::fs::File]) -> io::Result<Vec<u32>>;
 }
 
 /// Per-volume cgroups.

@@ -255,6 +255,10 @@ impl Processes for Linux {
     fn ids_in_use(&self) -> io::Result<std::collections::BTreeSet<u32>> {
         process::ids_in_use()
     }
+
+    fn backing_open(&self, server: &ProcessId, files: &[&std::fs::File]) -> io::Result<Vec<u32>> {
+        super::lazy::backing_open(server, files)
+    }
 }
 
 impl Linux {
@@ -294,14 +298,33 @@ impl Linux {
                 return Err(FuseError::Cgroup(e));
             }
         };
+        // The control socket of the host's own server: bound now, so the host can connect as
+        // soon as the program runs, and handed over blocking (the program accepts on it).
+        let control = match &fuse.control {
+            Some(c) => match self.listen_in(c.dir, c.name, 0o600).and_then(|(l, _)| {
+                l.set_nonblocking(false)?;
+                Ok(l)
+            }) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    detach();
+                    return Err(FuseError::Io(io::Error::new(
+                        e.kind(),
+                        format!("binding the control socket in {}: {e}", c.dir.display()),
+                    )));
+                }
+            },
+            None => None,
+        };
         let unprivileged = process::Unprivileged {
             fuse: dev.as_fd(),
             uid: host.uid,
             gid: host.gid,
             max_file_bytes: self.max_file_bytes,
+            control: control.as_ref().map(|l| l.as_fd()),
         };
         let id = process::spawn_as(&fuse.spec, log, group.as_ref(), Some(unprivileged));
-        drop((group, dev));
+        drop((group, dev, control));
         let id = match id {
             Ok(id) => id,
             Err(e) => {
@@ -327,7 +350,22 @@ impl Linux {
         loop {
             if probing {
                 match answered.recv_timeout(Duration::from_millis(10)) {
-                    Ok(true) if process::is_alive(&id) => return Ok(id),
+                    Ok(true) if process::is_alive(&id) => match &fuse.control {
+                        None => return Ok(id),
+                        Some(c) => {
+                            let left = fuse.ready_timeout.saturating_sub(started.elapsed()).max(Duration::from_millis(100));
+                            match self.open_control(c, left) {
+                                Ok(()) => return Ok(id),
+                                Err(e) => {
+                                    fail(Duration::from_secs(2));
+                                    return Err(FuseError::Io(io::Error::new(
+                                        e.kind(),
+                                        format!("{} did not take the host's opening: {e}", program.display()),
+                                    )));
+                                }
+                            }
+                        }
+                    },
                     // Failed (the program died and took the connection with it): its exit is
                     // reported below.
                     Ok(_) | Err(RecvTimeoutError::Disconnected) => probing = false,
@@ -356,6 +394,17 @@ impl Linux {
                 });
             }
         }
+    }
+}
+
+impl Linux {
+    /// Connect to a started server's control socket and run the host's opening on it, within
+    /// `timeout` (reads and writes of the connection time out then).
+    fn open_control(&self, c: &super::executor::Control<'_>, timeout: Duration) -> io::Result<()> {
+        let conn = self.connect(&c.dir.join(c.name))?;
+        conn.set_read_timeout(Some(timeout))?;
+        conn.set_write_timeout(Some(timeout))?;
+        (c.opening)(&conn)
     }
 }
 

@@ -13,6 +13,7 @@ pub mod cgroup;
 pub mod executor;
 pub mod fuse_log;
 pub mod instance;
+pub mod lazy;
 pub mod linux;
 pub mod mount;
 pub mod mountinfo;
@@ -20,6 +21,7 @@ pub mod process;
 pub mod recording;
 
 pub use executor::{
-    Boot, Executor, Exit, FileId, FileKind, Files, Fuse, FuseError, Groups, HostFuse, Mounts, Processes, Usage,
+    Boot, Control, Executor, Exit, FileId, FileKind, Files, Fuse, FuseError, Groups, HostFuse, Mounts, Processes,
+    Usage,
 };
 pub use linux::Linux;

@@ -94,6 +94,9 @@ pub struct Unprivileged<'a> {
     /// The largest file it may write (its RLIMIT_FSIZE, soft and hard: it cannot raise it);
     /// a write past it fails with EFBIG (SIGXFSZ, which would kill it, is ignored). `None`: no cap.
     pub max_file_bytes: Option<u64>,
+    /// A listening control socket, given as descriptor [`crate::unpriv::lazy_wire::CONTROL_FD`]
+    /// (the host's own lazy FUSE server).
+    pub control: Option<BorrowedFd<'a>>,
 }
 
 /// Run a set-up program to its end in this process's environment, its output on this process's
@@ -153,7 +156,10 @@ pub fn spawn_as(
         .stderr(err_log);
     // Collected here: the child may not allocate.
     let group_fds: Vec<i32> = cgroup.map(|j| j.files().iter().map(AsRawFd::as_raw_fd).collect()).unwrap_or_default();
-    let drop_to = unprivileged.map(|u| (u.fuse.as_raw_fd(), u.uid, u.gid, u.max_file_bytes));
+    let drop_to = unprivileged.map(|u| {
+        let control = u.control.map(|c| c.as_raw_fd()).unwrap_or(-1);
+        (u.fuse.as_raw_fd(), control, u.uid, u.gid, u.max_file_bytes)
+    });
     // SAFETY: the closure runs in the child between fork and exec, where only
     // async-signal-safe calls are allowed; setsid(2), write(2) and the calls of `drop_privileges`
     // are, and nothing allocates (`last_os_error` only reads errno; iterating `group_fds`
@@ -170,7 +176,7 @@ pub fn spawn_as(
                 }
             }
             match drop_to {
-                Some((fuse, uid, gid, max_file)) => drop_privileges(fuse, uid, gid, max_file)?,
+                Some((fuse, control, uid, gid, max_file)) => drop_privileges(fuse, control, uid, gid, max_file)?,
                 // Only stdin, stdout and stderr survive the exec: a descriptor the daemon
                 // inherited or opened without close-on-exec never reaches a FUSE program.
                 None => close_from_at_exec(3)?,
@@ -185,11 +191,12 @@ pub fn spawn_as(
     Ok(ProcessId { pid, start_time })
 }
 
-/// Hold descriptors 0 to [`crate::plan::FUSE_FD`] for the life of the process, on `/dev/null`
-/// where one is free. The child of [`spawn_as`] rearranges exactly these numbers (its stdio and
-/// `dup2` onto the FUSE descriptor), so neither std's pipe that reports a failed exec nor a
-/// FUSE connection may have one of them: `dup2` would close that pipe (a failed exec would then
-/// read as a started program) and the stdio setup would replace that connection. `main` calls
+/// Hold descriptors 0 to [`crate::unpriv::lazy_wire::CONTROL_FD`] for the life of the process,
+/// on `/dev/null` where one is free. The child of [`spawn_as`] rearranges exactly these numbers
+/// (its stdio and `dup2` onto the FUSE and control descriptors), so neither std's pipe that
+/// reports a failed exec nor a FUSE connection may have one of them: `dup2` would close that
+/// pipe (a failed exec would then read as a started program) and the stdio setup would replace
+/// that connection. `main` calls
 /// it first, before anything else opens a descriptor (a number free then and taken by nothing
 /// of ours is held from then on); [`spawn_as`] calls it too, for programs that embed the
 /// daemon (tests, benchmarks). Only the first call acts.
@@ -200,7 +207,7 @@ pub fn reserve_low_descriptors() {
         // std opens close-on-exec, and the lowest free number first.
         while let Ok(f) = std::fs::File::open("/dev/null") {
             let fd = std::os::fd::OwnedFd::from(f);
-            if fd.as_raw_fd() > crate::plan::FUSE_FD {
+            if fd.as_raw_fd() > crate::unpriv::lazy_wire::CONTROL_FD {
                 break;
             }
             held.push(fd);
@@ -213,8 +220,9 @@ pub fn reserve_low_descriptors() {
 /// plain syscalls only (async-signal-safe), no allocation.
 ///
 /// # Safety
-/// Call only in a forked child before exec; `fuse` must be an open descriptor.
-unsafe fn drop_privileges(fuse: i32, uid: u32, gid: u32, max_file: Option<u64>) -> std::io::Result<()> {
+/// Call only in a forked child before exec; `fuse` must be an open descriptor, and `control`
+/// one too or -1 (none).
+unsafe fn drop_privileges(fuse: i32, control: i32, uid: u32, gid: u32, max_file: Option<u64>) -> std::io::Result<()> {
     use nix::libc;
     let check = |r: libc::c_int| if r == -1 { Err(std::io::Error::last_os_error()) } else { Ok(()) };
     let target = crate::plan::FUSE_FD;
@@ -238,7 +246,18 @@ unsafe fn drop_privileges(fuse: i32, uid: u32, gid: u32, max_file: Option<u64>) 
             // dup2 clears close-on-exec on the copy; whatever held descriptor 3 is closed.
             check(libc::dup2(fuse, target))?;
         }
-        close_from_at_exec(target + 1)?;
+        let mut keep = target;
+        if control >= 0 {
+            // The sources are above the numbers `reserve_low_descriptors` holds, so this dup2
+            // closes nothing of the child's.
+            keep = crate::unpriv::lazy_wire::CONTROL_FD;
+            if control == keep {
+                check(libc::fcntl(keep, libc::F_SETFD, 0))?;
+            } else {
+                check(libc::dup2(control, keep))?;
+            }
+        }
+        close_from_at_exec(keep + 1)?;
         check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
         check(libc::setgroups(0, std::ptr::null()))?;
         check(libc::setgid(gid))?;

@@ -111,6 +111,7 @@ impl Controller {
         }
         let (plugin, source) = self.plugin(&req.parameters, &secrets, &name).await?;
         request::dynamic_plugins(&req.parameters, &plugin.info.name)?;
+        request::lazy(&req.parameters)?;
         let params = request::plugin_attrs(&req.parameters);
         let hosts = policy::endpoint_hosts(&plugin.info, params.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let mut rounds = Rounds::default();
@@ -175,7 +176,7 @@ impl Controller {
             .extend(out.context.into_iter().filter(|kv| !request::is_reserved(&kv.key)).map(|kv| (kv.key, kv.value)));
         context.insert(request::PLUGIN_KEY.into(), plugin.info.name.clone());
         // The host's own settings (a pinned build, a dynamic volume's) travel with the volume.
-        for key in [request::DIGEST_KEY, request::DYNAMIC_KEY, request::DYNAMIC_PLUGINS_KEY]
+        for key in [request::DIGEST_KEY, request::DYNAMIC_KEY, request::DYNAMIC_PLUGINS_KEY, request::LAZY_KEY]
             .into_iter()
             .chain(request::DYNAMIC_LIMIT_KEYS)
         {
@@ -383,7 +384,7 @@ impl Controller {
             ));
         }
         for (what, attrs) in [("volume_context", context), ("parameters", &req.parameters)] {
-            if let Err(e) = request::dynamic_plugins(attrs, name) {
+            if let Err(e) = request::dynamic_plugins(attrs, name).and_then(|_| request::lazy(attrs)) {
                 return Some(format!("{what}: {}", e.message));
             }
         }

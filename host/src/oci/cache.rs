@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::download::Live;
+use super::live::Live;
 use super::error::OciError;
 use super::pulls::Pulls;
 use super::registry::{Registries, Scope};
@@ -31,6 +31,9 @@ pub(super) struct Core {
     /// (scope, hex digest) pairs a registry let read: by a `HEAD` of `authorize`, or by a
     /// download. Kept for the process's lifetime (emptied past [`MAX_PROVEN`] entries).
     proven: Mutex<HashSet<(Scope, String)>>,
+    /// Bumped on every change a lazy volume's session may care about (bytes written or
+    /// verified, a download ended); the sessions watch it.
+    pub changed: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// Proofs kept before the set is emptied (each costs one request again).
@@ -58,6 +61,7 @@ impl Core {
             handle: tokio::runtime::Handle::try_current().ok(),
             digest_locks: Mutex::new(HashMap::new()),
             proven: Mutex::new(HashSet::new()),
+            changed: Arc::new(tokio::sync::watch::channel(0).0),
         })
     }
 
@@ -154,6 +158,14 @@ pub(super) struct Inner {
     pub transient: HashMap<String, Stopped>,
     /// What each waiter's pull has seen, for the metrics.
     pub pulls: Pulls,
+    /// Volumes that read their blobs lazily (among `volumes`).
+    pub lazy_volumes: BTreeSet<String>,
+    /// The live state of blobs lazy volumes read, kept between downloads (a running
+    /// download's is its flight's).
+    pub lives: HashMap<String, Arc<Live>>,
+    /// Digests whose download failed for good while lazy volumes read them, with the failure
+    /// (a digest mismatch), until those volumes are forgotten.
+    pub lazy_failed: HashMap<String, OciError>,
 }
 
 /// A download stopped by a transient failure: no new one starts before `retry_at`, so a
@@ -164,6 +176,8 @@ pub(super) struct Stopped {
     pub kept: u64,
     pub failures: u32,
     pub retry_at: std::time::Instant,
+    /// When a reader's wish last started an attempt before `retry_at` (lazy volumes).
+    pub tried: Option<std::time::Instant>,
 }
 
 pub(super) struct Flight {
@@ -173,6 +187,8 @@ pub(super) struct Flight {
     pub waiters: BTreeSet<String>,
     /// Whose credentials it downloads with.
     pub scope: Scope,
+    /// Started for lazy volumes only, and none other joined: stopped once none waits.
+    pub lazy: bool,
 }
 
 pub(super) enum State {

@@ -15,6 +15,12 @@
 //!   the follower.
 //! - The follower starts the hashed bytes' writeback at once, so the final fsync is short.
 //! - The follower (`follower.rs`) runs with a raised thread priority while it hashes.
+//! - A lazy volume's download ([`download`] with `lazy`) also runs demand workers that fetch the
+//!   ranges its readers wait for ([`Live::want`]) ahead of the streams, and its streams start
+//!   only once the fill's turn came ([`Live::fill_on`]). Every range a stream takes is first cut
+//!   to what no writer claimed, so bytes fetched on demand are not fetched again.
+//! - With a chunk index, each chunk a write completes is read back and checked before it counts
+//!   as readable ([`Live::verify`]), and the follower hashes only verified bytes.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -22,12 +28,13 @@ use std::io;
 use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt;
 
 use super::error::{OciError, chain};
 use super::follower::{Watched, follow};
+use super::live::{Live, lock};
 use super::registry::Endpoint;
 use super::segments::{Segments, chunks};
 use super::store::Store;
@@ -59,42 +66,51 @@ pub(super) struct Blob {
     pub size: u64,
 }
 
-/// What the single-flight map sees of a running download.
-#[derive(Debug, Default)]
-pub(super) struct Live {
-    /// Bytes on disk (written, not yet necessarily hashed).
-    pub covered: AtomicU64,
-}
-
-/// State shared by the streams and the follower of one attempt.
+/// State shared by the streams, the demand workers and the follower of one attempt (the
+/// written ranges themselves are the blob's [`Live`]).
 struct Shared {
     file: File,
-    /// Ranges written (recorded once their write returned): what the follower may hash.
-    segs: Mutex<Segments>,
-    /// Ranges a stream took to write (written, or being written). A byte is written once per
-    /// attempt: a stream writes only what no other stream claimed, so bytes the follower has
+    live: Arc<Live>,
+    /// Ranges a writer took to write (written, or being written). A byte is written once per
+    /// attempt: a writer writes only what no other one claimed, so bytes the follower has
     /// hashed are never written again (a registry answering one range with the whole blob
     /// sends other streams' ranges again, and not necessarily the same bytes).
     claimed: Mutex<Segments>,
-    grew: Condvar,
     /// The follower stops (the attempt failed).
     stop: AtomicBool,
     /// Bytes written since the last save of the ranges.
     unsaved: AtomicU64,
     /// Ranges not yet handed to a stream.
     queue: Mutex<VecDeque<Range<u64>>>,
-    /// The first stream error; the others stop at their next chunk.
+    /// The first error; the other workers stop at their next chunk.
     failed: Mutex<Option<OciError>>,
+    /// Where each stream is: the next byte it receives and the end of its range.
+    windows: Mutex<Vec<(u64, u64)>>,
+}
+
+/// Demand workers of a lazy download: ranges readers wait for, fetched at once.
+const DEMAND_WORKERS: usize = 4;
+/// A range a stream reaches within this many bytes is left to the stream.
+const NEAR: u64 = 8 << 20;
+
+/// Who fetches a range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Stream `n` of the fill.
+    Stream(usize),
+    /// A demand worker.
+    Demand,
 }
 
 /// Fetch `blob` into the cache. Returns when the blob is in place, or with the error that
 /// stopped it (a transient one keeps the partial file for the next attempt; a permanent one
-/// removes it).
+/// removes it). `lazy`: run demand workers too, and start the streams only once the fill is on.
 pub(super) async fn download(
     ep: &Endpoint,
     store: &Store,
     blob: &Blob,
-    live: &Live,
+    live: &Arc<Live>,
+    lazy: bool,
     fetched: &AtomicU64,
     counted: &crate::metrics::ByteCounter,
 ) -> Result<(), OciError> {
@@ -112,50 +128,68 @@ pub(super) async fn download(
         local(e, &store.partial(&blob.hex))
     })?;
     live.covered.store(segs.covered(), Ordering::Relaxed);
-    let gaps = segs.gaps(blob.size);
+    *lock(&live.segs) = segs.clone();
+    let shared = Arc::new(Shared {
+        file,
+        live: live.clone(),
+        claimed: Mutex::new(segs.clone()),
+        stop: AtomicBool::new(false),
+        unsaved: AtomicU64::new(0),
+        queue: Mutex::new(VecDeque::new()),
+        failed: Mutex::new(None),
+        windows: Mutex::new(vec![(0, 0); STREAMS]),
+    });
+    if live.index().is_some() {
+        // What an earlier attempt left on disk is checked again before a reader gets it.
+        let shared2 = shared.clone();
+        let ranges: Vec<Range<u64>> = segs.ranges().to_vec();
+        tokio::task::spawn_blocking(move || {
+            shared2.live.verify(&shared2.file, &ranges, &|r| lock(&shared2.claimed).remove(r));
+        })
+        .await
+        .map_err(|e| local(io::Error::other(e), &store.partial(&blob.hex)))?;
+    }
+    let gaps = lock(&live.segs).gaps(blob.size);
     let (streams, pieces) = if blob.size > CHUNK {
         let pieces = chunks(&gaps, CHUNK);
         (STREAMS.min(pieces.len()), pieces)
     } else {
         (gaps.len().min(1), gaps)
     };
-    let shared = Arc::new(Shared {
-        file,
-        claimed: Mutex::new(segs.clone()),
-        segs: Mutex::new(segs),
-        grew: Condvar::new(),
-        stop: AtomicBool::new(false),
-        unsaved: AtomicU64::new(0),
-        queue: Mutex::new(pieces.into()),
-        failed: Mutex::new(None),
-    });
+    *lock(&shared.queue) = pieces.into();
     let follower = {
         let (shared, size) = (shared.clone(), blob.size);
         tokio::task::spawn_blocking(move || {
-            let watched = Watched { file: &shared.file, segs: &shared.segs, grew: &shared.grew, stop: &shared.stop };
+            // With an index, only bytes whose chunk matched are hashed: a chunk written again
+            // after a mismatch is hashed once, with its right bytes.
+            let segs = if shared.live.index().is_some() { &shared.live.verified } else { &shared.live.segs };
+            let watched = Watched { file: &shared.file, segs, grew: &shared.live.grew, stop: &shared.stop };
             follow(watched, size)
         })
     };
     // Should this future be dropped (the runtime shutting down), the follower stops too.
     let _stop = StopOnDrop(shared.clone());
-    let ctx = Stream { ep, store, blob, live, fetched, counted, shared: &shared };
+    let ctx = Stream { ep, store, blob, live, fetched, counted, shared: &shared, lazy };
     let started = std::time::Instant::now();
-    futures_util::future::join_all((0..streams).map(|_| ctx.run())).await;
+    let demand = if lazy { DEMAND_WORKERS } else { 0 };
+    let workers = (0..streams).map(|i| futures_util::future::Either::Left(ctx.run(i)));
+    let demanders = (0..demand).map(|_| futures_util::future::Either::Right(ctx.demand()));
+    futures_util::future::join_all(workers.chain(demanders)).await;
     let received = started.elapsed();
 
     let failed = lock(&shared.failed).take();
-    let complete = lock(&shared.segs).gaps(blob.size).is_empty();
+    let complete = lock(&live.segs).gaps(blob.size).is_empty();
     if failed.is_some() || !complete {
         shared.stop.store(true, Ordering::Relaxed);
-        shared.grew.notify_all();
+        live.grew.notify_all();
         let _ = follower.await;
-        // Every stream ended without an error and without filling the file: a bug.
+        // Every worker ended without an error and without filling the file: a bug.
         let err = failed.unwrap_or_else(|| OciError::Local {
             path: store.partial(&blob.hex).display().to_string(),
             detail: "the download ended with ranges missing".into(),
             kind: io::ErrorKind::Other,
         });
-        if err.is_transient() {
+        if err.is_transient() || matches!(err, OciError::Cancelled { .. }) {
             let _ = save(store, blob, &shared);
         } else {
             store.drop_partial(&blob.hex);
@@ -270,43 +304,113 @@ fn write_sidecar(store: &Store, blob: &Blob, segs: &Segments) -> io::Result<()> 
 }
 
 fn save(store: &Store, blob: &Blob, shared: &Shared) -> io::Result<()> {
-    let segs = lock(&shared.segs).clone();
+    let segs = lock(&shared.live.segs).clone();
     write_sidecar(store, blob, &segs)
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// What every stream of one attempt shares.
+/// What every worker of one attempt shares.
 struct Stream<'a> {
     ep: &'a Endpoint,
     store: &'a Store,
     blob: &'a Blob,
-    live: &'a Live,
+    live: &'a Arc<Live>,
     fetched: &'a AtomicU64,
     /// The same bytes, in the registry's metric.
     counted: &'a crate::metrics::ByteCounter,
     shared: &'a Arc<Shared>,
+    /// A lazy volume's download.
+    lazy: bool,
 }
 
 impl Stream<'_> {
-    /// Take ranges until none is left or a stream failed.
-    async fn run(&self) {
+    /// Should the workers stop: a failure, a cancel, or (for the demand workers and a stream
+    /// waiting for its turn) every byte written?
+    fn ended(&self) -> bool {
+        lock(&self.shared.failed).is_some()
+            || self.live.cancel.load(Ordering::Relaxed)
+            || lock(&self.live.segs).gaps(self.blob.size).is_empty()
+    }
+
+    /// Wait for a wake-up of the blob's state (or a short while).
+    async fn nap(&self) {
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(100), self.live.wake.notified()).await;
+    }
+
+    /// Stream `n`: take ranges until none is left or a worker failed; in a lazy download, only
+    /// once the fill is on.
+    async fn run(&self, n: usize) {
+        while self.lazy && !self.live.filling() {
+            if self.ended() {
+                return;
+            }
+            self.nap().await;
+        }
         loop {
             if lock(&self.shared.failed).is_some() {
                 return;
             }
+            if self.live.cancel.load(Ordering::Relaxed) {
+                self.fail(self.cancelled());
+                return;
+            }
             let Some(range) = lock(&self.shared.queue).pop_front() else { return };
-            if let Err(e) = self.fetch(range).await {
-                lock(&self.shared.failed).get_or_insert(e);
+            // Only what no writer claimed (a demand worker may have been there first).
+            let mut pieces = lock(&self.shared.claimed).missing_in(range).into_iter();
+            let Some(first) = pieces.next() else { continue };
+            {
+                let mut q = lock(&self.shared.queue);
+                for p in pieces.rev() {
+                    q.push_front(p);
+                }
+            }
+            if let Err(e) = self.fetch(first, Role::Stream(n)).await {
+                self.fail(e);
                 return;
             }
         }
     }
 
+    /// A demand worker: fetch the ranges readers wait for, until the blob is written.
+    async fn demand(&self) {
+        loop {
+            if self.ended() {
+                return;
+            }
+            let Some(range) = lock(&self.live.demand).pop_front() else {
+                self.nap().await;
+                continue;
+            };
+            if self.streams_reach(&range) {
+                continue;
+            }
+            let pieces = lock(&self.shared.claimed).missing_in(range);
+            for piece in pieces {
+                self.live.demand_requests.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = self.fetch(piece, Role::Demand).await {
+                    self.fail(e);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Will a stream of the fill write `r` within [`NEAR`] bytes of where it is?
+    fn streams_reach(&self, r: &Range<u64>) -> bool {
+        self.live.filling()
+            && lock(&self.shared.windows).iter().any(|(pos, end)| *pos <= r.start && r.start < pos + NEAR && r.end <= *end)
+    }
+
+    fn fail(&self, e: OciError) {
+        lock(&self.shared.failed).get_or_insert(e);
+        self.live.wake.notify_waiters();
+    }
+
+    fn cancelled(&self) -> OciError {
+        OciError::Cancelled { digest: self.blob.digest.clone() }
+    }
+
     /// Fetch one range and write it where it belongs.
-    async fn fetch(&self, range: Range<u64>) -> Result<(), OciError> {
+    async fn fetch(&self, range: Range<u64>, role: Role) -> Result<(), OciError> {
         let (ep, blob) = (self.ep, self.blob);
         let whole = range.start == 0 && range.end == blob.size;
         let len = if whole { None } else { Some(range.end - range.start) };
@@ -316,15 +420,20 @@ impl Stream<'_> {
         let mut skip = 0;
         if body.full && !whole {
             skip = range.start;
-            // This stream now fetches the rest of the blob; the queued ranges are covered.
-            end = blob.size;
-            lock(&self.shared.queue).clear();
+            // A stream now fetches the rest of the blob; the queued ranges are covered.
+            if role != Role::Demand {
+                end = blob.size;
+                lock(&self.shared.queue).clear();
+            }
             tracing::warn!(registry = %ep.ctx.registry, digest = %blob.digest, "the registry ignores Range requests; reading the blob from its start");
         }
         let mut pos = range.start; // file offset of buf[0]
         let mut buf: Vec<u8> = Vec::with_capacity(WRITE_BUF);
         let mut writing: Option<Write> = None;
         loop {
+            if self.live.cancel.load(Ordering::Relaxed) {
+                return self.drain(writing, buf, pos, self.cancelled()).await;
+            }
             let chunk = match body.stream.next().await {
                 None => break,
                 Some(Ok(chunk)) => chunk,
@@ -342,6 +451,10 @@ impl Stream<'_> {
             };
             self.fetched.fetch_add(chunk.len() as u64, Ordering::Relaxed);
             self.counted.add(chunk.len() as u64);
+            match role {
+                Role::Demand => self.live.demand_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed),
+                Role::Stream(_) => self.live.fill_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed),
+            };
             let mut data: &[u8] = &chunk;
             if skip > 0 {
                 let n = skip.min(data.len() as u64);
@@ -361,6 +474,11 @@ impl Stream<'_> {
                 data = &data[..room as usize];
             }
             buf.extend_from_slice(data);
+            if let Role::Stream(n) = role
+                && let Some(w) = lock(&self.shared.windows).get_mut(n)
+            {
+                *w = (pos + buf.len() as u64, end);
+            }
             if buf.len() >= WRITE_BUF {
                 let mut next = self.wait(writing.take()).await?.unwrap_or_else(|| Vec::with_capacity(WRITE_BUF));
                 next.clear();
@@ -379,6 +497,11 @@ impl Stream<'_> {
             self.wait(Some(self.write(buf, pos))).await?;
             pos += n;
         }
+        if let Role::Stream(n) = role
+            && let Some(w) = lock(&self.shared.windows).get_mut(n)
+        {
+            *w = (0, 0);
+        }
         if pos < end {
             return Err(ep.size_mismatch(
                 &blob.digest,
@@ -389,7 +512,7 @@ impl Stream<'_> {
     }
 
     /// Start writing, on a blocking thread, the parts of `buf` (whose first byte belongs at
-    /// `pos`) that no stream claimed yet.
+    /// `pos`) that no writer claimed yet.
     fn write(&self, buf: Vec<u8>, pos: u64) -> Write {
         let shared = self.shared.clone();
         let pieces = lock(&self.shared.claimed).claim(pos..pos + buf.len() as u64);
@@ -403,7 +526,8 @@ impl Stream<'_> {
         Write { handle, pieces }
     }
 
-    /// Wait for a write, then record what it wrote. Returns the buffer for reuse.
+    /// Wait for a write, then record what it wrote (and, with an index, check the chunks it
+    /// completed). Returns the buffer for reuse.
     async fn wait(&self, w: Option<Write>) -> Result<Option<Vec<u8>>, OciError> {
         let Some(w) = w else { return Ok(None) };
         let partial = self.store.partial(&self.blob.hex);
@@ -411,14 +535,24 @@ impl Stream<'_> {
         let buf = w.handle.await.map_err(|e| local(io::Error::other(e)))?.map_err(local)?;
         let n: u64 = w.pieces.iter().map(|p| p.end - p.start).sum();
         let covered = {
-            let mut segs = lock(&self.shared.segs);
-            for p in w.pieces {
-                segs.insert(p);
+            let mut segs = lock(&self.live.segs);
+            for p in &w.pieces {
+                segs.insert(p.clone());
             }
             segs.covered()
         };
-        self.shared.grew.notify_all();
+        if self.live.index().is_some() && !w.pieces.is_empty() {
+            let shared = self.shared.clone();
+            let pieces = w.pieces.clone();
+            tokio::task::spawn_blocking(move || {
+                shared.live.verify(&shared.file, &pieces, &|r| lock(&shared.claimed).remove(r));
+            })
+            .await
+            .map_err(|e| local(io::Error::other(e)))?;
+        }
+        self.live.grew.notify_all();
         self.live.covered.store(covered, Ordering::Relaxed);
+        self.live.bump();
         if self.shared.unsaved.fetch_add(n, Ordering::Relaxed) + n >= SAVE_EVERY {
             self.shared.unsaved.store(0, Ordering::Relaxed);
             let _ = save(self.store, self.blob, self.shared);
@@ -430,7 +564,7 @@ impl Stream<'_> {
     /// buffer (`pos` is its offset), so a resume does not fetch those bytes again.
     async fn drain(&self, w: Option<Write>, buf: Vec<u8>, pos: u64, err: OciError) -> Result<(), OciError> {
         self.wait(w).await?;
-        if !buf.is_empty() && err.is_transient() {
+        if !buf.is_empty() && (err.is_transient() || matches!(err, OciError::Cancelled { .. })) {
             self.wait(Some(self.write(buf, pos))).await?;
         }
         Err(err)
@@ -443,7 +577,7 @@ struct StopOnDrop(Arc<Shared>);
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
         self.0.stop.store(true, Ordering::Relaxed);
-        self.0.grew.notify_all();
+        self.0.live.grew.notify_all();
     }
 }
 

@@ -66,6 +66,10 @@ pub enum OciError {
     /// The node's registry configuration or the given secret is unusable.
     #[error("registry configuration: {0}")]
     Config(String),
+    /// A lazy download stopped because no volume wants the blob any more (its volumes were
+    /// unstaged); not a failure of the blob.
+    #[error("the download of {digest} was stopped: no volume uses it any more")]
+    Cancelled { digest: String },
 }
 
 impl OciError {
@@ -96,6 +100,7 @@ impl OciError {
             OciError::Unreachable { .. } => ErrorKind::Unavailable,
             OciError::Registry { transient: true, .. } => ErrorKind::Unavailable,
             OciError::Registry { .. } | OciError::Protocol { .. } | OciError::Local { .. } => ErrorKind::Internal,
+            OciError::Cancelled { .. } => ErrorKind::Aborted,
         }
     }
 
@@ -175,6 +180,7 @@ impl OciError {
             }
             OciError::Local { path, detail, kind } => OciError::Local { path: r(path), detail: r(detail), kind },
             OciError::Config(detail) => OciError::Config(r(detail)),
+            OciError::Cancelled { digest } => OciError::Cancelled { digest },
         }
     }
 }

@@ -12,7 +12,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::cache::{Core, Flight, Inner, State, Stopped};
-use super::download::{Blob, Live, download};
+use super::download::{Blob, download};
+use super::live::Live;
 use super::error::OciError;
 use super::pulls::Sight;
 use super::registry::{Endpoint, Scope, host_of};
@@ -62,7 +63,11 @@ impl Core {
                 continue;
             }
             match inner.flights.get_mut(hex) {
-                Some(Flight { state: State::Running, waiters, .. }) => {
+                Some(Flight { state: State::Running, waiters, live, lazy, .. }) => {
+                    // A lazy volume's download, joined by one that waits for the whole blob:
+                    // its fill runs now, and it runs to its end.
+                    live.fill_on();
+                    *lazy = false;
                     // Joined, unless this waiter started it (its first sight said so).
                     let joined = !waiters.contains(volume);
                     waiters.insert(volume.to_string());
@@ -96,7 +101,10 @@ impl Core {
                 failed.get_or_insert(OciError::Config("downloads need a tokio runtime; none is running".into()));
                 continue;
             };
-            let live = Arc::new(Live::default());
+            // A lazy volume's state of the blob, when one reads it (its bytes on disk stay
+            // readable while this download writes the rest).
+            let live = inner.lives.get(hex).cloned().unwrap_or_else(|| Arc::new(Live::new(b.size, Some(self.changed.clone()))));
+            live.fill_on();
             // What the last attempt left on disk, until this one has looked.
             if let Some(t) = inner.transient.get(hex) {
                 live.covered.store(t.kept, Ordering::Relaxed);
@@ -109,10 +117,11 @@ impl Core {
                     state: State::Running,
                     waiters: BTreeSet::from([volume.to_string()]),
                     scope: ep.scope.clone(),
+                    lazy: false,
                 },
             );
             tracing::info!(volume.id = %volume, registry = %ep.ctx.registry, digest = %b.digest, bytes = b.size, "pulling a blob");
-            handle.spawn(self.clone().fly(ep, blob, live));
+            handle.spawn(self.clone().fly(ep, blob, live, false));
             sights.push((hex.clone(), Sight::Started));
         }
         let metrics = crate::metrics::global();
@@ -171,21 +180,48 @@ impl Core {
         self.inner().transient.iter().map(|(hex, t)| (format!("sha256:{hex}"), t.error.clone())).collect()
     }
 
-    /// `volume` stops waiting; the downloads it waited for go on.
+    /// `volume` stops waiting; the downloads it waited for go on, but those only lazy volumes
+    /// wanted and none wants now stop, and what a lazy volume's blobs left on disk unfinished
+    /// is removed when no other volume wants them.
     pub fn forget(&self, volume: &str) {
         let mut inner = self.inner();
-        inner.volumes.remove(volume);
+        let had = inner.volumes.remove(volume).unwrap_or_default();
+        let was_lazy = inner.lazy_volumes.remove(volume);
         inner.pulls.forget(crate::metrics::global(), volume);
         inner.flights.retain(|_, f| {
             f.waiters.remove(volume);
             match &mut f.state {
-                State::Running => true,
+                State::Running => {
+                    if f.lazy && f.waiters.is_empty() {
+                        f.live.cancel.store(true, Ordering::Relaxed);
+                        f.live.wake.notify_waiters();
+                    }
+                    true
+                }
                 State::Failed { unreported, .. } => {
                     unreported.remove(volume);
                     !unreported.is_empty()
                 }
             }
         });
+        if !was_lazy {
+            return;
+        }
+        for b in had {
+            let Ok(hex) = hex_of(&b.digest).map(str::to_string) else { continue };
+            let wanted = inner.volumes.values().flatten().any(|o| o.digest == b.digest);
+            if wanted {
+                continue;
+            }
+            inner.lives.remove(&hex);
+            inner.lazy_failed.remove(&hex);
+            // A running download removes its partial file when its cancel takes effect.
+            if !inner.flights.contains_key(&hex) && !self.store.present(&hex, b.size) {
+                inner.transient.remove(&hex);
+                self.store.drop_partial(&hex);
+                tracing::info!(volume.id = %volume, digest = %b.digest, "removed the unfinished blob of a lazy volume no volume uses");
+            }
+        }
     }
 
     /// Whose credentials the running download of `hex` uses, if one runs.
@@ -195,21 +231,24 @@ impl Core {
 
     /// One flight: download (retrying a transient failure that made progress), then record the
     /// outcome in the map.
-    async fn fly(self: Arc<Self>, ep: Arc<Endpoint>, blob: Blob, live: Arc<Live>) {
+    pub(super) async fn fly(self: Arc<Self>, ep: Arc<Endpoint>, blob: Blob, live: Arc<Live>, lazy: bool) {
         let mut retries = 0;
         // Blob bytes received, by registry contacted.
         let counted = crate::metrics::global().oci_fetched(&ep.ctx.registry);
         let outcome = loop {
             // Its turn among the node's downloads, for this attempt (the semaphore is never
-            // closed); given back before a retry's pause.
-            let turn = self.downloads.acquire().await.ok();
+            // closed); given back before a retry's pause. A lazy volume's download takes no
+            // turn: its readers wait for it, and its fill runs one layer at a time per volume.
+            let turn = if lazy { None } else { self.downloads.acquire().await.ok() };
             let before = live.covered.load(Ordering::Relaxed);
             // A task of its own, so that a bug panicking in it ends this flight with an error
             // instead of leaving it "running" forever.
             let attempt = {
                 let (core, ep, blob, live, counted) =
                     (self.clone(), ep.clone(), blob.clone(), live.clone(), counted.clone());
-                tokio::spawn(async move { download(&ep, &core.store, &blob, &live, &core.fetched, &counted).await })
+                tokio::spawn(async move {
+                    download(&ep, &core.store, &blob, &live, lazy, &core.fetched, &counted).await
+                })
             };
             let result = attempt.await.unwrap_or_else(|e| {
                 Err(OciError::Local {
@@ -221,7 +260,12 @@ impl Core {
             drop(turn);
             match result.map_err(OciError::redacted) {
                 Ok(()) => break Ok(()),
-                Err(e) if e.is_transient() && retries < RETRIES && live.covered.load(Ordering::Relaxed) > before => {
+                Err(e)
+                    if e.is_transient()
+                        && retries < RETRIES
+                        && live.covered.load(Ordering::Relaxed) > before
+                        && !live.cancel.load(Ordering::Relaxed) =>
+                {
                     retries += 1;
                     tracing::warn!(registry = %ep.ctx.registry, digest = %blob.digest, error = %e, "blob download interrupted; resuming");
                     tokio::time::sleep(Duration::from_secs(u64::from(retries))).await;
@@ -237,6 +281,17 @@ impl Core {
     fn record(&self, ep: &Endpoint, blob: &Blob, live: &Live, outcome: Result<(), OciError>) {
         let mut inner = self.inner();
         match outcome {
+            Err(OciError::Cancelled { .. }) => {
+                inner.flights.remove(&blob.hex);
+                inner.transient.remove(&blob.hex);
+                // Asked for again meanwhile by a lazy volume: it starts over from the partial
+                // file; otherwise nobody wants what is left.
+                if !inner.volumes.values().flatten().any(|b| b.digest == blob.digest) {
+                    inner.lives.remove(&blob.hex);
+                    self.store.drop_partial(&blob.hex);
+                    tracing::info!(registry = %ep.ctx.registry, digest = %blob.digest, "stopped the lazy download of a blob no volume uses; its unfinished file is removed");
+                }
+            }
             Ok(()) => {
                 inner.flights.remove(&blob.hex);
                 inner.transient.remove(&blob.hex);
@@ -264,11 +319,18 @@ impl Core {
                 let failures = inner.transient.get(&blob.hex).map_or(0, |t| t.failures) + 1;
                 let wait = RETRY_FIRST.saturating_mul(1 << (failures - 1).min(16)).min(RETRY_MAX);
                 let retry_at = std::time::Instant::now() + wait;
-                inner.transient.insert(blob.hex.clone(), Stopped { error: e.to_string(), kept, failures, retry_at });
+                inner.transient.insert(blob.hex.clone(), Stopped { error: e.to_string(), kept, failures, retry_at, tried: None });
             }
             Err(e) => {
                 tracing::error!(registry = %ep.ctx.registry, digest = %blob.digest, error = %e, "blob download failed");
                 inner.transient.remove(&blob.hex);
+                // Lazy volumes reading it learn it from their session (and their readers fail).
+                if inner.volumes.iter().any(|(v, blobs)| {
+                    inner.lazy_volumes.contains(v) && blobs.iter().any(|b| b.digest == blob.digest)
+                }) {
+                    inner.lazy_failed.insert(blob.hex.clone(), e.clone());
+                }
+                inner.lives.remove(&blob.hex);
                 match inner.flights.get_mut(&blob.hex) {
                     Some(f) if !f.waiters.is_empty() => {
                         f.state = State::Failed { error: e, unreported: f.waiters.clone() };
@@ -279,5 +341,7 @@ impl Core {
                 }
             }
         }
+        drop(inner);
+        live.bump();
     }
 }

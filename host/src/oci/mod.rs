@@ -23,12 +23,16 @@ mod download;
 mod error;
 mod flight;
 mod follower;
+mod index;
+mod lazy;
+mod live;
 mod plugin;
 mod pulls;
 mod push;
 mod registry;
 mod segments;
 mod store;
+mod table;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -40,6 +44,9 @@ use std::time::SystemTime;
 pub use auth::{Credentials, credentials_from_docker_config};
 pub use download::MAX_REFETCH;
 pub use error::{OciError, redact};
+pub use index::{INDEX_ARTIFACT_TYPE, IndexDoc, PushedIndex, index_of, parse_index, push_index};
+pub use lazy::{BlobView, ChunkIndex};
+pub use table::{BlobTable, TableEntry, TableKind};
 
 /// The parsers of registry bytes, for the fuzz targets in `host/fuzz`; not an API.
 #[doc(hidden)]

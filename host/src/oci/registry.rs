@@ -280,8 +280,9 @@ impl Endpoint {
             .map_err(|e| self.ctx.classify(&e, What::Manifest))
     }
 
-    /// A blob of at most [`MAX_CONFIG_BYTES`], read whole and verified.
-    async fn small_blob(&self, digest: &str, size: u64) -> Result<Vec<u8>, OciError> {
+    /// A small blob (a config, a chunk index), read whole and verified against `size` and
+    /// `digest`.
+    pub async fn small_blob(&self, digest: &str, size: u64) -> Result<Vec<u8>, OciError> {
         let hex = super::store::hex_of(digest)?;
         let mut body = self.range(digest, 0, None).await?;
         let mut out = Vec::with_capacity(size as usize);
@@ -313,6 +314,39 @@ impl Endpoint {
             });
         }
         Ok(out)
+    }
+
+    /// The digests of the manifests that refer to `subject` (a manifest digest of this
+    /// repository) with artifact type `artifact_type`: the OCI 1.1 referrers API, or, on a
+    /// registry without it, the referrers tag schema (`sha256-<hex>`, an index). None: empty.
+    pub async fn referrers(&self, subject: &str, artifact_type: &str) -> Result<Vec<String>, OciError> {
+        self.client.store_auth_if_needed(self.reference.resolve_registry(), &self.auth).await;
+        let at = self.reference.clone_with_digest(subject.to_string());
+        let index = self
+            .client
+            .pull_referrers(&at, Some(artifact_type))
+            .await
+            .map_err(|e| self.ctx.classify(&e, What::Manifest))?;
+        Ok(index
+            .manifests
+            .iter()
+            .filter(|m| m.artifact_type.as_deref() == Some(artifact_type))
+            .map(|m| m.digest.clone())
+            .collect())
+    }
+
+    /// The manifest `digest` of this repository, as JSON, checked against its digest.
+    pub async fn manifest_by_digest(&self, digest: &str) -> Result<serde_json::Value, OciError> {
+        let (body, got) = self.manifest(&self.reference.clone_with_digest(digest.to_string())).await?;
+        if got != digest {
+            return Err(OciError::DigestMismatch {
+                registry: self.ctx.registry.clone(),
+                reference: self.ctx.reference.clone(),
+                digest: digest.to_string(),
+                actual: got,
+            });
+        }
+        serde_json::from_slice(&body).map_err(|e| self.protocol(format!("manifest {digest} is not JSON: {e}")))
     }
 
     pub fn size_mismatch(&self, digest: &str, detail: String) -> OciError {

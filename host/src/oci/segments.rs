@@ -10,7 +10,7 @@ use std::ops::Range;
 
 /// Disjoint, sorted, merged half-open ranges within `0..size`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(super) struct Segments {
+pub struct Segments {
     have: Vec<Range<u64>>,
 }
 
@@ -48,6 +48,53 @@ impl Segments {
         }
         self.insert(r);
         out
+    }
+
+    /// The parts of `r` not recorded, in order (nothing is recorded).
+    pub fn missing_in(&self, r: Range<u64>) -> Vec<Range<u64>> {
+        let mut out = Vec::new();
+        let mut at = r.start;
+        for h in self.have.iter().skip_while(|h| h.end <= r.start).take_while(|h| h.start < r.end) {
+            if h.start > at {
+                out.push(at..h.start);
+            }
+            at = at.max(h.end);
+        }
+        if at < r.end {
+            out.push(at..r.end);
+        }
+        out
+    }
+
+    /// Is all of `r` recorded?
+    pub fn contains(&self, r: Range<u64>) -> bool {
+        r.start >= r.end || self.missing_in(r).is_empty()
+    }
+
+    /// Forget `r` (bytes that failed verification, to be written again).
+    pub fn remove(&mut self, r: Range<u64>) {
+        if r.start >= r.end {
+            return;
+        }
+        let mut out = Vec::with_capacity(self.have.len() + 1);
+        for h in self.have.drain(..) {
+            if h.end <= r.start || h.start >= r.end {
+                out.push(h);
+                continue;
+            }
+            if h.start < r.start {
+                out.push(h.start..r.start);
+            }
+            if h.end > r.end {
+                out.push(r.end..h.end);
+            }
+        }
+        self.have = out;
+    }
+
+    /// The recorded ranges, as pairs.
+    pub fn spans(&self) -> Vec<(u64, u64)> {
+        self.have.iter().map(|r| (r.start, r.end)).collect()
     }
 
     /// The bytes from 0 that are all present.
@@ -108,7 +155,7 @@ impl Segments {
         Some(out)
     }
 
-    #[cfg(test)]
+    /// The recorded ranges.
     pub fn ranges(&self) -> &[Range<u64>] {
         &self.have
     }

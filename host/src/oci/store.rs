@@ -71,13 +71,14 @@ impl Store {
     pub fn open(root: &Path) -> io::Result<Store> {
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(root)?;
         let store = Store { root: root.canonicalize()? };
-        for top in ["blobs", "trees"] {
+        for top in ["blobs", "trees", "tables"] {
             let dir = store.root.join(top);
             std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
         }
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(store.blob_dir())?;
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(store.tree_dir())?;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(store.table_dir())?;
         store.sweep_trees()?;
         store.sweep_sidecars()?;
         Ok(store)
@@ -166,6 +167,16 @@ impl Store {
         self.tree_dir().join(hex)
     }
 
+    /// Where the file tables of lazily served tar layers are kept.
+    pub fn table_dir(&self) -> PathBuf {
+        self.root.join("tables/sha256")
+    }
+
+    /// The kept file table of layer `hex` (oci/table.rs).
+    pub fn table(&self, hex: &str) -> PathBuf {
+        self.table_dir().join(format!("{hex}.json"))
+    }
+
     /// A fresh, empty directory (0700) for an unpack, and the `flock` that tells another
     /// daemon's [`Store::open`] it is in use: held until the returned descriptor is dropped.
     pub fn new_tree_tmp(&self, hex: &str) -> io::Result<(PathBuf, OwnedFd)> {
@@ -247,10 +258,42 @@ impl Store {
     /// blob without its tree is re-unpacked).
     pub fn evict(&self, hex: &str) -> io::Result<()> {
         remove_tree(&self.tree(hex))?;
+        let _ = std::fs::remove_file(self.table(hex));
         match std::fs::remove_file(self.blob(hex)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }
+    }
+
+    /// The ranges an interrupted download of `hex` (`size` bytes) left in its partial file, as
+    /// its ranges file says (`None` without a consistent one).
+    pub fn partial_ranges(&self, hex: &str, size: u64) -> Option<super::segments::Segments> {
+        let len = std::fs::symlink_metadata(self.partial(hex)).ok().filter(|m| m.is_file())?.len();
+        let text = std::fs::read_to_string(self.sidecar(hex)).ok()?;
+        super::segments::Segments::decode(&text, size, len)
+    }
+
+    /// Put `bytes`, already verified against `hex`, in place as that blob (a small one: a chunk
+    /// index): a fresh file, fsync'd, 0444, renamed.
+    pub fn put_verified(&self, hex: &str, bytes: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        if self.present(hex, bytes.len() as u64) {
+            return Ok(());
+        }
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let tmp = self.blob_dir().join(format!(".{hex}.put.{}.{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        let written = (|| {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+            f.write_all(bytes)?;
+            f.sync_all()?;
+            f.set_permissions(std::fs::Permissions::from_mode(0o444))?;
+            std::fs::rename(&tmp, self.blob(hex))
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
     }
 
     /// Remove an interrupted download's files.

@@ -6,8 +6,10 @@
 //! stay references by key until the executor fills them in, into the environment, a header
 //! or a file), so it can be logged, printed, stored and diffed as is.
 
+pub mod lazy;
 pub mod oci_ref;
 pub mod policy;
+pub mod tar_rules;
 pub mod url;
 
 use std::collections::BTreeSet;
@@ -111,6 +113,10 @@ impl SpawnArg {
 /// (`/dev/fd/3`: the first after stdin, stdout and stderr).
 pub const FUSE_FD: i32 = 3;
 
+/// The descriptor the host's own lazy FUSE server gets its listening control socket on (the
+/// one after [`FUSE_FD`]; `unpriv::lazy_wire`).
+pub const CONTROL_FD: i32 = 4;
+
 /// A FUSE filesystem the host mounts itself (WIT `fuse-mount.host-fd`): it opens `/dev/fuse`,
 /// mounts the connection at the spawn's mountpoint with the spawn's fstype, and starts the
 /// program unprivileged with only that descriptor ([`FUSE_FD`]).
@@ -170,6 +176,36 @@ pub enum MountOption {
     Path { prefix: String, path: PathBuf },
 }
 
+/// What the host's lazy FUSE server of a volume serves: the blobs a stage plan's `unpack`
+/// steps would have laid out, in their order (docs/lazy.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lazy {
+    /// The layers, in the order their files replace one another.
+    pub layers: Vec<LazyLayer>,
+    /// The digest of the artifact's chunk index (the manifest's referrer), when it has one:
+    /// every chunk is checked against it before a reader gets its bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<String>,
+}
+
+/// One blob of a [`Lazy`] filesystem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LazyLayer {
+    /// `sha256:<64 hex>`.
+    pub digest: String,
+    /// Its size.
+    pub size: u64,
+    /// Its media type (messages, the cache listing).
+    pub media_type: String,
+    /// How it is packed.
+    pub format: Archive,
+    /// Where its files go below the filesystem's root (`raw`: the file's own path; a tar
+    /// format: the directory its entries go into, `""` for the root).
+    pub dest: String,
+}
+
 /// Archive formats for [`Step::Unpack`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -215,6 +251,10 @@ pub enum Step {
         /// program mounts it itself.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         host_mount: Option<HostMount>,
+        /// The program is the host's own lazy FUSE server ([`lazy::lower`]), serving these
+        /// layers.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lazy: Option<Lazy>,
     },
     /// mount(2).
     Mount { fstype: String, source: String, target: PathBuf, options: Vec<MountOption>, readonly: bool },
@@ -328,8 +368,9 @@ pub fn read_only_publication(plan: &Plan, content: &Path) -> Result<(), NotReadO
 
 /// Keys of every secret a plan's steps fill in (environment, arguments, headers, secret
 /// files), each once, in the order they first appear: those a FUSE restart needs, and that a
-/// call checks present. Registry credentials ([`RegistryAuth::keys`]) are not among them: only
-/// the stage's `resolve` uses them, so they are never kept with a volume.
+/// call checks present. Registry credentials ([`RegistryAuth::keys`]) are among them only for
+/// a lazy volume ([`lazy`]), whose fill goes on after the stage (and after a restart of the
+/// daemon); otherwise only the stage's `resolve` uses them, and they are never kept.
 pub fn secret_refs(plan: &Plan) -> Vec<String> {
     let mut keys: Vec<String> = Vec::new();
     let mut add = |k: &str| {
@@ -337,8 +378,10 @@ pub fn secret_refs(plan: &Plan) -> Vec<String> {
             keys.push(k.to_string());
         }
     };
+    let lazy = lazy::layers(plan).is_some();
     for step in &plan.steps {
         match step {
+            Step::Resolve { auth, .. } if lazy => auth.keys().into_iter().for_each(&mut add),
             Step::SpawnFuse { args, env, .. } => {
                 for a in args {
                     if let SpawnArg::SecretFile { key, .. } = a {
@@ -531,6 +574,7 @@ mod tests {
             ready_timeout_ms: 1,
             memory_limit_bytes: None,
             host_mount: None,
+            lazy: None,
         };
         let resolve = Step::Resolve {
             reference: "r.io/m".into(),

@@ -454,6 +454,7 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> G<Step> {
                 ready_timeout_ms: s.ready_timeout_ms,
                 memory_limit_bytes: s.memory_limit_bytes,
                 host_mount,
+                lazy: None,
             }
         }
         S::Mount(m) => {

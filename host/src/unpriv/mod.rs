@@ -6,6 +6,7 @@
 pub mod artifact;
 pub mod grpc;
 pub mod http;
+pub mod lazy_wire;
 pub mod lookup;
 pub mod metrics_http;
 pub mod plugin_files;

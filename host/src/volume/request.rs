@@ -32,6 +32,20 @@ pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
 pub const DYNAMIC_KEY: &str = "dynamic";
 /// The plugins a dynamic volume's pod may mount with, comma-separated (default: its own).
 pub const DYNAMIC_PLUGINS_KEY: &str = "dynamicPlugins";
+/// The attribute making a volume lazy (`"true"`): the host serves the blobs its stage plan
+/// unpacks through its own FUSE server while they download (`plan::lazy`, docs/lazy.md).
+pub const LAZY_KEY: &str = "lazy";
+
+/// Is the volume lazy (`lazy: "true"`)? Anything but `true` or `false` is refused.
+pub fn lazy(attrs: &HashMap<String, String>) -> Result<bool, Error> {
+    match attrs.get(LAZY_KEY).map(String::as_str) {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => {
+            Err(Error::invalid(format!("volume attribute {LAZY_KEY} is {}; use \"true\" or \"false\"", shown(other))))
+        }
+    }
+}
 
 /// A dynamic volume's cap on its mounts (at most the node's `--dynamic-max-mounts`).
 pub const DYNAMIC_MAX_MOUNTS_KEY: &str = "dynamicMaxMounts";
@@ -250,6 +264,7 @@ pub fn is_reserved(key: &str) -> bool {
         || key == DIGEST_KEY
         || key == DYNAMIC_KEY
         || key == DYNAMIC_PLUGINS_KEY
+        || key == LAZY_KEY
         || DYNAMIC_LIMIT_KEYS.contains(&key)
         || key.starts_with(K8S_PREFIX)
 }

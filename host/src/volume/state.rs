@@ -668,6 +668,7 @@ mod tests {
                     ready_timeout_ms: 30_000,
                     memory_limit_bytes: None,
                     host_mount: None,
+                    lazy: None,
                 }],
                 attributes: vec![],
             },

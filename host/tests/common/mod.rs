@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use mounthost::proto::csi;
 
 pub mod dynamic;
+pub mod model;
 pub mod registry;
 
 /// Set in the re-executed test to the mount namespace it was launched from.

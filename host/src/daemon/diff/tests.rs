@@ -36,6 +36,7 @@ fn spawn() -> Step {
         ready_timeout_ms: 1000,
         memory_limit_bytes: None,
         host_mount: None,
+        lazy: None,
     }
 }
 

@@ -17,7 +17,7 @@ use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
@@ -25,6 +25,7 @@ use rustix::io::Errno;
 
 use crate::exec::beneath::Anchors;
 use crate::plan::Archive;
+use crate::plan::tar_rules::{check_link_target, clean};
 
 /// What tar may read between two entries: the next entry's headers (GNU long names and long
 /// link names, pax records, each read into memory whole) and whatever it skips of an entry
@@ -171,49 +172,6 @@ pub fn unpack(blob: &Path, digest: &str, format: Archive, into: &Path) -> io::Re
         }
     }
     seal(into, 0)
-}
-
-/// `raw` as a relative path of normal components (`.` dropped), or why not.
-fn clean(raw: &Path) -> Result<PathBuf, &'static str> {
-    let mut out = PathBuf::new();
-    for c in raw.components() {
-        match c {
-            Component::Normal(n) => out.push(n),
-            Component::CurDir => {}
-            Component::ParentDir => return Err("its path contains `..`"),
-            Component::RootDir | Component::Prefix(_) => return Err("its path is absolute"),
-        }
-    }
-    Ok(out)
-}
-
-/// A symbolic link at `at` (relative to the tree) may point to `target` only if it stays in the
-/// tree: relative, with `..` only at its start, and no more of them than `at` is deep. Every
-/// other link in the tree obeys the same rule, so following any chain of them never leaves it.
-fn check_link_target(at: &Path, target: &Path) -> Result<(), String> {
-    if target.as_os_str().is_empty() {
-        return Err("the symbolic link has an empty target".into());
-    }
-    let depth = at.components().count().saturating_sub(1);
-    let mut ups = 0;
-    let mut named = false;
-    for c in target.components() {
-        match c {
-            Component::RootDir | Component::Prefix(_) => {
-                return Err(format!("its symbolic link target {} is absolute", target.display()));
-            }
-            Component::ParentDir if named => {
-                return Err(format!("its symbolic link target {} uses `..` after a name", target.display()));
-            }
-            Component::ParentDir => ups += 1,
-            Component::CurDir => {}
-            Component::Normal(_) => named = true,
-        }
-    }
-    if ups > depth {
-        return Err(format!("its symbolic link target {} points outside the archive", target.display()));
-    }
-    Ok(())
 }
 
 /// Create the file `name` in `dir` (an earlier entry of the same name is replaced, as tar does).

@@ -60,3 +60,20 @@ fn a_claim_returns_only_what_nobody_claimed_before() {
     }
     assert_eq!(s.ranges(), std::slice::from_ref(&(0..70)));
 }
+
+#[test]
+fn ranges_are_looked_up_and_removed_without_claiming() {
+    let mut s = Segments::default();
+    s.insert(0..10);
+    s.insert(20..30);
+    assert_eq!(s.missing_in(5..25), [10..20]);
+    assert_eq!(s.ranges(), [0..10, 20..30], "looking claims nothing");
+    assert!(s.contains(2..8) && s.contains(20..30) && !s.contains(8..21) && s.contains(5..5));
+    s.remove(5..25);
+    assert_eq!(s.ranges(), [0..5, 25..30]);
+    s.remove(0..100);
+    assert!(s.ranges().is_empty());
+    s.insert(0..4);
+    s.remove(4..8);
+    assert_eq!(s.spans(), [(0, 4)], "removing what is not there changes nothing");
+}

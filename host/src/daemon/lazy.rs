@@ -1,0 +1,606 @@
+//! Lazy volumes on the daemon's side (`lazy: "true"`, docs/lazy.md).
+//!
+//! - At stage ([`Node::lazy_stage_plan`]): the checked plan is lowered into the host's lazy
+//!   FUSE server ([`crate::plan::lazy`]), the blobs are authorized, every layer's file table is
+//!   read (headers only, [`crate::oci::BlobTable`]), and the stage answers without waiting for
+//!   data.
+//! - When the pipeline starts the server, the executor hands it the opening
+//!   ([`Node::lazy_opening`]): the table, the layers' descriptors and what is readable now.
+//! - A session per volume ([`Node::lazy_attach`]) then runs for as long as the volume is
+//!   staged, across restarts of the server (healed) and of this daemon (re-adopted): it connects
+//!   to the server, forwards the ranges its readers wait for to the cache's downloads, fills
+//!   the layers in order in the background, tells the server what became readable, registers
+//!   complete files for passthrough, and records the progress and any failure.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tracing::{error, info, warn};
+
+use super::Node;
+use crate::error::Error;
+use crate::exec::artifacts::Prepared;
+use crate::exec::lazy::{Link, Opening};
+use crate::oci::{BlobRef, BlobTable, ChunkIndex, Source, TableKind};
+use crate::plan::{Archive, Lazy, Plan, Step};
+use crate::unpriv::lazy_wire::{self, Data, FileEntry, Hello, Kind, LayerState, Span, ToHost, ToServer};
+use crate::volume::state::Phase;
+
+/// A lazy volume's progress and state, as the host API, the CLI, a dynamic mount's view and the
+/// metrics show it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LazyStatus {
+    /// Bytes of all its layers.
+    pub total_bytes: u64,
+    /// Bytes known good: complete blobs, and with a chunk index the chunks that matched it.
+    pub verified_bytes: u64,
+    /// Bytes on the node (verified or not).
+    pub present_bytes: u64,
+    /// Requests made for its readers (ahead of the fill), and their bytes.
+    pub demand_requests: u64,
+    pub demand_bytes: u64,
+    /// Bytes the background fill fetched.
+    pub fill_bytes: u64,
+    /// Layers, and those complete.
+    pub layers: u32,
+    pub layers_complete: u32,
+    /// Compressed layers whose files appear only once they are fetched and unpacked.
+    pub layers_pending: u32,
+    /// Files the kernel now reads without the server (passthrough).
+    pub passthrough_files: u32,
+    /// The artifact has a chunk index: every chunk is checked before a reader gets it.
+    pub indexed: bool,
+    /// The server is connected to this daemon.
+    pub connected: bool,
+    /// Why the volume failed (a blob that does not match its digest): every read fails.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
+    /// Why the fill does not go on now (the registry unreachable, the disk full); reads of what
+    /// is on the node keep working.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stalled: Option<String>,
+}
+
+/// The daemon's lazy sessions.
+#[derive(Default)]
+pub(super) struct Lazies {
+    sessions: Mutex<HashMap<String, SessionHandle>>,
+}
+
+struct SessionHandle {
+    stop: tokio::sync::watch::Sender<bool>,
+    status: Arc<Mutex<LazyStatus>>,
+}
+
+/// One layer as a session tracks it.
+#[derive(Debug, Clone)]
+pub(super) struct LayerCtx {
+    blob: BlobRef,
+    format: Archive,
+    dest: String,
+    /// Its files in the table: (file id, path in the layer).
+    files: Vec<(u32, String)>,
+    /// Its files are still to come (a compressed layer not unpacked yet).
+    pending: bool,
+    /// What the server was told.
+    sent_complete: bool,
+    sent_readable: Vec<Span>,
+    sent_bad: Vec<Span>,
+    /// Files registered for passthrough.
+    backing: u32,
+}
+
+/// How often a session looks again without a change (a tree being unpacked, a fill to start
+/// again after a transient failure).
+const TICK: Duration = Duration::from_secs(1);
+/// How long a session waits before connecting again to a server that is not there.
+const RECONNECT: Duration = Duration::from_millis(250);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The blob of a lazy layer.
+fn blob_of(l: &crate::plan::LazyLayer) -> BlobRef {
+    BlobRef { digest: l.digest.clone(), size: l.size, media_type: l.media_type.clone() }
+}
+
+/// `rel` below `dest` in the filesystem.
+fn join(dest: &str, rel: &str) -> String {
+    match (dest.is_empty(), rel.is_empty()) {
+        (true, _) => rel.to_string(),
+        (false, true) => dest.to_string(),
+        (false, false) => format!("{dest}/{rel}"),
+    }
+}
+
+/// The table entries of one layer, numbered from `next_id`.
+fn entries_of(layer: u32, dest: &str, format: Archive, table: &BlobTable, next_id: u32) -> (Vec<FileEntry>, Vec<(u32, String)>) {
+    let mut entries = Vec::with_capacity(table.entries.len());
+    let mut files = Vec::new();
+    for (i, e) in table.entries.iter().enumerate() {
+        let id = next_id + i as u32;
+        let kind = match &e.kind {
+            TableKind::Dir => Kind::Dir,
+            TableKind::Symlink { target } => Kind::Symlink { target: target.clone() },
+            TableKind::File { size, offset } => {
+                files.push((id, e.path.clone()));
+                let data = match format {
+                    Archive::TarGzip | Archive::TarZstd => Data::Tree { layer, rel: e.path.clone() },
+                    Archive::Raw | Archive::Tar => Data::Blob { layer, offset: *offset },
+                };
+                Kind::File { size: *size, data }
+            }
+        };
+        entries.push(FileEntry { path: join(dest, &e.path), kind, mtime: e.mtime });
+    }
+    (entries, files)
+}
+
+impl Node {
+    /// The stage plan of a lazy volume: `plan` (checked, its artifact resolved to
+    /// `manifest_digest`) lowered into the host's lazy server, its blobs authorized for
+    /// `source` and registered as in use, every layer's file table read (from the node, else
+    /// from the registry's headers), and the chunk index of the manifest found when it has one.
+    /// Returns without waiting for any data.
+    pub(super) async fn lazy_stage_plan(
+        &self,
+        id: &str,
+        plan: Plan,
+        source: &Source,
+        reference: &str,
+        manifest_digest: &str,
+    ) -> Result<Plan, Error> {
+        let mut plan = crate::plan::lazy::lower(plan, &self.inner.config.lazy.server).map_err(|e| {
+            Error::invalid(format!(
+                "volume {id}: volume attribute {} is \"true\", but {e}",
+                crate::volume::request::LAZY_KEY
+            ))
+        })?;
+        let lazy = crate::plan::lazy::layers(&plan).cloned().expect("lowered");
+        let blobs: Vec<BlobRef> = lazy.layers.iter().map(blob_of).collect();
+        let artifacts = &self.inner.artifacts;
+        artifacts.authorize(source, &blobs).await.map_err(|e| super::pull::oci_error(e, reference))?;
+        let index = artifacts.find_index(source, manifest_digest, &blobs).await.map_err(|e| super::pull::oci_error(e, reference))?;
+        for l in &lazy.layers {
+            artifacts.lazy_table(source, &blob_of(l), l.format).await.map_err(|e| super::pull::oci_error(e, reference))?;
+        }
+        artifacts.lazy_register(id, &blobs);
+        if let Some(digest) = index {
+            info!(volume.id = %id, index = %digest, "the model has a chunk index: every chunk is checked before it is read");
+            for step in &mut plan.steps {
+                if let Step::SpawnFuse { lazy: Some(l), .. } = step {
+                    l.index = Some(digest.clone());
+                }
+            }
+        }
+        Ok(plan)
+    }
+
+    /// What the server of volume `id` (serving `lazy`) is told first: its table, its layers'
+    /// descriptors and what is readable now. Blocking. Fails when a tar layer's table is not on
+    /// the node (a restarted server's volume whose cache was emptied).
+    pub(super) fn lazy_opening(&self, id: &str, lazy: &Lazy) -> Result<(Opening, Vec<LayerCtx>), Error> {
+        let artifacts = &self.inner.artifacts;
+        let mut files = Vec::new();
+        let mut layers = Vec::new();
+        let mut states = Vec::new();
+        let mut entries: Vec<FileEntry> = Vec::new();
+        let mut failed = None;
+        for (i, l) in lazy.layers.iter().enumerate() {
+            let i = i as u32;
+            let blob = blob_of(l);
+            let table = artifacts.lazy_stored_table(&blob, l.format);
+            let pending = table.is_none() && matches!(l.format, Archive::TarGzip | Archive::TarZstd);
+            let (mut layer_entries, layer_files) = match &table {
+                Some(t) => entries_of(i, &l.dest, l.format, t, entries.len() as u32),
+                None if pending => (Vec::new(), Vec::new()),
+                None => {
+                    return Err(Error::unavailable(format!(
+                        "volume {id}: the file table of layer {} is not on the node; stage the volume again",
+                        l.digest
+                    )));
+                }
+            };
+            entries.append(&mut layer_entries);
+            let view = artifacts.lazy_view(&blob);
+            if let Some(e) = &view.failed {
+                failed.get_or_insert_with(|| format!("layer {} failed verification: {e}", l.digest));
+            }
+            match l.format {
+                Archive::TarGzip | Archive::TarZstd if !pending => {
+                    let dir = artifacts.lazy_open_tree(&blob).map_err(|e| super::pipeline::io_error(e, &PathBuf::from(&l.digest)))?;
+                    files.push((i, dir));
+                }
+                Archive::TarGzip | Archive::TarZstd => {}
+                Archive::Raw | Archive::Tar => {
+                    let f = artifacts.lazy_open(&blob).map_err(|e| super::pipeline::io_error(e, &PathBuf::from(&l.digest)))?;
+                    files.push((i, f));
+                }
+            }
+            let compressed_done = matches!(l.format, Archive::TarGzip | Archive::TarZstd) && !pending;
+            states.push(LayerState {
+                size: l.size,
+                readable: view.readable.clone(),
+                bad: view.bad.clone(),
+                complete: compressed_done,
+                pending: pending.then(|| l.dest.clone()),
+            });
+            layers.push(LayerCtx {
+                blob,
+                format: l.format,
+                dest: l.dest.clone(),
+                files: layer_files,
+                pending,
+                sent_complete: compressed_done,
+                sent_readable: view.readable,
+                sent_bad: view.bad,
+                backing: 0,
+            });
+        }
+        let hello = Hello {
+            volume: id.to_string(),
+            files: entries,
+            layers: states,
+            read_wait_ms: self.inner.config.lazy.read_wait.as_millis() as u64,
+            chunk: self.inner.config.lazy.chunk_bytes,
+            failed,
+        };
+        Ok((Opening { hello, files }, layers))
+    }
+
+    /// Make sure volume `id` has its lazy session (after a stage, at start, from the sweep).
+    pub(super) fn lazy_attach(&self, id: &str) {
+        let mut sessions = lock(&self.inner.lazies.sessions);
+        if sessions.contains_key(id) {
+            return;
+        }
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let status = Arc::new(Mutex::new(LazyStatus::default()));
+        sessions.insert(id.to_string(), SessionHandle { stop, status: status.clone() });
+        let (node, id) = (self.clone(), id.to_string());
+        tokio::spawn(async move {
+            node.lazy_session(&id, status, stopped).await;
+            lock(&node.inner.lazies.sessions).remove(&id);
+        });
+    }
+
+    /// Stop volume `id`'s session (unstage).
+    pub(super) fn lazy_detach(&self, id: &str) {
+        if let Some(s) = lock(&self.inner.lazies.sessions).remove(id) {
+            let _ = s.stop.send(true);
+        }
+        crate::metrics::global().lazy_volume_gone(id);
+    }
+
+    /// Volume `id`'s lazy status, if it is a lazy volume with a session.
+    pub fn lazy_status(&self, id: &str) -> Option<LazyStatus> {
+        lock(&self.inner.lazies.sessions).get(id).map(|s| lock(&s.status).clone())
+    }
+
+    /// Every lazy volume's status.
+    pub fn lazy_statuses(&self) -> Vec<(String, LazyStatus)> {
+        lock(&self.inner.lazies.sessions).iter().map(|(id, s)| (id.clone(), lock(&s.status).clone())).collect()
+    }
+
+    /// Give every staged lazy volume a session (the supervisor calls it). Blocking.
+    pub(super) fn lazy_sweep(&self) {
+        let Ok(records) = self.inner.store.all() else { return };
+        for st in records {
+            if st.phase == Phase::Staged && crate::plan::lazy::layers(&st.plan).is_some() {
+                self.lazy_attach(&st.volume_id);
+            }
+        }
+    }
+
+    /// The session of volume `id`, until `stopped` (unstage) or the volume is gone.
+    async fn lazy_session(&self, id: &str, status: Arc<Mutex<LazyStatus>>, mut stopped: tokio::sync::watch::Receiver<bool>) {
+        let mut warned = false;
+        loop {
+            if *stopped.borrow() {
+                return;
+            }
+            match self.lazy_connect(id).await {
+                Ok(Some(conn)) => {
+                    warned = false;
+                    if self.lazy_converse(id, conn, &status, &mut stopped).await {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    if !warned {
+                        warn!(volume.id = %id, error = %e.message, "the lazy server is not reachable yet; trying again");
+                        warned = true;
+                    }
+                }
+            }
+            lock(&status).connected = false;
+            tokio::select! {
+                _ = tokio::time::sleep(RECONNECT) => {}
+                _ = stopped.changed() => return,
+            }
+        }
+    }
+
+    /// Connect to volume `id`'s server and send its opening; `None` when the volume is not a
+    /// staged lazy volume any more.
+    async fn lazy_connect(&self, id: &str) -> Result<Option<Connected>, Error> {
+        let Some(st) = self.inner.store.load(id)? else { return Ok(None) };
+        if st.phase == Phase::Unstaging {
+            return Ok(None);
+        }
+        let Some(lazy) = crate::plan::lazy::layers(&st.plan).cloned() else { return Ok(None) };
+        let Some(process) = st.process.filter(|p| self.inner.exec.is_alive(p)) else {
+            return Err(Error::unavailable("its server is not running (the supervisor restarts it)"));
+        };
+        let resolve = st.plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. })).cloned();
+        let secrets: crate::secrets::Secrets = self.inner.store.load_secrets(id)?.into_iter().collect();
+        let source = match &resolve {
+            Some(r) => self.source(r, &secrets)?,
+            None => return Err(Error::internal("a lazy volume's plan has no resolve step")),
+        };
+        let index = match &lazy.index {
+            Some(digest) => {
+                let blobs: Vec<BlobRef> = lazy.layers.iter().map(blob_of).collect();
+                self.inner.artifacts.load_index(digest, &blobs).map_err(|e| e.into_error(digest))?
+            }
+            None => HashMap::new(),
+        };
+        let socket = self
+            .dirs(id, None, None)
+            .runtime
+            .expect("a volume has a runtime dir")
+            .join(lazy_wire::CONTROL_SOCKET);
+        let id2 = id.to_string();
+        let conn = self
+            .blocking(move |n| {
+                let conn = n.inner.exec.connect(&socket).map_err(|e| super::pipeline::io_error(e, &socket))?;
+                let (opening, layers) = n.lazy_opening(&id2, &lazy)?;
+                conn.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| super::pipeline::io_error(e, &socket))?;
+                opening.send(&conn).map_err(|e| Error::unavailable(format!("the lazy server did not take the opening: {e}")))?;
+                let link = Link::new(conn).map_err(|e| super::pipeline::io_error(e, &socket))?;
+                Ok((link, layers, opening.hello.files.len() as u32))
+            })
+            .await?;
+        let (link, layers, next_id) = conn;
+        Ok(Some(Connected { link, layers, source, process, index, next_id }))
+    }
+
+    /// Run one conversation until the connection ends (false) or the session is stopped (true).
+    async fn lazy_converse(
+        &self,
+        id: &str,
+        mut c: Connected,
+        status: &Arc<Mutex<LazyStatus>>,
+        stopped: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> bool {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        if let Err(e) = c.link.read_on_thread(move |m| {
+            let _ = tx.send(m);
+        }) {
+            warn!(volume.id = %id, error = %e, "reading the lazy server's messages");
+            return false;
+        }
+        info!(volume.id = %id, layers = c.layers.len(), "connected to the lazy server");
+        let mut changes = self.inner.artifacts.lazy_changes();
+        let mut tick = tokio::time::interval(TICK);
+        let mut failed_sent = false;
+        loop {
+            self.lazy_update(id, &mut c, status, &mut failed_sent).await;
+            tokio::select! {
+                m = rx.recv() => match m {
+                    Some(Some(ToHost::Need { layer, start, end, urgent })) => {
+                        if let Some(l) = c.layers.get(layer as usize) {
+                            let index = c.index.get(&l.blob.digest).cloned();
+                            if let Some(i) = index {
+                                self.inner.artifacts.lazy_index(&l.blob, i);
+                            }
+                            if let Err(e) = self.inner.artifacts.lazy_want(id, &c.source, &l.blob, start, end, urgent) {
+                                warn!(volume.id = %id, digest = %l.blob.digest, error = %e, "a reader's range could not be asked for");
+                            }
+                        }
+                    }
+                    Some(Some(ToHost::Ready { .. })) => {}
+                    Some(None) | None => {
+                        info!(volume.id = %id, "the lazy server's connection ended");
+                        return false;
+                    }
+                },
+                r = changes.changed() => {
+                    if r.is_err() {
+                        return false;
+                    }
+                    // Changes come with every write: a short pause gathers them.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                _ = tick.tick() => {}
+                _ = stopped.changed() => {
+                    c.link.close();
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// Tell the server what changed, advance the fill, finish complete layers, and record the
+    /// status.
+    async fn lazy_update(&self, id: &str, c: &mut Connected, status: &Arc<Mutex<LazyStatus>>, failed_sent: &mut bool) {
+        let artifacts = self.inner.artifacts.clone();
+        let mut s = LazyStatus { layers: c.layers.len() as u32, indexed: !c.index.is_empty(), connected: true, ..Default::default() };
+        let mut fill_next = true;
+        for i in 0..c.layers.len() {
+            let l = c.layers[i].clone();
+            let view = artifacts.lazy_view(&l.blob);
+            s.total_bytes += l.blob.size;
+            s.verified_bytes += view.verified;
+            s.present_bytes += view.present;
+            s.demand_requests += view.demand_requests;
+            s.demand_bytes += view.demand_bytes;
+            s.fill_bytes += view.fill_bytes;
+            s.passthrough_files += l.backing;
+            if let Some(e) = &view.failed {
+                let reason = format!("layer {} failed verification: {e}", l.blob.digest);
+                if !*failed_sent {
+                    error!(volume.id = %id, digest = %l.blob.digest, error = %e, "a lazy volume's blob does not match its digest: every read of the volume fails from now on, and the blob is dropped from the cache");
+                    let _ = c.link.send(&ToServer::Failed { reason: reason.clone() }, &[]);
+                    *failed_sent = true;
+                }
+                s.failed.get_or_insert(reason);
+                continue;
+            }
+            if let Some(why) = &view.stalled {
+                s.stalled.get_or_insert_with(|| format!("the fill of layer {} stopped: {why}", l.blob.digest));
+            }
+            if view.complete && !l.sent_complete {
+                match self.lazy_finish(id, c, i).await {
+                    Ok(true) => {}
+                    Ok(false) => fill_next = false,
+                    Err(e) => {
+                        let reason = format!("layer {}: {}", l.blob.digest, e.message);
+                        if !*failed_sent {
+                            error!(volume.id = %id, reason, "a lazy volume's layer failed its check: every read fails from now on");
+                            let _ = c.link.send(&ToServer::Failed { reason: reason.clone() }, &[]);
+                            *failed_sent = true;
+                        }
+                        s.failed.get_or_insert(reason);
+                    }
+                }
+            } else if !view.complete {
+                if view.readable != l.sent_readable {
+                    let _ = c.link.send(&ToServer::Readable { layer: i as u32, ranges: view.readable.clone() }, &[]);
+                    c.layers[i].sent_readable = view.readable.clone();
+                }
+                if view.bad != l.sent_bad {
+                    let _ = c.link.send(&ToServer::Bad { layer: i as u32, ranges: view.bad.clone() }, &[]);
+                    c.layers[i].sent_bad = view.bad.clone();
+                }
+                // The background fill: one layer at a time, in order.
+                if fill_next {
+                    fill_next = false;
+                    let index = c.index.get(&l.blob.digest).cloned();
+                    if let Err(e) = artifacts.lazy_start(id, &c.source, &l.blob, true, false, index) {
+                        s.stalled.get_or_insert_with(|| format!("the fill of layer {} cannot start: {e}", l.blob.digest));
+                    }
+                }
+            }
+            if c.layers[i].sent_complete {
+                s.layers_complete += 1;
+            }
+            if c.layers[i].pending {
+                s.layers_pending += 1;
+            }
+        }
+        if s.failed.is_some() {
+            s.stalled = None;
+        }
+        crate::metrics::global().lazy_volume(
+            id,
+            &crate::metrics::LazyVolume {
+                total_bytes: s.total_bytes,
+                verified_bytes: s.verified_bytes,
+                present_bytes: s.present_bytes,
+                demand_requests: s.demand_requests,
+                demand_bytes: s.demand_bytes,
+                fill_bytes: s.fill_bytes,
+                passthrough_files: u64::from(s.passthrough_files),
+                failed: s.failed.is_some(),
+                stalled: s.stalled.is_some(),
+            },
+        );
+        *lock(status) = s;
+    }
+
+    /// Layer `i` of `c` is complete and verified: check its table (a tar layer's was read from
+    /// a registry's ranges), unpack what needs it, register its files for passthrough and tell
+    /// the server. `Ok(false)`: not done yet (an unpack runs), try again later.
+    async fn lazy_finish(&self, id: &str, c: &mut Connected, i: usize) -> Result<bool, Error> {
+        let l = c.layers[i].clone();
+        let artifacts = self.inner.artifacts.clone();
+        if l.format == Archive::Tar {
+            artifacts.lazy_check_table(&l.blob).await.map_err(|e| e.into_error(&l.blob.digest))?;
+        }
+        if l.format != Archive::Raw {
+            match self.inner.assembler.prepare(&l.blob.digest, l.format) {
+                Prepared::Ready => {}
+                Prepared::Working => return Ok(false),
+                // Without its tree: served from the blob (tar) as before; a compressed layer
+                // stays pending and is tried again.
+                Prepared::Failed(e) => {
+                    if l.format == Archive::Tar {
+                        warn!(volume.id = %id, digest = %l.blob.digest, error = %e, "unpacking a complete layer failed; its files stay served by the lazy server");
+                        c.layers[i].sent_complete = true;
+                        let _ = c.link.send(&ToServer::Complete { layer: i as u32, backing: Vec::new() }, &[]);
+                        return Ok(true);
+                    }
+                    return Err(e.into_error(&l.blob.digest));
+                }
+            }
+        }
+        let mut layer = l.clone();
+        if l.pending {
+            // A compressed layer's files, now that it is unpacked.
+            let table = artifacts
+                .lazy_table(&c.source, &l.blob, l.format)
+                .await
+                .map_err(|e| e.into_error(&l.blob.digest))?
+                .ok_or_else(|| Error::internal(format!("layer {} is unpacked but has no tree", l.blob.digest)))?;
+            let next_id = c.next_id;
+            let (entries, files) = entries_of(i as u32, &l.dest, l.format, &table, next_id);
+            c.next_id += entries.len() as u32;
+            let blob = l.blob.clone();
+            let dir = self
+                .blocking(move |n| {
+                    n.inner.artifacts.lazy_open_tree(&blob).map_err(|e| super::pipeline::io_error(e, &PathBuf::from(&blob.digest)))
+                })
+                .await?;
+            let send = c
+                .link
+                .send(&ToServer::Files { layers: vec![i as u32] }, &[&dir])
+                .and_then(|()| c.link.send(&ToServer::Added { layer: i as u32, files: entries }, &[]));
+            send.map_err(|e| Error::unavailable(format!("telling the lazy server of layer {}: {e}", l.blob.digest)))?;
+            layer.files = files;
+            layer.pending = false;
+        }
+        // Passthrough: each complete file registered as its own backing file.
+        let process = c.process;
+        let (blob, format, wanted) = (l.blob.clone(), l.format, layer.files.clone());
+        let backing = self
+            .blocking(move |n| {
+                let files = n.inner.artifacts.lazy_backing_files(&blob, format, &wanted);
+                let refs: Vec<_> = files.iter().map(|(_, f)| f).collect();
+                Ok(match n.inner.exec.backing_open(&process, &refs) {
+                    Ok(ids) => files.iter().map(|(fid, _)| *fid).zip(ids).collect::<Vec<(u32, u32)>>(),
+                    Err(e) => {
+                        info!(error = %e, "passthrough is not available for this server; its files stay served by it");
+                        Vec::new()
+                    }
+                })
+            })
+            .await?;
+        layer.backing = backing.len() as u32;
+        c.link
+            .send(&ToServer::Complete { layer: i as u32, backing }, &[])
+            .map_err(|e| Error::unavailable(format!("telling the lazy server of layer {}: {e}", l.blob.digest)))?;
+        layer.sent_complete = true;
+        info!(volume.id = %id, digest = %l.blob.digest, passthrough = layer.backing, "a lazy layer is complete and verified");
+        c.layers[i] = layer;
+        Ok(true)
+    }
+}
+
+/// A session's open conversation.
+struct Connected {
+    link: Link,
+    layers: Vec<LayerCtx>,
+    source: Source,
+    process: crate::exec::process::ProcessId,
+    /// Chunk indexes by blob digest.
+    index: HashMap<String, Arc<ChunkIndex>>,
+    /// The id the next added file gets.
+    next_id: u32,
+}

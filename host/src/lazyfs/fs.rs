@@ -1,0 +1,370 @@
+//! The FUSE operations of a lazy volume: a read-only tree whose file bytes are read from the
+//! layers' descriptors once the host says they are there, waited for (and asked for) until
+//! then, and handed to the kernel's passthrough once a file's blob is complete and verified.
+
+use std::ffi::OsStr;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, ReplyStatfs,
+    Request,
+};
+
+use super::state::{Inner, Shared};
+use super::table::{NodeKind, ROOT, Table};
+use crate::unpriv::lazy_wire::{Data, Span, covers};
+
+/// How long the kernel keeps names and attributes: the tree never changes but by growing.
+const TTL: Duration = Duration::from_secs(3600);
+/// Chunks a sequential reader is ahead of what it reads.
+const READ_AHEAD_CHUNKS: u64 = 4;
+/// `st_blksize`: what buffered readers take as the size of one read.
+const BLOCK: u32 = 128 << 10;
+
+/// The filesystem.
+pub struct LazyFs {
+    pub shared: Arc<Shared>,
+    /// Per open file: where the last read ended (sequential readers get read-ahead).
+    handles: std::sync::Mutex<std::collections::HashMap<u64, u64>>,
+    next_handle: AtomicU64,
+    /// The kernel accepted passthrough.
+    passthrough: std::sync::atomic::AtomicBool,
+}
+
+impl LazyFs {
+    pub fn new(shared: Arc<Shared>) -> LazyFs {
+        LazyFs {
+            shared,
+            handles: Default::default(),
+            next_handle: AtomicU64::new(1),
+            passthrough: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The state once the table is there (it comes with the host's first opening), waiting for
+    /// it at most the read wait; `None` when it did not come.
+    fn with_table(&self) -> Option<std::sync::MutexGuard<'_, Inner>> {
+        let mut g = self.shared.lock();
+        let deadline = Instant::now() + g.read_wait;
+        while g.table.is_none() {
+            let (next, left) = self.shared.wait_until(g, deadline);
+            g = next;
+            if !left && g.table.is_none() {
+                return None;
+            }
+        }
+        Some(g)
+    }
+
+    fn attr(table: &Table, ino: u64) -> Option<FileAttr> {
+        let node = table.get(ino)?;
+        let (kind, perm, size, nlink) = match &node.kind {
+            NodeKind::Dir(children) => (FileType::Directory, 0o555, 0, 2 + children.len() as u32),
+            NodeKind::File { size, .. } => (FileType::RegularFile, 0o444, *size, 1),
+            NodeKind::Symlink(t) => (FileType::Symlink, 0o777, t.len() as u64, 1),
+        };
+        let time = UNIX_EPOCH + Duration::from_secs(node.mtime.max(0) as u64);
+        Some(FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: time,
+            mtime: time,
+            ctime: time,
+            crtime: time,
+            kind,
+            perm,
+            nlink,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: BLOCK,
+            flags: 0,
+        })
+    }
+
+    /// The root before the table is there (what the host's readiness check stats).
+    fn bare_root() -> FileAttr {
+        FileAttr {
+            ino: INodeNo(ROOT),
+            size: 0,
+            blocks: 0,
+            atime: UNIX_EPOCH,
+            mtime: UNIX_EPOCH,
+            ctime: UNIX_EPOCH,
+            crtime: UNIX_EPOCH,
+            kind: FileType::Directory,
+            perm: 0o555,
+            nlink: 2,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: BLOCK,
+            flags: 0,
+        }
+    }
+
+    /// Does a layer whose files are still to come put something at `path`?
+    fn pending_at(g: &Inner, path: &str) -> bool {
+        g.layers.iter().any(|l| {
+            l.pending.as_deref().is_some_and(|p| {
+                p.is_empty() || p == path || p.starts_with(&format!("{path}/")) || path.starts_with(&format!("{p}/"))
+            })
+        })
+    }
+
+    /// Read `size` bytes at `offset` of the file `id` whose bytes are `data`, waiting for them
+    /// up to the read wait.
+    fn read_file(&self, fh: u64, id: u32, file_size: u64, data: &Data, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        let end = offset.saturating_add(u64::from(size)).min(file_size);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        match data {
+            Data::Tree { layer, rel } => self.read_tree(id, *layer, rel, offset, end),
+            Data::Blob { layer, offset: base } => {
+                let sequential = {
+                    let mut h = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+                    let last = h.insert(fh, end);
+                    last == Some(offset) && offset > 0
+                };
+                self.read_blob(*layer, base + offset, base + end, (*base, base + file_size), sequential)
+            }
+        }
+    }
+
+    /// Bytes `[start, end)` of layer `layer`'s blob, once readable; `file` is the file's extent
+    /// in the blob (read-ahead stays inside it).
+    fn read_blob(&self, layer: u32, start: u64, end: u64, file: Span, sequential: bool) -> Result<Vec<u8>, Errno> {
+        let mut g = self.shared.lock();
+        let deadline = Instant::now() + g.read_wait;
+        if sequential {
+            let chunk = g.chunk.max(1);
+            let ahead = ((end + READ_AHEAD_CHUNKS * chunk).min(file.1)).max(end);
+            let l = g.layers.get(layer as usize);
+            if ahead > end && l.is_some_and(|l| !l.complete && !covers(&l.readable, end, ahead)) {
+                let msg = self.shared.asking(&mut g, layer, end, ahead, false);
+                drop(g);
+                if let Some(m) = msg {
+                    self.shared.send(&m);
+                }
+                g = self.shared.lock();
+            }
+        }
+        loop {
+            if g.failed.is_some() {
+                return Err(Errno::EIO);
+            }
+            let Some(l) = g.layers.get(layer as usize) else { return Err(Errno::EIO) };
+            if l.bad.iter().any(|(a, b)| *a < end && start < *b) {
+                return Err(Errno::EIO);
+            }
+            if (l.complete || covers(&l.readable, start, end))
+                && let Some(file) = l.file.clone()
+            {
+                drop(g);
+                let mut buf = vec![0u8; (end - start) as usize];
+                file.read_exact_at(&mut buf, start).map_err(|e| {
+                    tracing::warn!(layer, start, end, error = %e, "reading a layer's blob failed");
+                    Errno::EIO
+                })?;
+                return Ok(buf);
+            }
+            let msg = self.shared.asking(&mut g, layer, start, end, true);
+            if let Some(m) = msg {
+                drop(g);
+                self.shared.send(&m);
+                g = self.shared.lock();
+                continue;
+            }
+            let (next, left) = self.shared.wait_until(g, deadline.min(Instant::now() + super::state::ASK_AGAIN));
+            g = next;
+            if !left && Instant::now() >= deadline {
+                tracing::warn!(layer, start, end, "a read waited for its bytes past the read wait: EIO");
+                return Err(Errno::EIO);
+            }
+        }
+    }
+
+    /// Bytes of a file of an unpacked tree (always there once its layer was added).
+    fn read_tree(&self, id: u32, layer: u32, rel: &str, start: u64, end: u64) -> Result<Vec<u8>, Errno> {
+        let file = {
+            let g = self.shared.lock();
+            if g.failed.is_some() {
+                return Err(Errno::EIO);
+            }
+            match g.tree_files.get(&id) {
+                Some(f) => f.clone(),
+                None => {
+                    let dir = g.layers.get(layer as usize).and_then(|l| l.file.clone()).ok_or(Errno::EIO)?;
+                    drop(g);
+                    let f = Arc::new(crate::unpriv::sys::open_beneath(&dir, rel).map_err(|e| {
+                        tracing::warn!(layer, rel, error = %e, "opening a file of an unpacked layer failed");
+                        Errno::EIO
+                    })?);
+                    self.shared.lock().tree_files.insert(id, f.clone());
+                    f
+                }
+            }
+        };
+        let mut buf = vec![0u8; (end - start) as usize];
+        file.read_exact_at(&mut buf, start).map_err(|_| Errno::EIO)?;
+        Ok(buf)
+    }
+}
+
+impl Filesystem for LazyFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Passthrough (Linux 6.9+): the host registers complete files' backing ids on this
+        // connection, and opens of them bypass this process. Stack depth 1: the cache is on a
+        // plain filesystem.
+        if config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH)
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok()
+        {
+            self.passthrough.store(true, Ordering::Relaxed);
+        }
+        tracing::info!(passthrough = self.passthrough.load(Ordering::Relaxed), "lazy filesystem ready");
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let Some(mut g) = self.with_table() else { return reply.error(Errno::EIO) };
+        let deadline = Instant::now() + g.read_wait;
+        loop {
+            let table = g.table.as_ref().expect("waited for");
+            if let Some(ino) = table.child(parent.0, name) {
+                return match Self::attr(table, ino) {
+                    Some(a) => reply.entry(&TTL, &a, Generation(0)),
+                    None => reply.error(Errno::EIO),
+                };
+            }
+            // A layer still to be fetched and unpacked may put it here: wait for it.
+            let path = match table.path(parent.0) {
+                p if p.is_empty() => name.to_string_lossy().into_owned(),
+                p => format!("{p}/{}", name.to_string_lossy()),
+            };
+            if !Self::pending_at(&g, &path) || g.failed.is_some() {
+                return reply.error(Errno::ENOENT);
+            }
+            let (next, left) = self.shared.wait_until(g, deadline);
+            g = next;
+            if !left {
+                return reply.error(Errno::EAGAIN);
+            }
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        if ino.0 == ROOT && self.shared.lock().table.is_none() {
+            return reply.attr(&Duration::ZERO, &Self::bare_root());
+        }
+        let Some(g) = self.with_table() else { return reply.error(Errno::EIO) };
+        match Self::attr(g.table.as_ref().expect("waited for"), ino.0) {
+            Some(a) => reply.attr(&TTL, &a),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: fuser::ReplyData) {
+        let Some(g) = self.with_table() else { return reply.error(Errno::EIO) };
+        match g.table.as_ref().and_then(|t| t.get(ino.0)).map(|n| &n.kind) {
+            Some(NodeKind::Symlink(t)) => reply.data(t.as_bytes()),
+            _ => reply.error(Errno::EINVAL),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.acc_mode() != OpenAccMode::O_RDONLY {
+            return reply.error(Errno::EROFS);
+        }
+        let Some(g) = self.with_table() else { return reply.error(Errno::EIO) };
+        let Some(NodeKind::File { id, .. }) = g.table.as_ref().and_then(|t| t.get(ino.0)).map(|n| &n.kind) else {
+            return reply.error(Errno::EISDIR);
+        };
+        let backing = g.backing.get(id).copied().filter(|_| g.failed.is_none());
+        drop(g);
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        match backing {
+            Some(id) if self.passthrough.load(Ordering::Relaxed) => {
+                crate::unpriv::sys::reply_passthrough(reply, FileHandle(fh), id);
+            }
+            // The bytes never change: the page cache stays valid across opens (dropped when the
+            // volume fails, so every later read asks this process and fails).
+            _ => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(g) = self.with_table() else { return reply.error(Errno::EIO) };
+        let Some(NodeKind::File { id, size: file_size, data }) =
+            g.table.as_ref().and_then(|t| t.get(ino.0)).map(|n| n.kind.clone())
+        else {
+            return reply.error(Errno::EISDIR);
+        };
+        drop(g);
+        match self.read_file(fh.0, id, file_size, &data, offset, size) {
+            Ok(bytes) => reply.data(&bytes),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        _flush: bool,
+        reply: fuser::ReplyEmpty,
+    ) {
+        self.handles.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let Some(g) = self.with_table() else { return reply.error(Errno::EIO) };
+        let table = g.table.as_ref().expect("waited for");
+        let Some(node) = table.get(ino.0) else { return reply.error(Errno::ENOENT) };
+        let NodeKind::Dir(children) = &node.kind else { return reply.error(Errno::ENOTDIR) };
+        let mut entries: Vec<(u64, FileType, &OsStr)> =
+            vec![(ino.0, FileType::Directory, OsStr::new(".")), (node.parent, FileType::Directory, OsStr::new(".."))];
+        for (name, child) in children {
+            let kind = match table.get(*child).map(|n| &n.kind) {
+                Some(NodeKind::Dir(_)) => FileType::Directory,
+                Some(NodeKind::Symlink(_)) => FileType::Symlink,
+                _ => FileType::RegularFile,
+            };
+            entries.push((*child, kind, name.as_os_str()));
+        }
+        for (i, (child, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(child), i as u64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let (bytes, files) = match self.shared.lock().table.as_ref() {
+            Some(t) => (t.bytes(), t.len() as u64),
+            None => (0, 1),
+        };
+        reply.statfs(bytes.div_ceil(4096), 0, 0, files, 0, 4096, 255, 4096);
+    }
+}

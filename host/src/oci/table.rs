@@ -1,0 +1,551 @@
+//! The file table of a layer without its data (lazy volumes, docs/lazy.md): for an uncompressed
+//! tar layer, its entries and where each file's bytes lie in the blob, read from the 512-byte
+//! headers alone; for an unpacked layer, its tree.
+//!
+//! The headers are read in windows of [`WINDOW`] bytes, from the complete blob on disk or with
+//! HTTP range requests: each window holds the next header (and those of small entries after
+//! it), and the reader jumps over a large file's data to the header after it, so listing a
+//! 10 GiB layer of a few files costs a few requests of 64 KiB. Entries obey the rules the
+//! host's unpacking applies ([`crate::plan::tar_rules`]); what unpacking would refuse, the
+//! table refuses. A table read over the network is unverified until the blob is complete:
+//! [`Artifacts::lazy_check_table`] then reads it again from the verified bytes and compares.
+//!
+//! Tables are kept beside the blobs (`tables/sha256/<hex>.json`), so a restarted daemon or a
+//! healed server has them without the network, and removed with their blob.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use super::registry::Endpoint;
+use super::store::hex_of;
+use super::{Artifacts, BlobRef, OciError, Source};
+use crate::plan::Archive;
+use crate::plan::tar_rules::{check_link_target, clean};
+
+/// The bytes one read of headers takes.
+pub const WINDOW: u64 = 64 << 10;
+/// The largest long name, long link name or pax record block read.
+const MAX_META: u64 = 1 << 20;
+/// The most entries one layer's table holds.
+const MAX_ENTRIES: usize = 1_000_000;
+
+/// A layer's entries, in archive order (a later one replaces an earlier one of the same path).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlobTable {
+    /// Read from verified bytes (the complete blob, or an unpacked tree).
+    pub verified: bool,
+    pub entries: Vec<TableEntry>,
+}
+
+/// One entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TableEntry {
+    /// Its path in the layer (relative, plain components).
+    pub path: String,
+    pub kind: TableKind,
+    /// Modification time, seconds since the epoch.
+    pub mtime: i64,
+}
+
+/// What an entry is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", rename_all_fields = "camelCase")]
+pub enum TableKind {
+    Dir,
+    /// A file: `size` bytes at `offset` in the blob (0 for a tree's file).
+    File { size: u64, offset: u64 },
+    Symlink { target: String },
+}
+
+/// Reads byte ranges of one blob.
+enum Source_<'a> {
+    Local(&'a File),
+    Remote(&'a Endpoint, &'a str),
+}
+
+impl Source_<'_> {
+    async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, OciError> {
+        match self {
+            Source_::Local(f) => {
+                let mut buf = vec![0u8; len as usize];
+                let mut at = 0;
+                while at < buf.len() {
+                    let n = f.read_at(&mut buf[at..], offset + at as u64).map_err(|e| {
+                        OciError::Local { path: "<blob>".into(), detail: e.to_string(), kind: e.kind() }
+                    })?;
+                    if n == 0 {
+                        break;
+                    }
+                    at += n;
+                }
+                buf.truncate(at);
+                Ok(buf)
+            }
+            Source_::Remote(ep, digest) => {
+                let mut body = ep.range(digest, offset, Some(len)).await?;
+                let mut out = Vec::with_capacity(len as usize);
+                let mut skip = if body.full { offset } else { 0 };
+                while let Some(chunk) = body.stream.next().await {
+                    let chunk = chunk.map_err(|e| OciError::Unreachable {
+                        registry: ep.ctx.registry.clone(),
+                        reference: ep.ctx.reference.clone(),
+                        detail: format!("reading the headers of {digest}: {e}"),
+                    })?;
+                    let mut data: &[u8] = &chunk;
+                    if skip > 0 {
+                        let n = skip.min(data.len() as u64) as usize;
+                        skip -= n as u64;
+                        data = &data[n..];
+                    }
+                    let room = (len as usize).saturating_sub(out.len());
+                    out.extend_from_slice(&data[..data.len().min(room)]);
+                    if out.len() as u64 >= len {
+                        break;
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// A refused or unreadable archive.
+fn bad(digest: &str, detail: String) -> OciError {
+    OciError::Protocol {
+        registry: String::new(),
+        reference: digest.to_string(),
+        detail: format!("layer {digest} cannot be served lazily: {detail}"),
+    }
+}
+
+/// Read the table of the tar archive `digest` (`size` bytes) from `src`.
+async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<TableEntry>, OciError> {
+    let mut entries: Vec<TableEntry> = Vec::new();
+    // Regular files by path, for hard links (to a file before them).
+    let mut files: BTreeMap<PathBuf, (u64, u64)> = BTreeMap::new();
+    let mut window: (u64, Vec<u8>) = (0, Vec::new());
+    let mut pos = 0u64;
+    let mut long_name: Option<Vec<u8>> = None;
+    let mut long_link: Option<Vec<u8>> = None;
+    let mut pax: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    loop {
+        if pos + 512 > size {
+            // A tar archive ends with zero blocks; one cut short ends at the blob's end.
+            break;
+        }
+        let header_bytes = read_at(src, &mut window, pos, 512, size).await?;
+        if header_bytes.iter().all(|b| *b == 0) {
+            break;
+        }
+        let header = tar::Header::from_byte_slice(&header_bytes);
+        check_sum(&header_bytes).map_err(|e| bad(digest, format!("at byte {pos}: {e}")))?;
+        let mut data_size = header.entry_size().map_err(|e| bad(digest, format!("at byte {pos}: {e}")))?;
+        if let Some(s) = pax.get("size").and_then(|v| std::str::from_utf8(v).ok()).and_then(|v| v.parse().ok()) {
+            data_size = s;
+        }
+        let data_at = pos + 512;
+        let next = data_at
+            .checked_add(data_size.div_ceil(512) * 512)
+            .ok_or_else(|| bad(digest, format!("an entry at byte {pos} claims {data_size} bytes")))?;
+        if data_at + data_size > size {
+            return Err(bad(digest, format!("an entry at byte {pos} claims {data_size} bytes past the blob's end")));
+        }
+        let kind = header.entry_type();
+        let meta = |n: u64| -> Result<(), OciError> {
+            if n > MAX_META {
+                Err(bad(digest, format!("more than {MAX_META} bytes of long names or pax records at byte {pos}")))
+            } else {
+                Ok(())
+            }
+        };
+        match kind {
+            tar::EntryType::GNULongName => {
+                meta(data_size)?;
+                long_name = Some(trim_nul(read_at(src, &mut window, data_at, data_size, size).await?));
+                pos = next;
+                continue;
+            }
+            tar::EntryType::GNULongLink => {
+                meta(data_size)?;
+                long_link = Some(trim_nul(read_at(src, &mut window, data_at, data_size, size).await?));
+                pos = next;
+                continue;
+            }
+            tar::EntryType::XHeader => {
+                meta(data_size)?;
+                let records = read_at(src, &mut window, data_at, data_size, size).await?;
+                for ext in tar::PaxExtensions::new(&records) {
+                    let ext = ext.map_err(|e| bad(digest, format!("pax records at byte {pos}: {e}")))?;
+                    let key = ext.key().map_err(|e| bad(digest, format!("pax records at byte {pos}: {e}")))?;
+                    pax.insert(key.to_string(), ext.value_bytes().to_vec());
+                }
+                pos = next;
+                continue;
+            }
+            tar::EntryType::XGlobalHeader => {
+                pos = next;
+                continue;
+            }
+            _ => {}
+        }
+        let raw_path = pax
+            .remove("path")
+            .or_else(|| long_name.take())
+            .unwrap_or_else(|| header.path_bytes().into_owned());
+        let raw_link =
+            pax.remove("linkpath").or_else(|| long_link.take()).or_else(|| header.link_name_bytes().map(|l| l.into_owned()));
+        let mtime = pax
+            .remove("mtime")
+            .and_then(|v| String::from_utf8(v).ok())
+            .and_then(|v| v.split('.').next().and_then(|s| s.parse::<i64>().ok()))
+            .or_else(|| header.mtime().ok().map(|m| m as i64))
+            .unwrap_or(0);
+        pax.clear();
+        long_name = None;
+        long_link = None;
+        let raw = PathBuf::from(String::from_utf8_lossy(&raw_path).into_owned());
+        let refuse = |why: &str| bad(digest, format!("entry {}: refused: {why}", raw.display()));
+        let rel = clean(&raw).map_err(refuse)?;
+        if rel.as_os_str().is_empty() {
+            if kind.is_dir() {
+                pos = next;
+                continue;
+            }
+            return Err(refuse("it names the archive's root"));
+        }
+        let path = rel.to_string_lossy().into_owned();
+        let entry_kind = match kind {
+            tar::EntryType::Directory => TableKind::Dir,
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                files.insert(rel.clone(), (data_size, data_at));
+                TableKind::File { size: data_size, offset: data_at }
+            }
+            tar::EntryType::Symlink => {
+                let target = raw_link.ok_or_else(|| refuse("the symbolic link has no target"))?;
+                let target = PathBuf::from(String::from_utf8_lossy(&target).into_owned());
+                check_link_target(&rel, &target).map_err(|why| refuse(&why))?;
+                TableKind::Symlink { target: target.to_string_lossy().into_owned() }
+            }
+            tar::EntryType::Link => {
+                let target = raw_link.ok_or_else(|| refuse("the hard link has no target"))?;
+                let target = PathBuf::from(String::from_utf8_lossy(&target).into_owned());
+                let target_rel = clean(&target).ok().filter(|t| !t.as_os_str().is_empty());
+                let (size, offset) = target_rel.and_then(|t| files.get(&t).copied()).ok_or_else(|| {
+                    refuse(&format!("its hard link target {} is not a file before it", target.display()))
+                })?;
+                files.insert(rel.clone(), (size, offset));
+                TableKind::File { size, offset }
+            }
+            tar::EntryType::GNUSparse => return Err(refuse("it is a sparse file, which a lazy volume cannot serve")),
+            tar::EntryType::Char | tar::EntryType::Block => return Err(refuse("it is a device node")),
+            tar::EntryType::Fifo => return Err(refuse("it is a FIFO")),
+            other => return Err(refuse(&format!("its type ({other:?}) is not supported"))),
+        };
+        if let Ok(mode) = header.mode()
+            && mode & 0o6000 != 0
+        {
+            return Err(refuse("it has the set-uid or set-gid bit"));
+        }
+        entries.push(TableEntry { path, kind: entry_kind, mtime });
+        if entries.len() > MAX_ENTRIES {
+            return Err(bad(digest, format!("more than {MAX_ENTRIES} entries")));
+        }
+        pos = next;
+    }
+    Ok(entries)
+}
+
+/// `len` bytes at `at`, from the window when it holds them, else from a new window there.
+async fn read_at(
+    src: &Source_<'_>,
+    window: &mut (u64, Vec<u8>),
+    at: u64,
+    len: u64,
+    size: u64,
+) -> Result<Vec<u8>, OciError> {
+    let (start, bytes) = &*window;
+    if at >= *start && at + len <= start + bytes.len() as u64 {
+        let from = (at - start) as usize;
+        return Ok(bytes[from..from + len as usize].to_vec());
+    }
+    let want = len.max(WINDOW).min(size - at);
+    let got = src.read(at, want).await?;
+    if (got.len() as u64) < len {
+        return Err(OciError::Protocol {
+            registry: String::new(),
+            reference: String::new(),
+            detail: format!("the blob ended at byte {} while reading its headers", at + got.len() as u64),
+        });
+    }
+    *window = (at, got);
+    Ok(window.1[..len as usize].to_vec())
+}
+
+fn trim_nul(mut v: Vec<u8>) -> Vec<u8> {
+    while v.last() == Some(&0) {
+        v.pop();
+    }
+    v
+}
+
+/// A header's checksum: the sum of its bytes with the checksum field as spaces.
+fn check_sum(h: &[u8]) -> Result<(), String> {
+    let field = std::str::from_utf8(&h[148..156]).map_err(|_| "not a tar header".to_string())?;
+    let want = u32::from_str_radix(field.trim_matches(|c: char| c == '\0' || c == ' '), 8)
+        .map_err(|_| "not a tar header (no checksum)".to_string())?;
+    let sum: u32 = h.iter().enumerate().map(|(i, b)| if (148..156).contains(&i) { 32 } else { u32::from(*b) }).sum();
+    if sum == want { Ok(()) } else { Err(format!("not a tar header (checksum {want}, computed {sum})")) }
+}
+
+/// The table of an unpacked tree at `root`.
+fn tree_table(root: &Path) -> io::Result<Vec<TableEntry>> {
+    let mut out = Vec::new();
+    let mut stack = vec![(root.to_path_buf(), 0usize)];
+    while let Some((dir, depth)) = stack.pop() {
+        if depth > 256 {
+            return Err(io::Error::other(format!("{} is nested too deep", dir.display())));
+        }
+        let mut names: Vec<std::fs::DirEntry> = std::fs::read_dir(&dir)?.collect::<Result<_, _>>()?;
+        names.sort_by_key(|e| e.file_name());
+        for e in names {
+            let path = e.path();
+            let meta = path.symlink_metadata()?;
+            let rel = path.strip_prefix(root).expect("below the root").to_string_lossy().into_owned();
+            let kind = if meta.is_dir() {
+                stack.push((path.clone(), depth + 1));
+                TableKind::Dir
+            } else if meta.file_type().is_symlink() {
+                TableKind::Symlink { target: std::fs::read_link(&path)?.to_string_lossy().into_owned() }
+            } else if meta.is_file() {
+                TableKind::File { size: meta.len(), offset: 0 }
+            } else {
+                continue;
+            };
+            out.push(TableEntry { path: rel, kind, mtime: meta.mtime() });
+        }
+    }
+    Ok(out)
+}
+
+impl Artifacts {
+    /// The file table of layer `b` (`format`): the one kept for it, else read now — a raw blob
+    /// is one file, a tar layer's headers are read from the complete blob or with range
+    /// requests to `src`, a compressed layer's from its unpacked tree. `None` for a compressed
+    /// layer not yet unpacked (its files come once it is fetched and unpacked).
+    pub async fn lazy_table(&self, src: &Source, b: &BlobRef, format: Archive) -> Result<Option<BlobTable>, OciError> {
+        let hex = hex_of(&b.digest)?.to_string();
+        match format {
+            Archive::Raw => {
+                return Ok(Some(BlobTable {
+                    verified: true,
+                    entries: vec![TableEntry { path: String::new(), kind: TableKind::File { size: b.size, offset: 0 }, mtime: 0 }],
+                }));
+            }
+            Archive::TarGzip | Archive::TarZstd => {
+                let tree = self.core.store.tree(&hex);
+                if !tree.is_dir() {
+                    return Ok(None);
+                }
+                let entries = tokio::task::spawn_blocking(move || tree_table(&tree))
+                    .await
+                    .map_err(|e| OciError::Local { path: String::new(), detail: e.to_string(), kind: io::ErrorKind::Other })?
+                    .map_err(|e| OciError::local(&self.core.store.tree(&hex), &e, "", &b.digest))?;
+                return Ok(Some(BlobTable { verified: true, entries }));
+            }
+            Archive::Tar => {}
+        }
+        if let Some(t) = self.lazy_stored_table(b, format) {
+            return Ok(Some(t));
+        }
+        let (entries, verified) = if self.core.store.present(&hex, b.size) {
+            let file = File::open(self.core.store.blob(&hex))
+                .map_err(|e| OciError::local(&self.core.store.blob(&hex), &e, "", &b.digest))?;
+            (read_tar(&Source_::Local(&file), &b.digest, b.size).await?, true)
+        } else {
+            let ep = self.core.registries.endpoint(src)?;
+            (read_tar(&Source_::Remote(&ep, &b.digest), &b.digest, b.size).await.map_err(OciError::redacted)?, false)
+        };
+        let table = BlobTable { verified, entries };
+        self.store_table(&hex, &table);
+        Ok(Some(table))
+    }
+
+    /// The table kept for tar layer `b` (no network): what a restarted daemon or a healed server
+    /// serves. Raw and unpacked layers need none kept ([`Artifacts::lazy_table`] reads them).
+    pub fn lazy_stored_table(&self, b: &BlobRef, format: Archive) -> Option<BlobTable> {
+        let hex = hex_of(&b.digest).ok()?;
+        match format {
+            Archive::Tar => {
+                let text = std::fs::read(self.core.store.table(hex)).ok()?;
+                serde_json::from_slice(&text).ok()
+            }
+            Archive::Raw => Some(BlobTable {
+                verified: true,
+                entries: vec![TableEntry { path: String::new(), kind: TableKind::File { size: b.size, offset: 0 }, mtime: 0 }],
+            }),
+            Archive::TarGzip | Archive::TarZstd => {
+                let tree = self.core.store.tree(hex);
+                tree.is_dir().then(|| tree_table(&tree).ok()).flatten().map(|entries| BlobTable { verified: true, entries })
+            }
+        }
+    }
+
+    /// Read the table of the complete tar layer `b` again from its verified bytes and compare it
+    /// with the one kept (read before from a registry's ranges): equal, it is marked verified;
+    /// different, the registry served headers that are not the blob's (an error, and the kept
+    /// table is removed). Blocking-free: the reads run on the runtime.
+    pub async fn lazy_check_table(&self, b: &BlobRef) -> Result<(), OciError> {
+        let hex = hex_of(&b.digest)?.to_string();
+        let kept = self.lazy_stored_table(b, Archive::Tar);
+        if kept.as_ref().is_some_and(|t| t.verified) {
+            return Ok(());
+        }
+        let file = File::open(self.core.store.blob(&hex))
+            .map_err(|e| OciError::local(&self.core.store.blob(&hex), &e, "", &b.digest))?;
+        let entries = read_tar(&Source_::Local(&file), &b.digest, b.size).await?;
+        if let Some(k) = &kept
+            && k.entries != entries
+        {
+            let _ = std::fs::remove_file(self.core.store.table(&hex));
+            return Err(OciError::DigestMismatch {
+                registry: String::new(),
+                reference: String::new(),
+                digest: b.digest.clone(),
+                actual: "a table of files other than the one its headers gave while it was downloading".into(),
+            });
+        }
+        self.store_table(&hex, &BlobTable { verified: true, entries });
+        Ok(())
+    }
+
+    /// Keep a table (best effort: without it a restart reads the headers again).
+    fn store_table(&self, hex: &str, table: &BlobTable) {
+        let path = self.core.store.table(hex);
+        let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
+        let written = serde_json::to_vec(table)
+            .map_err(io::Error::other)
+            .and_then(|bytes| std::fs::write(&tmp, bytes))
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::warn!(path = %path.display(), error = %e, "keeping a lazy layer's file table failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table_of(bytes: &[u8]) -> Result<Vec<TableEntry>, OciError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("blob");
+        std::fs::write(&path, bytes).unwrap();
+        let f = File::open(&path).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(read_tar(&Source_::Local(&f), "sha256:x", bytes.len() as u64))
+    }
+
+    fn builder() -> tar::Builder<Vec<u8>> {
+        tar::Builder::new(Vec::new())
+    }
+
+    fn add(b: &mut tar::Builder<Vec<u8>>, path: &str, data: &[u8]) {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(1_700_000_000);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, path, data).unwrap();
+    }
+
+    #[test]
+    fn offsets_point_at_each_files_bytes_across_windows_and_long_names() {
+        let mut b = builder();
+        let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        add(&mut b, "config.json", b"{\"a\":1}");
+        add(&mut b, "weights/model.safetensors", &big);
+        let long = format!("deep/{}/tokenizer.json", "d".repeat(200));
+        add(&mut b, &long, b"tok");
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        b.append_link(&mut h, "weights/link", "model.safetensors").unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Link);
+        h.set_size(0);
+        b.append_link(&mut h, "copy.json", "config.json").unwrap();
+        let bytes = b.into_inner().unwrap();
+        let entries = table_of(&bytes).unwrap();
+        let file = |p: &str| {
+            entries.iter().find(|e| e.path == p).map(|e| match e.kind {
+                TableKind::File { size, offset } => bytes[offset as usize..(offset + size) as usize].to_vec(),
+                _ => panic!("{p} is not a file"),
+            })
+        };
+        assert_eq!(file("config.json").unwrap(), b"{\"a\":1}");
+        assert_eq!(file("weights/model.safetensors").unwrap(), big);
+        assert_eq!(file(&long).unwrap(), b"tok", "a GNU long name");
+        assert_eq!(file("copy.json").unwrap(), b"{\"a\":1}", "a hard link reads its target's bytes");
+        assert!(entries.iter().any(|e| e.path == "weights/link"
+            && e.kind == TableKind::Symlink { target: "model.safetensors".into() }));
+        assert_eq!(entries.iter().find(|e| e.path == "config.json").unwrap().mtime, 1_700_000_000);
+    }
+
+    #[test]
+    fn pax_paths_and_sizes_are_read() {
+        let mut b = builder();
+        let name = format!("p/{}.bin", "x".repeat(150));
+        let mut h = tar::Header::new_ustar();
+        h.set_size(5);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_pax_extensions([("path", name.as_bytes())]).unwrap();
+        h.set_path("short").unwrap();
+        h.set_cksum();
+        b.append(&h, &b"12345"[..]).unwrap();
+        let bytes = b.into_inner().unwrap();
+        let entries = table_of(&bytes).unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].path, name);
+    }
+
+    #[test]
+    fn what_unpacking_refuses_the_table_refuses() {
+        use crate::oci::tests::TarOf;
+        for (tar, why) in [
+            (TarOf::new().file("/abs", b"x").bytes(), "absolute"),
+            (TarOf::new().file("a/../../x", b"x").bytes(), "`..`"),
+            (TarOf::new().symlink("a/l", "../../etc").bytes(), "outside"),
+            (TarOf::new().raw("dev", tar::EntryType::Char, None, 0o644, b"").bytes(), "device"),
+            (TarOf::new().raw("f", tar::EntryType::Fifo, None, 0o644, b"").bytes(), "FIFO"),
+            (TarOf::new().raw("s", tar::EntryType::Regular, None, 0o4755, b"x").bytes(), "set-uid"),
+            (TarOf::new().hardlink("h", "missing").bytes(), "hard link target"),
+        ] {
+            let e = table_of(&tar).unwrap_err().to_string();
+            assert!(e.contains(why), "{why}: {e}");
+        }
+        let e = table_of(&[7u8; 1024]).unwrap_err().to_string();
+        assert!(e.contains("not a tar header"), "{e}");
+    }
+
+    #[test]
+    fn a_tree_lists_its_files_directories_and_links() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::write(dir.path().join("a/b/f"), b"hello").unwrap();
+        std::os::unix::fs::symlink("b/f", dir.path().join("a/l")).unwrap();
+        let t = tree_table(dir.path()).unwrap();
+        let paths: Vec<&str> = t.iter().map(|e| e.path.as_str()).collect();
+        assert!(paths.contains(&"a") && paths.contains(&"a/b") && paths.contains(&"a/b/f") && paths.contains(&"a/l"));
+        assert!(t.iter().any(|e| e.path == "a/b/f" && e.kind == TableKind::File { size: 5, offset: 0 }));
+    }
+}

@@ -1,0 +1,307 @@
+//! The control protocol between the host daemon and a lazy volume's FUSE server
+//! (`mounthost lazyfs`, [`crate::lazyfs`]): length-prefixed JSON frames over a unix stream
+//! socket, with descriptors (`SCM_RIGHTS`) attached to a frame where it hands files over.
+//!
+//! The server listens on the socket the host bound in the volume's runtime directory and passed
+//! it at start (descriptor [`CONTROL_FD`]); the host connects whenever it has none (after the
+//! spawn, after a restart of either). Each connection starts with [`ToServer::Hello`], zero or
+//! more [`ToServer::Files`], then [`ToServer::Settled`], which the server answers with
+//! [`ToHost::Ready`]; from then on the host sends what changes (bytes that became readable, a
+//! layer complete with its passthrough backing ids, a layer's files added, a failure) and the
+//! server asks for the byte ranges its readers wait for ([`ToHost::Need`]).
+//!
+//! The server trusts nothing it did not get this way: it serves exactly the files of the table
+//! it was sent, reads only the descriptors it was handed, and answers a read only from ranges
+//! the host declared readable.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+};
+use serde::{Deserialize, Serialize};
+
+pub use crate::plan::CONTROL_FD;
+/// The name of the control socket in the volume's runtime directory.
+pub const CONTROL_SOCKET: &str = "lazy.sock";
+/// The largest frame either side accepts (a file table of some hundred thousand files).
+pub const MAX_FRAME: usize = 64 << 20;
+/// The most descriptors one frame carries (the kernel's `SCM_MAX_FD` is 253).
+pub const MAX_FDS: usize = 200;
+
+/// A half-open byte range `[start, end)` of a layer's blob.
+pub type Span = (u64, u64);
+
+/// What the host tells the server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", rename_all_fields = "camelCase")]
+pub enum ToServer {
+    /// The first frame of a connection: the whole table, and what the host knows now.
+    Hello(Hello),
+    /// The data descriptors of these layers (read-only files: a blob, partial or complete, or
+    /// an unpacked tree's directory), one per layer, attached in this order.
+    Files { layers: Vec<u32> },
+    /// The end of a connection's opening: the server answers [`ToHost::Ready`].
+    Settled,
+    /// These ranges of a layer's blob can be read (replaces what was said before of that layer).
+    Readable { layer: u32, ranges: Vec<Span> },
+    /// The layer's blob is complete and verified: every byte can be read. Files with a backing
+    /// id the host registered on the FUSE connection are opened with passthrough from now on.
+    Complete { layer: u32, backing: Vec<(u32, u32)> },
+    /// A layer whose files were not known at the start (a compressed archive) is unpacked:
+    /// its files, whose data is in the tree directory handed over with [`ToServer::Files`].
+    Added { layer: u32, files: Vec<FileEntry> },
+    /// These ranges failed verification twice: reads of them fail (EIO).
+    Bad { layer: u32, ranges: Vec<Span> },
+    /// The volume failed verification: every read fails (EIO) from now on.
+    Failed { reason: String },
+}
+
+/// The opening of a connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hello {
+    /// The volume (for the server's log lines).
+    pub volume: String,
+    /// Every file and directory, in the order later layers replace earlier ones. A file's index
+    /// in this list (then in the order of [`ToServer::Added`]) is its id.
+    pub files: Vec<FileEntry>,
+    /// The layers, by index.
+    pub layers: Vec<LayerState>,
+    /// How long a read waits for bytes that are not there before it fails (EIO).
+    pub read_wait_ms: u64,
+    /// The chunk a read asks for at least (aligned), and the read-ahead's unit.
+    pub chunk: u64,
+    /// Set when the volume has failed already.
+    pub failed: Option<String>,
+}
+
+/// One layer as the server sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LayerState {
+    /// The blob's size.
+    pub size: u64,
+    /// Readable ranges now.
+    pub readable: Vec<Span>,
+    /// Ranges that failed verification twice.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bad: Vec<Span>,
+    /// Complete and verified.
+    pub complete: bool,
+    /// A compressed layer whose files appear once it is fetched and unpacked: the path its
+    /// files go below (`""`: the root), so a lookup there waits for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<String>,
+}
+
+/// A file, directory or symbolic link of the table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileEntry {
+    /// Its path from the root, `/`-separated, without `.`, `..` or empty components.
+    pub path: String,
+    /// What it is.
+    pub kind: Kind,
+    /// Modification time, seconds since the epoch.
+    #[serde(default)]
+    pub mtime: i64,
+}
+
+/// What an entry is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", rename_all_fields = "camelCase")]
+pub enum Kind {
+    /// A directory.
+    Dir,
+    /// A regular file of `size` bytes.
+    File { size: u64, data: Data },
+    /// A symbolic link (relative, inside the tree: the host checked).
+    Symlink { target: String },
+}
+
+/// Where a file's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", rename_all_fields = "camelCase")]
+pub enum Data {
+    /// In the layer's blob from `offset` (a raw layer at 0, a tar member after its header).
+    Blob { layer: u32, offset: u64 },
+    /// In the layer's unpacked tree, at `rel` below the directory handed over for it.
+    Tree { layer: u32, rel: String },
+}
+
+/// What the server tells the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", rename_all_fields = "camelCase")]
+pub enum ToHost {
+    /// The opening was applied.
+    Ready { files: u32 },
+    /// A reader waits for (`urgent`), or a sequential reader will soon want, this range.
+    Need { layer: u32, start: u64, end: u64, urgent: bool },
+}
+
+/// Send one frame, with `fds` attached (at most [`MAX_FDS`]).
+pub fn send<T: Serialize>(sock: &UnixStream, msg: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} descriptors in one frame", fds.len())));
+    }
+    let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    if body.len() > MAX_FRAME {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("a frame of {} bytes", body.len())));
+    }
+    let head = (body.len() as u32).to_le_bytes();
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::other("the descriptors do not fit the control buffer"));
+    }
+    // The descriptors travel with the frame's first bytes; what the first call did not take
+    // follows without them.
+    let sent = rustix::net::sendmsg(sock, &[IoSlice::new(&head), IoSlice::new(&body)], &mut control, SendFlags::NOSIGNAL)?;
+    let mut rest: Vec<u8> = head.iter().chain(body.iter()).copied().skip(sent).collect();
+    while !rest.is_empty() {
+        let n = rustix::net::send(sock, &rest, SendFlags::NOSIGNAL)?;
+        rest.drain(..n);
+    }
+    Ok(())
+}
+
+/// Receive one frame and the descriptors attached to it; `None` at the end of the stream.
+pub fn recv<T: for<'de> Deserialize<'de>>(sock: &UnixStream) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
+    let mut fds = Vec::new();
+    let mut head = [0u8; 4];
+    if !read_exact(sock, &mut head, &mut fds, true)? {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes(head) as usize;
+    if len > MAX_FRAME {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a frame of {len} bytes")));
+    }
+    let mut body = vec![0u8; len];
+    if !read_exact(sock, &mut body, &mut fds, false)? {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the stream ended inside a frame"));
+    }
+    let msg = serde_json::from_slice(&body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok(Some((msg, fds)))
+}
+
+/// Fill `buf`, collecting any descriptors; false if the stream ended before the first byte
+/// (when `at_start`).
+fn read_exact(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>, at_start: bool) -> io::Result<bool> {
+    let mut at = 0;
+    while at < buf.len() {
+        let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let got = match rustix::net::recvmsg(
+            sock.as_fd(),
+            &mut [IoSliceMut::new(&mut buf[at..])],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(r) => r.bytes,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = m {
+                fds.extend(received);
+            }
+        }
+        if got == 0 {
+            if at == 0 && at_start {
+                return Ok(false);
+            }
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the stream ended inside a frame"));
+        }
+        at += got;
+    }
+    Ok(true)
+}
+
+/// `ranges` (sorted or not, overlapping or not) cover `[start, end)`?
+pub fn covers(ranges: &[Span], start: u64, end: u64) -> bool {
+    if start >= end {
+        return true;
+    }
+    let mut sorted: Vec<Span> = ranges.iter().copied().filter(|(a, b)| a < b).collect();
+    sorted.sort_unstable();
+    let mut at = start;
+    for (a, b) in sorted {
+        if a > at {
+            break;
+        }
+        at = at.max(b);
+        if at >= end {
+            return true;
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn frames_carry_messages_and_descriptors_in_order() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::File::create(&path).unwrap().write_all(b"payload").unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let hello = ToServer::Hello(Hello {
+            volume: "v".into(),
+            files: vec![FileEntry {
+                path: "w.bin".into(),
+                kind: Kind::File { size: 7, data: Data::Blob { layer: 0, offset: 0 } },
+                mtime: 1,
+            }],
+            layers: vec![LayerState { size: 7, readable: vec![(0, 3)], bad: vec![], complete: false, pending: None }],
+            read_wait_ms: 1000,
+            chunk: 4 << 20,
+            failed: None,
+        });
+        send(&a, &hello, &[]).unwrap();
+        send(&a, &ToServer::Files { layers: vec![0] }, &[file.as_fd()]).unwrap();
+        send(&a, &ToServer::Settled, &[]).unwrap();
+        drop(a);
+        let (got, fds): (ToServer, _) = recv(&b).unwrap().unwrap();
+        assert_eq!(got, hello);
+        assert!(fds.is_empty());
+        let (got, fds): (ToServer, _) = recv(&b).unwrap().unwrap();
+        assert_eq!(got, ToServer::Files { layers: vec![0] });
+        assert_eq!(fds.len(), 1);
+        let mut buf = [0u8; 7];
+        std::fs::File::from(fds.into_iter().next().unwrap()).read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"payload", "the descriptor is the file");
+        let (got, _): (ToServer, _) = recv(&b).unwrap().unwrap();
+        assert_eq!(got, ToServer::Settled);
+        assert!(recv::<ToServer>(&b).unwrap().is_none(), "the end of the stream");
+    }
+
+    #[test]
+    fn a_frame_cut_off_or_too_large_is_an_error() {
+        let (a, b) = UnixStream::pair().unwrap();
+        (&a).write_all(&100u32.to_le_bytes()).unwrap();
+        (&a).write_all(b"{\"settled\"").unwrap();
+        drop(a);
+        assert!(recv::<ToServer>(&b).is_err());
+        let (a, b) = UnixStream::pair().unwrap();
+        (&a).write_all(&(MAX_FRAME as u32 + 1).to_le_bytes()).unwrap();
+        assert_eq!(recv::<ToServer>(&b).unwrap_err().kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn coverage_of_ranges() {
+        assert!(covers(&[(0, 10)], 2, 5));
+        assert!(covers(&[(5, 10), (0, 5)], 0, 10), "touching ranges join");
+        assert!(!covers(&[(0, 4), (5, 10)], 0, 10), "a hole");
+        assert!(covers(&[], 3, 3), "an empty range");
+        assert!(!covers(&[(0, 10)], 5, 11));
+    }
+}
