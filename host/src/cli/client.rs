@@ -267,7 +267,7 @@ pub async fn run(socket: PathBuf, host_socket: PathBuf, cmd: ClientCommand) -> R
             Value::Array(
                 r.volumes
                     .into_iter()
-                    .map(|v| json!({"volumeId": v.volume_id, "plugin": v.plugin, "digest": v.digest, "phase": v.phase, "stagingPath": v.staging_path, "targets": v.targets, "pid": v.pid, "healthy": v.healthy, "condition": v.condition, "restarts": v.restarts, "oomKills": v.oom_kills, "pull": pull_json(&v)}))
+                    .map(|v| json!({"volumeId": v.volume_id, "plugin": v.plugin, "digest": v.digest, "phase": v.phase, "stagingPath": v.staging_path, "targets": v.targets, "pid": v.pid, "healthy": v.healthy, "condition": v.condition, "restarts": v.restarts, "oomKills": v.oom_kills, "pull": pull_json(&v), "lazy": lazy_json(&v)}))
                     .collect(),
             )
         }
@@ -286,4 +286,26 @@ fn pull_json(v: &crate::proto::host::VolumeStatus) -> Value {
         .map(|b| json!({"digest": b.digest, "done": b.done_bytes, "total": b.total_bytes}))
         .collect();
     json!({"doneBytes": v.pull_done_bytes, "totalBytes": v.pull_total_bytes, "blobs": blobs})
+}
+
+/// A lazy volume's progress (`null` for other volumes).
+fn lazy_json(v: &crate::proto::host::VolumeStatus) -> Value {
+    let Some(l) = &v.lazy else { return Value::Null };
+    let text = |s: &str| if s.is_empty() { Value::Null } else { Value::from(s) };
+    json!({
+        "totalBytes": l.total_bytes,
+        "verifiedBytes": l.verified_bytes,
+        "presentBytes": l.present_bytes,
+        "demandRequests": l.demand_requests,
+        "demandBytes": l.demand_bytes,
+        "fillBytes": l.fill_bytes,
+        "layers": l.layers,
+        "layersComplete": l.layers_complete,
+        "layersPending": l.layers_pending,
+        "passthroughFiles": l.passthrough_files,
+        "indexed": l.indexed,
+        "connected": l.connected,
+        "failed": text(&l.failed),
+        "stalled": text(&l.stalled),
+    })
 }

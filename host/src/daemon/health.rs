@@ -47,6 +47,10 @@ impl Node {
         if mountinfo::at(mounts, &st.staging_path).is_none() {
             problems.push(format!("nothing is mounted at the staging path {}", st.staging_path.display()));
         }
+        // A lazy volume whose blob failed verification: every read fails.
+        if let Some(failed) = self.lazy_status(&st.volume_id).and_then(|l| l.failed) {
+            problems.push(failed);
+        }
         if !problems.is_empty() {
             // Read only for a volume in trouble (a health check runs for every volume).
             let oom = u64::from(st.oom_kills) + self.inner.exec.oom_kills(&st.cgroup).unwrap_or(0);
@@ -78,6 +82,11 @@ impl Node {
         let mut health = self.blocking(move |n| Ok(n.health(&st2))).await?;
         if let Some(reason) = self.gave_up(&id) {
             health = Health { healthy: false, condition: join(&health, &reason) };
+        }
+        // A lazy volume whose fill stopped (the registry gone, the disk full) still reads what
+        // is on the node; the condition says why the rest is not coming.
+        if let Some(stalled) = self.lazy_status(&id).and_then(|l| l.stalled) {
+            health = Health { healthy: false, condition: join(&health, &stalled) };
         }
         let exec = self.inner.exec.clone();
         let p2 = path.clone();

@@ -161,6 +161,7 @@ impl Host for HostService {
         let mut volumes = list
             .into_iter()
             .map(|(st, h)| VolumeStatus {
+                lazy: self.node.lazy_status(&st.volume_id).map(|l| lazy_progress(&l)),
                 volume_id: st.volume_id,
                 plugin: st.plugin,
                 digest: st.digest,
@@ -345,4 +346,24 @@ pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()>
     supervisor.abort();
     let _ = tokio::task::spawn_blocking(move || last.release_unused_tmpfs()).await;
     Ok(())
+}
+
+/// A lazy volume's status as the host API reports it.
+pub fn lazy_progress(l: &crate::daemon::lazy::LazyStatus) -> crate::proto::host::LazyProgress {
+    crate::proto::host::LazyProgress {
+        total_bytes: l.total_bytes,
+        verified_bytes: l.verified_bytes,
+        present_bytes: l.present_bytes,
+        demand_requests: l.demand_requests,
+        demand_bytes: l.demand_bytes,
+        fill_bytes: l.fill_bytes,
+        layers: l.layers,
+        layers_complete: l.layers_complete,
+        layers_pending: l.layers_pending,
+        passthrough_files: l.passthrough_files,
+        indexed: l.indexed,
+        connected: l.connected,
+        failed: l.failed.clone().unwrap_or_default(),
+        stalled: l.stalled.clone().unwrap_or_default(),
+    }
 }

@@ -28,8 +28,9 @@ const BLOCK: u32 = 128 << 10;
 /// The filesystem.
 pub struct LazyFs {
     pub shared: Arc<Shared>,
-    /// Per open file: where the last read ended (sequential readers get read-ahead).
-    handles: std::sync::Mutex<std::collections::HashMap<u64, u64>>,
+    /// Per open file: where the last read ended, and how many bytes it read in a row before
+    /// (sequential readers get read-ahead).
+    handles: std::sync::Mutex<std::collections::HashMap<u64, (u64, u64)>>,
     next_handle: AtomicU64,
     /// The kernel accepted passthrough.
     passthrough: std::sync::atomic::AtomicBool,
@@ -127,10 +128,16 @@ impl LazyFs {
         match data {
             Data::Tree { layer, rel } => self.read_tree(id, *layer, rel, offset, end),
             Data::Blob { layer, offset: base } => {
+                // A reader that went on from where it stopped for more than two chunks reads
+                // the file through: it gets read-ahead (one large read split by the kernel
+                // into several requests does not).
                 let sequential = {
+                    let chunk = self.shared.lock().chunk;
                     let mut h = self.handles.lock().unwrap_or_else(|p| p.into_inner());
-                    let last = h.insert(fh, end);
-                    last == Some(offset) && offset > 0
+                    let (last_end, run) = h.get(&fh).copied().unwrap_or((u64::MAX, 0));
+                    let run = if last_end == offset { run + (end - offset) } else { 0 };
+                    h.insert(fh, (end, run));
+                    run >= 2 * chunk
                 };
                 self.read_blob(*layer, base + offset, base + end, (*base, base + file_size), sequential)
             }

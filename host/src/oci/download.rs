@@ -474,10 +474,30 @@ impl Stream<'_> {
                 data = &data[..room as usize];
             }
             buf.extend_from_slice(data);
-            if let Role::Stream(n) = role
-                && let Some(w) = lock(&self.shared.windows).get_mut(n)
-            {
-                *w = (pos + buf.len() as u64, end);
+            if let Role::Stream(n) = role {
+                let at = pos + buf.len() as u64;
+                if let Some(w) = lock(&self.shared.windows).get_mut(n) {
+                    *w = (at, end);
+                }
+                // A demand worker wrote what comes next: stop receiving it, and queue what is
+                // still missing of this range instead (bytes are not fetched twice).
+                if at < end && self.lazy && lock(&self.shared.claimed).contains(at..(at + WRITE_BUF as u64).min(end)) {
+                    self.wait(writing.take()).await?;
+                    if !buf.is_empty() {
+                        let n = buf.len() as u64;
+                        self.wait(Some(self.write(std::mem::take(&mut buf), pos))).await?;
+                        pos += n;
+                    }
+                    let rest = lock(&self.shared.claimed).missing_in(pos..end);
+                    let mut q = lock(&self.shared.queue);
+                    for p in rest.into_iter().rev() {
+                        q.push_front(p);
+                    }
+                    if let Some(w) = lock(&self.shared.windows).get_mut(n) {
+                        *w = (0, 0);
+                    }
+                    return Ok(());
+                }
             }
             if buf.len() >= WRITE_BUF {
                 let mut next = self.wait(writing.take()).await?.unwrap_or_else(|| Vec::with_capacity(WRITE_BUF));
