@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use mounthost::cli::{Cli, Command, cache, client, dynamic, lazyfs, plugin, serve};
+use mounthost::cli::{Cli, Command, cache, client, dynamic, lazyfs, model, plugin, serve};
 use mounthost::telemetry;
 
 fn main() -> ExitCode {
@@ -67,6 +67,15 @@ async fn run() -> ExitCode {
                 Ok(out) => print_out(&out),
                 Err(e) => {
                     eprintln!("error ({:?}): {}", e.code, e.message);
+                    ExitCode::from(2)
+                }
+            };
+        }
+        Command::Model(cmd) => {
+            return match model::run(&cfg, cmd).await {
+                Ok(out) => print_out(&out),
+                Err(e) => {
+                    eprintln!("error ({:?}): {e}", e.kind());
                     ExitCode::from(2)
                 }
             };

@@ -11,6 +11,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::model::Node;
 use common::model::*;
 use common::registry::{Class, ModelBuilder, Packing, PushedModel, Registry, RegistryOptions, random_file};
 use common::{in_private_namespace, mounts_below};
@@ -152,5 +153,386 @@ fn a_lazy_volume_is_staged_at_once_and_read_while_its_fill_runs() {
         }
         assert_eq!(mounts_below(node.dirs.root.path()), Vec::<PathBuf>::new());
         assert!(partials(&node.dirs.state).is_empty());
+    });
+}
+
+/// NodeGetVolumeStats of `id` at `path`: its VolumeCondition (abnormal, message).
+async fn condition(csi: &mut Node, id: &str, path: &Path) -> (bool, String) {
+    let r = csi
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: id.into(),
+            volume_path: path.display().to_string(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let c = r.volume_condition.unwrap_or_default();
+    (c.abnormal, c.message)
+}
+
+/// Wait until `id`'s progress passes `test` (at most `limit`).
+async fn until_progress(
+    node: &ModelNode,
+    id: &str,
+    limit: Duration,
+    test: impl Fn(&LazyProgress) -> bool,
+) -> LazyProgress {
+    let until = Instant::now() + limit;
+    loop {
+        let p = progress(node, id).await;
+        if let Some(p) = &p
+            && test(p)
+        {
+            return p.clone();
+        }
+        assert!(Instant::now() < until, "not reached: {p:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The errno a read of `len` bytes at `at` of `file` failed with (None: it succeeded).
+fn read_errno(file: &Path, at: u64, len: usize) -> Option<i32> {
+    let mut buf = vec![0u8; len];
+    match std::fs::File::open(file).and_then(|f| f.read_exact_at(&mut buf, at)) {
+        Ok(()) => None,
+        Err(e) => Some(e.raw_os_error().unwrap_or(-1)),
+    }
+}
+
+/// The node's staging, target and a stage of `pv` of `reference` with `ctx`, published.
+async fn staged_and_published(
+    node: &ModelNode,
+    csi: &mut Node,
+    pv: &str,
+    ctx: &HashMap<String, String>,
+) -> (PathBuf, PathBuf) {
+    let staging = node.dirs.staging(pv);
+    csi.node_stage_volume(stage_req(pv, &staging, ctx)).await.unwrap();
+    let target = node.dirs.target(&format!("pod-{pv}"), pv);
+    csi.node_publish_volume(publish_req(pv, &staging, &target, ctx)).await.unwrap();
+    (staging, target)
+}
+
+async fn unstage(csi: &mut Node, pv: &str, staging: &Path, target: &Path) {
+    csi.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: pv.into(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    csi.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: pv.into(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+}
+
+#[test]
+fn a_read_whose_registry_is_gone_fails_in_bounded_time_and_the_fill_resumes() {
+    if !in_private_namespace("a_read_whose_registry_is_gone_fails_in_bounded_time_and_the_fill_resumes") {
+        return;
+    }
+    let mut registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let (model, weights) = lazy_model(&registry, work.path(), "models/gone", 64 << 20);
+    let relay = Relay::start(registry.host());
+    relay.throttle(2 << 20);
+    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let node =
+        ModelNode::start(vec![format!("--insecure-registry={}", relay.host()), "--lazy-read-wait-secs=3".into()]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    common::guarded(&node.dirs, || {
+        rt.block_on(async {
+            let mut csi = node.node().await;
+            let (staging, target) = staged_and_published(&node, &mut csi, "pv-gone", &lazy_ctx(&reference)).await;
+            let weights_at = target.join("model.safetensors");
+            assert_eq!(read_range(&weights_at, 0, 4096), read_range(&weights, 0, 4096));
+            registry.kill();
+            relay.cut();
+            // A read of bytes not on the node waits its bounded time, then fails: no hang.
+            let t = Instant::now();
+            assert_eq!(read_errno(&weights_at, 50 << 20, 1 << 20), Some(nix::libc::EIO));
+            let waited = t.elapsed();
+            assert!(waited >= Duration::from_secs(3) && waited < Duration::from_secs(20), "waited {waited:?}");
+            // What is on the node still reads.
+            assert_eq!(read_range(&weights_at, 0, 4096), read_range(&weights, 0, 4096));
+            let (abnormal, message) = condition(&mut csi, "pv-gone", &staging).await;
+            assert!(abnormal && message.contains("unreachable"), "{message}");
+            println!("checked: a read with the registry gone failed with EIO after {waited:?}; condition: {message}");
+            registry.restart();
+            relay.throttle(u64::MAX);
+            // The same read works again, and the fill ends.
+            assert_eq!(read_range(&weights_at, 50 << 20, 1 << 20), read_range(&weights, 50 << 20, 1 << 20));
+            let done = until_complete(&node, "pv-gone", Duration::from_secs(120)).await;
+            assert!(done.stalled.is_empty(), "{done:?}");
+            assert_eq!(tree(&target), expected(&model, |_| true));
+            let (abnormal, message) = condition(&mut csi, "pv-gone", &staging).await;
+            assert!(!abnormal, "{message}");
+            unstage(&mut csi, "pv-gone", &staging, &target).await;
+            assert_eq!(mounts_below(node.dirs.root.path()), Vec::<PathBuf>::new());
+        });
+    });
+}
+
+#[test]
+fn killing_the_lazy_server_mid_fill_heals_it_and_the_fill_goes_on() {
+    if !in_private_namespace("killing_the_lazy_server_mid_fill_heals_it_and_the_fill_goes_on") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let (model, weights) = lazy_model(&registry, work.path(), "models/heal", 64 << 20);
+    let relay = Relay::start(registry.host());
+    relay.throttle(8 << 20);
+    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let node = ModelNode::start(vec![format!("--insecure-registry={}", relay.host())]);
+    run(&node, &registry, async || {
+        let mut csi = node.node().await;
+        let (staging, target) = staged_and_published(&node, &mut csi, "pv-heal", &lazy_ctx(&reference)).await;
+        until_progress(&node, "pv-heal", Duration::from_secs(60), |p| p.present_bytes > 16 << 20).await;
+        let before = node.volumes().await.into_iter().find(|v| v.volume_id == "pv-heal").unwrap();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(before.pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+        // Healed: a new server, mounted and bound again; the pod's path reads again.
+        let until = Instant::now() + Duration::from_secs(60);
+        let after = loop {
+            let v = node.volumes().await.into_iter().find(|v| v.volume_id == "pv-heal").unwrap();
+            if v.pid != before.pid && v.pid != 0 && v.healthy {
+                break v;
+            }
+            assert!(Instant::now() < until, "not healed: {v:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(after.restarts >= 1);
+        assert_eq!(read_range(&target.join("model.safetensors"), 0, 1 << 20), read_range(&weights, 0, 1 << 20));
+        relay.throttle(u64::MAX);
+        let done = until_complete(&node, "pv-heal", Duration::from_secs(120)).await;
+        assert_eq!(tree(&target), expected(&model, |_| true));
+        // The fill went on from what was on disk: what it fetched is the model, give or take
+        // the ranges in flight when the server died.
+        let fetched = done.fill_bytes + done.demand_bytes;
+        assert!(fetched <= done.total_bytes + (8 << 20), "{done:?}");
+        println!(
+            "checked: healed the server (pid {} -> {}); fetched {fetched} bytes for {}",
+            before.pid, after.pid, done.total_bytes
+        );
+        unstage(&mut csi, "pv-heal", &staging, &target).await;
+        assert_eq!(mounts_below(node.dirs.root.path()), Vec::<PathBuf>::new());
+    });
+}
+
+#[test]
+fn killing_the_host_mid_fill_re_adopts_the_server_and_the_fill_resumes() {
+    if !in_private_namespace("killing_the_host_mid_fill_re_adopts_the_server_and_the_fill_resumes") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let (model, weights) = lazy_model(&registry, work.path(), "models/adopt", 64 << 20);
+    let relay = Relay::start(registry.host());
+    relay.throttle(8 << 20);
+    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let args = vec![format!("--insecure-registry={}", relay.host())];
+    let node = ModelNode::start(args.clone());
+    run(&node, &registry, async || {
+        let mut csi = node.node().await;
+        let (staging, target) = staged_and_published(&node, &mut csi, "pv-adopt", &lazy_ctx(&reference)).await;
+        until_progress(&node, "pv-adopt", Duration::from_secs(60), |p| p.present_bytes > 16 << 20).await;
+        let before = node.volumes().await.into_iter().find(|v| v.volume_id == "pv-adopt").unwrap();
+        node.kill_host();
+        relay.cut();
+        let sent_at_kill = relay.sent();
+        // The server lives on: what is on the node still reads with no host at all.
+        assert_eq!(read_range(&target.join("model.safetensors"), 0, 1 << 20), read_range(&weights, 0, 1 << 20));
+        assert_eq!(tree_of_small(&target), small_files(&model));
+        node.restart_host(args.clone());
+        relay.throttle(u64::MAX);
+        let mut csi = node.node().await;
+        let done = until_complete(&node, "pv-adopt", Duration::from_secs(120)).await;
+        let after = node.volumes().await.into_iter().find(|v| v.volume_id == "pv-adopt").unwrap();
+        assert_eq!(after.pid, before.pid, "re-adopted, not restarted");
+        assert_eq!(tree(&target), expected(&model, |_| true));
+        let total: u64 = model.layers.iter().map(|l| l.descriptor.size).sum();
+        // Resumed from the ranges file: what a kill may lose again, not the whole model.
+        let after_restart = done.fill_bytes + done.demand_bytes;
+        assert!(
+            after_restart + sent_at_kill <= total + mounthost::oci::MAX_REFETCH + (16 << 20),
+            "{sent_at_kill} bytes before the kill, {after_restart} after, for {total}"
+        );
+        println!("checked: host killed after {sent_at_kill} bytes; the new one fetched {after_restart} of {total}");
+        unstage(&mut csi, "pv-adopt", &staging, &target).await;
+        assert_eq!(mounts_below(node.dirs.root.path()), Vec::<PathBuf>::new());
+    });
+}
+
+/// The small files of a volume of [`lazy_model`] (all but the weights, which are not read), as
+/// [`tree`] lists them.
+fn tree_of_small(dir: &Path) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = ["config.json", "tokenizer.json", "README.md"]
+        .into_iter()
+        .map(|p| (p.to_string(), common::registry::sha256_file(&dir.join(p)).0))
+        .collect();
+    out.sort();
+    out
+}
+
+fn small_files(model: &PushedModel) -> Vec<(String, String)> {
+    expected(model, |p| p != "model.safetensors")
+}
+
+#[test]
+fn unstaging_during_the_fill_stops_it_and_leaves_nothing() {
+    if !in_private_namespace("unstaging_during_the_fill_stops_it_and_leaves_nothing") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let (model, _) = lazy_model(&registry, work.path(), "models/stop", 64 << 20);
+    let relay = Relay::start(registry.host());
+    relay.throttle(4 << 20);
+    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let node = ModelNode::start(vec![format!("--insecure-registry={}", relay.host())]);
+    run(&node, &registry, async || {
+        let mut csi = node.node().await;
+        let (staging, target) = staged_and_published(&node, &mut csi, "pv-stop", &lazy_ctx(&reference)).await;
+        until_progress(&node, "pv-stop", Duration::from_secs(60), |p| p.present_bytes > 8 << 20).await;
+        unstage(&mut csi, "pv-stop", &staging, &target).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let sent = relay.sent();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(relay.sent() - sent < (1 << 20), "the fill went on: {} bytes after the unstage", relay.sent() - sent);
+        assert_eq!(mounts_below(node.dirs.root.path()), Vec::<PathBuf>::new());
+        assert!(partials(&node.dirs.state).is_empty(), "{:?}", partials(&node.dirs.state));
+        assert!(!model.cached(&node.dirs.state, "model.safetensors"));
+        assert!(progress(&node, "pv-stop").await.is_none());
+        println!("checked: the fill stopped at {sent} bytes; no mount, no partial file left");
+    });
+}
+
+#[test]
+fn a_full_disk_stops_the_fill_and_what_is_there_still_reads() {
+    if !in_private_namespace("a_full_disk_stops_the_fill_and_what_is_there_still_reads") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let (model, weights) = lazy_model(&registry, work.path(), "models/full", 64 << 20);
+    let dirs = common::NodeDirs::new();
+    // The node's cache on a tmpfs too small for the model (the compiled plugins live there too).
+    let cache = dirs.state.join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    nix::mount::mount(Some("tmpfs"), &cache, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=40m")).unwrap();
+    let node = ModelNode::start_in(
+        dirs,
+        vec![format!("--insecure-registry={}", registry.host()), "--lazy-read-wait-secs=3".into()],
+    );
+    run(&node, &registry, async || {
+        let mut csi = node.node().await;
+        let ctx = lazy_ctx(&model.reference);
+        let (staging, target) = staged_and_published(&node, &mut csi, "pv-full", &ctx).await;
+        let p = until_progress(&node, "pv-full", Duration::from_secs(60), |p| !p.stalled.is_empty()).await;
+        assert!(p.stalled.contains("full"), "{p:?}");
+        assert!(p.failed.is_empty(), "a full disk is not a failed volume: {p:?}");
+        let weights_at = target.join("model.safetensors");
+        assert_eq!(read_range(&weights_at, 0, 1 << 20), read_range(&weights, 0, 1 << 20), "what is there reads");
+        assert_eq!(tree_of_small(&target), small_files(&model));
+        assert_eq!(read_errno(&weights_at, 60 << 20, 4096), Some(nix::libc::EIO), "what is not there fails");
+        let (abnormal, message) = condition(&mut csi, "pv-full", &staging).await;
+        assert!(abnormal && message.contains("full"), "{message}");
+        println!("checked: a full cache stopped the fill at {} bytes; condition: {message}", p.present_bytes);
+        unstage(&mut csi, "pv-full", &staging, &target).await;
+        assert_eq!(
+            mounts_below(node.dirs.root.path()).into_iter().filter(|m| m != &node.dirs.state.join("cache")).count(),
+            0
+        );
+        assert!(partials(&node.dirs.state).is_empty(), "{:?}", partials(&node.dirs.state));
+    });
+}
+
+#[test]
+fn a_blob_that_fails_its_digest_fails_every_read_and_says_so() {
+    if !in_private_namespace("a_blob_that_fails_its_digest_fails_every_read_and_says_so") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let (model, _) = lazy_model(&registry, work.path(), "models/corrupt", 16 << 20);
+    let digest = model.layer("model.safetensors").digest.clone();
+    let stored = registry.blob_storage_path(&digest);
+    let mut bytes = std::fs::read(&stored).unwrap();
+    bytes[5 << 20] ^= 0xff;
+    std::fs::write(&stored, &bytes).unwrap();
+    let node = ModelNode::start(vec![format!("--insecure-registry={}", registry.host())]);
+    run(&node, &registry, async || {
+        let mut csi = node.node().await;
+        let (staging, target) = staged_and_published(&node, &mut csi, "pv-corrupt", &lazy_ctx(&model.reference)).await;
+        let p = until_progress(&node, "pv-corrupt", Duration::from_secs(60), |p| !p.failed.is_empty()).await;
+        assert!(p.failed.contains(&digest), "{p:?}");
+        // Every read fails from now on, the small files' too.
+        for f in ["config.json", "model.safetensors", "README.md"] {
+            assert_eq!(read_errno(&target.join(f), 0, 1), Some(nix::libc::EIO), "{f}");
+        }
+        let (abnormal, message) = condition(&mut csi, "pv-corrupt", &staging).await;
+        assert!(abnormal && message.contains(&digest) && message.contains("digest"), "{message}");
+        assert!(node.dirs.logs().contains("does not match its digest"), "the log says so");
+        assert!(!model.cached(&node.dirs.state, "model.safetensors"), "the blob is dropped from the cache");
+        assert!(partials(&node.dirs.state).is_empty());
+        println!("checked: a corrupted blob failed the volume: {message}");
+        unstage(&mut csi, "pv-corrupt", &staging, &target).await;
+    });
+}
+
+#[test]
+fn an_indexed_volume_checks_every_chunk_before_a_reader_gets_it() {
+    if !in_private_namespace("an_indexed_volume_checks_every_chunk_before_a_reader_gets_it") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let (model, weights) = lazy_model(&registry, work.path(), "models/indexed", 32 << 20);
+    let relay = Relay::start(registry.host());
+    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let node = ModelNode::start(vec![format!("--insecure-registry={}", relay.host())]);
+    // The publisher indexes the model (1 MiB chunks), through the same registry.
+    let out = node.cli(&["--insecure-registry", &relay.host(), "model", "index", &reference, "--chunk-mib", "1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pushed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(pushed["subject"], model.manifest_digest.as_str(), "{pushed}");
+    assert_eq!(pushed["layers"], model.layers.len(), "{pushed}");
+    // Then one chunk of the weights is corrupted in the registry.
+    let digest = model.layer("model.safetensors").digest.clone();
+    let stored = registry.blob_storage_path(&digest);
+    let mut bytes = std::fs::read(&stored).unwrap();
+    bytes[(9 << 20) + 7] ^= 0xff;
+    std::fs::write(&stored, &bytes).unwrap();
+    relay.throttle(2 << 20);
+    run(&node, &registry, async || {
+        let mut csi = node.node().await;
+        let (staging, target) = staged_and_published(&node, &mut csi, "pv-indexed", &lazy_ctx(&reference)).await;
+        let p = progress(&node, "pv-indexed").await.unwrap();
+        assert!(p.indexed, "the volume found the index: {p:?}");
+        let weights_at = target.join("model.safetensors");
+        // A good chunk ahead of the fill reads; the bad one is fetched again once, then EIO.
+        assert_eq!(read_range(&weights_at, 20 << 20, 1 << 20), read_range(&weights, 20 << 20, 1 << 20));
+        assert_eq!(read_errno(&weights_at, 9 << 20, 4096), Some(nix::libc::EIO));
+        assert_eq!(read_range(&weights_at, 21 << 20, 4096), read_range(&weights, 21 << 20, 4096), "others still read");
+        relay.throttle(u64::MAX);
+        // The blob can never be whole: the volume fails.
+        let p = until_progress(&node, "pv-indexed", Duration::from_secs(60), |p| !p.failed.is_empty()).await;
+        assert!(p.failed.contains(&digest), "{p:?}");
+        assert_eq!(read_errno(&target.join("config.json"), 0, 1), Some(nix::libc::EIO));
+        println!("checked: an indexed volume refused a bad chunk and then failed: {}", p.failed);
+        unstage(&mut csi, "pv-indexed", &staging, &target).await;
+        // The same model, indexed and intact, reads whole.
+        let fine = lazy_model(&registry, work.path(), "models/indexed-fine", 8 << 20).0;
+        let reference = fine.reference.replace(&registry.host(), &relay.host());
+        let out = node.cli(&["--insecure-registry", &relay.host(), "model", "index", &reference]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let (staging, target) = staged_and_published(&node, &mut csi, "pv-indexed-2", &lazy_ctx(&reference)).await;
+        let done = until_complete(&node, "pv-indexed-2", Duration::from_secs(60)).await;
+        assert!(done.indexed && done.failed.is_empty(), "{done:?}");
+        assert_eq!(tree(&target), expected(&fine, |_| true));
+        unstage(&mut csi, "pv-indexed-2", &staging, &target).await;
     });
 }

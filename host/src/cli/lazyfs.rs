@@ -25,9 +25,9 @@ pub fn run(args: &LazyfsArgs) -> io::Result<()> {
 
 /// `N` of `/dev/fd/N`.
 fn fd_number(arg: &str) -> io::Result<i32> {
-    arg.strip_prefix("/dev/fd/").and_then(|n| n.parse().ok()).ok_or_else(|| {
-        io::Error::new(io::ErrorKind::InvalidInput, format!("{arg:?} is not a descriptor as /dev/fd/N"))
-    })
+    arg.strip_prefix("/dev/fd/")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("{arg:?} is not a descriptor as /dev/fd/N")))
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ pub mod client;
 pub mod dynamic;
 pub mod first_volume;
 pub mod lazyfs;
+pub mod model;
 pub mod plugin;
 pub mod plugin_check;
 pub mod plugin_push;
@@ -232,6 +233,9 @@ pub enum Command {
     /// A dynamic volume's mounts, through the socket in its published directory: create,
     /// list, get, delete, wait. Needs no host daemon socket and no root.
     Dynamic(dynamic::DynamicArgs),
+    /// Model artifacts in their registry: publish a model's chunk index.
+    #[command(subcommand)]
+    Model(model::ModelCommand),
     /// The FUSE server of a lazy model volume: started by the host daemon, unprivileged, with
     /// the FUSE connection and its control socket as descriptors; not run by hand.
     Lazyfs(lazyfs::LazyfsArgs),

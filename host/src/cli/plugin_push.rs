@@ -39,6 +39,13 @@ pub struct PushArgs {
     /// Where to publish it: REGISTRY/REPOSITORY[:TAG] (an `oci://` prefix is accepted). Without a
     /// tag the manifest is stored under its digest only.
     pub reference: String,
+    #[command(flatten)]
+    pub login: Login,
+}
+
+/// How a command that writes to a registry logs in.
+#[derive(Debug, Args)]
+pub struct Login {
     /// A docker config JSON holding the registry's credentials [default: $DOCKER_CONFIG/config.json,
     /// else ~/.docker/config.json, when present].
     #[arg(long, env = "MOUNTHOST_REGISTRY_AUTH_FILE")]
@@ -77,7 +84,7 @@ pub async fn run(cfg: &Config, runtime: &PluginRuntime, args: PushArgs) -> Resul
         )));
     }
     let plugin = runtime.load_file(&args.file).await?;
-    let credentials = credentials(&args, target.registry())?;
+    let credentials = credentials(&args.login, target.registry())?;
     let annotations: BTreeMap<String, String> = [
         (NAME_ANNOTATION.to_string(), plugin.info.name.clone()),
         (VERSION_ANNOTATION.to_string(), plugin.info.version.clone()),
@@ -98,7 +105,7 @@ pub async fn run(cfg: &Config, runtime: &PluginRuntime, args: PushArgs) -> Resul
 }
 
 /// The credentials the flags, the environment or a docker config file give for `registry`.
-fn credentials(args: &PushArgs, registry: &str) -> Result<Credentials, CliError> {
+pub fn credentials(args: &Login, registry: &str) -> Result<Credentials, CliError> {
     let stdin = || -> Result<String, CliError> {
         let mut s = String::new();
         std::io::stdin().read_to_string(&mut s).map_err(|e| usage(format!("reading stdin: {e}")))?;

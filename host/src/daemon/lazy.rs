@@ -82,8 +82,8 @@ pub(super) struct LayerCtx {
     blob: BlobRef,
     format: Archive,
     dest: String,
-    /// Its files in the table: (file id, path in the layer).
-    files: Vec<(u32, String)>,
+    /// Its files: (path in the filesystem, path in the layer).
+    files: Vec<(String, String)>,
     /// Its files are still to come (a compressed layer not unpacked yet).
     pending: bool,
     /// What the server was told.
@@ -118,17 +118,16 @@ fn join(dest: &str, rel: &str) -> String {
     }
 }
 
-/// The table entries of one layer, numbered from `next_id`.
-fn entries_of(layer: u32, dest: &str, format: Archive, table: &BlobTable, next_id: u32) -> (Vec<FileEntry>, Vec<(u32, String)>) {
+/// The table entries of one layer, and its files (path in the filesystem, path in the layer).
+fn entries_of(layer: u32, dest: &str, format: Archive, table: &BlobTable) -> (Vec<FileEntry>, Vec<(String, String)>) {
     let mut entries = Vec::with_capacity(table.entries.len());
     let mut files = Vec::new();
-    for (i, e) in table.entries.iter().enumerate() {
-        let id = next_id + i as u32;
+    for e in &table.entries {
         let kind = match &e.kind {
             TableKind::Dir => Kind::Dir,
             TableKind::Symlink { target } => Kind::Symlink { target: target.clone() },
             TableKind::File { size, offset } => {
-                files.push((id, e.path.clone()));
+                files.push((join(dest, &e.path), e.path.clone()));
                 let data = match format {
                     Archive::TarGzip | Archive::TarZstd => Data::Tree { layer, rel: e.path.clone() },
                     Archive::Raw | Archive::Tar => Data::Blob { layer, offset: *offset },
@@ -165,9 +164,15 @@ impl Node {
         let blobs: Vec<BlobRef> = lazy.layers.iter().map(blob_of).collect();
         let artifacts = &self.inner.artifacts;
         artifacts.authorize(source, &blobs).await.map_err(|e| super::pull::oci_error(e, reference))?;
-        let index = artifacts.find_index(source, manifest_digest, &blobs).await.map_err(|e| super::pull::oci_error(e, reference))?;
+        let index = artifacts
+            .find_index(source, manifest_digest, &blobs)
+            .await
+            .map_err(|e| super::pull::oci_error(e, reference))?;
         for l in &lazy.layers {
-            artifacts.lazy_table(source, &blob_of(l), l.format).await.map_err(|e| super::pull::oci_error(e, reference))?;
+            artifacts
+                .lazy_table(source, &blob_of(l), l.format)
+                .await
+                .map_err(|e| super::pull::oci_error(e, reference))?;
         }
         artifacts.lazy_register(id, &blobs);
         if let Some(digest) = index {
@@ -197,7 +202,7 @@ impl Node {
             let table = artifacts.lazy_stored_table(&blob, l.format);
             let pending = table.is_none() && matches!(l.format, Archive::TarGzip | Archive::TarZstd);
             let (mut layer_entries, layer_files) = match &table {
-                Some(t) => entries_of(i, &l.dest, l.format, t, entries.len() as u32),
+                Some(t) => entries_of(i, &l.dest, l.format, t),
                 None if pending => (Vec::new(), Vec::new()),
                 None => {
                     return Err(Error::unavailable(format!(
@@ -213,12 +218,16 @@ impl Node {
             }
             match l.format {
                 Archive::TarGzip | Archive::TarZstd if !pending => {
-                    let dir = artifacts.lazy_open_tree(&blob).map_err(|e| super::pipeline::io_error(e, &PathBuf::from(&l.digest)))?;
+                    let dir = artifacts
+                        .lazy_open_tree(&blob)
+                        .map_err(|e| super::pipeline::io_error(e, &PathBuf::from(&l.digest)))?;
                     files.push((i, dir));
                 }
                 Archive::TarGzip | Archive::TarZstd => {}
                 Archive::Raw | Archive::Tar => {
-                    let f = artifacts.lazy_open(&blob).map_err(|e| super::pipeline::io_error(e, &PathBuf::from(&l.digest)))?;
+                    let f = artifacts
+                        .lazy_open(&blob)
+                        .map_err(|e| super::pipeline::io_error(e, &PathBuf::from(&l.digest)))?;
                     files.push((i, f));
                 }
             }
@@ -298,7 +307,12 @@ impl Node {
     }
 
     /// The session of volume `id`, until `stopped` (unstage) or the volume is gone.
-    async fn lazy_session(&self, id: &str, status: Arc<Mutex<LazyStatus>>, mut stopped: tokio::sync::watch::Receiver<bool>) {
+    async fn lazy_session(
+        &self,
+        id: &str,
+        status: Arc<Mutex<LazyStatus>>,
+        mut stopped: tokio::sync::watch::Receiver<bool>,
+    ) {
         let mut warned = false;
         loop {
             if *stopped.borrow() {
@@ -344,31 +358,32 @@ impl Node {
             Some(r) => self.source(r, &secrets)?,
             None => return Err(Error::internal("a lazy volume's plan has no resolve step")),
         };
+        let blobs: Vec<BlobRef> = lazy.layers.iter().map(blob_of).collect();
+        // Its blobs are in use, and readable, for as long as it is staged (a restarted daemon
+        // registers them here).
+        self.inner.artifacts.lazy_register(id, &blobs);
         let index = match &lazy.index {
-            Some(digest) => {
-                let blobs: Vec<BlobRef> = lazy.layers.iter().map(blob_of).collect();
-                self.inner.artifacts.load_index(digest, &blobs).map_err(|e| e.into_error(digest))?
-            }
+            Some(digest) => self.inner.artifacts.load_index(digest, &blobs).map_err(|e| e.into_error(digest))?,
             None => HashMap::new(),
         };
-        let socket = self
-            .dirs(id, None, None)
-            .runtime
-            .expect("a volume has a runtime dir")
-            .join(lazy_wire::CONTROL_SOCKET);
+        let socket =
+            self.dirs(id, None, None).runtime.expect("a volume has a runtime dir").join(lazy_wire::CONTROL_SOCKET);
         let id2 = id.to_string();
         let conn = self
             .blocking(move |n| {
                 let conn = n.inner.exec.connect(&socket).map_err(|e| super::pipeline::io_error(e, &socket))?;
                 let (opening, layers) = n.lazy_opening(&id2, &lazy)?;
-                conn.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| super::pipeline::io_error(e, &socket))?;
-                opening.send(&conn).map_err(|e| Error::unavailable(format!("the lazy server did not take the opening: {e}")))?;
+                conn.set_read_timeout(Some(Duration::from_secs(10)))
+                    .map_err(|e| super::pipeline::io_error(e, &socket))?;
+                opening
+                    .send(&conn)
+                    .map_err(|e| Error::unavailable(format!("the lazy server did not take the opening: {e}")))?;
                 let link = Link::new(conn).map_err(|e| super::pipeline::io_error(e, &socket))?;
-                Ok((link, layers, opening.hello.files.len() as u32))
+                Ok((link, layers))
             })
             .await?;
-        let (link, layers, next_id) = conn;
-        Ok(Some(Connected { link, layers, source, process, index, next_id }))
+        let (link, layers) = conn;
+        Ok(Some(Connected { link, layers, source, process, index }))
     }
 
     /// Run one conversation until the connection ends (false) or the session is stopped (true).
@@ -431,7 +446,12 @@ impl Node {
     /// status.
     async fn lazy_update(&self, id: &str, c: &mut Connected, status: &Arc<Mutex<LazyStatus>>, failed_sent: &mut bool) {
         let artifacts = self.inner.artifacts.clone();
-        let mut s = LazyStatus { layers: c.layers.len() as u32, indexed: !c.index.is_empty(), connected: true, ..Default::default() };
+        let mut s = LazyStatus {
+            layers: c.layers.len() as u32,
+            indexed: !c.index.is_empty(),
+            connected: true,
+            ..Default::default()
+        };
         let mut fill_next = true;
         for i in 0..c.layers.len() {
             let l = c.layers[i].clone();
@@ -458,8 +478,13 @@ impl Node {
             }
             if view.complete && !l.sent_complete {
                 match self.lazy_finish(id, c, i).await {
-                    Ok(true) => {}
-                    Ok(false) => fill_next = false,
+                    Ok(Finish::Done) => {}
+                    Ok(Finish::Later(why)) => {
+                        fill_next = false;
+                        if let Some(why) = why {
+                            s.stalled.get_or_insert_with(|| format!("layer {}: {why}", l.blob.digest));
+                        }
+                    }
                     Err(e) => {
                         let reason = format!("layer {}: {}", l.blob.digest, e.message);
                         if !*failed_sent {
@@ -484,7 +509,8 @@ impl Node {
                     fill_next = false;
                     let index = c.index.get(&l.blob.digest).cloned();
                     if let Err(e) = artifacts.lazy_start(id, &c.source, &l.blob, true, false, index) {
-                        s.stalled.get_or_insert_with(|| format!("the fill of layer {} cannot start: {e}", l.blob.digest));
+                        s.stalled
+                            .get_or_insert_with(|| format!("the fill of layer {} cannot start: {e}", l.blob.digest));
                     }
                 }
             }
@@ -517,8 +543,9 @@ impl Node {
 
     /// Layer `i` of `c` is complete and verified: check its table (a tar layer's was read from
     /// a registry's ranges), unpack what needs it, register its files for passthrough and tell
-    /// the server. `Ok(false)`: not done yet (an unpack runs), try again later.
-    async fn lazy_finish(&self, id: &str, c: &mut Connected, i: usize) -> Result<bool, Error> {
+    /// the server. [`Finish::Later`]: not done yet (an unpack runs, or the disk is full), try
+    /// again later.
+    async fn lazy_finish(&self, id: &str, c: &mut Connected, i: usize) -> Result<Finish, Error> {
         let l = c.layers[i].clone();
         let artifacts = self.inner.artifacts.clone();
         if l.format == Archive::Tar {
@@ -527,15 +554,19 @@ impl Node {
         if l.format != Archive::Raw {
             match self.inner.assembler.prepare(&l.blob.digest, l.format) {
                 Prepared::Ready => {}
-                Prepared::Working => return Ok(false),
-                // Without its tree: served from the blob (tar) as before; a compressed layer
-                // stays pending and is tried again.
+                Prepared::Working => return Ok(Finish::Later(None)),
+                // Without its tree, a tar layer is served from the blob as before (no
+                // passthrough); a compressed layer stays pending and is tried again when the
+                // disk had no room, and fails the volume when its archive is refused.
                 Prepared::Failed(e) => {
                     if l.format == Archive::Tar {
                         warn!(volume.id = %id, digest = %l.blob.digest, error = %e, "unpacking a complete layer failed; its files stay served by the lazy server");
                         c.layers[i].sent_complete = true;
                         let _ = c.link.send(&ToServer::Complete { layer: i as u32, backing: Vec::new() }, &[]);
-                        return Ok(true);
+                        return Ok(Finish::Done);
+                    }
+                    if matches!(e, crate::oci::OciError::DiskFull { .. }) {
+                        return Ok(Finish::Later(Some(e.to_string())));
                     }
                     return Err(e.into_error(&l.blob.digest));
                 }
@@ -549,13 +580,14 @@ impl Node {
                 .await
                 .map_err(|e| e.into_error(&l.blob.digest))?
                 .ok_or_else(|| Error::internal(format!("layer {} is unpacked but has no tree", l.blob.digest)))?;
-            let next_id = c.next_id;
-            let (entries, files) = entries_of(i as u32, &l.dest, l.format, &table, next_id);
-            c.next_id += entries.len() as u32;
+            let (entries, files) = entries_of(i as u32, &l.dest, l.format, &table);
             let blob = l.blob.clone();
             let dir = self
                 .blocking(move |n| {
-                    n.inner.artifacts.lazy_open_tree(&blob).map_err(|e| super::pipeline::io_error(e, &PathBuf::from(&blob.digest)))
+                    n.inner
+                        .artifacts
+                        .lazy_open_tree(&blob)
+                        .map_err(|e| super::pipeline::io_error(e, &PathBuf::from(&blob.digest)))
                 })
                 .await?;
             let send = c
@@ -568,13 +600,18 @@ impl Node {
         }
         // Passthrough: each complete file registered as its own backing file.
         let process = c.process;
-        let (blob, format, wanted) = (l.blob.clone(), l.format, layer.files.clone());
+        let (blob, format) = (l.blob.clone(), l.format);
+        let wanted: Vec<(u32, String)> =
+            layer.files.iter().enumerate().map(|(k, (_, rel))| (k as u32, rel.clone())).collect();
+        let paths: Vec<String> = layer.files.iter().map(|(p, _)| p.clone()).collect();
         let backing = self
             .blocking(move |n| {
                 let files = n.inner.artifacts.lazy_backing_files(&blob, format, &wanted);
                 let refs: Vec<_> = files.iter().map(|(_, f)| f).collect();
                 Ok(match n.inner.exec.backing_open(&process, &refs) {
-                    Ok(ids) => files.iter().map(|(fid, _)| *fid).zip(ids).collect::<Vec<(u32, u32)>>(),
+                    Ok(ids) => {
+                        files.iter().map(|(k, _)| paths[*k as usize].clone()).zip(ids).collect::<Vec<(String, u32)>>()
+                    }
                     Err(e) => {
                         info!(error = %e, "passthrough is not available for this server; its files stay served by it");
                         Vec::new()
@@ -589,8 +626,15 @@ impl Node {
         layer.sent_complete = true;
         info!(volume.id = %id, digest = %l.blob.digest, passthrough = layer.backing, "a lazy layer is complete and verified");
         c.layers[i] = layer;
-        Ok(true)
+        Ok(Finish::Done)
     }
+}
+
+/// How far finishing a complete layer got.
+enum Finish {
+    Done,
+    /// Not yet: an unpack runs, or (with the reason) the disk had no room for it.
+    Later(Option<String>),
 }
 
 /// A session's open conversation.
@@ -601,6 +645,4 @@ struct Connected {
     process: crate::exec::process::ProcessId,
     /// Chunk indexes by blob digest.
     index: HashMap<String, Arc<ChunkIndex>>,
-    /// The id the next added file gets.
-    next_id: u32,
 }

@@ -50,7 +50,7 @@ impl Node {
         // A volume still waiting for its blobs waits no more (a download others share goes on);
         // a lazy volume's session ends, and its fill with it when no other volume wants the blobs.
         self.lazy_detach(id);
-        self.inner.artifacts.forget(id);
+        self.inner.artifacts.lazy_forget(id).await;
         let Some(st) = self.inner.store.load(id)? else {
             // Not this volume's: an unknown id must not unmount another volume's stage or pod.
             if let Some(holder) = self.recorded_at(staging)? {

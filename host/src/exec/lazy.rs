@@ -118,7 +118,10 @@ pub fn backing_open(server: &ProcessId, files: &[&File]) -> io::Result<Vec<u32>>
     let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
     // The pidfd pins this very process; it is the recorded one if its start time still is.
     if !process::is_alive(server) {
-        return Err(io::Error::new(io::ErrorKind::NotFound, format!("process {} is not the lazy server any more", server.pid)));
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("process {} is not the lazy server any more", server.pid),
+        ));
     }
     let dev: OwnedFd =
         rustix::process::pidfd_getfd(&pidfd, crate::plan::FUSE_FD, rustix::process::PidfdGetfdFlags::empty())?;

@@ -353,7 +353,8 @@ impl Linux {
                     Ok(true) if process::is_alive(&id) => match &fuse.control {
                         None => return Ok(id),
                         Some(c) => {
-                            let left = fuse.ready_timeout.saturating_sub(started.elapsed()).max(Duration::from_millis(100));
+                            let left =
+                                fuse.ready_timeout.saturating_sub(started.elapsed()).max(Duration::from_millis(100));
                             match self.open_control(c, left) {
                                 Ok(()) => return Ok(id),
                                 Err(e) => {

@@ -21,7 +21,6 @@ pub mod process;
 pub mod recording;
 
 pub use executor::{
-    Boot, Control, Executor, Exit, FileId, FileKind, Files, Fuse, FuseError, Groups, HostFuse, Mounts, Processes,
-    Usage,
+    Boot, Control, Executor, Exit, FileId, FileKind, Files, Fuse, FuseError, Groups, HostFuse, Mounts, Processes, Usage,
 };
 pub use linux::Linux;

@@ -20,9 +20,8 @@ pub fn accept(listener: UnixListener, shared: Arc<Shared>, notifier: fuser::Noti
         match conn {
             Ok(conn) => {
                 let (shared, notifier) = (shared.clone(), notifier.clone());
-                let _ = std::thread::Builder::new()
-                    .name("lazy-host".into())
-                    .spawn(move || serve(conn, &shared, &notifier));
+                let _ =
+                    std::thread::Builder::new().name("lazy-host".into()).spawn(move || serve(conn, &shared, &notifier));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "accepting the host's connection failed");
@@ -61,15 +60,20 @@ fn apply(
     match msg {
         ToServer::Hello(hello) => {
             let table = Table::new(&hello.files);
-            match &g.table {
+            match g.table.as_mut() {
                 None => {
                     tracing::info!(volume = %hello.volume, entries = hello.files.len(), layers = hello.layers.len(), "table received");
                     g.table = Some(table);
                 }
-                // A second opening (the host restarted) names the same files; a different table
-                // would change inodes the kernel holds, so the first stays.
-                Some(t) if t.paths() == table.paths() => {}
-                Some(_) => tracing::error!(volume = %hello.volume, "the host sent another table than the first; keeping the first"),
+                // A later opening (the host restarted): what the kernel may hold stays as it is,
+                // files the server lacks (a layer unpacked meanwhile) join.
+                Some(t) => {
+                    let new: Vec<_> = hello.files.iter().filter(|e| t.by_path(&e.path).is_none()).cloned().collect();
+                    if !new.is_empty() {
+                        tracing::info!(volume = %hello.volume, entries = new.len(), "entries added");
+                        t.add(&new);
+                    }
+                }
             }
             Shared::set_layers(&mut g, hello.layers);
             g.read_wait = Duration::from_millis(hello.read_wait_ms.clamp(100, 600_000));
@@ -107,7 +111,11 @@ fn apply(
             if let Some(l) = g.layers.get_mut(layer as usize) {
                 l.complete = true;
             }
-            g.backing.extend(backing);
+            let inodes: Vec<(u64, u32)> = match &g.table {
+                Some(t) => backing.iter().filter_map(|(path, id)| t.by_path(path).map(|ino| (ino, *id))).collect(),
+                None => Vec::new(),
+            };
+            g.backing.extend(inodes);
         }
         ToServer::Added { layer, files } => {
             if let Some(t) = g.table.as_mut() {

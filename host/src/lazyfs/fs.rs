@@ -120,7 +120,15 @@ impl LazyFs {
 
     /// Read `size` bytes at `offset` of the file `id` whose bytes are `data`, waiting for them
     /// up to the read wait.
-    fn read_file(&self, fh: u64, id: u32, file_size: u64, data: &Data, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+    fn read_file(
+        &self,
+        fh: u64,
+        id: u32,
+        file_size: u64,
+        data: &Data,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>, Errno> {
         let end = offset.saturating_add(u64::from(size)).min(file_size);
         if offset >= end {
             return Ok(Vec::new());
@@ -290,10 +298,10 @@ impl Filesystem for LazyFs {
             return reply.error(Errno::EROFS);
         }
         let Some(g) = self.with_table() else { return reply.error(Errno::EIO) };
-        let Some(NodeKind::File { id, .. }) = g.table.as_ref().and_then(|t| t.get(ino.0)).map(|n| &n.kind) else {
+        let Some(NodeKind::File { .. }) = g.table.as_ref().and_then(|t| t.get(ino.0)).map(|n| &n.kind) else {
             return reply.error(Errno::EISDIR);
         };
-        let backing = g.backing.get(id).copied().filter(|_| g.failed.is_none());
+        let backing = g.backing.get(&ino.0).copied().filter(|_| g.failed.is_none());
         drop(g);
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
         match backing {

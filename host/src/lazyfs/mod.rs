@@ -42,6 +42,8 @@ pub fn serve(fuse: OwnedFd, control: OwnedFd) -> io::Result<()> {
     config.n_threads = Some(THREADS);
     let session = fuser::Session::from_fd(fs::LazyFs::new(shared.clone()), fuse, fuser::SessionACL::All, config)?;
     let notifier = session.notifier();
-    std::thread::Builder::new().name("lazy-control".into()).spawn(move || control::accept(listener, shared, notifier))?;
+    std::thread::Builder::new()
+        .name("lazy-control".into())
+        .spawn(move || control::accept(listener, shared, notifier))?;
     session.run()
 }

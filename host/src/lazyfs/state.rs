@@ -35,8 +35,8 @@ pub struct Inner {
     /// The tree, once the host sent it.
     pub table: Option<Table>,
     pub layers: Vec<Layer>,
-    /// Passthrough backing ids by file id.
-    pub backing: HashMap<u32, u32>,
+    /// Passthrough backing ids by inode.
+    pub backing: HashMap<u64, u32>,
     /// Set once the volume failed verification.
     pub failed: Option<String>,
     /// How long a read waits.

@@ -37,10 +37,8 @@ pub enum NodeKind {
 pub struct Table {
     /// Inode `n` is `nodes[n - 1]`.
     nodes: Vec<Node>,
-    /// Files in the table, so the next added one gets the next id.
+    /// Entries in the table, so the next added one gets the next id.
     files: u32,
-    /// The paths of the entries, in table order (to compare a second opening with the first).
-    paths: Vec<String>,
 }
 
 impl Table {
@@ -48,11 +46,8 @@ impl Table {
     /// later entry replaces an earlier one of the same path, and an entry below a path that
     /// is not a directory (the host refuses such tables) is left out.
     pub fn new(entries: &[FileEntry]) -> Table {
-        let mut t = Table {
-            nodes: vec![Node { parent: ROOT, kind: NodeKind::Dir(BTreeMap::new()), mtime: 0 }],
-            files: 0,
-            paths: Vec::new(),
-        };
+        let mut t =
+            Table { nodes: vec![Node { parent: ROOT, kind: NodeKind::Dir(BTreeMap::new()), mtime: 0 }], files: 0 };
         t.add(entries);
         t
     }
@@ -62,7 +57,6 @@ impl Table {
     /// otherwise it is left out.
     pub fn add(&mut self, entries: &[FileEntry]) {
         for e in entries {
-            self.paths.push(e.path.clone());
             let id = self.files;
             self.files += 1;
             let components: Vec<&str> = e.path.split('/').filter(|c| !c.is_empty()).collect();
@@ -146,6 +140,15 @@ impl Table {
         }
     }
 
+    /// The inode at `path` (relative, `/`-separated; `""` is the root).
+    pub fn by_path(&self, path: &str) -> Option<u64> {
+        let mut at = ROOT;
+        for c in path.split('/').filter(|c| !c.is_empty()) {
+            at = self.child(at, OsStr::new(c))?;
+        }
+        Some(at)
+    }
+
     /// The path of `ino` from the root (`""` for the root).
     pub fn path(&self, ino: u64) -> String {
         let mut parts = Vec::new();
@@ -175,11 +178,6 @@ impl Table {
         self.files
     }
 
-    /// The entries' paths in table order.
-    pub fn paths(&self) -> &[String] {
-        &self.paths
-    }
-
     /// The inode of the file with table id `id`.
     #[cfg(test)]
     pub fn by_id(&self, id: u32) -> Option<u64> {
@@ -188,7 +186,11 @@ impl Table {
 
     /// Every file inode.
     pub fn file_inodes(&self) -> impl Iterator<Item = u64> + '_ {
-        self.nodes.iter().enumerate().filter(|(_, n)| matches!(n.kind, NodeKind::File { .. })).map(|(i, _)| i as u64 + 1)
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| matches!(n.kind, NodeKind::File { .. }))
+            .map(|(i, _)| i as u64 + 1)
     }
 
     /// The bytes of all files.

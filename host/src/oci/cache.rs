@@ -8,8 +8,8 @@ use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::live::Live;
 use super::error::OciError;
+use super::live::Live;
 use super::pulls::Pulls;
 use super::registry::{Registries, Scope};
 use super::store::{Store, hex_of};

@@ -86,6 +86,9 @@ struct Shared {
     failed: Mutex<Option<OciError>>,
     /// Where each stream is: the next byte it receives and the end of its range.
     windows: Mutex<Vec<(u64, u64)>>,
+    /// Every stream has ended (after the fill was on): what is still missing then is only what
+    /// readers ask for, or chunks that failed the index.
+    streams_done: AtomicBool,
 }
 
 /// Demand workers of a lazy download: ranges readers wait for, fetched at once.
@@ -117,7 +120,7 @@ pub(super) async fn download(
     let local = |e: io::Error, path: &std::path::Path| OciError::local(path, &e, &ep.ctx.reference, &blob.digest);
     let (file, segs) = {
         let (store, blob) = (store.clone(), blob.clone());
-        tokio::task::spawn_blocking(move || prepare(&store, &blob))
+        tokio::task::spawn_blocking(move || prepare(&store, &blob, lazy))
     }
     .await
     .map_err(|e| local(io::Error::other(e), &store.partial(&blob.hex)))?
@@ -138,6 +141,7 @@ pub(super) async fn download(
         queue: Mutex::new(VecDeque::new()),
         failed: Mutex::new(None),
         windows: Mutex::new(vec![(0, 0); STREAMS]),
+        streams_done: AtomicBool::new(false),
     });
     if live.index().is_some() {
         // What an earlier attempt left on disk is checked again before a reader gets it.
@@ -172,13 +176,26 @@ pub(super) async fn download(
     let ctx = Stream { ep, store, blob, live, fetched, counted, shared: &shared, lazy };
     let started = std::time::Instant::now();
     let demand = if lazy { DEMAND_WORKERS } else { 0 };
-    let workers = (0..streams).map(|i| futures_util::future::Either::Left(ctx.run(i)));
-    let demanders = (0..demand).map(|_| futures_util::future::Either::Right(ctx.demand()));
-    futures_util::future::join_all(workers.chain(demanders)).await;
+    let workers = async {
+        futures_util::future::join_all((0..streams).map(|i| ctx.run(i))).await;
+        shared.streams_done.store(true, Ordering::Relaxed);
+        live.wake.notify_waiters();
+    };
+    let demanders = futures_util::future::join_all((0..demand).map(|_| ctx.demand()));
+    futures_util::future::join(workers, demanders).await;
     let received = started.elapsed();
 
-    let failed = lock(&shared.failed).take();
+    let mut failed = lock(&shared.failed).take();
     let complete = lock(&live.segs).gaps(blob.size).is_empty();
+    if failed.is_none() && !complete && !live.bad_spans().is_empty() {
+        // Chunks that failed the index twice: the registry's blob is not the one indexed.
+        failed = Some(OciError::DigestMismatch {
+            registry: ep.ctx.registry.clone(),
+            reference: ep.ctx.reference.clone(),
+            digest: blob.digest.clone(),
+            actual: format!("bytes that do not match its chunk index at {:?}", live.bad_spans()),
+        });
+    }
     if failed.is_some() || !complete {
         shared.stop.store(true, Ordering::Relaxed);
         live.grew.notify_all();
@@ -189,7 +206,12 @@ pub(super) async fn download(
             detail: "the download ended with ranges missing".into(),
             kind: io::ErrorKind::Other,
         });
-        if err.is_transient() || matches!(err, OciError::Cancelled { .. }) {
+        // A lazy volume's readers keep what is on disk unless it is wrong: its server reads this
+        // very file, and the next attempt writes into it.
+        // Cancelled: no volume wants the blob (its last lazy volume was unstaged); nothing is kept.
+        if matches!(err, OciError::Cancelled { .. }) {
+            store.drop_partial(&blob.hex);
+        } else if err.is_transient() || (lazy && !err.is_integrity()) {
             let _ = save(store, blob, &shared);
         } else {
             store.drop_partial(&blob.hex);
@@ -242,8 +264,9 @@ pub(super) async fn download(
 }
 
 /// Open and lock the partial file, read which of its ranges are written, and reserve the
-/// blob's space (so a full disk shows now, not half-way).
-fn prepare(store: &Store, blob: &Blob) -> io::Result<(File, Segments)> {
+/// blob's space (so a full disk shows now, not half-way) unless `lazy`: a lazy volume's readers
+/// read what fits, and the volume says why the rest does not come.
+fn prepare(store: &Store, blob: &Blob, lazy: bool) -> io::Result<(File, Segments)> {
     let path = store.partial(&blob.hex);
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -272,7 +295,7 @@ fn prepare(store: &Store, blob: &Blob) -> io::Result<(File, Segments)> {
         Ok(text) => Segments::decode(&text, blob.size, len).unwrap_or_default(),
         Err(_) => Segments::default(),
     };
-    if blob.size > 0 {
+    if blob.size > 0 && !lazy {
         match rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, blob.size) {
             Ok(()) | Err(rustix::io::Errno::OPNOTSUPP) | Err(rustix::io::Errno::NOSYS) => {}
             Err(e) => return Err(e.into()),
@@ -299,8 +322,12 @@ fn finish(store: &Store, blob: &Blob, file: &File) -> io::Result<()> {
 fn write_sidecar(store: &Store, blob: &Blob, segs: &Segments) -> io::Result<()> {
     let path = store.sidecar(&blob.hex);
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, segs.encode(blob.size))?;
-    std::fs::rename(&tmp, &path)
+    let written = std::fs::write(&tmp, segs.encode(blob.size)).and_then(|()| std::fs::rename(&tmp, &path));
+    if written.is_err() {
+        // A full disk, say: no half-written temporary stays.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 fn save(store: &Store, blob: &Blob, shared: &Shared) -> io::Result<()> {
@@ -324,11 +351,12 @@ struct Stream<'a> {
 
 impl Stream<'_> {
     /// Should the workers stop: a failure, a cancel, or (for the demand workers and a stream
-    /// waiting for its turn) every byte written?
+    /// waiting for its turn) every byte written, or the fill over and nothing asked for?
     fn ended(&self) -> bool {
         lock(&self.shared.failed).is_some()
             || self.live.cancel.load(Ordering::Relaxed)
             || lock(&self.live.segs).gaps(self.blob.size).is_empty()
+            || (self.shared.streams_done.load(Ordering::Relaxed) && lock(&self.live.demand).is_empty())
     }
 
     /// Wait for a wake-up of the blob's state (or a short while).
@@ -397,7 +425,9 @@ impl Stream<'_> {
     /// Will a stream of the fill write `r` within [`NEAR`] bytes of where it is?
     fn streams_reach(&self, r: &Range<u64>) -> bool {
         self.live.filling()
-            && lock(&self.shared.windows).iter().any(|(pos, end)| *pos <= r.start && r.start < pos + NEAR && r.end <= *end)
+            && lock(&self.shared.windows)
+                .iter()
+                .any(|(pos, end)| *pos <= r.start && r.start < pos + NEAR && r.end <= *end)
     }
 
     fn fail(&self, e: OciError) {
@@ -584,7 +614,7 @@ impl Stream<'_> {
     /// buffer (`pos` is its offset), so a resume does not fetch those bytes again.
     async fn drain(&self, w: Option<Write>, buf: Vec<u8>, pos: u64, err: OciError) -> Result<(), OciError> {
         self.wait(w).await?;
-        if !buf.is_empty() && (err.is_transient() || matches!(err, OciError::Cancelled { .. })) {
+        if !buf.is_empty() && err.is_transient() {
             self.wait(Some(self.write(buf, pos))).await?;
         }
         Err(err)

@@ -85,6 +85,12 @@ impl OciError {
         }
     }
 
+    /// Do the bytes not match what the manifest says (a digest or size mismatch)? A lazy
+    /// volume reading them fails; any other failure only stops its fill for a while.
+    pub fn is_integrity(&self) -> bool {
+        matches!(self, OciError::DigestMismatch { .. } | OciError::SizeMismatch { .. })
+    }
+
     /// The gRPC class of this failure.
     pub fn kind(&self) -> crate::error::ErrorKind {
         use crate::error::ErrorKind;

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use super::cache::{Core, Flight, Inner, State, Stopped};
 use super::download::{Blob, download};
-use super::live::Live;
 use super::error::OciError;
+use super::live::Live;
 use super::pulls::Sight;
 use super::registry::{Endpoint, Scope, host_of};
 use super::store::hex_of;
@@ -103,7 +103,11 @@ impl Core {
             };
             // A lazy volume's state of the blob, when one reads it (its bytes on disk stay
             // readable while this download writes the rest).
-            let live = inner.lives.get(hex).cloned().unwrap_or_else(|| Arc::new(Live::new(b.size, Some(self.changed.clone()))));
+            let live = inner
+                .lives
+                .get(hex)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(Live::new(b.size, Some(self.changed.clone()))));
             live.fill_on();
             // What the last attempt left on disk, until this one has looked.
             if let Some(t) = inner.transient.get(hex) {
@@ -246,9 +250,9 @@ impl Core {
             let attempt = {
                 let (core, ep, blob, live, counted) =
                     (self.clone(), ep.clone(), blob.clone(), live.clone(), counted.clone());
-                tokio::spawn(async move {
-                    download(&ep, &core.store, &blob, &live, lazy, &core.fetched, &counted).await
-                })
+                tokio::spawn(
+                    async move { download(&ep, &core.store, &blob, &live, lazy, &core.fetched, &counted).await },
+                )
             };
             let result = attempt.await.unwrap_or_else(|e| {
                 Err(OciError::Local {
@@ -280,6 +284,11 @@ impl Core {
     /// Record how a flight ended.
     fn record(&self, ep: &Endpoint, blob: &Blob, live: &Live, outcome: Result<(), OciError>) {
         let mut inner = self.inner();
+        // Stopped because no volume wants it any more, whatever else happened meanwhile.
+        let outcome = match outcome {
+            Err(_) if live.cancel.load(Ordering::Relaxed) => Err(OciError::Cancelled { digest: blob.digest.clone() }),
+            other => other,
+        };
         match outcome {
             Err(OciError::Cancelled { .. }) => {
                 inner.flights.remove(&blob.hex);
@@ -319,18 +328,38 @@ impl Core {
                 let failures = inner.transient.get(&blob.hex).map_or(0, |t| t.failures) + 1;
                 let wait = RETRY_FIRST.saturating_mul(1 << (failures - 1).min(16)).min(RETRY_MAX);
                 let retry_at = std::time::Instant::now() + wait;
-                inner.transient.insert(blob.hex.clone(), Stopped { error: e.to_string(), kept, failures, retry_at, tried: None });
+                inner
+                    .transient
+                    .insert(blob.hex.clone(), Stopped { error: e.to_string(), kept, failures, retry_at, tried: None });
+            }
+            // A lazy volume's download that failed for another reason than its bytes (the disk
+            // full, credentials refused): its readers keep what is there, and it is tried again
+            // after a while, like a transient failure.
+            Err(e) if !e.is_integrity() && inner.flights.get(&blob.hex).is_some_and(|f| f.lazy) => {
+                tracing::warn!(registry = %ep.ctx.registry, digest = %blob.digest, error = %e, "a lazy volume's blob download stopped; it is tried again later");
+                inner.flights.remove(&blob.hex);
+                let kept = live.covered.load(Ordering::Relaxed);
+                let failures = inner.transient.get(&blob.hex).map_or(0, |t| t.failures) + 1;
+                let wait = RETRY_FIRST.saturating_mul(1 << (failures - 1).min(16)).min(RETRY_MAX);
+                let retry_at = std::time::Instant::now() + wait;
+                inner
+                    .transient
+                    .insert(blob.hex.clone(), Stopped { error: e.to_string(), kept, failures, retry_at, tried: None });
             }
             Err(e) => {
                 tracing::error!(registry = %ep.ctx.registry, digest = %blob.digest, error = %e, "blob download failed");
                 inner.transient.remove(&blob.hex);
                 // Lazy volumes reading it learn it from their session (and their readers fail).
-                if inner.volumes.iter().any(|(v, blobs)| {
-                    inner.lazy_volumes.contains(v) && blobs.iter().any(|b| b.digest == blob.digest)
-                }) {
+                let lazy_reads = inner
+                    .volumes
+                    .iter()
+                    .any(|(v, blobs)| inner.lazy_volumes.contains(v) && blobs.iter().any(|b| b.digest == blob.digest));
+                if lazy_reads && e.is_integrity() {
                     inner.lazy_failed.insert(blob.hex.clone(), e.clone());
                 }
-                inner.lives.remove(&blob.hex);
+                if e.is_integrity() {
+                    inner.lives.remove(&blob.hex);
+                }
                 match inner.flights.get_mut(&blob.hex) {
                     Some(f) if !f.waiters.is_empty() => {
                         f.state = State::Failed { error: e, unreported: f.waiters.clone() };

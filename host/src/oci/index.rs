@@ -109,7 +109,12 @@ impl Artifacts {
     /// has one: looked up as a referrer, read and verified, kept in the cache. Its digest, for
     /// [`Artifacts::load_index`]. An index that does not cover `blobs` is an error (the
     /// artifact says its chunks are indexed; serving them unchecked would not be what it says).
-    pub async fn find_index(&self, src: &Source, manifest_digest: &str, blobs: &[BlobRef]) -> Result<Option<String>, OciError> {
+    pub async fn find_index(
+        &self,
+        src: &Source,
+        manifest_digest: &str,
+        blobs: &[BlobRef],
+    ) -> Result<Option<String>, OciError> {
         let ep = self.core.registries.endpoint(src)?;
         let found = async {
             let referrers = ep.referrers(manifest_digest, INDEX_ARTIFACT_TYPE).await?;
@@ -207,7 +212,12 @@ pub async fn push_index(
     push(cfg, target, credentials, chunk).await.map_err(OciError::redacted)
 }
 
-async fn push(cfg: RegistryConfig, target: &OciRef, credentials: &Credentials, chunk: u64) -> Result<PushedIndex, OciError> {
+async fn push(
+    cfg: RegistryConfig,
+    target: &OciRef,
+    credentials: &Credentials,
+    chunk: u64,
+) -> Result<PushedIndex, OciError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let host = target.registry().to_ascii_lowercase();
     let plain_http = cfg.insecure.contains(&host);
@@ -227,8 +237,7 @@ async fn push(cfg: RegistryConfig, target: &OciRef, credentials: &Credentials, c
         reference: target.to_string(),
         detail: format!("the manifest is not JSON: {e}"),
     })?;
-    let media_type =
-        manifest.get("mediaType").and_then(|m| m.as_str()).unwrap_or(OCI_IMAGE_MEDIA_TYPE).to_string();
+    let media_type = manifest.get("mediaType").and_then(|m| m.as_str()).unwrap_or(OCI_IMAGE_MEDIA_TYPE).to_string();
     let mut blobs = BTreeMap::new();
     let mut total = 0u64;
     let layers = manifest.get("layers").and_then(|l| l.as_array()).cloned().unwrap_or_default();
@@ -325,13 +334,14 @@ async fn push(cfg: RegistryConfig, target: &OciRef, credentials: &Credentials, c
     // the referrers API (those with it answer the API, and the tag is an index like any other).
     let tag = resolved.manifest_digest.replace(':', "-");
     let tag_ref = Reference::with_tag(host.clone(), repository.clone(), tag);
-    let mut list: Vec<serde_json::Value> = match client.pull_manifest_raw(&tag_ref, &auth, &[OCI_IMAGE_INDEX_MEDIA_TYPE]).await {
-        Ok((body, _)) => serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v.get("manifests").and_then(|m| m.as_array()).cloned())
-            .unwrap_or_default(),
-        Err(_) => Vec::new(),
-    };
+    let mut list: Vec<serde_json::Value> =
+        match client.pull_manifest_raw(&tag_ref, &auth, &[OCI_IMAGE_INDEX_MEDIA_TYPE]).await {
+            Ok((body, _)) => serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v.get("manifests").and_then(|m| m.as_array()).cloned())
+                .unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
     list.retain(|m| m.get("digest").and_then(|d| d.as_str()) != Some(manifest_digest.as_str()));
     list.push(serde_json::json!({
         "mediaType": OCI_IMAGE_MEDIA_TYPE,
@@ -370,7 +380,7 @@ mod tests {
     #[test]
     fn an_index_is_read_for_the_layers_it_covers_and_refused_otherwise() {
         let a = format!("sha256:{}", "a".repeat(64));
-        let data = vec![5u8; 200 << 10];
+        let data: Vec<u8> = (0..200u32 << 10).map(|i| (i % 251) as u8).collect();
         let doc = index_of(64 << 10, &[(a.clone(), data.clone())]);
         let bytes = serde_json::to_vec(&doc).unwrap();
         let got = parse_index(&bytes, &[blob(&a, data.len() as u64)]).unwrap();
@@ -386,7 +396,13 @@ mod tests {
         assert!(parse_index(&serde_json::to_vec(&bad).unwrap(), &[]).unwrap_err().contains("power of two"));
         let mut bad = doc.clone();
         bad.blobs.get_mut(&a).unwrap().chunks.pop();
-        assert!(parse_index(&serde_json::to_vec(&bad).unwrap(), &[blob(&a, data.len() as u64)]).unwrap_err().contains("3 chunks"));
-        assert!(parse_index(b"{\"version\":2,\"chunkSize\":65536,\"blobs\":{}}", &[]).unwrap_err().contains("version 2"));
+        assert!(
+            parse_index(&serde_json::to_vec(&bad).unwrap(), &[blob(&a, data.len() as u64)])
+                .unwrap_err()
+                .contains("3 chunks")
+        );
+        assert!(
+            parse_index(b"{\"version\":2,\"chunkSize\":65536,\"blobs\":{}}", &[]).unwrap_err().contains("version 2")
+        );
     }
 }

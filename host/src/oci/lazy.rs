@@ -75,9 +75,30 @@ impl Artifacts {
         self.core.inner().lazy_volumes.clone()
     }
 
-    /// The end of `volume`'s lazy reading (unstage): see [`Artifacts::forget`].
-    pub fn lazy_forget(&self, volume: &str) {
+    /// The end of `volume`'s lazy reading (unstage, [`Artifacts::forget`]): the downloads only
+    /// it wanted stop, and this waits (at most a few seconds) until they have, so nothing they
+    /// wrote is left behind.
+    pub async fn lazy_forget(&self, volume: &str) {
+        let digests: Vec<String> = {
+            let inner = self.core.inner();
+            inner
+                .volumes
+                .get(volume)
+                .map(|b| b.iter().filter_map(|b| hex_of(&b.digest).ok().map(str::to_string)).collect())
+                .unwrap_or_default()
+        };
         self.forget(volume);
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            let stopping = {
+                let inner = self.core.inner();
+                digests.iter().any(|h| inner.flights.get(h).is_some_and(|f| f.live.cancel.load(Ordering::Relaxed)))
+            };
+            if !stopping {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// The live state of blob `hex` of `size` bytes: its running download's, else the one kept
@@ -114,6 +135,10 @@ impl Artifacts {
         if self.core.store.present(&hex, b.size) {
             return Ok(());
         }
+        // A volume forgotten meanwhile (unstaged while its session still ran) starts nothing.
+        if !self.core.inner().lazy_volumes.contains(volume) {
+            return Ok(());
+        }
         let live = self.live_of(&hex, b.size);
         if let Some(i) = index {
             live.set_index(i);
@@ -127,8 +152,16 @@ impl Artifacts {
                 }
                 return Ok(());
             }
-            // Failed for good: the volume learns it from its view.
-            Some(Flight { state: State::Failed { .. }, .. }) => return Ok(()),
+            // Failed for good (for eager volumes that wait for it): the volume learns it from
+            // its view; a failure that is not the bytes' is tried again once they were told.
+            Some(Flight { state: State::Failed { error, .. }, .. }) if error.is_integrity() => return Ok(()),
+            Some(Flight { state: State::Failed { unreported, .. }, .. }) => {
+                unreported.remove(volume);
+                if !unreported.is_empty() {
+                    return Ok(());
+                }
+                inner.flights.remove(&hex);
+            }
             None => {}
         }
         if inner.lazy_failed.contains_key(&hex) {
@@ -188,7 +221,7 @@ impl Artifacts {
         urgent: bool,
     ) -> Result<(), OciError> {
         let hex = hex_of(&b.digest)?.to_string();
-        if self.core.store.present(&hex, b.size) {
+        if self.core.store.present(&hex, b.size) || !self.core.inner().lazy_volumes.contains(volume) {
             return Ok(());
         }
         let live = self.live_of(&hex, b.size);
@@ -199,16 +232,25 @@ impl Artifacts {
     /// What a reader may read of blob `b` now.
     pub fn lazy_view(&self, b: &BlobRef) -> BlobView {
         let Ok(hex) = hex_of(&b.digest).map(str::to_string) else {
-            return BlobView { failed: Some(OciError::Config(format!("{} is not a sha256 digest", b.digest))), ..Default::default() };
+            return BlobView {
+                failed: Some(OciError::Config(format!("{} is not a sha256 digest", b.digest))),
+                ..Default::default()
+            };
         };
         let (live, running, failed, stalled) = {
             let inner = self.core.inner();
             let failed = inner.lazy_failed.get(&hex).cloned().or_else(|| match inner.flights.get(&hex) {
-                Some(Flight { state: State::Failed { error, .. }, .. }) => Some(error.clone()),
+                Some(Flight { state: State::Failed { error, .. }, .. }) if error.is_integrity() => Some(error.clone()),
                 _ => None,
             });
             let running = matches!(inner.flights.get(&hex), Some(Flight { state: State::Running, .. }));
-            let stalled = if running { None } else { inner.transient.get(&hex).map(|t| t.error.clone()) };
+            let stalled = match inner.flights.get(&hex) {
+                Some(Flight { state: State::Failed { error, .. }, .. }) if !error.is_integrity() => {
+                    Some(error.to_string())
+                }
+                Some(_) => None,
+                None => inner.transient.get(&hex).map(|t| t.error.clone()),
+            };
             let live = inner.flights.get(&hex).map(|f| f.live.clone()).or_else(|| inner.lives.get(&hex).cloned());
             (live, running, failed, stalled)
         };
@@ -287,7 +329,10 @@ impl Artifacts {
         let hex = hex_of(&b.digest).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let fd = rustix::fs::open(
             self.core.store.tree(hex),
-            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::OFlags::PATH
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::NOFOLLOW
+                | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )?;
         Ok(File::from(fd))
@@ -303,7 +348,9 @@ impl Artifacts {
             std::fs::OpenOptions::new().read(true).custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32).open(path)
         };
         match format {
-            Archive::Raw => files.iter().filter_map(|(id, _)| open(self.core.store.blob(hex)).ok().map(|f| (*id, f))).collect(),
+            Archive::Raw => {
+                files.iter().filter_map(|(id, _)| open(self.core.store.blob(hex)).ok().map(|f| (*id, f))).collect()
+            }
             Archive::Tar | Archive::TarGzip | Archive::TarZstd => {
                 let Ok(tree) = self.lazy_open_tree(b) else { return Vec::new() };
                 files

@@ -207,11 +207,19 @@ impl Live {
                     *n
                 };
                 if failures == 1 {
-                    tracing::warn!(chunk = k, start = range.start, "a chunk does not match the index; fetching it again");
+                    tracing::warn!(
+                        chunk = k,
+                        start = range.start,
+                        "a chunk does not match the index; fetching it again"
+                    );
                     lock(&self.demand).push_front(range);
                     self.wake.notify_waiters();
                 } else {
-                    tracing::error!(chunk = k, start = range.start, "a chunk does not match the index twice; reads of it fail");
+                    tracing::error!(
+                        chunk = k,
+                        start = range.start,
+                        "a chunk does not match the index twice; reads of it fail"
+                    );
                     lock(&self.bad).insert(range);
                 }
             }

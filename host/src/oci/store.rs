@@ -281,7 +281,8 @@ impl Store {
             return Ok(());
         }
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let tmp = self.blob_dir().join(format!(".{hex}.put.{}.{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        let tmp =
+            self.blob_dir().join(format!(".{hex}.put.{}.{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
         let written = (|| {
             use std::os::unix::fs::OpenOptionsExt;
             let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
@@ -300,6 +301,7 @@ impl Store {
     pub fn drop_partial(&self, hex: &str) {
         let _ = std::fs::remove_file(self.partial(hex));
         let _ = std::fs::remove_file(self.sidecar(hex));
+        let _ = std::fs::remove_file(self.sidecar(hex).with_extension("json.tmp"));
     }
 }
 

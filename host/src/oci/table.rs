@@ -61,8 +61,13 @@ pub struct TableEntry {
 pub enum TableKind {
     Dir,
     /// A file: `size` bytes at `offset` in the blob (0 for a tree's file).
-    File { size: u64, offset: u64 },
-    Symlink { target: String },
+    File {
+        size: u64,
+        offset: u64,
+    },
+    Symlink {
+        target: String,
+    },
 }
 
 /// Reads byte ranges of one blob.
@@ -78,8 +83,10 @@ impl Source_<'_> {
                 let mut buf = vec![0u8; len as usize];
                 let mut at = 0;
                 while at < buf.len() {
-                    let n = f.read_at(&mut buf[at..], offset + at as u64).map_err(|e| {
-                        OciError::Local { path: "<blob>".into(), detail: e.to_string(), kind: e.kind() }
+                    let n = f.read_at(&mut buf[at..], offset + at as u64).map_err(|e| OciError::Local {
+                        path: "<blob>".into(),
+                        detail: e.to_string(),
+                        kind: e.kind(),
                     })?;
                     if n == 0 {
                         break;
@@ -196,12 +203,12 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
             }
             _ => {}
         }
-        let raw_path = pax
-            .remove("path")
-            .or_else(|| long_name.take())
-            .unwrap_or_else(|| header.path_bytes().into_owned());
-        let raw_link =
-            pax.remove("linkpath").or_else(|| long_link.take()).or_else(|| header.link_name_bytes().map(|l| l.into_owned()));
+        let raw_path =
+            pax.remove("path").or_else(|| long_name.take()).unwrap_or_else(|| header.path_bytes().into_owned());
+        let raw_link = pax
+            .remove("linkpath")
+            .or_else(|| long_link.take())
+            .or_else(|| header.link_name_bytes().map(|l| l.into_owned()));
         let mtime = pax
             .remove("mtime")
             .and_then(|v| String::from_utf8(v).ok())
@@ -346,7 +353,11 @@ impl Artifacts {
             Archive::Raw => {
                 return Ok(Some(BlobTable {
                     verified: true,
-                    entries: vec![TableEntry { path: String::new(), kind: TableKind::File { size: b.size, offset: 0 }, mtime: 0 }],
+                    entries: vec![TableEntry {
+                        path: String::new(),
+                        kind: TableKind::File { size: b.size, offset: 0 },
+                        mtime: 0,
+                    }],
                 }));
             }
             Archive::TarGzip | Archive::TarZstd => {
@@ -356,7 +367,11 @@ impl Artifacts {
                 }
                 let entries = tokio::task::spawn_blocking(move || tree_table(&tree))
                     .await
-                    .map_err(|e| OciError::Local { path: String::new(), detail: e.to_string(), kind: io::ErrorKind::Other })?
+                    .map_err(|e| OciError::Local {
+                        path: String::new(),
+                        detail: e.to_string(),
+                        kind: io::ErrorKind::Other,
+                    })?
                     .map_err(|e| OciError::local(&self.core.store.tree(&hex), &e, "", &b.digest))?;
                 return Ok(Some(BlobTable { verified: true, entries }));
             }
@@ -389,11 +404,18 @@ impl Artifacts {
             }
             Archive::Raw => Some(BlobTable {
                 verified: true,
-                entries: vec![TableEntry { path: String::new(), kind: TableKind::File { size: b.size, offset: 0 }, mtime: 0 }],
+                entries: vec![TableEntry {
+                    path: String::new(),
+                    kind: TableKind::File { size: b.size, offset: 0 },
+                    mtime: 0,
+                }],
             }),
             Archive::TarGzip | Archive::TarZstd => {
                 let tree = self.core.store.tree(hex);
-                tree.is_dir().then(|| tree_table(&tree).ok()).flatten().map(|entries| BlobTable { verified: true, entries })
+                tree.is_dir()
+                    .then(|| tree_table(&tree).ok())
+                    .flatten()
+                    .map(|entries| BlobTable { verified: true, entries })
             }
         }
     }
@@ -495,8 +517,11 @@ mod tests {
         assert_eq!(file("weights/model.safetensors").unwrap(), big);
         assert_eq!(file(&long).unwrap(), b"tok", "a GNU long name");
         assert_eq!(file("copy.json").unwrap(), b"{\"a\":1}", "a hard link reads its target's bytes");
-        assert!(entries.iter().any(|e| e.path == "weights/link"
-            && e.kind == TableKind::Symlink { target: "model.safetensors".into() }));
+        assert!(
+            entries.iter().any(
+                |e| e.path == "weights/link" && e.kind == TableKind::Symlink { target: "model.safetensors".into() }
+            )
+        );
         assert_eq!(entries.iter().find(|e| e.path == "config.json").unwrap().mtime, 1_700_000_000);
     }
 

@@ -60,7 +60,9 @@ pub fn lower(plan: Plan, server: &Path) -> Result<Plan, NotLazy> {
             _ => None,
         })
         .ok_or_else(|| {
-            NotLazy::NoSharedRoot(unpacks.iter().map(|(_, _, d)| d.display().to_string()).collect::<Vec<_>>().join(", "))
+            NotLazy::NoSharedRoot(
+                unpacks.iter().map(|(_, _, d)| d.display().to_string()).collect::<Vec<_>>().join(", "),
+            )
         })?;
     let fetched: BTreeMap<&str, (u64, &str)> = plan
         .steps
@@ -139,12 +141,30 @@ mod tests {
             plugin: "model".into(),
             digest: "sha256:p".into(),
             steps: vec![
-                Step::Resolve { reference: "r.io/m:1".into(), mirror: None, auth: RegistryAuth::Anonymous, insecure: false },
-                Step::FetchBlob { digest: d('a'), size: 10, media_type: "application/vnd.cncf.model.weight.v1.raw".into() },
-                Step::FetchBlob { digest: d('b'), size: 2048, media_type: "application/vnd.cncf.model.doc.v1.tar".into() },
+                Step::Resolve {
+                    reference: "r.io/m:1".into(),
+                    mirror: None,
+                    auth: RegistryAuth::Anonymous,
+                    insecure: false,
+                },
+                Step::FetchBlob {
+                    digest: d('a'),
+                    size: 10,
+                    media_type: "application/vnd.cncf.model.weight.v1.raw".into(),
+                },
+                Step::FetchBlob {
+                    digest: d('b'),
+                    size: 2048,
+                    media_type: "application/vnd.cncf.model.doc.v1.tar".into(),
+                },
                 Step::Unpack { digest: d('a'), format: Archive::Raw, dest: cache.join("w/model.safetensors") },
                 Step::Unpack { digest: d('b'), format: Archive::Tar, dest: cache.clone() },
-                Step::Bind { source: cache, target: "/k/staging".into(), readonly: true, options: vec!["nosuid".into()] },
+                Step::Bind {
+                    source: cache,
+                    target: "/k/staging".into(),
+                    readonly: true,
+                    options: vec!["nosuid".into()],
+                },
             ],
             attributes: vec![("reference".into(), "r.io/m:1".into())],
         }

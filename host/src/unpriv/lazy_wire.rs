@@ -48,9 +48,10 @@ pub enum ToServer {
     Settled,
     /// These ranges of a layer's blob can be read (replaces what was said before of that layer).
     Readable { layer: u32, ranges: Vec<Span> },
-    /// The layer's blob is complete and verified: every byte can be read. Files with a backing
-    /// id the host registered on the FUSE connection are opened with passthrough from now on.
-    Complete { layer: u32, backing: Vec<(u32, u32)> },
+    /// The layer's blob is complete and verified: every byte can be read. Files (by path) with
+    /// a backing id the host registered on the FUSE connection are opened with passthrough from
+    /// now on.
+    Complete { layer: u32, backing: Vec<(String, u32)> },
     /// A layer whose files were not known at the start (a compressed archive) is unpacked:
     /// its files, whose data is in the tree directory handed over with [`ToServer::Files`].
     Added { layer: u32, files: Vec<FileEntry> },
@@ -66,8 +67,9 @@ pub enum ToServer {
 pub struct Hello {
     /// The volume (for the server's log lines).
     pub volume: String,
-    /// Every file and directory, in the order later layers replace earlier ones. A file's index
-    /// in this list (then in the order of [`ToServer::Added`]) is its id.
+    /// Every file and directory, in the order later layers replace earlier ones. An opening
+    /// after the first (the host restarted) adds what the server lacks (a layer unpacked
+    /// meanwhile); what it has stays as it is.
     pub files: Vec<FileEntry>,
     /// The layers, by index.
     pub layers: Vec<LayerState>,
@@ -160,7 +162,8 @@ pub fn send<T: Serialize>(sock: &UnixStream, msg: &T, fds: &[BorrowedFd<'_>]) ->
     }
     // The descriptors travel with the frame's first bytes; what the first call did not take
     // follows without them.
-    let sent = rustix::net::sendmsg(sock, &[IoSlice::new(&head), IoSlice::new(&body)], &mut control, SendFlags::NOSIGNAL)?;
+    let sent =
+        rustix::net::sendmsg(sock, &[IoSlice::new(&head), IoSlice::new(&body)], &mut control, SendFlags::NOSIGNAL)?;
     let mut rest: Vec<u8> = head.iter().chain(body.iter()).copied().skip(sent).collect();
     while !rest.is_empty() {
         let n = rustix::net::send(sock, &rest, SendFlags::NOSIGNAL)?;
