@@ -17,6 +17,9 @@
 //!   room of its own: it reaches neither the privileged room (`exec/`) nor any process's room
 //!   (`daemon/`, `front/`, `cli/`), and the CSI front does not reach it (it gets plugin pulls
 //!   through the `PluginPuller` trait).
+//! - The lazy volumes' FUSE server (`lazyfs/`, the process `mounthost lazyfs`, run
+//!   unprivileged) reaches nothing of the host daemon's, the privileged room, the registry side,
+//!   the front or the plugin runtime: only the unprivileged room and the plan's constants.
 //! - `unsafe` is allowed only in the executor room, in loading compiled plugins and in the few
 //!   unprivileged calls without a safe wrapper (`unpriv/sys.rs`).
 
@@ -277,6 +280,19 @@ fn the_registry_room_reaches_no_process_room_and_not_the_privileged_one() {
 }
 
 #[test]
+fn the_lazy_server_reaches_nothing_of_the_privileged_side() {
+    let g = graph();
+    let server = g.rooms("lazyfs");
+    assert!(server.len() >= 4, "the lazy server's files were found: {server:?}");
+    for m in &server {
+        if let Some(chain) = g.reaches(m, &|t| in_room(t, &["exec", "daemon", "oci", "front", "cli", "plugin", "volume"])) {
+            panic!("{m} reaches {}: {}", chain.last().unwrap(), chain.join(" -> "));
+        }
+    }
+    println!("checked: {} files of lazyfs/", server.len());
+}
+
+#[test]
 fn the_plan_and_the_plugin_runtime_reach_nothing_with_effects() {
     let g = graph();
     let pure: Vec<String> = g.rooms("plan").into_iter().chain(g.rooms("plugin")).collect();
@@ -352,7 +368,7 @@ fn where_effects_live_by_room() {
     }
     by_room.retain(|_, e| !e.is_empty());
     let rooms: BTreeSet<&str> = by_room.keys().map(String::as_str).collect();
-    let allowed: BTreeSet<&str> = ["cli", "exec", "oci", "unpriv", "telemetry"].into();
+    let allowed: BTreeSet<&str> = ["cli", "exec", "lazyfs", "oci", "unpriv", "telemetry"].into();
     assert!(rooms.is_subset(&allowed), "effects outside their rooms: {by_room:?}");
     println!("checked: effects by room {by_room:?}");
 }

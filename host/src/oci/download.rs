@@ -411,13 +411,26 @@ impl Stream<'_> {
             if self.streams_reach(&range) {
                 continue;
             }
-            let pieces = lock(&self.shared.claimed).missing_in(range);
+            let pieces = lock(&self.shared.claimed).missing_in(range.clone());
+            // Another wish for this range while it is fetched is not queued again.
+            lock(&self.live.fetching).push(range.clone());
+            let mut result = Ok(());
             for piece in pieces {
                 self.live.demand_requests.fetch_add(1, Ordering::Relaxed);
-                if let Err(e) = self.fetch(piece, Role::Demand).await {
-                    self.fail(e);
-                    return;
+                result = self.fetch(piece, Role::Demand).await;
+                if result.is_err() {
+                    break;
                 }
+            }
+            {
+                let mut f = lock(&self.live.fetching);
+                if let Some(i) = f.iter().position(|r| *r == range) {
+                    f.swap_remove(i);
+                }
+            }
+            if let Err(e) = result {
+                self.fail(e);
+                return;
             }
         }
     }

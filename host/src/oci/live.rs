@@ -69,6 +69,8 @@ pub struct Live {
     index: OnceLock<Arc<ChunkIndex>>,
     /// Ranges readers wait for, oldest first, taken by the download's demand workers.
     pub demand: Mutex<VecDeque<Range<u64>>>,
+    /// Ranges demand workers are fetching now (a wish they cover is not queued again).
+    pub fetching: Mutex<Vec<Range<u64>>>,
     /// Notified when `demand` gets a range, the fill is switched on, or the download should stop.
     pub wake: tokio::sync::Notify,
     /// The background fill may run (an eager pull always; a lazy one once its turn came).
@@ -97,6 +99,7 @@ impl Live {
             bad: Mutex::new(Segments::default()),
             index: OnceLock::new(),
             demand: Mutex::new(VecDeque::new()),
+            fetching: Mutex::new(Vec::new()),
             wake: tokio::sync::Notify::new(),
             fill: AtomicBool::new(false),
             cancel: AtomicBool::new(false),
@@ -143,6 +146,9 @@ impl Live {
             return;
         }
         {
+            if lock(&self.fetching).iter().any(|f| f.start <= r.start && r.end <= f.end) {
+                return;
+            }
             let mut q = lock(&self.demand);
             if q.iter().any(|q| q.start <= r.start && r.end <= q.end) {
                 return;
