@@ -685,6 +685,7 @@ mod tests {
         m.set_volumes(&[LiveVolume { plugin: "p".into(), phase: "staged".into(), healthy: true }]);
         m.oci_pull_started("r");
         m.oci_pull_finished("r", PullOutcome::Ok, Duration::ZERO);
+        m.lazy_volume("v", &LazyVolume::default());
         let registered: BTreeSet<(String, String)> = m
             .encode()
             .lines()
@@ -704,7 +705,7 @@ mod tests {
                 (format!("mounthost_{}", cells[0].trim_end_matches('`')), cells[1].to_string())
             })
             .collect();
-        assert_eq!(registered.len(), 15, "{registered:?}");
+        assert_eq!(registered.len(), 18, "{registered:?}");
         assert_eq!(documented, registered);
     }
 
@@ -760,5 +761,19 @@ mod tests {
         assert_eq!(m.not_ready(), ["host"]);
         m.set_ready("host");
         assert!(m.not_ready().is_empty());
+    }
+
+    #[test]
+    fn a_lazy_volume_has_its_series_until_it_is_gone() {
+        let m = Metrics::new();
+        let v = LazyVolume { total_bytes: 10, verified_bytes: 4, demand_bytes: 3, failed: true, ..Default::default() };
+        m.lazy_volume("pv-1", &v);
+        let text = m.encode();
+        assert!(text.contains(r#"mounthost_lazy_volume_bytes{volume="pv-1",what="total"} 10"#), "{text}");
+        assert!(text.contains(r#"mounthost_lazy_volume_bytes{volume="pv-1",what="verified"} 4"#), "{text}");
+        assert!(text.contains(r#"mounthost_lazy_volume_fetched_bytes{volume="pv-1",what="demand"} 3"#), "{text}");
+        assert!(text.contains(r#"mounthost_lazy_volume_state{volume="pv-1",what="failed"} 1"#), "{text}");
+        m.lazy_volume_gone("pv-1");
+        assert!(!m.encode().contains("pv-1"), "no series left");
     }
 }

@@ -285,7 +285,9 @@ fn the_lazy_server_reaches_nothing_of_the_privileged_side() {
     let server = g.rooms("lazyfs");
     assert!(server.len() >= 4, "the lazy server's files were found: {server:?}");
     for m in &server {
-        if let Some(chain) = g.reaches(m, &|t| in_room(t, &["exec", "daemon", "oci", "front", "cli", "plugin", "volume"])) {
+        if let Some(chain) =
+            g.reaches(m, &|t| in_room(t, &["exec", "daemon", "oci", "front", "cli", "plugin", "volume"]))
+        {
             panic!("{m} reaches {}: {}", chain.last().unwrap(), chain.join(" -> "));
         }
     }

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use mounthost::volume::request::{DIGEST_KEY, DYNAMIC_KEY, DYNAMIC_PLUGINS_KEY, K8S_PREFIX, PLUGIN_KEY};
+use mounthost::volume::request::{DIGEST_KEY, DYNAMIC_KEY, DYNAMIC_PLUGINS_KEY, K8S_PREFIX, LAZY_KEY, PLUGIN_KEY};
 
 /// The image every document names.
 fn image() -> String {
@@ -872,6 +872,7 @@ fn the_reference_lists_every_seaweedfs_parameter_and_the_reserved_keys() {
         DIGEST_KEY.to_string(),
         DYNAMIC_KEY.to_string(),
         DYNAMIC_PLUGINS_KEY.to_string(),
+        LAZY_KEY.to_string(),
         format!("{K8S_PREFIX}*"),
     ]
     .into();

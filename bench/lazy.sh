@@ -1,0 +1,277 @@
+#!/usr/bin/env bash
+# Lazy model volumes (docs/lazy.md) against an eager pull of the same model, in one run.
+#
+# It starts its own docker-registry on 127.0.0.1 (config, storage and log in a temp dir on disk)
+# and pushes a ModelPack model of a few small files (config.json, tokenizer.json, both in tar
+# layers) and a raw weights file of SIZE_MIB (default 4096) shaped like a safetensors file: an
+# 8-byte little-endian header length, a JSON header of HEADER_KIB (default 64), then random
+# tensor bytes. Then `mounthost local --no-demo` (a release build: MOUNTHOST=path, else
+# target/release/mounthost) drives volumes through the real CSI socket, and for each of RUNS
+# (default 3) runs, with the node's blob cache emptied (`cache prune`) and the page cache
+# dropped before each measurement:
+#
+#   eager   NodeStageVolume of an eager volume until it answers OK (the whole pull, verified):
+#           the baseline, and its throughput (bytes / time);
+#   first   NodeStageVolume of a lazy volume, then the first byte of the weights file: the time
+#           from the stage call to that byte (goal: at most 1 s);
+#   header  the same volume: the safetensors header (its 8 bytes, then the JSON) and one
+#           64 MiB range at a random 64 MiB-aligned offset: the time from the stage call to the
+#           end of that range (goal: at most 1.5 s);
+#   seq     a new lazy volume: the whole weights file read in order (4 MiB reads) from the
+#           stage call on, while the fill runs: its throughput against the eager pull's
+#           (goal: at least 0.8x);
+#   after   once the fill is over, the weights file opened again (passthrough) and read whole,
+#           against a plain bind of the cached blob (the same file, outside FUSE): both with the
+#           page cache dropped (cold) and with it warm (goal: at least 0.9x).
+#
+# It prints each run's numbers and the range (min-max) over the runs. Everything is removed on
+# exit. Needs root (mounts, drop_caches).
+#
+#   bench/lazy.sh
+#   SIZE_MIB=1024 RUNS=1 bench/lazy.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SIZE_MIB=${SIZE_MIB:-4096}
+HEADER_KIB=${HEADER_KIB:-64}
+RUNS=${RUNS:-3}
+BENCH_TMP=${BENCH_TMP:-/var/tmp}
+REPO=bench/lazy
+TAG=v1
+
+for tool in docker-registry curl openssl python3 tar; do
+    command -v "$tool" >/dev/null || { echo "bench/lazy.sh needs $tool (scripts/test.sh installs it)" >&2; exit 1; }
+done
+[ -w /proc/sys/vm/drop_caches ] || { echo "bench/lazy.sh needs root (it drops the page cache and mounts)" >&2; exit 1; }
+mounthost=${MOUNTHOST:-target/release/mounthost}
+[ -x "$mounthost" ] || { echo "no $mounthost: cargo build --release (or MOUNTHOST=path)" >&2; exit 1; }
+mounthost=$(realpath "$mounthost")
+
+work=$(mktemp -d "$BENCH_TMP/mounthost-bench-lazy.XXXXXX")
+registry_pid=
+local_pid=
+cleanup() {
+    for pid in $local_pid $registry_pid; do
+        kill -TERM "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    if [ -d "$work/mh" ]; then
+        grep -F " $work/mh" /proc/self/mountinfo | awk '{ print $5 }' | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+drop_caches() {
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+}
+sha256_of() { openssl dgst -sha256 -r "$1" | cut -d' ' -f1; }
+
+# --- the registry ---------------------------------------------------------------------------
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+host=127.0.0.1:$port
+mkdir -p "$work/data"
+cat >"$work/config.yml" <<EOF
+version: 0.1
+log:
+  level: warn
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: $work/data
+http:
+  addr: $host
+  secret: mounthost-bench
+EOF
+docker-registry serve "$work/config.yml" >"$work/registry.log" 2>&1 &
+registry_pid=$!
+for _ in $(seq 300); do
+    curl -fsS --noproxy '*' -o /dev/null "http://$host/v2/" 2>/dev/null && break
+    kill -0 "$registry_pid" 2>/dev/null || { cat "$work/registry.log" >&2; exit 1; }
+    sleep 0.1
+done
+
+# --- the model ------------------------------------------------------------------------------
+echo "--- generating a ${SIZE_MIB} MiB safetensors-shaped weights file and pushing the model to $host/$REPO:$TAG"
+mkdir -p "$work/src"
+header=$((HEADER_KIB * 1024))
+python3 - "$work/src/model.safetensors" "$header" <<'EOF'
+import json, struct, sys
+path, n = sys.argv[1], int(sys.argv[2])
+body = json.dumps({"__metadata__": {"format": "pt"}, "weight": {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]}})
+body = body + " " * (n - len(body))
+with open(path, "wb") as f:
+    f.write(struct.pack("<Q", n))
+    f.write(body.encode())
+EOF
+{ openssl enc -aes-128-ctr -K "$(openssl rand -hex 16)" -iv "$(openssl rand -hex 16)" -in /dev/zero 2>/dev/null || true; } |
+    head -c "$((SIZE_MIB * 1024 * 1024 - header - 8))" >>"$work/src/model.safetensors"
+printf '{"architectures":["Bench"],"hidden_size":4096}' >"$work/src/config.json"
+printf '{"version":"1.0","model":{"type":"BPE","vocab":{}}}' >"$work/src/tokenizer.json"
+size=$(stat -c %s "$work/src/model.safetensors")
+
+push_blob() {
+    local path=$1 digest location
+    digest=sha256:$(sha256_of "$path")
+    location=$(curl -fsS --noproxy '*' -X POST -D - -o /dev/null "http://$host/v2/$REPO/blobs/uploads/" |
+        tr -d '\r' | awk 'tolower($1) == "location:" { print $2 }')
+    case "$location" in /*) location=http://$host$location ;; esac
+    case "$location" in *\?*) location="$location&digest=$digest" ;; *) location="$location?digest=$digest" ;; esac
+    curl -fsS --noproxy '*' -X PUT -H 'Content-Type: application/octet-stream' -H 'Expect:' \
+        --upload-file "$path" -o /dev/null "$location"
+    echo "$digest"
+}
+layers=
+diff_ids=
+for f in config.json tokenizer.json; do
+    tar -C "$work/src" --owner=0 --group=0 --mtime=@0 -cf "$work/$f.tar" "$f"
+    d=$(push_blob "$work/$f.tar")
+    layers="$layers{\"mediaType\":\"application/vnd.cncf.model.weight.config.v1.tar\",\"digest\":\"$d\",\"size\":$(stat -c %s "$work/$f.tar"),\"annotations\":{\"org.cncf.model.filepath\":\"$f\"}},"
+    diff_ids="$diff_ids\"$d\","
+done
+weights_digest=$(push_blob "$work/src/model.safetensors")
+layers="$layers{\"mediaType\":\"application/vnd.cncf.model.weight.v1.raw\",\"digest\":\"$weights_digest\",\"size\":$size,\"annotations\":{\"org.cncf.model.filepath\":\"model.safetensors\"}}"
+diff_ids="$diff_ids\"$weights_digest\""
+printf '{"descriptor":{"name":"bench-lazy"},"config":{"format":"test"},"modelfs":{"type":"layers","diffIds":[%s]}}' "$diff_ids" >"$work/config.cfg"
+config_digest=$(push_blob "$work/config.cfg")
+printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","artifactType":"application/vnd.cncf.model.manifest.v1+json","config":{"mediaType":"application/vnd.cncf.model.config.v1+json","digest":"%s","size":%d},"layers":[%s]}' \
+    "$config_digest" "$(stat -c %s "$work/config.cfg")" "$layers" >"$work/manifest.json"
+curl -fsS --noproxy '*' -X PUT -H 'Content-Type: application/vnd.oci.image.manifest.v1+json' \
+    --data-binary "@$work/manifest.json" -o /dev/null "http://$host/v2/$REPO/manifests/$TAG"
+ref=$host/$REPO:$TAG
+weights_sha=$(sha256_of "$work/src/model.safetensors")
+rm -f "$work"/src/model.safetensors "$work"/*.tar
+echo "pushed $ref: weights $weights_digest ($size bytes)"
+
+# --- the node -------------------------------------------------------------------------------
+mh() { "$mounthost" --state-dir "$work/mh" --insecure-registry "$host" --log warn "$@"; }
+mh local --no-demo >"$work/local.log" 2>&1 &
+local_pid=$!
+for _ in $(seq 300); do
+    [ -S "$work/mh/csi.sock" ] && mh client info >/dev/null 2>&1 && break
+    kill -0 "$local_pid" 2>/dev/null || { cat "$work/local.log" >&2; exit 1; }
+    sleep 0.1
+done
+kubelet=$work/mh/kubelet
+n=0
+# stage NAME LAZY: a new volume's staging path (printed); answers once NodeStageVolume is OK.
+stage() {
+    local name=$1 lazy=$2 staging
+    n=$((n + 1))
+    staging=$kubelet/plugins/bench/$name-$n/globalmount
+    mkdir -p "$(dirname "$staging")"
+    until mh client stage --volume-id "bench-$name-$n" --staging "$staging" --param plugin=model \
+        --param "reference=$ref" --param insecure=true --param "lazy=$lazy" >"$work/stage.log" 2>&1; do
+        grep -q Unavailable "$work/stage.log" || { cat "$work/stage.log" >&2; exit 1; }
+        sleep 0.05
+    done
+    echo "$staging"
+}
+unstage() {
+    mh client unstage --volume-id "$1" --staging "$2" >/dev/null
+}
+reset() {
+    mh cache prune >/dev/null
+    drop_caches
+}
+# The seconds since $t0 (an EPOCHREALTIME).
+since() { echo "$1 $EPOCHREALTIME" | awk '{ printf "%.3f", $2 - $1 }'; }
+# read_header FILE: the safetensors header, then one 64 MiB range at a random aligned offset.
+read_header() {
+    python3 - "$1" "$size" <<'EOF'
+import os, random, struct, sys
+path, size = sys.argv[1], int(sys.argv[2])
+with open(path, "rb", buffering=0) as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    f.read(n)
+    at = random.randrange(1, size // (64 << 20)) * (64 << 20)
+    f.seek(at)
+    left = 64 << 20
+    while left:
+        b = f.read(min(left, 4 << 20))
+        if not b:
+            break
+        left -= len(b)
+EOF
+}
+# read_all FILE: every byte, in order, 4 MiB reads; prints the sha256.
+read_all() {
+    python3 - "$1" <<'EOF'
+import hashlib, sys
+h = hashlib.sha256()
+with open(sys.argv[1], "rb", buffering=0) as f:
+    while b := f.read(4 << 20):
+        h.update(b)
+print(h.hexdigest())
+EOF
+}
+lazy_done() {
+    mh client list | python3 -c '
+import json, sys
+v = [v for v in json.load(sys.stdin) if v["volumeId"] == sys.argv[1]][0]["lazy"]
+print("yes" if v and v["layers"] and v["layersComplete"] == v["layers"] else "no")' "$1"
+}
+
+results=$work/results
+: >"$results"
+for run in $(seq "$RUNS"); do
+    echo "--- run $run"
+    reset
+    t0=$EPOCHREALTIME
+    s=$(stage eager false)
+    eager=$(since "$t0")
+    unstage "bench-eager-$n" "$s"
+
+    reset
+    t0=$EPOCHREALTIME
+    s=$(stage lazy true)
+    staged=$(since "$t0")
+    head -c 1 "$s/model.safetensors" >/dev/null
+    first=$(since "$t0")
+    read_header "$s/model.safetensors"
+    header=$(since "$t0")
+    unstage "bench-lazy-$n" "$s"
+
+    reset
+    t0=$EPOCHREALTIME
+    s=$(stage lazy true)
+    got=$(read_all "$s/model.safetensors")
+    seq_s=$(since "$t0")
+    [ "$got" = "$weights_sha" ] || { echo "the lazy volume read other bytes ($got)" >&2; exit 1; }
+    until [ "$(lazy_done "bench-lazy-$n")" = yes ]; do sleep 0.1; done
+    blob=$work/mh/cache/blobs/sha256/${weights_digest#sha256:}
+    drop_caches
+    t0=$EPOCHREALTIME; read_all "$s/model.safetensors" >/dev/null; pt_cold=$(since "$t0")
+    drop_caches
+    t0=$EPOCHREALTIME; read_all "$blob" >/dev/null; plain_cold=$(since "$t0")
+    t0=$EPOCHREALTIME; read_all "$s/model.safetensors" >/dev/null; pt_warm=$(since "$t0")
+    t0=$EPOCHREALTIME; read_all "$blob" >/dev/null; plain_warm=$(since "$t0")
+    passthrough=$(mh client list | python3 -c 'import json,sys; print([v for v in json.load(sys.stdin) if v["volumeId"] == sys.argv[1]][0]["lazy"]["passthroughFiles"])' "bench-lazy-$n")
+    unstage "bench-lazy-$n" "$s"
+
+    echo "$eager $staged $first $header $seq_s $pt_cold $plain_cold $pt_warm $plain_warm" >>"$results"
+    awk -v b="$size" -v p="$passthrough" '{
+        printf "eager pull to a staged volume %.2f s (%.0f MB/s)\n", $1, b / $1 / 1e6
+        printf "lazy: staged %.3f s, first byte %.3f s, header + 64 MiB range %.3f s\n", $2, $3, $4
+        printf "lazy: whole file read in order from the stage call %.2f s (%.0f MB/s) = %.2fx the eager pull\n", $5, b / $5 / 1e6, $1 / $5
+        printf "after the fill (%d files in passthrough): cold %.2f s vs plain %.2f s = %.2fx; warm %.2f s vs plain %.2f s = %.2fx\n", p, $6, $7, $7 / $6, $8, $9, $9 / $8
+    }' <<<"$(tail -n 1 "$results")"
+done
+
+echo "--- over $RUNS runs (min-max)"
+awk -v b="$size" '
+function upd(i, v) { if (NR == 1 || v < lo[i]) lo[i] = v; if (NR == 1 || v > hi[i]) hi[i] = v }
+{
+    upd(1, $1); upd(2, $3); upd(3, $4); upd(4, $1 / $5); upd(5, $7 / $6); upd(6, $9 / $8)
+    upd(7, b / $1 / 1e6); upd(8, b / $5 / 1e6)
+}
+END {
+    printf "eager pull: %.2f-%.2f s (%.0f-%.0f MB/s)\n", lo[1], hi[1], lo[7], hi[7]
+    printf "lazy first byte: %.3f-%.3f s (goal <= 1 s)\n", lo[2], hi[2]
+    printf "lazy header + 64 MiB range: %.3f-%.3f s (goal <= 1.5 s)\n", lo[3], hi[3]
+    printf "lazy sequential read during the fill / eager pull: %.2f-%.2fx (%.0f-%.0f MB/s; goal >= 0.8x)\n", lo[4], hi[4], lo[8], hi[8]
+    printf "passthrough / plain bind, cold: %.2f-%.2fx; warm: %.2f-%.2fx (goal >= 0.9x)\n", lo[5], hi[5], lo[6], hi[6]
+}' "$results"
