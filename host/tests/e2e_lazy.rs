@@ -536,3 +536,147 @@ fn an_indexed_volume_checks_every_chunk_before_a_reader_gets_it() {
         unstage(&mut csi, "pv-indexed-2", &staging, &target).await;
     });
 }
+
+/// The pid of dynamic mount `id`'s lazy server, from volume `pv`'s state file.
+fn mount_server(state: &Path, pv: &str, id: &str) -> Option<i32> {
+    let key = mounthost::volume::dirs::volume_key(pv);
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state.join(format!("volumes/{key}.json"))).ok()?).ok()?;
+    doc["dynamic"][id]["process"]["pid"].as_i64().map(|p| p as i32)
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::metadata(format!("/proc/{pid}")).is_ok()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
+}
+
+#[test]
+fn a_pod_mounts_a_model_lazily_through_its_dynamic_volume() {
+    use common::dynamic::{DynNode, call, dynamic_ctx, files_of, regular_files, snapshot, tiny_model};
+    if !in_private_namespace("a_pod_mounts_a_model_lazily_through_its_dynamic_volume") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let base = tiny_model(&registry, "models/base", "v1", b"base weights");
+    let (model, weights) = lazy_model(&registry, work.path(), "models/dyn-lazy", 32 << 20);
+    let (second, _) = lazy_model(&registry, work.path(), "models/dyn-lazy-second", 32 << 20);
+    let relay = Relay::start(registry.host());
+    relay.throttle(2 << 20);
+    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let second_ref = second.reference.replace(&registry.host(), &relay.host());
+    let node = DynNode::start_with(
+        &registry,
+        &[&format!("--insecure-registry={}", relay.host()), &format!("--grant=model:host={}", relay.host())],
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let pv = "pvc-7d1e0c9a-lazy-dynamic";
+    common::guarded(&node.dirs, || {
+        rt.block_on(async {
+            let mut csi = node.node().await;
+            // A lazy dynamic volume: its mounts are lazy unless they say otherwise.
+            let mut ctx = dynamic_ctx(&base.reference);
+            ctx.insert("lazy".into(), "true".into());
+            let dir = node.dynamic_volume(&mut csi, pv, "pod-lazy-dyn", &ctx).await;
+            assert_eq!(std::fs::read(dir.join("volume/model.safetensors")).unwrap(), b"base weights");
+            // A bad value is refused before anything is recorded.
+            let (status, v) = call(
+                &dir,
+                "POST",
+                "/mounts",
+                Some(serde_json::json!({"id": "bad", "parameters": {"reference": reference, "lazy": "yes"}})),
+            );
+            assert_eq!(status, 400, "{v}");
+            assert!(v["message"].as_str().unwrap().contains("lazy"), "{v}");
+            // A mount that says so is eager: mounted once its blobs are there, no server.
+            let (status, v) = call(
+                &dir,
+                "POST",
+                "/mounts",
+                Some(serde_json::json!({"id": "eager", "parameters": {"reference": base.reference, "lazy": "false"}})),
+            );
+            assert!(matches!(status, 200..=202), "{status} {v}");
+            let v = common::dynamic::wait_state(&dir, "eager", "ready");
+            assert!(v.get("lazy").is_none(), "{v}");
+            assert_eq!(mount_server(&node.dirs.state, pv, "eager"), None);
+            assert_eq!(std::fs::read(dir.join("mounts/eager/model.safetensors")).unwrap(), b"base weights");
+            // Lazy as its volume: ready at once, long before its weights are on the node.
+            let (status, v) = call(
+                &dir,
+                "POST",
+                "/mounts",
+                Some(serde_json::json!({"id": "lazy", "parameters": {"reference": reference}})),
+            );
+            assert!(matches!(status, 200..=202), "{status} {v}");
+            let v = common::dynamic::wait_state(&dir, "lazy", "ready");
+            assert!(relay.sent() < (16 << 20), "ready after {} bytes", relay.sent());
+            let at = dir.join("mounts/lazy");
+            assert_eq!(tree_of_small(&at), small_files(&model));
+            assert_eq!(read_range(&at.join("model.safetensors"), 20 << 20, 4096), read_range(&weights, 20 << 20, 4096));
+            let (_, v2) = call(&dir, "GET", "/mounts/lazy", None);
+            assert!(v2["lazy"]["demandRequests"].as_u64().unwrap() > 0, "{v2}");
+            assert_eq!(v2["lazy"]["layers"], 4, "{v2}");
+            println!("checked: a lazy dynamic mount was ready after {} bytes: {v}", relay.sent());
+            // Its server killed: started again by its session, and the files read again.
+            let first = mount_server(&node.dirs.state, pv, "lazy").expect("its server is recorded");
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(first), nix::sys::signal::Signal::SIGKILL).unwrap();
+            let until = Instant::now() + Duration::from_secs(30);
+            let second = loop {
+                if let Some(p) = mount_server(&node.dirs.state, pv, "lazy").filter(|p| *p != first && alive(*p)) {
+                    break p;
+                }
+                assert!(Instant::now() < until, "the server was not started again");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            assert_eq!(tree_of_small(&at), small_files(&model));
+            // The host daemon killed: the server is re-adopted, not started again.
+            node.restart_host();
+            relay.throttle(u64::MAX);
+            let until = Instant::now() + Duration::from_secs(120);
+            loop {
+                let (_, v) = call(&dir, "GET", "/mounts/lazy", None);
+                if v["lazy"]["layers"].as_u64().is_some() && v["lazy"]["layersComplete"] == v["lazy"]["layers"] {
+                    break;
+                }
+                assert!(Instant::now() < until, "the fill did not end: {v}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(mount_server(&node.dirs.state, pv, "lazy"), Some(second), "re-adopted");
+            assert_eq!(regular_files(&snapshot(&at)), files_of(&model));
+            // Deleted: its server, its mounts and nothing of its blobs' downloads left.
+            let (status, v) = call(&dir, "DELETE", "/mounts/lazy", None);
+            assert_eq!(status, 200, "{v}");
+            assert!(!alive(second), "its server is stopped");
+            assert_eq!(mounts_below(&dir.join("mounts")), vec![dir.join("mounts/eager")], "the eager one stays");
+            assert!(partials(&node.dirs.state).is_empty());
+            println!("checked: a lazy dynamic mount healed (pid {first} -> {second}), re-adopted and deleted");
+            // Unpublished mid-fill: its server stopped, its downloads stopped and their partial
+            // files removed, nothing mounted below the target.
+            relay.throttle(1 << 20);
+            let (status, v) = call(
+                &dir,
+                "POST",
+                "/mounts",
+                Some(serde_json::json!({"id": "second", "parameters": {"reference": second_ref}})),
+            );
+            assert!(matches!(status, 200..=202), "{status} {v}");
+            common::dynamic::wait_state(&dir, "second", "ready");
+            let server = mount_server(&node.dirs.state, pv, "second").expect("its server is recorded");
+            let until = Instant::now() + Duration::from_secs(30);
+            while partials(&node.dirs.state).is_empty() {
+                assert!(Instant::now() < until, "no fill started");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            csi.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                volume_id: pv.into(),
+                target_path: dir.display().to_string(),
+            })
+            .await
+            .unwrap();
+            assert!(!alive(server), "its server is stopped");
+            assert_eq!(mounts_below(&dir), Vec::<PathBuf>::new());
+            assert!(partials(&node.dirs.state).is_empty(), "{:?}", partials(&node.dirs.state));
+            println!("checked: a volume unpublished during a lazy mount's fill left nothing of it");
+        });
+    });
+}

@@ -214,10 +214,10 @@ fn a_record_of_a_newer_schema_is_refused_by_the_real_daemon_and_the_others_serve
             let (staging, target) = (dirs.staging("pv-a"), dirs.target("pod", "pv-a"));
             stage_and_publish(&mut node, "bindfs~pv-a", &staging, &target).await;
             host.kill9();
-            // A record of schema 3 for another volume, as a newer daemon would have left it.
+            // A record of the next schema for another volume, as a newer daemon would have left it.
             let (path, mut doc) = record(&dirs);
             let future = "bindfs~pv-newer";
-            doc["version"] = 3.into();
+            doc["version"] = (mounthost::volume::state::SCHEMA_VERSION + 1).into();
             doc["volumeId"] = future.into();
             doc["fieldOfSchema3"] = serde_json::json!({"kept": true});
             let future_path = path.with_file_name(format!("{}.json", mounthost::volume::dirs::volume_key(future)));
@@ -229,7 +229,11 @@ fn a_record_of_a_newer_schema_is_refused_by_the_real_daemon_and_the_others_serve
             let err = node.node_stage_volume(stage_req(future, &staging_b, &bindfs_ctx())).await.unwrap_err();
             assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
             assert!(
-                err.message().contains("schema version 3, written by a newer mounthost; this daemon reads versions 1 to 2"),
+                err.message().contains(&format!(
+                    "schema version {}, written by a newer mounthost; this daemon reads versions 1 to {}",
+                    mounthost::volume::state::SCHEMA_VERSION + 1,
+                    mounthost::volume::state::SCHEMA_VERSION
+                )),
                 "{}",
                 err.message()
             );
@@ -241,7 +245,7 @@ fn a_record_of_a_newer_schema_is_refused_by_the_real_daemon_and_the_others_serve
             assert_eq!(std::fs::read_to_string(target.join("kept")).unwrap(), "bindfs~pv-a");
             unpublish_and_unstage(&mut node, "bindfs~pv-a", &staging, &[&target]).await;
             std::fs::remove_file(&future_path).unwrap();
-            println!("checked: a schema 3 record refused with FAILED_PRECONDITION and left as it was; the other volume served");
+            println!("checked: a record of the next schema refused with FAILED_PRECONDITION and left as it was; the other volume served");
         })
     });
 }

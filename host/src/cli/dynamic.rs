@@ -428,6 +428,7 @@ mod tests {
             bytes_done: None,
             bytes_total: None,
             reason: None,
+            lazy: None,
         }
     }
 

@@ -50,15 +50,47 @@ impl Node {
     /// index).
     pub(super) fn assign_fuse_id(&self, st: &mut VolumeState) -> Result<Option<Claim>, Error> {
         if !host_mounted(&st.plan) {
-            st.fuse_id = None;
+            // Its lazy dynamic mounts' servers keep the id they run as.
+            if !st.dynamic.values().any(|m| m.process.is_some()) {
+                st.fuse_id = None;
+            }
             return Ok(None);
         }
         if st.fuse_id.is_some() {
             return Ok(None);
         }
-        let range = self.inner.config.fuse_ids;
         let claims = self.inner.fuse_claims.clone();
         let mut claimed = claims.lock().unwrap_or_else(|p| p.into_inner());
+        let id = self.free_fuse_id(&st.volume_id, &claimed)?;
+        claimed.insert(st.volume_id.clone(), id);
+        st.fuse_id = Some(id);
+        Ok(Some(Claim { claims: claims.clone(), volume: st.volume_id.clone() }))
+    }
+
+    /// Give volume `volume` (staged, its lock held) a FUSE id for a lazy dynamic mount's server
+    /// when its record has none yet (a volume whose own plan runs no host-mounted program):
+    /// the lowest free one, recorded before it is returned. Blocking.
+    pub(super) fn mount_fuse_id(&self, volume: &str) -> Result<u32, Error> {
+        let mut st = self
+            .inner
+            .store
+            .load(volume)?
+            .ok_or_else(|| Error::unavailable(format!("volume {volume} is not staged here any more")))?;
+        if let Some(id) = st.fuse_id {
+            return Ok(id);
+        }
+        let claims = self.inner.fuse_claims.clone();
+        let claimed = claims.lock().unwrap_or_else(|p| p.into_inner());
+        let id = self.free_fuse_id(volume, &claimed)?;
+        st.fuse_id = Some(id);
+        self.inner.store.save(&st)?;
+        Ok(id)
+    }
+
+    /// The lowest id of `--fuse-ids` that no other volume's record holds, no other stage in
+    /// flight has claimed (`claimed`, held by the caller) and no live process has.
+    fn free_fuse_id(&self, volume: &str, claimed: &BTreeMap<String, u32>) -> Result<u32, Error> {
+        let range = self.inner.config.fuse_ids;
         let records = self.inner.store.all()?;
         // An id some process still runs as (one an earlier holder left behind, the program of a
         // volume whose record cannot be read) is not free either.
@@ -71,13 +103,13 @@ impl Node {
         let refused = self.inner.store.refused_claims()?.fuse_ids;
         let taken: BTreeSet<u32> = records
             .iter()
-            .filter(|r| r.volume_id != st.volume_id)
+            .filter(|r| r.volume_id != volume)
             .filter_map(|r| r.fuse_id)
-            .chain(claimed.iter().filter(|(v, _)| **v != st.volume_id).map(|(_, id)| *id))
+            .chain(claimed.iter().filter(|(v, _)| v.as_str() != volume).map(|(_, id)| *id))
             .chain(running)
             .chain(refused)
             .collect();
-        let id = range.ids().find(|i| !taken.contains(i)).ok_or_else(|| {
+        range.ids().find(|i| !taken.contains(i)).ok_or_else(|| {
             Error::new(
                 ErrorKind::ResourceExhausted,
                 format!(
@@ -86,10 +118,7 @@ impl Node {
                     range.first, range.last
                 ),
             )
-        })?;
-        claimed.insert(st.volume_id.clone(), id);
-        st.fuse_id = Some(id);
-        Ok(Some(Claim { claims: claims.clone(), volume: st.volume_id.clone() }))
+        })
     }
 
     /// The FUSE id recorded for volume `id`: what its host-mounted program runs as. Refused

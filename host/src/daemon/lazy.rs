@@ -26,13 +26,13 @@ use crate::exec::artifacts::Prepared;
 use crate::exec::lazy::{Link, Opening};
 use crate::oci::{BlobRef, BlobTable, ChunkIndex, Source, TableKind};
 use crate::plan::{Archive, Lazy, Plan, Step};
-use crate::unpriv::lazy_wire::{self, Data, FileEntry, Hello, Kind, LayerState, Span, ToHost, ToServer};
-use crate::volume::state::Phase;
+use crate::unpriv::lazy_wire::{Data, FileEntry, Hello, Kind, LayerState, Span, ToHost, ToServer};
+use crate::volume::state::{MountPhase, Phase};
 
 /// A lazy volume's progress and state, as the host API, the CLI, a dynamic mount's view and the
 /// metrics show it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", default)]
 pub struct LazyStatus {
     /// Bytes of all its layers.
     pub total_bytes: u64,
@@ -146,20 +146,20 @@ impl Node {
     /// `source` and registered as in use, every layer's file table read (from the node, else
     /// from the registry's headers), and the chunk index of the manifest found when it has one.
     /// Returns without waiting for any data.
-    pub(super) async fn lazy_stage_plan(
+    /// `key` is the volume's id, or a dynamic mount's waiter key (its blobs' registration in
+    /// the cache, and its session's name); `control` the name of its server's control socket.
+    pub(super) async fn lazy_plan(
         &self,
-        id: &str,
+        key: &str,
         plan: Plan,
         source: &Source,
         reference: &str,
         manifest_digest: &str,
+        control: String,
     ) -> Result<Plan, Error> {
-        let mut plan = crate::plan::lazy::lower(plan, &self.inner.config.lazy.server).map_err(|e| {
-            Error::invalid(format!(
-                "volume {id}: volume attribute {} is \"true\", but {e}",
-                crate::volume::request::LAZY_KEY
-            ))
-        })?;
+        let id = key.replace('\n', "/mounts/");
+        let mut plan = crate::plan::lazy::lower(plan, &self.inner.config.lazy.server)
+            .map_err(|e| Error::invalid(format!("{id}: {} is \"true\", but {e}", crate::volume::request::LAZY_KEY)))?;
         let lazy = crate::plan::lazy::layers(&plan).cloned().expect("lowered");
         let blobs: Vec<BlobRef> = lazy.layers.iter().map(blob_of).collect();
         let artifacts = &self.inner.artifacts;
@@ -174,13 +174,14 @@ impl Node {
                 .await
                 .map_err(|e| super::pull::oci_error(e, reference))?;
         }
-        artifacts.lazy_register(id, &blobs);
-        if let Some(digest) = index {
+        artifacts.lazy_register(key, &blobs);
+        if let Some(digest) = &index {
             info!(volume.id = %id, index = %digest, "the model has a chunk index: every chunk is checked before it is read");
-            for step in &mut plan.steps {
-                if let Step::SpawnFuse { lazy: Some(l), .. } = step {
-                    l.index = Some(digest.clone());
-                }
+        }
+        for step in &mut plan.steps {
+            if let Step::SpawnFuse { lazy: Some(l), .. } = step {
+                l.index = index.clone();
+                l.control = control.clone();
             }
         }
         Ok(plan)
@@ -278,12 +279,26 @@ impl Node {
         });
     }
 
+    /// Stop the sessions whose key starts with `prefix` (a dynamic volume's mounts, unpublish).
+    pub(super) fn lazy_detach_prefix(&self, prefix: &str) {
+        let keys: Vec<String> =
+            lock(&self.inner.lazies.sessions).keys().filter(|k| k.starts_with(prefix)).cloned().collect();
+        for k in keys {
+            self.lazy_detach(&k);
+        }
+    }
+
     /// Stop volume `id`'s session (unstage).
     pub(super) fn lazy_detach(&self, id: &str) {
         if let Some(s) = lock(&self.inner.lazies.sessions).remove(id) {
             let _ = s.stop.send(true);
         }
-        crate::metrics::global().lazy_volume_gone(id);
+        crate::metrics::global().lazy_volume_gone(&label(id));
+    }
+
+    /// Does session `key` run?
+    pub(super) fn lazy_attached(&self, key: &str) -> bool {
+        lock(&self.inner.lazies.sessions).contains_key(key)
     }
 
     /// Volume `id`'s lazy status, if it is a lazy volume with a session.
@@ -296,12 +311,18 @@ impl Node {
         lock(&self.inner.lazies.sessions).iter().map(|(id, s)| (id.clone(), lock(&s.status).clone())).collect()
     }
 
-    /// Give every staged lazy volume a session (the supervisor calls it). Blocking.
+    /// Give every staged lazy volume, and every ready lazy dynamic mount, a session (the
+    /// supervisor calls it). Blocking.
     pub(super) fn lazy_sweep(&self) {
         let Ok(records) = self.inner.store.all() else { return };
-        for st in records {
-            if st.phase == Phase::Staged && crate::plan::lazy::layers(&st.plan).is_some() {
+        for st in records.into_iter().filter(|st| st.phase == Phase::Staged) {
+            if crate::plan::lazy::layers(&st.plan).is_some() {
                 self.lazy_attach(&st.volume_id);
+            }
+            for (id, m) in &st.dynamic {
+                if m.phase == MountPhase::Ready && crate::plan::lazy::layers_of(&m.steps).is_some() {
+                    self.lazy_attach(&super::dynamic::waiter(&st.volume_id, id));
+                }
             }
         }
     }
@@ -341,19 +362,43 @@ impl Node {
         }
     }
 
-    /// Connect to volume `id`'s server and send its opening; `None` when the volume is not a
-    /// staged lazy volume any more.
-    async fn lazy_connect(&self, id: &str) -> Result<Option<Connected>, Error> {
-        let Some(st) = self.inner.store.load(id)? else { return Ok(None) };
+    /// Connect to the server of session `key` (a volume's id, or a dynamic mount's
+    /// [`super::dynamic::waiter`]) and send its opening; `None` when it is no staged lazy volume or ready
+    /// lazy mount any more. A dynamic mount's dead server is started again here (a volume's,
+    /// by the supervisor).
+    async fn lazy_connect(&self, key: &str) -> Result<Option<Connected>, Error> {
+        let (volume, mount) = match key.split_once('\n') {
+            Some((v, m)) => (v, Some(m)),
+            None => (key, None),
+        };
+        let Some(st) = self.inner.store.load(volume)? else { return Ok(None) };
         if st.phase == Phase::Unstaging {
             return Ok(None);
         }
-        let Some(lazy) = crate::plan::lazy::layers(&st.plan).cloned() else { return Ok(None) };
-        let Some(process) = st.process.filter(|p| self.inner.exec.is_alive(p)) else {
+        let (steps, process) = match mount {
+            None => (st.plan.steps.clone(), st.process),
+            Some(m) => match st.dynamic.get(m).filter(|d| d.phase == MountPhase::Ready) {
+                Some(d) => (d.steps.clone(), d.process),
+                None => return Ok(None),
+            },
+        };
+        let Some(lazy) = crate::plan::lazy::layers_of(&steps).cloned() else { return Ok(None) };
+        let Some(process) = process.filter(|p| self.inner.exec.is_alive(p)) else {
+            if let Some(m) = mount {
+                let (v, m) = (volume.to_string(), m.to_string());
+                let _guard = self.inner.locks.try_lock(&v)?;
+                self.blocking(move |n| n.heal_mount_locked(&v, &m)).await?;
+                return Err(Error::unavailable("its server was started again"));
+            }
             return Err(Error::unavailable("its server is not running (the supervisor restarts it)"));
         };
-        let resolve = st.plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. })).cloned();
-        let secrets: crate::secrets::Secrets = self.inner.store.load_secrets(id)?.into_iter().collect();
+        let id = volume;
+        let resolve = steps.iter().find(|s| matches!(s, Step::Resolve { .. })).cloned();
+        // A dynamic mount pulls anonymously; a volume with the secrets kept for it.
+        let secrets: crate::secrets::Secrets = match mount {
+            None => self.inner.store.load_secrets(id)?.into_iter().collect(),
+            Some(_) => crate::secrets::Secrets::default(),
+        };
         let source = match &resolve {
             Some(r) => self.source(r, &secrets)?,
             None => return Err(Error::internal("a lazy volume's plan has no resolve step")),
@@ -361,13 +406,12 @@ impl Node {
         let blobs: Vec<BlobRef> = lazy.layers.iter().map(blob_of).collect();
         // Its blobs are in use, and readable, for as long as it is staged (a restarted daemon
         // registers them here).
-        self.inner.artifacts.lazy_register(id, &blobs);
+        self.inner.artifacts.lazy_register(key, &blobs);
         let index = match &lazy.index {
             Some(digest) => self.inner.artifacts.load_index(digest, &blobs).map_err(|e| e.into_error(digest))?,
             None => HashMap::new(),
         };
-        let socket =
-            self.dirs(id, None, None).runtime.expect("a volume has a runtime dir").join(lazy_wire::CONTROL_SOCKET);
+        let socket = self.dirs(id, None, None).runtime.expect("a volume has a runtime dir").join(&lazy.control);
         let id2 = id.to_string();
         let conn = self
             .blocking(move |n| {
@@ -525,7 +569,7 @@ impl Node {
             s.stalled = None;
         }
         crate::metrics::global().lazy_volume(
-            id,
+            &label(id),
             &crate::metrics::LazyVolume {
                 total_bytes: s.total_bytes,
                 verified_bytes: s.verified_bytes,
@@ -645,4 +689,9 @@ struct Connected {
     process: crate::exec::process::ProcessId,
     /// Chunk indexes by blob digest.
     index: HashMap<String, Arc<ChunkIndex>>,
+}
+
+/// A session key as a label or a log shows it: `<volume>/mounts/<id>` for a dynamic mount.
+fn label(key: &str) -> String {
+    key.replace('\n', "/mounts/")
 }

@@ -144,6 +144,12 @@ impl Node {
                 Ok(applied)
             }
             Err(e) => {
+                if let (Undo::Nothing, Some(p)) = (&job.undo, applied.spawned) {
+                    // A dynamic mount's server the failed job started: nothing else would stop it.
+                    if let Err(stop) = self.inner.exec.stop(&p, self.inner.config.fuse_stop_grace) {
+                        warn!(volume.id = %job.id, pid = p.pid, error = %stop, "stopping the process a failed job started");
+                    }
+                }
                 if let Undo::Stage { mut state, keep_record } = job.undo {
                     // What the failed attempt started is torn down with the rest.
                     state.process = applied.spawned.or(state.process);
@@ -309,17 +315,20 @@ impl Node {
                 // The host's own lazy server: its control socket, and what it is told first.
                 let opening = lazy.as_ref().map(|l| self.lazy_opening(id, l)).transpose()?.map(|(o, _)| o);
                 let sender = opening.as_ref().map(Opening::sender);
-                let control = sender.as_ref().map(|send| Control {
+                let control = sender.as_ref().zip(lazy.as_ref()).map(|(send, l)| Control {
                     dir: &runtime,
-                    name: crate::unpriv::lazy_wire::CONTROL_SOCKET,
+                    name: &l.control,
                     opening: send,
                 });
                 // A program the host mounts for runs as the volume's own id, which its record
                 // holds before it first runs (daemon/fuse_ids.rs).
                 let fuse_id = host_mount.as_ref().map(|_| self.recorded_fuse_id(id)).transpose()?;
                 // Secrets the program reads from files (daemon/secret_files.rs), then its command.
+                // The host's lazy server has none (and a volume may run several of them).
                 let files_dir = self.secret_files_dir(id, step);
-                self.write_secret_files(&files_dir, step, secrets, fuse_id)?;
+                if lazy.is_none() {
+                    self.write_secret_files(&files_dir, step, secrets, fuse_id)?;
+                }
                 let args: Vec<String> = args.iter().map(|a| a.render_at(&files_dir)).collect();
                 let env: Vec<(String, String)> =
                     env.iter().map(|e| (e.name.clone(), resolve_env_at(&e.value, secrets, &files_dir))).collect();

@@ -316,9 +316,31 @@ impl Node {
             self.inner.artifacts.forget(&id);
         }
         let dynamic = state.as_ref().and_then(|s| s.published.get(&target)).is_some_and(|p| p.dynamic.is_some());
+        // Lazy dynamic mounts: their servers, and the blobs they read (their mounts go with the
+        // volume's mounts/ and cache).
+        let (servers, lazy): (Vec<crate::exec::process::ProcessId>, Vec<String>) = match &state {
+            Some(st) if dynamic => (
+                st.dynamic.values().filter_map(|m| m.process).collect(),
+                st.dynamic
+                    .iter()
+                    .filter(|(_, m)| crate::plan::lazy::layers_of(&m.steps).is_some())
+                    .map(|(m, _)| super::dynamic::waiter(&id, m))
+                    .collect(),
+            ),
+            _ => Default::default(),
+        };
         if dynamic {
             // Its server and mounts in progress first: nothing may mount below the target now.
             self.stop_dynamic(&id);
+            // Then the lazy mounts' servers (a crash after this leaves records whose servers
+            // are gone, which a restarted daemon starts again until the unpublish is retried).
+            self.blocking(move |n| {
+                for p in servers.iter().filter(|p| n.inner.exec.is_alive(p)) {
+                    n.inner.exec.stop(p, n.inner.config.fuse_stop_grace)?;
+                }
+                Ok(())
+            })
+            .await?;
         }
         let remaining = state.as_ref().map(|s| {
             let mut s = s.clone();
@@ -341,6 +363,10 @@ impl Node {
         if dynamic {
             let dir = self.dynamic_cache(&id);
             self.blocking(move |n| n.remove_host_dirs(vec![dir])).await?;
+            // Their downloads no other volume wants stop, and their partial files go.
+            for key in lazy {
+                self.inner.artifacts.lazy_forget(&key).await;
+            }
         }
         if let Some(st) = remaining.filter(|s| s.ephemeral && s.published.is_empty()) {
             self.unstage_locked(&id, &st.staging_path).await?;

@@ -1302,8 +1302,8 @@ async fn a_restage_after_the_recorded_build_is_gone_uses_the_current_build() {
     assert_eq!(e.on_disk(), Some(before));
 }
 
-/// After a rollback: a record written by a newer daemon (schema 3, with a field this daemon does
-/// not know) is refused by every call naming both versions and never rewritten, while the
+/// After a rollback: a record written by a newer daemon (the next schema, with a field this
+/// daemon does not know) is refused by every call naming both versions and never rewritten, while the
 /// other volumes are adopted and served as usual.
 #[tokio::test]
 async fn a_record_of_a_newer_schema_is_refused_left_as_it_is_and_the_others_served() {
@@ -1311,7 +1311,7 @@ async fn a_record_of_a_newer_schema_is_refused_left_as_it_is_and_the_others_serv
     e.node.stage(e.stage_req()).await.unwrap();
     let future_id = "tmpfs~pvc-future";
     let mut doc: serde_json::Value = serde_json::to_value(e.node.store().load(VOL).unwrap().unwrap()).unwrap();
-    doc["version"] = 3.into();
+    doc["version"] = (crate::volume::state::SCHEMA_VERSION + 1).into();
     doc["volumeId"] = future_id.into();
     doc["aFieldOfSchema3"] = serde_json::json!({"kept": true});
     let path = e.node.store().path(future_id);
@@ -1326,7 +1326,11 @@ async fn a_record_of_a_newer_schema_is_refused_left_as_it_is_and_the_others_serv
     for err in [node.stage(stage).await.unwrap_err(), node.unstage(unstage).await.unwrap_err()] {
         assert_eq!(err.kind, ErrorKind::FailedPrecondition, "{}", err.message);
         assert!(
-            err.message.contains("schema version 3, written by a newer mounthost; this daemon reads versions 1 to 2"),
+            err.message.contains(&format!(
+                "schema version {}, written by a newer mounthost; this daemon reads versions 1 to {}",
+                crate::volume::state::SCHEMA_VERSION + 1,
+                crate::volume::state::SCHEMA_VERSION
+            )),
             "{}",
             err.message
         );

@@ -44,6 +44,17 @@ pub struct BlobTable {
     pub entries: Vec<TableEntry>,
 }
 
+/// The schema of a kept table (`tables/sha256/<hex>.json`).
+pub const TABLE_SCHEMA_VERSION: u32 = 1;
+
+/// A table as kept on the node.
+#[derive(Serialize, Deserialize)]
+struct KeptTable {
+    version: u32,
+    #[serde(flatten)]
+    table: BlobTable,
+}
+
 /// One entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -400,7 +411,11 @@ impl Artifacts {
         match format {
             Archive::Tar => {
                 let text = std::fs::read(self.core.store.table(hex)).ok()?;
-                serde_json::from_slice(&text).ok()
+                // Another schema's table is read again from the layer's headers.
+                serde_json::from_slice::<KeptTable>(&text)
+                    .ok()
+                    .filter(|k| k.version == TABLE_SCHEMA_VERSION)
+                    .map(|k| k.table)
             }
             Archive::Raw => Some(BlobTable {
                 verified: true,
@@ -452,7 +467,7 @@ impl Artifacts {
     fn store_table(&self, hex: &str, table: &BlobTable) {
         let path = self.core.store.table(hex);
         let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
-        let written = serde_json::to_vec(table)
+        let written = serde_json::to_vec(&KeptTable { version: TABLE_SCHEMA_VERSION, table: table.clone() })
             .map_err(io::Error::other)
             .and_then(|bytes| std::fs::write(&tmp, bytes))
             .and_then(|()| std::fs::rename(&tmp, &path));

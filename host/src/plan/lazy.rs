@@ -22,6 +22,19 @@ pub const LAZY_FSTYPE: &str = "fuse.mounthost-lazy";
 pub const LAZY_SOURCE: &str = "mounthost-lazy";
 /// How long a lazy server may take to answer its mount and the host's opening.
 pub const LAZY_READY_MS: u32 = 30_000;
+/// The control socket of a volume's own (stage) lazy server, in its runtime directory.
+pub const STAGE_CONTROL: &str = "lazy.sock";
+
+/// The control socket of the stage's server (records written before it was named).
+pub fn default_control() -> String {
+    STAGE_CONTROL.to_string()
+}
+
+/// The control socket of dynamic mount `id`'s server (ids are checked: lowercase letters,
+/// digits and dashes).
+pub fn mount_control(id: &str) -> String {
+    format!("lazy-{id}.sock")
+}
 
 /// Why a plan cannot be served lazily.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -102,7 +115,7 @@ pub fn lower(plan: Plan, server: &Path) -> Result<Plan, NotLazy> {
             options: vec!["default_permissions".into()],
             readonly: true,
         }),
-        lazy: Some(Lazy { layers, index: None }),
+        lazy: Some(Lazy { layers, index: None, control: STAGE_CONTROL.into() }),
     };
     let first = plan.steps.iter().position(|s| matches!(s, Step::FetchBlob { .. } | Step::Unpack { .. }));
     let mut steps: Vec<Step> = Vec::with_capacity(plan.steps.len());
@@ -120,7 +133,12 @@ pub fn lower(plan: Plan, server: &Path) -> Result<Plan, NotLazy> {
 
 /// The lazy layers of a plan's server, if it runs one.
 pub fn layers(plan: &Plan) -> Option<&Lazy> {
-    plan.steps.iter().find_map(|s| match s {
+    layers_of(&plan.steps)
+}
+
+/// The lazy layers of the server these steps run, if they run one.
+pub fn layers_of(steps: &[Step]) -> Option<&Lazy> {
+    steps.iter().find_map(|s| match s {
         Step::SpawnFuse { lazy: Some(l), .. } => Some(l),
         _ => None,
     })

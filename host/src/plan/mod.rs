@@ -187,6 +187,10 @@ pub struct Lazy {
     /// every chunk is checked against it before a reader gets its bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index: Option<String>,
+    /// The name of the server's control socket in the volume's runtime directory (each server
+    /// of a volume has its own: the stage's, each dynamic mount's).
+    #[serde(default = "lazy::default_control")]
+    pub control: String,
 }
 
 /// One blob of a [`Lazy`] filesystem.

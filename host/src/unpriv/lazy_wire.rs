@@ -25,8 +25,6 @@ use rustix::net::{
 use serde::{Deserialize, Serialize};
 
 pub use crate::plan::CONTROL_FD;
-/// The name of the control socket in the volume's runtime directory.
-pub const CONTROL_SOCKET: &str = "lazy.sock";
 /// The largest frame either side accepts (a file table of some hundred thousand files).
 pub const MAX_FRAME: usize = 64 << 20;
 /// The most descriptors one frame carries (the kernel's `SCM_MAX_FD` is 253).

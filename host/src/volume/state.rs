@@ -24,7 +24,12 @@
 //! | schema | written by | what changed |
 //! |---|---|---|
 //! | 1 | mounthost 0.1.0 | first |
-//! | 2 | this release | `cgroup`: the volume's cgroup, recorded, so each daemon owns the groups its records name (schema 1 volumes keep `<cgroup-parent>/<key>`, where every earlier release put them) |
+//! | 2 | an earlier release | `cgroup`: the volume's cgroup, recorded, so each daemon owns the groups its records name (schema 1 volumes keep `<cgroup-parent>/<key>`, where every earlier release put them) |
+//! | 3 | this release | lazy volumes (docs/lazy.md): a `spawn-fuse` step's `lazy` (the host's own server and the layers it serves), a dynamic mount's `process`; a schema 2 record has neither and reads as it is |
+//!
+//! A record is written in the oldest schema that holds it ([`VolumeState::oldest_schema`]):
+//! this release writes schema 3 only for lazy volumes, so a daemon of the release before reads
+//! every other volume this one saved.
 //!
 //! Every read and write goes through the executor's [`Files`] (paths resolved below the state
 //! directory without following links), so the recording executor sees them in unit tests.
@@ -42,7 +47,7 @@ use crate::exec::process::ProcessId;
 use crate::plan::Plan;
 
 /// The schema version this daemon writes (and the newest it reads).
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// The oldest schema version this daemon reads, migrating it to [`SCHEMA_VERSION`].
 pub const OLDEST_SCHEMA_VERSION: u32 = 1;
@@ -136,10 +141,13 @@ pub struct DynamicMount {
     /// The checked plan's steps once planned (what a restart mounts again).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<crate::plan::Step>,
-    /// The bytes its plan fetches (its `fetch-blob` steps' sizes), counted against the
-    /// volume's `dynamicMaxMiB`.
+    /// The bytes its plan fetches (its `fetch-blob` steps' sizes, or a lazy mount's layers'),
+    /// counted against the volume's `dynamicMaxMiB`.
     #[serde(default, skip_serializing_if = "is_zero_bytes")]
     pub bytes: u64,
+    /// A lazy mount's server (the host's own, docs/lazy.md), once started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<ProcessId>,
 }
 
 fn is_zero_bytes(n: &u64) -> bool {
@@ -238,6 +246,17 @@ fn is_zero(n: &u32) -> bool {
 }
 
 impl VolumeState {
+    /// The oldest schema that holds this record: 3 for a lazy volume, or a volume with a lazy
+    /// dynamic mount (what schema 3 added), else 2.
+    pub fn oldest_schema(&self) -> u32 {
+        let lazy = |steps: &[crate::plan::Step]| crate::plan::lazy::layers_of(steps).is_some();
+        if lazy(&self.plan.steps) || self.dynamic.values().any(|d| d.process.is_some() || lazy(&d.steps)) {
+            3
+        } else {
+            2
+        }
+    }
+
     /// May a target be published? Only once staging completed.
     pub fn can_publish(&self) -> bool {
         self.phase == Phase::Staged
@@ -364,9 +383,12 @@ impl StateStore {
     }
 
     /// Write `state` atomically.
+    /// The record says the oldest schema that holds it ([`VolumeState::oldest_schema`]), so a
+    /// daemon of an earlier release still reads every volume that uses nothing newer.
     pub fn save(&self, state: &VolumeState) -> Result<(), StateError> {
         let path = self.path(&state.volume_id);
-        let json = serde_json::to_vec(state).expect("state always serializes");
+        let written = VolumeState { version: state.oldest_schema().min(self.schema.newest), ..state.clone() };
+        let json = serde_json::to_vec(&written).expect("state always serializes");
         self.files.write_file(&path, &json, 0o600).map_err(|source| StateError::Io { path: path.clone(), source })?;
         self.indexed(|i| i.insert(stem(&path), Ok(state.clone())))?;
         Ok(())
@@ -762,7 +784,7 @@ mod tests {
         let (rec, store) = store();
         rec.add_file(&store.path("torn"), b"{\"version\":1,\"volumeId\":", None);
         let mut future = serde_json::to_value(state("future")).unwrap();
-        future["version"] = 3.into();
+        future["version"] = (SCHEMA_VERSION + 1).into();
         rec.add_file(&store.path("future"), future.to_string().as_bytes(), None);
         rec.add_file(&store.path("moved"), &serde_json::to_vec(&state("other")).unwrap(), None);
         let mut unknown = serde_json::to_value(state("x")).unwrap();
@@ -777,7 +799,10 @@ mod tests {
         assert!(err.is_schema(), "{err}");
         let err = err.to_string();
         assert!(
-            err.contains("has schema version 3, written by a newer mounthost; this daemon reads versions 1 to 2"),
+            err.contains(&format!(
+                "has schema version {}, written by a newer mounthost; this daemon reads versions 1 to {SCHEMA_VERSION}",
+                SCHEMA_VERSION + 1
+            )),
             "{err}"
         );
         assert!(!store.load("torn").unwrap_err().is_schema(), "a torn file is damaged, not of another schema");
@@ -876,6 +901,37 @@ mod tests {
     }
 
     #[test]
+    fn a_record_says_the_oldest_schema_that_holds_it() {
+        let (rec, store) = store();
+        store.save(&state("plain")).unwrap();
+        let mut lazy = state("lazy");
+        lazy.dynamic.insert(
+            "m".into(),
+            DynamicMount {
+                plugin: "model".into(),
+                parameters: BTreeMap::new(),
+                phase: MountPhase::Ready,
+                reason: None,
+                steps: Vec::new(),
+                bytes: 0,
+                process: Some(ProcessId { pid: 7, start_time: 8 }),
+            },
+        );
+        store.save(&lazy).unwrap();
+        let written = |id: &str| -> serde_json::Value {
+            serde_json::from_slice(&rec.read_file(&store.path(id)).unwrap().unwrap()).unwrap()
+        };
+        assert_eq!(written("plain")["version"], 2, "nothing of schema 3 in it");
+        assert_eq!(written("lazy")["version"], 3, "a lazy dynamic mount's server is schema 3's");
+        // A daemon of the release before reads the one and leaves the other.
+        let older = Schema { newest: 2, legacy_cgroup_parent: "mounthost".into() };
+        let old_daemon = StateStore::open(Path::new(DIR), rec.clone(), older).unwrap();
+        assert!(old_daemon.load("plain").unwrap().is_some());
+        let err = old_daemon.load("lazy").unwrap_err();
+        assert!(err.is_schema() && err.to_string().contains("has schema version 3"), "{err}");
+    }
+
+    #[test]
     fn a_daemon_built_with_schema_1_refuses_a_schema_2_record_and_leaves_it() {
         let (rec, store) = store();
         store.save(&state("new")).unwrap();
@@ -925,7 +981,7 @@ mod tests {
     fn what_a_refused_record_holds_stays_taken() {
         let (rec, store) = store();
         let mut newer = serde_json::to_value(state("newer")).unwrap();
-        newer["version"] = 3.into();
+        newer["version"] = (SCHEMA_VERSION + 1).into();
         newer["fuseId"] = 2147418113u32.into();
         newer["somethingNew"] = serde_json::json!({"layers": [format!("sha256:{}", "b".repeat(64)), "sha256:short"]});
         rec.add_file(&store.path("newer"), newer.to_string().as_bytes(), None);

@@ -302,8 +302,9 @@ pub type Meter = (Arc<AtomicU64>, Arc<AtomicU64>, Arc<AtomicBool>);
 
 pub fn pipe(mut from: TcpStream, mut to: TcpStream, meter: Option<Meter>) {
     let mut buf = vec![0u8; 64 << 10];
-    let started = Instant::now();
+    let mut started = Instant::now();
     let mut moved = 0u64;
+    let mut paced = u64::MAX;
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
@@ -313,8 +314,12 @@ pub fn pipe(mut from: TcpStream, mut to: TcpStream, meter: Option<Meter>) {
             if cut.load(Ordering::SeqCst) {
                 break;
             }
-            moved += n as u64;
             let rate = rate.load(Ordering::SeqCst);
+            if rate != paced {
+                // A new rate counts from now (a kept-alive connection's past is not owed).
+                (paced, moved, started) = (rate, 0, Instant::now());
+            }
+            moved += n as u64;
             if rate != u64::MAX {
                 let due = Duration::from_secs_f64(moved as f64 / rate as f64);
                 if let Some(wait) = due.checked_sub(started.elapsed()) {

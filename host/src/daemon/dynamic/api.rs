@@ -81,6 +81,9 @@ pub struct MountView {
     /// Why it failed (state `failed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// A lazy mount's progress (docs/lazy.md), as the host's ListVolumes shows a volume's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lazy: Option<crate::daemon::lazy::LazyStatus>,
 }
 
 /// `GET /mounts`.

@@ -90,7 +90,7 @@ pub fn publication_steps(target: &Path, plugin_steps: Vec<Step>) -> Vec<Step> {
 
 /// The key a dynamic mount waits for its blobs under (never a volume id: those have no
 /// control characters).
-fn waiter(volume: &str, id: &str) -> String {
+pub(super) fn waiter(volume: &str, id: &str) -> String {
     format!("{volume}\n{id}")
 }
 
@@ -132,6 +132,10 @@ impl Default for Dynamic {
 /// What planning one mount needs ([`Node::planning`]).
 struct Planning {
     plugin: Arc<crate::plugin::LoadedPlugin>,
+    /// Served lazily ([`mount_lazy`]); `lazy_asked`: by the pod's `lazy` parameter (else by
+    /// the volume's own laziness, which a mount of no OCI artifact ignores).
+    lazy: bool,
+    lazy_asked: bool,
     context: BTreeMap<String, String>,
     recorded: Vec<wit::Kv>,
     dirs: VolumeDirs,
@@ -204,7 +208,7 @@ impl From<Error> for ApiErr {
     }
 }
 
-/// A mount's view for the API.
+/// A mount's view for the API (its lazy progress set by the caller).
 fn view(id: &str, m: &DynamicMount, progress: Option<(u64, u64)>) -> MountView {
     let state = match (m.phase, progress) {
         (MountPhase::Pending, Some(_)) => MountState::Pulling,
@@ -221,6 +225,7 @@ fn view(id: &str, m: &DynamicMount, progress: Option<(u64, u64)>) -> MountView {
         bytes_done: progress.map(|p| p.0),
         bytes_total: progress.map(|p| p.1),
         reason: m.reason.clone(),
+        lazy: None,
     }
 }
 
@@ -390,6 +395,7 @@ impl Node {
         d.unserved.lock().unwrap_or_else(|p| p.into_inner()).remove(volume);
         lock(&d.buckets).remove(volume);
         let prefix = waiter(volume, "");
+        self.lazy_detach_prefix(&prefix);
         let mut tasks = d.tasks.lock().unwrap_or_else(|p| p.into_inner());
         for (key, task) in tasks.iter().filter(|(k, _)| k.starts_with(&prefix)) {
             task.abort();
@@ -440,6 +446,15 @@ impl Node {
             }
             for (id, m) in &st.dynamic {
                 match m.phase {
+                    // A lazy mount whose server lives on is re-adopted: its session (the
+                    // supervisor's sweep) connects to it again; one whose server died is healed.
+                    MountPhase::Ready if crate::plan::lazy::layers_of(&m.steps).is_some() => {
+                        if !m.process.is_some_and(|p| self.inner.exec.is_alive(&p))
+                            && let Err(e) = self.heal_mount_locked(&st.volume_id, id)
+                        {
+                            warn!(volume.id = %st.volume_id, mount = %id, error = %e.message, "starting a lazy dynamic mount's server again");
+                        }
+                    }
                     MountPhase::Ready => {
                         if let Err(e) = self.apply_mount(&st, id, m.steps.clone()) {
                             warn!(volume.id = %st.volume_id, mount = %id, error = %e.message, "mounting a dynamic mount again");
@@ -504,7 +519,14 @@ impl Node {
         Ok(st
             .dynamic
             .iter()
-            .map(|(id, m)| view(id, m, progress.get(&waiter(volume, id)).map(|p| (p.done_bytes, p.total_bytes))))
+            .map(|(id, m)| {
+                let key = waiter(volume, id);
+                // A lazy mount's blobs are registered as it is read, not pulled: no pull progress.
+                let pulled = progress.get(&key).filter(|_| m.process.is_none());
+                let mut v = view(id, m, pulled.map(|p| (p.done_bytes, p.total_bytes)));
+                v.lazy = self.lazy_status(&key);
+                v
+            })
             .collect())
     }
 
@@ -513,7 +535,10 @@ impl Node {
         api::check_id(id).map_err(|m| ApiErr::new(400, "bad_id", m))?;
         let st = self.dynamic_state(volume)?;
         let m = st.dynamic.get(id).ok_or_else(|| not_found(id))?;
-        Ok(view(id, m, self.progress_of(volume, id)))
+        let key = waiter(volume, id);
+        let mut v = view(id, m, self.progress_of(volume, id).filter(|_| m.process.is_none()));
+        v.lazy = self.lazy_status(&key);
+        Ok(v)
     }
 
     /// `POST /mounts`: the status (201 ready, 202 in progress, 200 the same request again)
@@ -541,7 +566,9 @@ impl Node {
             reason: None,
             steps: Vec::new(),
             bytes: 0,
+            process: None,
         };
+        mount_lazy(&st, &record).map_err(ApiErr::from)?;
         if let Some(again) = self.admit(&st, &id, &record)? {
             return Ok(again);
         }
@@ -556,15 +583,16 @@ impl Node {
         // The plugin's plans, the policy's check and the resolution answer a bad request at
         // once, and leave nothing recorded.
         let p = self.planning(&st, &id, &record).await?;
-        let plan = tokio::time::timeout(RESOLVE_WAIT, self.full_plan(&p, volume, &record)).await.map_err(|_| {
-            ApiErr::new(
-                503,
-                "unavailable",
-                format!(
-                    "resolving the mount did not finish within {RESOLVE_WAIT:?} (is the registry reachable?); retry"
-                ),
-            )
-        })??;
+        let plan =
+            tokio::time::timeout(RESOLVE_WAIT, self.full_plan(&p, volume, &id, &record)).await.map_err(|_| {
+                ApiErr::new(
+                    503,
+                    "unavailable",
+                    format!(
+                        "resolving the mount did not finish within {RESOLVE_WAIT:?} (is the registry reachable?); retry"
+                    ),
+                )
+            })??;
         record.bytes = fetched_bytes(&plan);
         self.check_bytes(&st, &id, &record)?;
         {
@@ -724,7 +752,8 @@ impl Node {
             if let Some(task) = this.inner.dynamic.tasks.lock().unwrap_or_else(|p| p.into_inner()).remove(&key) {
                 task.abort();
             }
-            this.inner.artifacts.forget(&key);
+            this.lazy_detach(&key);
+            this.inner.artifacts.lazy_forget(&key).await;
             let (v2, id2) = (volume.clone(), id.clone());
             this.blocking(move |n| n.remove_mount(&v2, &id2)).await?;
             let mut v = view(&id, &m, None);
@@ -752,6 +781,10 @@ impl Node {
             .mounts_touching(&[target.as_path(), cache.as_path()])
             .map_err(|e| Error::internal(format!("reading the mount table: {e}")))?;
         let mut actions = Vec::new();
+        // A lazy mount's server goes first (its mounts then go below).
+        if let Some(p) = record.as_ref().and_then(|r| r.process).filter(|p| self.inner.exec.is_alive(p)) {
+            actions.push(super::diff::Action::Stop(p));
+        }
         for at in moved_mounts(&table, &target, &dir, record.as_ref().map(|r| r.steps.as_slice()).unwrap_or(&[])) {
             actions.push(super::diff::Action::Unmount(at));
         }
@@ -791,7 +824,11 @@ impl Node {
     /// Record how a mount's task ended (unless the mount was deleted meanwhile).
     async fn settle(&self, volume: &str, id: &str, outcome: Result<(), Error>) {
         let key = waiter(volume, id);
-        self.inner.artifacts.forget(&key);
+        // A lazy mount reads its blobs for as long as it exists: its session keeps them
+        // registered (DELETE forgets them).
+        if outcome.is_err() || !self.lazy_attached(&key) {
+            self.inner.artifacts.forget(&key);
+        }
         if let Err(e) = &outcome {
             warn!(volume.id = %volume, mount = %id, error = %e.message, "dynamic mount failed");
             if let Ok(_guard) = self.lock_volume(volume, true).await
@@ -827,6 +864,8 @@ impl Node {
         // Another plugin sees none of the volume's attributes (and they grant it nothing).
         Ok(Planning {
             plugin,
+            lazy: mount_lazy(st, m)?,
+            lazy_asked: m.parameters.contains_key(crate::volume::request::LAZY_KEY),
             context: if own { st.context.clone() } else { BTreeMap::new() },
             recorded: if own { kvs(&st.plan.attributes) } else { Vec::new() },
             dirs: VolumeDirs {
@@ -852,7 +891,10 @@ impl Node {
         let req = wit::DynamicMountRequest {
             volume_id: volume.to_string(),
             context: crate::volume::request::kvs(&p.context),
-            request: crate::volume::request::kvs(&m.parameters),
+            // `lazy` is the host's, as a volume's attribute is.
+            request: crate::volume::request::kvs(
+                m.parameters.iter().filter(|(k, _)| k.as_str() != crate::volume::request::LAZY_KEY),
+            ),
             subdir: String::new(),
             // The host's resolution first, and no recorded attribute under its prefix.
             recorded: resolved
@@ -867,9 +909,16 @@ impl Node {
 
     /// A mount's whole plan: the plugin's first, and when it resolves an OCI reference, the
     /// second with what the host resolved (registry I/O; never with the volume's lock held).
-    async fn full_plan(&self, p: &Planning, volume: &str, m: &DynamicMount) -> Result<Plan, Error> {
+    async fn full_plan(&self, p: &Planning, volume: &str, id: &str, m: &DynamicMount) -> Result<Plan, Error> {
         let plan = self.plan_round(p, volume, m, Vec::new()).await?;
         let Some(first) = plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. })).cloned() else {
+            if p.lazy && p.lazy_asked {
+                return Err(Error::invalid(format!(
+                    "mount {id}: {} is \"true\", but plugin {} plans no OCI artifact to serve lazily",
+                    crate::volume::request::LAZY_KEY,
+                    p.plugin.info.name
+                )));
+            }
             return Ok(plan);
         };
         let none = Secrets::default();
@@ -889,6 +938,12 @@ impl Node {
                 p.plugin.info.name
             )));
         }
+        if p.lazy {
+            // Served by a lazy server of its own while its blobs download (docs/lazy.md).
+            let control = crate::plan::lazy::mount_control(id);
+            let key = waiter(volume, id);
+            return self.lazy_plan(&key, plan, &source, reference, &found.manifest_digest, control).await;
+        }
         Ok(plan)
     }
 
@@ -901,13 +956,16 @@ impl Node {
             None => {
                 // Planned again (a restarted daemon): the tag may name a larger artifact now.
                 let p = self.planning(&st, id, &m).await?;
-                let plan = self.full_plan(&p, volume, &m).await?;
+                let plan = self.full_plan(&p, volume, id, &m).await?;
                 let again = DynamicMount { bytes: fetched_bytes(&plan), ..m.clone() };
                 self.check_bytes(&st, id, &again).map_err(|e| Error::new(ErrorKind::ResourceExhausted, e.message))?;
                 plan
             }
         };
-        if let Some(first) = plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. })) {
+        let lazy = crate::plan::lazy::layers(&plan).is_some();
+        if let Some(first) = plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. }))
+            && !lazy
+        {
             let source = self.source(first, &Secrets::default())?;
             let Step::Resolve { reference, .. } = first else { unreachable!("matched above") };
             self.pull(volume, id, &source, &plan, reference).await?;
@@ -923,10 +981,18 @@ impl Node {
             if st.dynamic.get(&id).is_none_or(|m| m.phase != MountPhase::Pending) || publication(&st).is_none() {
                 return Ok(());
             }
+            if lazy {
+                // Its server runs as the volume's own FUSE user, recorded first.
+                n.mount_fuse_id(&volume)?;
+            }
+            let st = if lazy { n.inner.store.load(&volume)?.unwrap_or(st) } else { st };
             n.apply_mount(&st, &id, plan.steps)?;
             if fetched {
                 // Its blobs now count as used: the cache may shrink to its cap, as after a stage.
                 n.prune_to_cap();
+            }
+            if lazy {
+                n.lazy_attach(&waiter(&volume, &id));
             }
             Ok(())
         })
@@ -993,7 +1059,7 @@ impl Node {
             m.reason = None;
             m.steps = steps.clone();
         }
-        let unchanged = next == *st;
+        let (before, mount) = (st.clone(), id.to_string());
         let job = Job::plain(
             &st.volume_id,
             Desired::Dynamic {
@@ -1001,11 +1067,39 @@ impl Node {
                 cache: Root { path: cache.join(id), below: cache },
                 steps,
             },
-            move |_| if unchanged { Persist::Keep } else { Persist::Save(Box::new(next)) },
+            move |applied| {
+                // A lazy mount's server, started by this job.
+                if let (Some(p), Some(m)) = (applied.spawned, next.dynamic.get_mut(&mount)) {
+                    m.process = Some(p);
+                }
+                if next == before { Persist::Keep } else { Persist::Save(Box::new(next)) }
+            },
         );
         self.run_job(job)?;
         info!(volume.id = %st.volume_id, mount = %id, "dynamic mount ready");
         Ok(())
+    }
+}
+
+impl Node {
+    /// Start a lazy dynamic mount's server again (it died, or a restarted daemon found it gone):
+    /// what is left mounted at its directory goes (lazily: a pod may hold it), then its
+    /// recorded steps run again (a new server, a new bind). Blocking, with the volume's lock
+    /// held (or at start, before anything is served).
+    pub(super) fn heal_mount_locked(&self, volume: &str, id: &str) -> Result<(), Error> {
+        let st = self.inner.store.load(volume)?.ok_or_else(|| Error::unavailable("the volume is gone"))?;
+        let Some(m) = st.dynamic.get(id).filter(|m| m.phase == MountPhase::Ready).cloned() else { return Ok(()) };
+        let (target, _) = publication(&st).ok_or_else(|| Error::unavailable("the volume is being unpublished"))?;
+        let dir = target.join(MOUNTS_DIR).join(id);
+        if let Some(p) = m.process.filter(|p| self.inner.exec.is_alive(p)) {
+            self.inner.exec.stop(&p, self.inner.config.fuse_stop_grace)?;
+        }
+        let table = self.mounts_touching(&[dir.as_path()])?;
+        let stale: Vec<super::diff::Action> =
+            table.iter().filter(|e| e.mount_point == dir).map(|_| super::diff::Action::Unmount(dir.clone())).collect();
+        self.apply(volume, &stale, &Secrets::default(), &mut Default::default())?;
+        warn!(volume.id = %volume, mount = %id, "the lazy dynamic mount's server is gone: starting it again");
+        self.apply_mount(&st, id, m.steps)
     }
 }
 
@@ -1050,9 +1144,29 @@ fn moved_mounts(
     out
 }
 
-/// The bytes a plan fetches.
+/// The bytes a plan fetches (a lazy mount's: its layers').
 fn fetched_bytes(plan: &Plan) -> u64 {
-    plan.steps.iter().map(|s| if let Step::FetchBlob { size, .. } = s { *size } else { 0 }).fold(0, u64::saturating_add)
+    let lazy = crate::plan::lazy::layers(plan).into_iter().flat_map(|l| l.layers.iter().map(|l| l.size));
+    plan.steps
+        .iter()
+        .map(|s| if let Step::FetchBlob { size, .. } = s { *size } else { 0 })
+        .chain(lazy)
+        .fold(0, u64::saturating_add)
+}
+
+/// Is mount `m` of volume `st` served lazily: its `lazy` parameter (the host's, never the
+/// plugin's), else the volume's own laziness (for a mount that plans an OCI artifact).
+fn mount_lazy(st: &VolumeState, m: &DynamicMount) -> Result<bool, Error> {
+    match m.parameters.get(crate::volume::request::LAZY_KEY).map(String::as_str) {
+        None => Ok(crate::plan::lazy::layers(&st.plan).is_some()),
+        Some("true") => Ok(true),
+        Some("false") => Ok(false),
+        Some(other) => Err(Error::invalid(format!(
+            "parameter {} is {}; use \"true\" or \"false\"",
+            crate::volume::request::LAZY_KEY,
+            crate::volume::request::shown(other)
+        ))),
+    }
 }
 
 /// Where a volume's limit comes from: its attribute `key` when it set one, else the node's `flag`.
@@ -1151,6 +1265,7 @@ mod tests {
             reason: None,
             steps: vec![],
             bytes: 0,
+            process: None,
         };
         assert_eq!(view("a", &m, None).state, MountState::Pending);
         let v = view("a", &m, Some((1, 2)));
