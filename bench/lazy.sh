@@ -21,8 +21,12 @@
 #           stage call on, while the fill runs: its throughput against the eager pull's
 #           (goal: at least 0.8x);
 #   after   once the fill is over, the weights file opened again (passthrough) and read whole,
-#           against a plain bind of the cached blob (the same file, outside FUSE): both with the
-#           page cache dropped (cold) and with it warm (goal: at least 0.9x).
+#           against the cached blob read directly (the same file, outside FUSE): both with the
+#           page cache dropped (cold) and with it warm, each path twice in the order A B B A
+#           after one priming read (goal: at least 0.9x).
+#
+# Reads are 4 MiB into one buffer; the bytes read during the fill are checked with the CRC-32
+# of every 8th block (against the file pushed), so the reader's time is its reads'.
 #
 # It prints each run's numbers and the range (min-max) over the runs. Everything is removed on
 # exit. Needs root (mounts, drop_caches).
@@ -51,6 +55,15 @@ work=$(mktemp -d "$BENCH_TMP/mounthost-bench-lazy.XXXXXX")
 registry_pid=
 local_pid=
 cleanup() {
+    # Volumes still staged (an interrupted run): unstaged, so their servers stop.
+    if [ -n "$local_pid" ] && kill -0 "$local_pid" 2>/dev/null; then
+        mh client list 2>/dev/null | python3 -c '
+import json, sys
+for v in json.load(sys.stdin):
+    print(v["volumeId"], v["stagingPath"])' 2>/dev/null | while read -r id path; do
+            mh client unstage --volume-id "$id" --staging "$path" >/dev/null 2>&1 || true
+        done
+    fi
     for pid in $local_pid $registry_pid; do
         kill -TERM "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
@@ -68,6 +81,23 @@ drop_caches() {
     echo 3 >/proc/sys/vm/drop_caches
 }
 sha256_of() { openssl dgst -sha256 -r "$1" | cut -d' ' -f1; }
+# read_all FILE: every byte, in order, 4 MiB reads into one buffer; prints the CRC-32 of
+# every 8th 4 MiB block (what checks the bytes costs the reader an eighth of a hash, so the
+# time is the read's).
+read_all() {
+    python3 - "$1" <<'EOF'
+import sys, zlib
+buf = bytearray(4 << 20)
+view = memoryview(buf)
+crc, i = 0, 0
+with open(sys.argv[1], "rb", buffering=0) as f:
+    while n := f.readinto(buf):
+        if i % 8 == 0:
+            crc = zlib.crc32(view[:n], crc)
+        i += 1
+print(f"{crc:08x}")
+EOF
+}
 
 # --- the registry ---------------------------------------------------------------------------
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -142,13 +172,14 @@ printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+js
 curl -fsS --noproxy '*' -X PUT -H 'Content-Type: application/vnd.oci.image.manifest.v1+json' \
     --data-binary "@$work/manifest.json" -o /dev/null "http://$host/v2/$REPO/manifests/$TAG"
 ref=$host/$REPO:$TAG
-weights_sha=$(sha256_of "$work/src/model.safetensors")
+weights_sha=$(read_all "$work/src/model.safetensors")
 rm -f "$work"/src/model.safetensors "$work"/*.tar
 echo "pushed $ref: weights $weights_digest ($size bytes)"
 
 # --- the node -------------------------------------------------------------------------------
 mh() { "$mounthost" --state-dir "$work/mh" --insecure-registry "$host" --log warn "$@"; }
-mh local --no-demo >"$work/local.log" 2>&1 &
+# Started directly (not through mh), so that $! is its pid.
+"$mounthost" --state-dir "$work/mh" --insecure-registry "$host" --log warn local --no-demo >"$work/local.log" 2>&1 &
 local_pid=$!
 for _ in $(seq 300); do
     [ -S "$work/mh/csi.sock" ] && mh client info >/dev/null 2>&1 && break
@@ -156,14 +187,13 @@ for _ in $(seq 300); do
     sleep 0.1
 done
 kubelet=$work/mh/kubelet
-n=0
-# stage NAME LAZY: a new volume's staging path (printed); answers once NodeStageVolume is OK.
+# stage ID LAZY: stage volume ID at a new staging path (printed); answers once
+# NodeStageVolume is OK.
 stage() {
-    local name=$1 lazy=$2 staging
-    n=$((n + 1))
-    staging=$kubelet/plugins/bench/$name-$n/globalmount
+    local id=$1 lazy=$2 staging
+    staging=$kubelet/plugins/bench/$id/globalmount
     mkdir -p "$(dirname "$staging")"
-    until mh client stage --volume-id "bench-$name-$n" --staging "$staging" --param plugin=model \
+    until mh client stage --volume-id "$id" --staging "$staging" --param plugin=model \
         --param "reference=$ref" --param insecure=true --param "lazy=$lazy" >"$work/stage.log" 2>&1; do
         grep -q Unavailable "$work/stage.log" || { cat "$work/stage.log" >&2; exit 1; }
         sleep 0.05
@@ -197,21 +227,13 @@ with open(path, "rb", buffering=0) as f:
         left -= len(b)
 EOF
 }
-# read_all FILE: every byte, in order, 4 MiB reads; prints the sha256.
-read_all() {
-    python3 - "$1" <<'EOF'
-import hashlib, sys
-h = hashlib.sha256()
-with open(sys.argv[1], "rb", buffering=0) as f:
-    while b := f.read(4 << 20):
-        h.update(b)
-print(h.hexdigest())
-EOF
-}
 lazy_done() {
     mh client list | python3 -c '
 import json, sys
-v = [v for v in json.load(sys.stdin) if v["volumeId"] == sys.argv[1]][0]["lazy"]
+v = [v for v in json.load(sys.stdin) if v["volumeId"] == sys.argv[1]]
+if not v:
+    sys.exit("no volume " + sys.argv[1])
+v = v[0].get("lazy")
 print("yes" if v and v["layers"] and v["layersComplete"] == v["layers"] else "no")' "$1"
 }
 
@@ -220,39 +242,66 @@ results=$work/results
 for run in $(seq "$RUNS"); do
     echo "--- run $run"
     reset
+    id=bench-eager-$run
     t0=$EPOCHREALTIME
-    s=$(stage eager false)
+    s=$(stage "$id" false)
     eager=$(since "$t0")
-    unstage "bench-eager-$n" "$s"
+    unstage "$id" "$s"
 
     reset
+    id=bench-lazy-first-$run
     t0=$EPOCHREALTIME
-    s=$(stage lazy true)
+    s=$(stage "$id" true)
     staged=$(since "$t0")
     head -c 1 "$s/model.safetensors" >/dev/null
     first=$(since "$t0")
     read_header "$s/model.safetensors"
     header=$(since "$t0")
-    unstage "bench-lazy-$n" "$s"
+    unstage "$id" "$s"
 
     reset
+    id=bench-lazy-seq-$run
     t0=$EPOCHREALTIME
-    s=$(stage lazy true)
+    s=$(stage "$id" true)
     got=$(read_all "$s/model.safetensors")
     seq_s=$(since "$t0")
     [ "$got" = "$weights_sha" ] || { echo "the lazy volume read other bytes ($got)" >&2; exit 1; }
-    until [ "$(lazy_done "bench-lazy-$n")" = yes ]; do sleep 0.1; done
+    fetched=$(mh client list | python3 -c '
+import json, sys
+v = [v for v in json.load(sys.stdin) if v["volumeId"] == sys.argv[1]][0]["lazy"]
+print(v["demandRequests"], v["demandBytes"], v["fillBytes"])' "$id")
+    for _ in $(seq 6000); do
+        [ "$(lazy_done "$id")" = yes ] && break
+        sleep 0.1
+    done
+    [ "$(lazy_done "$id")" = yes ] || { echo "the fill of $id did not end within 10 minutes" >&2; exit 1; }
     blob=$work/mh/cache/blobs/sha256/${weights_digest#sha256:}
+    # The same inode either way. A first read after the writes is slower whichever path makes
+    # it (a virtual disk's host caches what was read once): read once, then each path twice,
+    # in the order A B B A, and take each one's mean.
     drop_caches
-    t0=$EPOCHREALTIME; read_all "$s/model.safetensors" >/dev/null; pt_cold=$(since "$t0")
-    drop_caches
-    t0=$EPOCHREALTIME; read_all "$blob" >/dev/null; plain_cold=$(since "$t0")
-    t0=$EPOCHREALTIME; read_all "$s/model.safetensors" >/dev/null; pt_warm=$(since "$t0")
-    t0=$EPOCHREALTIME; read_all "$blob" >/dev/null; plain_warm=$(since "$t0")
-    passthrough=$(mh client list | python3 -c 'import json,sys; print([v for v in json.load(sys.stdin) if v["volumeId"] == sys.argv[1]][0]["lazy"]["passthroughFiles"])' "bench-lazy-$n")
-    unstage "bench-lazy-$n" "$s"
+    read_all "$blob" >/dev/null
+    pt_cold=0; plain_cold=0; pt_warm=0; plain_warm=0
+    for path in pt plain plain pt; do
+        file=$s/model.safetensors
+        [ "$path" = plain ] && file=$blob
+        drop_caches
+        t0=$EPOCHREALTIME; read_all "$file" >/dev/null; cold=$(since "$t0")
+        t0=$EPOCHREALTIME; read_all "$file" >/dev/null; warm=$(since "$t0")
+        if [ "$path" = pt ]; then
+            pt_cold=$(echo "$pt_cold $cold" | awk '{ print $1 + $2 / 2 }')
+            pt_warm=$(echo "$pt_warm $warm" | awk '{ print $1 + $2 / 2 }')
+        else
+            plain_cold=$(echo "$plain_cold $cold" | awk '{ print $1 + $2 / 2 }')
+            plain_warm=$(echo "$plain_warm $warm" | awk '{ print $1 + $2 / 2 }')
+        fi
+    done
+    passthrough=$(mh client list | python3 -c 'import json,sys; print([v for v in json.load(sys.stdin) if v["volumeId"] == sys.argv[1]][0]["lazy"]["passthroughFiles"])' "$id")
+    unstage "$id" "$s"
 
     echo "$eager $staged $first $header $seq_s $pt_cold $plain_cold $pt_warm $plain_warm" >>"$results"
+    read -r demand_requests demand_bytes fill_bytes <<<"$fetched"
+    echo "lazy: during that read $demand_requests ranges ($((demand_bytes >> 20)) MiB) fetched for the reader, $((fill_bytes >> 20)) MiB by the fill"
     awk -v b="$size" -v p="$passthrough" '{
         printf "eager pull to a staged volume %.2f s (%.0f MB/s)\n", $1, b / $1 / 1e6
         printf "lazy: staged %.3f s, first byte %.3f s, header + 64 MiB range %.3f s\n", $2, $3, $4

@@ -120,12 +120,26 @@ fn a_lazy_volume_is_staged_at_once_and_read_while_its_fill_runs() {
         let list: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
         let mine = list.as_array().unwrap().iter().find(|v| v["volumeId"] == "pv-lazy").unwrap();
         assert!(mine["lazy"]["demandRequests"].as_u64().unwrap() > 0, "{mine}");
+        // A reader that holds the file open from before the fill ended (as a server that
+        // mapped it does) keeps reading it, and the file opens again meanwhile.
+        let held = std::fs::File::open(target.join("model.safetensors")).unwrap();
+        let mut first = vec![0u8; 4096];
+        held.read_exact_at(&mut first, 1 << 20).unwrap();
         // The fill ends: the whole volume is the model's, byte for byte, and complete files go
         // to the kernel's passthrough.
         relay.throttle(u64::MAX);
         let done = until_complete(&node, "pv-lazy", Duration::from_secs(120)).await;
         assert_eq!(done.verified_bytes, done.total_bytes, "{done:?}");
         assert!(done.passthrough_files >= 1, "passthrough: {done:?}");
+        let mut again = vec![0u8; 4096];
+        held.read_exact_at(&mut again, 60 << 20).unwrap();
+        assert_eq!(again, read_range(&weights, 60 << 20, 4096), "the held file reads on");
+        assert_eq!(
+            read_range(&target.join("model.safetensors"), 60 << 20, 4096),
+            again,
+            "opened again while another open is held"
+        );
+        drop(held);
         assert_eq!(tree(&target), expected(&model, |_| true));
         assert!(model.cached(&node.dirs.state, "model.safetensors"), "the cache holds the complete blob");
         let fetched = relay.sent();
@@ -136,6 +150,15 @@ fn a_lazy_volume_is_staged_at_once_and_read_while_its_fill_runs() {
         csi.node_stage_volume(stage_req("pv-lazy-2", &staging2, &ctx)).await.unwrap();
         assert_eq!(tree(&staging2), expected(&model, |_| true));
         assert!(relay.sent() - fetched < (64 << 10), "a second volume fetched {} bytes", relay.sent() - fetched);
+        // Its blobs are in use: `cache ls` names the volume, a prune to nothing keeps them.
+        let weights_digest = model.layer("model.safetensors").digest.clone();
+        let ls: serde_json::Value = serde_json::from_slice(&node.cli(&["cache", "ls"]).stdout).unwrap();
+        let entry = ls["blobs"].as_array().unwrap().iter().find(|b| b["digest"] == weights_digest.as_str()).cloned();
+        let users = entry.map(|e| e["volumes"].clone()).unwrap_or_default();
+        assert!(users.as_array().is_some_and(|u| u.iter().any(|v| v == "pv-lazy")), "{ls}");
+        assert!(node.cli(&["cache", "prune"]).status.success());
+        assert!(model.cached(&node.dirs.state, "model.safetensors"), "a lazy volume's blob is never evicted");
+        assert_eq!(tree(&staging2), expected(&model, |_| true));
         // Unstaged: nothing mounted, no server running, no partial file.
         csi.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
             volume_id: "pv-lazy".into(),
@@ -153,6 +176,9 @@ fn a_lazy_volume_is_staged_at_once_and_read_while_its_fill_runs() {
         }
         assert_eq!(mounts_below(node.dirs.root.path()), Vec::<PathBuf>::new());
         assert!(partials(&node.dirs.state).is_empty());
+        // Unused now: the next prune evicts it.
+        assert!(node.cli(&["cache", "prune"]).status.success());
+        assert!(!model.cached(&node.dirs.state, "model.safetensors"));
     });
 }
 
@@ -678,5 +704,50 @@ fn a_pod_mounts_a_model_lazily_through_its_dynamic_volume() {
             assert!(partials(&node.dirs.state).is_empty(), "{:?}", partials(&node.dirs.state));
             println!("checked: a volume unpublished during a lazy mount's fill left nothing of it");
         });
+    });
+}
+
+/// A pod names a lazy model inline: its first publish answers at once, the pod reads while the
+/// fill runs, and the unpublish (which unstages it) stops the fill and leaves nothing.
+#[test]
+fn an_inline_lazy_volume_is_published_at_once_and_leaves_nothing() {
+    if !in_private_namespace("an_inline_lazy_volume_is_published_at_once_and_leaves_nothing") {
+        return;
+    }
+    let registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let (model, weights) = lazy_model(&registry, work.path(), "models/inline-lazy", 32 << 20);
+    let relay = Relay::start(registry.host());
+    relay.throttle(1 << 20);
+    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let node = ModelNode::start(vec![format!("--insecure-registry={}", relay.host())]);
+    run(&node, &registry, async || {
+        let mut csi = node.node().await;
+        let mut ctx = lazy_ctx(&reference);
+        ctx.insert("csi.storage.k8s.io/ephemeral".into(), "true".into());
+        let target = node.dirs.target("pod-inline", "lazy");
+        let req = csi::NodePublishVolumeRequest {
+            volume_id: "csi-inline-lazy".into(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(common::multi_writer()),
+            volume_context: ctx,
+            ..Default::default()
+        };
+        // Compressed layers are no reason to wait: the first call answers.
+        csi.node_publish_volume(req).await.unwrap();
+        assert!(relay.sent() < (8 << 20), "published after {} bytes", relay.sent());
+        assert_eq!(read_range(&target.join("model.safetensors"), 30 << 20, 4096), read_range(&weights, 30 << 20, 4096));
+        let p = progress(&node, "csi-inline-lazy").await.expect("ListVolumes shows its progress");
+        assert!(p.present_bytes < p.total_bytes, "still filling: {p:?}");
+        csi.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+            volume_id: "csi-inline-lazy".into(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .unwrap();
+        assert_eq!(mounts_below(node.dirs.root.path()), Vec::<PathBuf>::new());
+        assert!(partials(&node.dirs.state).is_empty(), "{:?}", partials(&node.dirs.state));
+        assert!(node.volumes().await.is_empty());
+        println!("checked: an inline lazy volume published after {} bytes and unpublished mid-fill", relay.sent());
     });
 }

@@ -42,7 +42,7 @@ fuzz_target!(|data: &[u8]| {
     let blob = work.join("blob");
     let into = work.join("into");
     std::fs::write(&blob, archive).unwrap();
-    let _ = mounthost::oci::fuzzing::unpack(&blob, DIGEST, format, &into);
+    let _ = mounthost::exec::artifacts::fuzzing::unpack(&blob, DIGEST, format, &into);
     let made = names(work);
     assert!(made == ["blob", "into", "outside"] || made == ["blob", "outside"], "made beside its directory: {made:?}");
     assert!(names(&work.join("outside")).is_empty(), "the unpack wrote outside its directory");

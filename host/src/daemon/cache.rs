@@ -81,8 +81,8 @@ impl Node {
         result
     }
 
-    /// Blobs the staged volumes' plans fetch (their dynamic mounts' included), with the
-    /// volumes that use each.
+    /// Blobs the staged volumes' plans fetch or serve lazily (their dynamic mounts' included,
+    /// and a lazy volume's chunk index), with the volumes that use each.
     pub fn cache_in_use(&self) -> Result<BTreeMap<String, Vec<String>>, Error> {
         let mut used: BTreeMap<String, Vec<String>> = BTreeMap::new();
         // Records of a newer schema (after a rollback): every digest they mention stays.
@@ -96,7 +96,15 @@ impl Node {
             }
             let dynamic = st.dynamic.values().flat_map(|m| m.steps.iter());
             for step in st.plan.steps.iter().chain(dynamic) {
-                if let Step::FetchBlob { digest, .. } = step {
+                let digests: Vec<&String> = match step {
+                    Step::FetchBlob { digest, .. } => vec![digest],
+                    // A lazy server's layers, and the chunk index it checks them with.
+                    Step::SpawnFuse { lazy: Some(l), .. } => {
+                        l.layers.iter().map(|l| &l.digest).chain(l.index.as_ref()).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                for digest in digests {
                     let users = used.entry(digest.clone()).or_default();
                     if !users.contains(&st.volume_id) {
                         users.push(st.volume_id.clone());

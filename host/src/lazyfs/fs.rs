@@ -28,12 +28,23 @@ const BLOCK: u32 = 128 << 10;
 /// The filesystem.
 pub struct LazyFs {
     pub shared: Arc<Shared>,
-    /// Per open file: where the last read ended, and how many bytes it read in a row before
-    /// (sequential readers get read-ahead).
-    handles: std::sync::Mutex<std::collections::HashMap<u64, (u64, u64)>>,
+    /// Every open file, by handle.
+    handles: std::sync::Mutex<std::collections::HashMap<u64, Handle>>,
     next_handle: AtomicU64,
     /// The kernel accepted passthrough.
     passthrough: std::sync::atomic::AtomicBool,
+}
+
+/// One open file.
+#[derive(Debug, Clone, Copy)]
+struct Handle {
+    ino: u64,
+    /// Opened for the kernel's passthrough.
+    passthrough: bool,
+    /// Where its last read ended, and how many bytes it read in a row before (sequential
+    /// readers get read-ahead).
+    end: u64,
+    run: u64,
 }
 
 impl LazyFs {
@@ -142,10 +153,14 @@ impl LazyFs {
                 let sequential = {
                     let chunk = self.shared.lock().chunk;
                     let mut h = self.handles.lock().unwrap_or_else(|p| p.into_inner());
-                    let (last_end, run) = h.get(&fh).copied().unwrap_or((u64::MAX, 0));
-                    let run = if last_end == offset { run + (end - offset) } else { 0 };
-                    h.insert(fh, (end, run));
-                    run >= 2 * chunk
+                    match h.get_mut(&fh) {
+                        Some(h) => {
+                            h.run = if h.end == offset { h.run + (end - offset) } else { 0 };
+                            h.end = end;
+                            h.run >= 2 * chunk
+                        }
+                        None => false,
+                    }
                 };
                 self.read_blob(*layer, base + offset, base + end, (*base, base + file_size), sequential)
             }
@@ -304,13 +319,23 @@ impl Filesystem for LazyFs {
         let backing = g.backing.get(&ino.0).copied().filter(|_| g.failed.is_none());
         drop(g);
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        match backing {
-            Some(id) if self.passthrough.load(Ordering::Relaxed) => {
-                crate::unpriv::sys::reply_passthrough(reply, FileHandle(fh), id);
-            }
+        // The kernel refuses (EIO) a passthrough open of a file that is still open through its
+        // page cache (read, or mapped, before it was complete), and an open through the page
+        // cache of one open for passthrough: a file keeps the way it is open until its last
+        // handle is released.
+        let mut handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+        let cached = handles.values().any(|h| h.ino == ino.0 && !h.passthrough);
+        let passthrough = match backing {
+            Some(id) if self.passthrough.load(Ordering::Relaxed) && !cached => Some(id),
+            _ => None,
+        };
+        handles.insert(fh, Handle { ino: ino.0, passthrough: passthrough.is_some(), end: u64::MAX, run: 0 });
+        drop(handles);
+        match passthrough {
+            Some(id) => crate::unpriv::sys::reply_passthrough(reply, FileHandle(fh), id),
             // The bytes never change: the page cache stays valid across opens (dropped when the
             // volume fails, so every later read asks this process and fails).
-            _ => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            None => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
         }
     }
 

@@ -52,6 +52,7 @@ pub use table::{BlobTable, TableEntry, TableKind};
 #[doc(hidden)]
 pub mod fuzzing {
     pub use super::plugin::plugin_layer;
+    pub use super::table::tar_table_of;
 }
 pub use plugin::PluginPull;
 pub use push::{PushedPlugin, push_plugin};

@@ -149,6 +149,11 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
     let mut entries: Vec<TableEntry> = Vec::new();
     // Regular files by path, for hard links (to a file before them).
     let mut files: BTreeMap<PathBuf, (u64, u64)> = BTreeMap::new();
+    // What each path is so far (a directory, or not), named or implied by a path below it:
+    // what unpacking refuses (a directory replaced by anything else, or anything else by a
+    // directory, an entry below a file or a link), the table refuses, so the lazy volume never
+    // serves a tree the eager one would not hold.
+    let mut dirs: std::collections::HashMap<PathBuf, bool> = std::collections::HashMap::new();
     let mut window: (u64, Vec<u8>) = (0, Vec::new());
     let mut pos = 0u64;
     let mut long_name: Option<Vec<u8>> = None;
@@ -169,13 +174,12 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
         if let Some(s) = pax.get("size").and_then(|v| std::str::from_utf8(v).ok()).and_then(|v| v.parse().ok()) {
             data_size = s;
         }
+        // `pos + 512 <= size` above; a size from a header or a pax record may be any u64.
         let data_at = pos + 512;
-        let next = data_at
-            .checked_add(data_size.div_ceil(512) * 512)
-            .ok_or_else(|| bad(digest, format!("an entry at byte {pos} claims {data_size} bytes")))?;
-        if data_at + data_size > size {
+        if data_size > size - data_at {
             return Err(bad(digest, format!("an entry at byte {pos} claims {data_size} bytes past the blob's end")));
         }
+        let next = data_at + data_size.div_ceil(512) * 512;
         let kind = header.entry_type();
         let meta = |n: u64| -> Result<(), OciError> {
             if n > MAX_META {
@@ -240,6 +244,21 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
             return Err(refuse("it names the archive's root"));
         }
         let path = rel.to_string_lossy().into_owned();
+        for parent in rel.ancestors().skip(1).filter(|p| !p.as_os_str().is_empty()) {
+            if *dirs.entry(parent.to_path_buf()).or_insert(true) {
+                continue;
+            }
+            return Err(refuse(&format!("{} before it is not a directory", parent.display())));
+        }
+        let is_dir = kind == tar::EntryType::Directory;
+        match dirs.insert(rel.clone(), is_dir) {
+            Some(true) if !is_dir => return Err(refuse("it would replace a directory")),
+            Some(false) if is_dir => return Err(refuse("a directory would replace a file or a link")),
+            _ => {}
+        }
+        // A name given again is replaced by what comes now: unpacking removes the old one
+        // first, so a hard link to its own name has no target left.
+        files.remove(&rel);
         let entry_kind = match kind {
             tar::EntryType::Directory => TableKind::Dir,
             tar::EntryType::Regular | tar::EntryType::Continuous => {
@@ -279,6 +298,15 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
         pos = next;
     }
     Ok(entries)
+}
+
+/// The table of the tar archive in file `blob`, as a lazy volume serves it (for the fuzz
+/// targets: `oci::fuzzing`).
+pub fn tar_table_of(blob: &Path) -> Result<Vec<TableEntry>, OciError> {
+    let f = File::open(blob).map_err(|e| OciError::local(blob, &e, "", "sha256:fuzz"))?;
+    let size = f.metadata().map_err(|e| OciError::local(blob, &e, "", "sha256:fuzz"))?.len();
+    let rt = tokio::runtime::Builder::new_current_thread().build().map_err(|e| OciError::local(blob, &e, "", ""))?;
+    rt.block_on(read_tar(&Source_::Local(&f), "sha256:fuzz", size))
 }
 
 /// `len` bytes at `at`, from the window when it holds them, else from a new window there.
@@ -486,9 +514,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("blob");
         std::fs::write(&path, bytes).unwrap();
-        let f = File::open(&path).unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        rt.block_on(read_tar(&Source_::Local(&f), "sha256:x", bytes.len() as u64))
+        tar_table_of(&path)
     }
 
     fn builder() -> tar::Builder<Vec<u8>> {
@@ -559,6 +585,23 @@ mod tests {
     }
 
     #[test]
+    fn a_size_past_the_blobs_end_is_refused_whatever_it_is() {
+        for size in [b"18446744073709551615".as_slice(), b"18446744073709551000", b"4096"] {
+            let mut b = builder();
+            let mut h = tar::Header::new_ustar();
+            h.set_size(5);
+            h.set_mode(0o644);
+            h.set_entry_type(tar::EntryType::Regular);
+            b.append_pax_extensions([("size", size)]).unwrap();
+            h.set_path("f").unwrap();
+            h.set_cksum();
+            b.append(&h, &b"12345"[..]).unwrap();
+            let e = table_of(&b.into_inner().unwrap()).unwrap_err().to_string();
+            assert!(e.contains("past the blob's end"), "{e}");
+        }
+    }
+
+    #[test]
     fn what_unpacking_refuses_the_table_refuses() {
         use crate::oci::tests::TarOf;
         for (tar, why) in [
@@ -573,6 +616,25 @@ mod tests {
             let e = table_of(&tar).unwrap_err().to_string();
             assert!(e.contains(why), "{why}: {e}");
         }
+        // What unpacking refuses of names given again, or below a file or a link.
+        for (tar, why) in [
+            (TarOf::new().dir("a").file("a/b", b"b").file("a", b"x").bytes(), "would replace a directory"),
+            (TarOf::new().file("a/b", b"b").symlink("a", "b").bytes(), "would replace a directory"),
+            (TarOf::new().file("c", b"c").dir("c").bytes(), "a directory would replace"),
+            (TarOf::new().file("f", b"f").file("f/g", b"g").bytes(), "f before it is not a directory"),
+            (TarOf::new().symlink("l", "d").file("l/g", b"g").bytes(), "l before it is not a directory"),
+            (TarOf::new().file("f", b"f").symlink("f", "g").hardlink("h", "f").bytes(), "hard link target"),
+            (TarOf::new().file("h", b"h").hardlink("h", "h").bytes(), "hard link target"),
+        ] {
+            let e = table_of(&tar).unwrap_err().to_string();
+            assert!(e.contains(why), "{why}: {e}");
+        }
+        // A file given again is the later one; a directory given again stays one.
+        let tar = TarOf::new().dir("d").file("d/f", b"old").file("d/f", b"new").dir("d").hardlink("h", "d/f").bytes();
+        let entries = table_of(&tar).unwrap();
+        let last = |p: &str| entries.iter().rev().find(|e| e.path == p).unwrap().kind.clone();
+        let TableKind::File { size, offset } = last("h") else { panic!("{entries:?}") };
+        assert_eq!(&tar[offset as usize..(offset + size) as usize], b"new");
         let e = table_of(&[7u8; 1024]).unwrap_err().to_string();
         assert!(e.contains("not a tar header"), "{e}");
     }
