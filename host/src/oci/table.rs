@@ -235,6 +235,12 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
         long_link = None;
         let raw = PathBuf::from(String::from_utf8_lossy(&raw_path).into_owned());
         let refuse = |why: &str| bad(digest, format!("entry {}: refused: {why}", raw.display()));
+        // The table names files in UTF-8 (JSON); an unpacked layer keeps a name's bytes, so a
+        // name of other bytes is refused rather than served under another one.
+        let utf8 = |bytes: Vec<u8>, what: &str| {
+            String::from_utf8(bytes).map(PathBuf::from).map_err(|_| refuse(&format!("{what} is not UTF-8")))
+        };
+        let raw = utf8(raw_path, "its name")?;
         let rel = clean(&raw).map_err(refuse)?;
         if rel.as_os_str().is_empty() {
             if kind.is_dir() {
@@ -267,13 +273,13 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
             }
             tar::EntryType::Symlink => {
                 let target = raw_link.ok_or_else(|| refuse("the symbolic link has no target"))?;
-                let target = PathBuf::from(String::from_utf8_lossy(&target).into_owned());
+                let target = utf8(target, "its target")?;
                 check_link_target(&rel, &target).map_err(|why| refuse(&why))?;
                 TableKind::Symlink { target: target.to_string_lossy().into_owned() }
             }
             tar::EntryType::Link => {
                 let target = raw_link.ok_or_else(|| refuse("the hard link has no target"))?;
-                let target = PathBuf::from(String::from_utf8_lossy(&target).into_owned());
+                let target = utf8(target, "its target")?;
                 let target_rel = clean(&target).ok().filter(|t| !t.as_os_str().is_empty());
                 let (size, offset) = target_rel.and_then(|t| files.get(&t).copied()).ok_or_else(|| {
                     refuse(&format!("its hard link target {} is not a file before it", target.display()))
@@ -615,6 +621,17 @@ mod tests {
         ] {
             let e = table_of(&tar).unwrap_err().to_string();
             assert!(e.contains(why), "{why}: {e}");
+        }
+        // A name or a link target of other bytes than UTF-8 (the table's names are UTF-8, an
+        // unpacked layer's are the archive's bytes): fuzz input `found-non-utf8-name`.
+        for (tar, why) in [
+            (TarOf::new().file("a\u{fffd}", b"x").bytes(), "never refused"),
+            (include_bytes!("../../fuzz/corpus/lazy_table/found-non-utf8-name").to_vec(), "its name is not UTF-8"),
+        ] {
+            match table_of(&tar) {
+                Ok(_) => assert_eq!(why, "never refused"),
+                Err(e) => assert!(e.to_string().contains(why), "{why}: {e}"),
+            }
         }
         // What unpacking refuses of names given again, or below a file or a link.
         for (tar, why) in [
