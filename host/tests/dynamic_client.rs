@@ -42,6 +42,7 @@ fn view(id: &str, parameters: BTreeMap<String, String>, state: MountState) -> Mo
         bytes_done: None,
         bytes_total: None,
         reason: None,
+        lazy: None,
     }
 }
 
