@@ -11,29 +11,27 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use tempfile::TempDir;
+
 use common::model::Node;
 use common::model::*;
-use common::registry::{Class, ModelBuilder, Packing, PushedModel, Registry, RegistryOptions, random_file};
+use common::registry::{PushedModel, Registry, RegistryOptions};
 use common::{in_private_namespace, mounts_below};
 use mounthost::proto::csi;
 use mounthost::proto::host::LazyProgress;
 
-/// A model of every kind of layer: a raw weights file of `weights` bytes, a tar config, a
-/// tar+gzip tokenizer and a tar+zstd README.
-fn lazy_model(registry: &Registry, work: &Path, repo: &str, weights: u64) -> (PushedModel, PathBuf) {
-    let (w, _) = random_file(work, weights);
-    let model = ModelBuilder::new()
-        .file("config.json", br#"{"architectures":["Test"]}"#.as_slice(), Class::Config, Packing::Tar)
-        .file(
-            "tokenizer.json",
-            br#"{"version":"1.0","model":{"type":"BPE"}}"#.as_slice(),
-            Class::Config,
-            Packing::TarGzip,
-        )
-        .file("README.md", b"# a lazy test model\n".as_slice(), Class::Doc, Packing::TarZstd)
-        .file("model.safetensors", common::registry::Content::File(w.clone()), Class::Weight, Packing::Raw)
-        .push(registry, repo, "v1");
-    (model, w)
+/// A registry holding a lazy test model ([`small_model_with_weights`], `weights` bytes of weights, in `repo`),
+/// and a relay in front of it passing `rate` bytes a second: the registry, the work directory
+/// of the weights file, the model, the weights file, the relay, and the model's reference
+/// through the relay.
+fn behind_relay(repo: &str, weights: u64, rate: u64) -> (Registry, TempDir, PushedModel, PathBuf, Relay, String) {
+    let registry = Registry::start(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let (model, weights) = small_model_with_weights(&registry, work.path(), repo, weights);
+    let relay = Relay::start(registry.host());
+    relay.throttle(rate);
+    let reference = model.reference.replace(&registry.host(), &relay.host());
+    (registry, work, model, weights, relay, reference)
 }
 
 /// The lazy progress of volume `id` as ListVolumes reports it.
@@ -73,12 +71,7 @@ fn a_lazy_volume_is_staged_at_once_and_read_while_its_fill_runs() {
     if !in_private_namespace("a_lazy_volume_is_staged_at_once_and_read_while_its_fill_runs") {
         return;
     }
-    let registry = Registry::start(RegistryOptions::default());
-    let work = tempfile::tempdir().unwrap();
-    let (model, weights) = lazy_model(&registry, work.path(), "models/lazy", 64 << 20);
-    let relay = Relay::start(registry.host());
-    relay.throttle(4 << 20);
-    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let (registry, _work, model, weights, relay, reference) = behind_relay("models/lazy", 64 << 20, 4 << 20);
     let node = ModelNode::start(vec![format!("--insecure-registry={}", relay.host())]);
     run(&node, &registry, async || {
         let mut csi = node.node().await;
@@ -96,6 +89,12 @@ fn a_lazy_volume_is_staged_at_once_and_read_while_its_fill_runs() {
             .filter(|m| m.fstype == "fuse.mounthost-lazy")
             .collect();
         assert!(!lazy_mounts.is_empty(), "the host's lazy server serves the volume");
+        // Its laziness is part of what it is: staged again as an eager volume, ALREADY_EXISTS.
+        let mut eager = ctx.clone();
+        eager.insert("lazy".into(), "false".into());
+        let err = csi.node_stage_volume(stage_req("pv-lazy", &staging, &eager)).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::AlreadyExists, "{err:?}");
+        assert!(err.message().contains("lazy"), "{err:?}");
         // The small files come first (the fill goes in layer order), the compressed ones once
         // unpacked; all byte for byte.
         for (path, want, _) in &model.files {
@@ -140,6 +139,32 @@ fn a_lazy_volume_is_staged_at_once_and_read_while_its_fill_runs() {
             "opened again while another open is held"
         );
         drop(held);
+        // Passthrough: a file opened now reads with its server stopped (the kernel reads the
+        // cached blob itself). The server learns of the held file's close a moment later: until
+        // then an open is still served by it, so a read that waits for the stopped server is
+        // tried again, each time at a range no read went through the server's page cache for.
+        let server = node.volumes().await.into_iter().find(|v| v.volume_id == "pv-lazy").unwrap().pid;
+        let server = nix::unistd::Pid::from_raw(server);
+        let mut bypassed = None;
+        for attempt in 0..10u64 {
+            let at = (8 + 4 * attempt) << 20;
+            let through = std::fs::File::open(target.join("model.safetensors")).unwrap();
+            nix::sys::signal::kill(server, nix::sys::signal::Signal::SIGSTOP).unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 1 << 20];
+                let _ = tx.send(through.read_exact_at(&mut buf, at).map(|()| buf));
+            });
+            let read = rx.recv_timeout(Duration::from_secs(2));
+            nix::sys::signal::kill(server, nix::sys::signal::Signal::SIGCONT).unwrap();
+            if let Ok(read) = read {
+                bypassed = Some((at, read.unwrap()));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let (at, read) = bypassed.expect("a read through passthrough does not wait for the stopped server");
+        assert_eq!(read, read_range(&weights, at, 1 << 20));
         assert_eq!(tree(&target), expected(&model, |_| true));
         assert!(model.cached(&node.dirs.state, "model.safetensors"), "the cache holds the complete blob");
         let fetched = relay.sent();
@@ -260,12 +285,7 @@ fn a_read_whose_registry_is_gone_fails_in_bounded_time_and_the_fill_resumes() {
     if !in_private_namespace("a_read_whose_registry_is_gone_fails_in_bounded_time_and_the_fill_resumes") {
         return;
     }
-    let mut registry = Registry::start(RegistryOptions::default());
-    let work = tempfile::tempdir().unwrap();
-    let (model, weights) = lazy_model(&registry, work.path(), "models/gone", 64 << 20);
-    let relay = Relay::start(registry.host());
-    relay.throttle(2 << 20);
-    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let (mut registry, _work, model, weights, relay, reference) = behind_relay("models/gone", 64 << 20, 2 << 20);
     let node =
         ModelNode::start(vec![format!("--insecure-registry={}", relay.host()), "--lazy-read-wait-secs=3".into()]);
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -307,12 +327,7 @@ fn killing_the_lazy_server_mid_fill_heals_it_and_the_fill_goes_on() {
     if !in_private_namespace("killing_the_lazy_server_mid_fill_heals_it_and_the_fill_goes_on") {
         return;
     }
-    let registry = Registry::start(RegistryOptions::default());
-    let work = tempfile::tempdir().unwrap();
-    let (model, weights) = lazy_model(&registry, work.path(), "models/heal", 64 << 20);
-    let relay = Relay::start(registry.host());
-    relay.throttle(8 << 20);
-    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let (registry, _work, model, weights, relay, reference) = behind_relay("models/heal", 64 << 20, 8 << 20);
     let node = ModelNode::start(vec![format!("--insecure-registry={}", relay.host())]);
     run(&node, &registry, async || {
         let mut csi = node.node().await;
@@ -353,12 +368,7 @@ fn killing_the_host_mid_fill_re_adopts_the_server_and_the_fill_resumes() {
     if !in_private_namespace("killing_the_host_mid_fill_re_adopts_the_server_and_the_fill_resumes") {
         return;
     }
-    let registry = Registry::start(RegistryOptions::default());
-    let work = tempfile::tempdir().unwrap();
-    let (model, weights) = lazy_model(&registry, work.path(), "models/adopt", 64 << 20);
-    let relay = Relay::start(registry.host());
-    relay.throttle(8 << 20);
-    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let (registry, _work, model, weights, relay, reference) = behind_relay("models/adopt", 64 << 20, 8 << 20);
     let args = vec![format!("--insecure-registry={}", relay.host())];
     let node = ModelNode::start(args.clone());
     run(&node, &registry, async || {
@@ -392,7 +402,7 @@ fn killing_the_host_mid_fill_re_adopts_the_server_and_the_fill_resumes() {
     });
 }
 
-/// The small files of a volume of [`lazy_model`] (all but the weights, which are not read), as
+/// The small files of a volume of [`small_model_with_weights`] (all but the weights, which are not read), as
 /// [`tree`] lists them.
 fn tree_of_small(dir: &Path) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = ["config.json", "tokenizer.json", "README.md"]
@@ -412,12 +422,7 @@ fn unstaging_during_the_fill_stops_it_and_leaves_nothing() {
     if !in_private_namespace("unstaging_during_the_fill_stops_it_and_leaves_nothing") {
         return;
     }
-    let registry = Registry::start(RegistryOptions::default());
-    let work = tempfile::tempdir().unwrap();
-    let (model, _) = lazy_model(&registry, work.path(), "models/stop", 64 << 20);
-    let relay = Relay::start(registry.host());
-    relay.throttle(4 << 20);
-    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let (registry, _work, model, _, relay, reference) = behind_relay("models/stop", 64 << 20, 4 << 20);
     let node = ModelNode::start(vec![format!("--insecure-registry={}", relay.host())]);
     run(&node, &registry, async || {
         let mut csi = node.node().await;
@@ -443,7 +448,7 @@ fn a_full_disk_stops_the_fill_and_what_is_there_still_reads() {
     }
     let registry = Registry::start(RegistryOptions::default());
     let work = tempfile::tempdir().unwrap();
-    let (model, weights) = lazy_model(&registry, work.path(), "models/full", 64 << 20);
+    let (model, weights) = small_model_with_weights(&registry, work.path(), "models/full", 64 << 20);
     let dirs = common::NodeDirs::new();
     // The node's cache on a tmpfs too small for the model (the compiled plugins live there too).
     let cache = dirs.state.join("cache");
@@ -483,7 +488,7 @@ fn a_blob_that_fails_its_digest_fails_every_read_and_says_so() {
     }
     let registry = Registry::start(RegistryOptions::default());
     let work = tempfile::tempdir().unwrap();
-    let (model, _) = lazy_model(&registry, work.path(), "models/corrupt", 16 << 20);
+    let (model, _) = small_model_with_weights(&registry, work.path(), "models/corrupt", 16 << 20);
     let digest = model.layer("model.safetensors").digest.clone();
     let stored = registry.blob_storage_path(&digest);
     let mut bytes = std::fs::read(&stored).unwrap();
@@ -514,11 +519,7 @@ fn an_indexed_volume_checks_every_chunk_before_a_reader_gets_it() {
     if !in_private_namespace("an_indexed_volume_checks_every_chunk_before_a_reader_gets_it") {
         return;
     }
-    let registry = Registry::start(RegistryOptions::default());
-    let work = tempfile::tempdir().unwrap();
-    let (model, weights) = lazy_model(&registry, work.path(), "models/indexed", 32 << 20);
-    let relay = Relay::start(registry.host());
-    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let (registry, work, model, weights, relay, reference) = behind_relay("models/indexed", 32 << 20, u64::MAX);
     let node = ModelNode::start(vec![format!("--insecure-registry={}", relay.host())]);
     // The publisher indexes the model (1 MiB chunks), through the same registry.
     let out = node.cli(&["--insecure-registry", &relay.host(), "model", "index", &reference, "--chunk-mib", "1"]);
@@ -551,7 +552,7 @@ fn an_indexed_volume_checks_every_chunk_before_a_reader_gets_it() {
         println!("checked: an indexed volume refused a bad chunk and then failed: {}", p.failed);
         unstage(&mut csi, "pv-indexed", &staging, &target).await;
         // The same model, indexed and intact, reads whole.
-        let fine = lazy_model(&registry, work.path(), "models/indexed-fine", 8 << 20).0;
+        let fine = small_model_with_weights(&registry, work.path(), "models/indexed-fine", 8 << 20).0;
         let reference = fine.reference.replace(&registry.host(), &relay.host());
         let out = node.cli(&["--insecure-registry", &relay.host(), "model", "index", &reference]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -582,14 +583,9 @@ fn a_pod_mounts_a_model_lazily_through_its_dynamic_volume() {
     if !in_private_namespace("a_pod_mounts_a_model_lazily_through_its_dynamic_volume") {
         return;
     }
-    let registry = Registry::start(RegistryOptions::default());
-    let work = tempfile::tempdir().unwrap();
+    let (registry, work, model, weights, relay, reference) = behind_relay("models/dyn-lazy", 32 << 20, 2 << 20);
     let base = tiny_model(&registry, "models/base", "v1", b"base weights");
-    let (model, weights) = lazy_model(&registry, work.path(), "models/dyn-lazy", 32 << 20);
-    let (second, _) = lazy_model(&registry, work.path(), "models/dyn-lazy-second", 32 << 20);
-    let relay = Relay::start(registry.host());
-    relay.throttle(2 << 20);
-    let reference = model.reference.replace(&registry.host(), &relay.host());
+    let (second, _) = small_model_with_weights(&registry, work.path(), "models/dyn-lazy-second", 32 << 20);
     let second_ref = second.reference.replace(&registry.host(), &relay.host());
     let node = DynNode::start_with(
         &registry,
@@ -714,13 +710,12 @@ fn an_inline_lazy_volume_is_published_at_once_and_leaves_nothing() {
     if !in_private_namespace("an_inline_lazy_volume_is_published_at_once_and_leaves_nothing") {
         return;
     }
-    let registry = Registry::start(RegistryOptions::default());
-    let work = tempfile::tempdir().unwrap();
-    let (model, weights) = lazy_model(&registry, work.path(), "models/inline-lazy", 32 << 20);
-    let relay = Relay::start(registry.host());
-    relay.throttle(1 << 20);
-    let reference = model.reference.replace(&registry.host(), &relay.host());
-    let node = ModelNode::start(vec![format!("--insecure-registry={}", relay.host())]);
+    let (registry, _work, _model, weights, relay, reference) = behind_relay("models/inline-lazy", 32 << 20, 1 << 20);
+    // An inline volume's attributes grant nothing: the node grants the relay.
+    let node = ModelNode::start(vec![
+        format!("--insecure-registry={}", relay.host()),
+        format!("--grant=model:host={}", relay.host()),
+    ]);
     run(&node, &registry, async || {
         let mut csi = node.node().await;
         let mut ctx = lazy_ctx(&reference);

@@ -26,7 +26,7 @@ use crate::exec::artifacts::Prepared;
 use crate::exec::lazy::{Link, Opening};
 use crate::oci::{BlobRef, BlobTable, ChunkIndex, Source, TableKind};
 use crate::plan::{Archive, Lazy, Plan, Step};
-use crate::unpriv::lazy_wire::{Data, FileEntry, Hello, Kind, LayerState, Span, ToHost, ToServer};
+use crate::unpriv::lazy_wire::{self, Data, FileEntry, Hello, Kind, LayerState, Span, ToHost, ToServer};
 use crate::volume::state::{MountPhase, Phase};
 
 /// A lazy volume's progress and state, as the host API, the CLI, a dynamic mount's view and the
@@ -99,6 +99,14 @@ pub(super) struct LayerCtx {
 const TICK: Duration = Duration::from_secs(1);
 /// How long a session waits before connecting again to a server that is not there.
 const RECONNECT: Duration = Duration::from_millis(250);
+/// What one table entry takes in the server's opening besides its path (a bound: kind, size,
+/// where its bytes are, time, JSON).
+const ENTRY_BYTES: usize = 160;
+/// A server's messages waiting for its session, at most.
+const NEEDS_QUEUED: usize = 256;
+/// The shortest time between two updates of a session (a stat of each layer's blob, and what
+/// the server is told).
+const UPDATE_EVERY: Duration = Duration::from_millis(5);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -143,11 +151,12 @@ fn entries_of(layer: u32, dest: &str, format: Archive, table: &BlobTable) -> (Ve
 impl Node {
     /// The stage plan of a lazy volume: `plan` (checked, its artifact resolved to
     /// `manifest_digest`) lowered into the host's lazy server, its blobs authorized for
-    /// `source` and registered as in use, every layer's file table read (from the node, else
-    /// from the registry's headers), and the chunk index of the manifest found when it has one.
-    /// Returns without waiting for any data.
-    /// `key` is the volume's id, or a dynamic mount's waiter key (its blobs' registration in
-    /// the cache, and its session's name); `control` the name of its server's control socket.
+    /// `source`, every layer's file table read (from the node, else from the registry's
+    /// headers), and the chunk index of the manifest found when it has one. Returns without
+    /// waiting for any data; the caller registers the blobs as in use ([`Node::lazy_register`])
+    /// once the plan is its volume's or mount's.
+    /// `key` is the volume's id, or a dynamic mount's waiter key (its session's name); `control`
+    /// the name of its server's control socket.
     pub(super) async fn lazy_plan(
         &self,
         key: &str,
@@ -168,13 +177,25 @@ impl Node {
             .find_index(source, manifest_digest, &blobs)
             .await
             .map_err(|e| super::pull::oci_error(e, reference))?;
+        // The whole table goes to the server in one frame: a model of more files than fit is
+        // refused here, not at the server's start.
+        let mut table_bytes = 0usize;
         for l in &lazy.layers {
-            artifacts
+            let table = artifacts
                 .lazy_table(source, &blob_of(l), l.format)
                 .await
                 .map_err(|e| super::pull::oci_error(e, reference))?;
+            let entries = table.iter().flat_map(|t| t.entries.iter());
+            table_bytes += entries.map(|e| 2 * (l.dest.len() + e.path.len()) + ENTRY_BYTES).sum::<usize>();
         }
-        artifacts.lazy_register(key, &blobs);
+        if table_bytes > lazy_wire::MAX_FRAME / 2 {
+            return Err(Error::invalid(format!(
+                "{id}: {} is \"true\", but the model has more files than a lazy volume serves (its table would take about {} MiB, at most {} MiB)",
+                crate::volume::request::LAZY_KEY,
+                table_bytes >> 20,
+                lazy_wire::MAX_FRAME >> 21
+            )));
+        }
         if let Some(digest) = &index {
             info!(volume.id = %id, index = %digest, "the model has a chunk index: every chunk is checked before it is read");
         }
@@ -185,6 +206,15 @@ impl Node {
             }
         }
         Ok(plan)
+    }
+
+    /// Register the blobs lazy `plan` reads as in use by `key` (a volume's id, or a dynamic
+    /// mount's waiter key): the cache keeps them, and their downloads run for it.
+    pub(super) fn lazy_register(&self, key: &str, plan: &Plan) {
+        if let Some(lazy) = crate::plan::lazy::layers(plan) {
+            let blobs: Vec<BlobRef> = lazy.layers.iter().map(blob_of).collect();
+            self.inner.artifacts.lazy_register(key, &blobs);
+        }
     }
 
     /// What the server of volume `id` (serving `lazy`) is told first: its table, its layers'
@@ -274,8 +304,13 @@ impl Node {
         sessions.insert(id.to_string(), SessionHandle { stop, status: status.clone() });
         let (node, id) = (self.clone(), id.to_string());
         tokio::spawn(async move {
-            node.lazy_session(&id, status, stopped).await;
-            lock(&node.inner.lazies.sessions).remove(&id);
+            node.lazy_session(&id, status.clone(), stopped).await;
+            // Only this session's entry: a new session of the same key (a quick restage) may
+            // have taken its place.
+            let mut sessions = lock(&node.inner.lazies.sessions);
+            if sessions.get(&id).is_some_and(|s| Arc::ptr_eq(&s.status, &status)) {
+                sessions.remove(&id);
+            }
         });
     }
 
@@ -335,14 +370,15 @@ impl Node {
         mut stopped: tokio::sync::watch::Receiver<bool>,
     ) {
         let mut warned = false;
+        let mut kept = Kept::default();
         loop {
             if *stopped.borrow() {
                 return;
             }
-            match self.lazy_connect(id).await {
+            match self.lazy_connect(id, &mut kept).await {
                 Ok(Some(conn)) => {
                     warned = false;
-                    if self.lazy_converse(id, conn, &status, &mut stopped).await {
+                    if self.lazy_converse(id, conn, &status, &mut stopped, &mut kept).await {
                         return;
                     }
                 }
@@ -366,7 +402,7 @@ impl Node {
     /// [`super::dynamic::waiter`]) and send its opening; `None` when it is no staged lazy volume or ready
     /// lazy mount any more. A dynamic mount's dead server is started again here (a volume's,
     /// by the supervisor).
-    async fn lazy_connect(&self, key: &str) -> Result<Option<Connected>, Error> {
+    async fn lazy_connect(&self, key: &str, kept: &mut Kept) -> Result<Option<Connected>, Error> {
         let (volume, mount) = match key.split_once('\n') {
             Some((v, m)) => (v, Some(m)),
             None => (key, None),
@@ -385,6 +421,9 @@ impl Node {
         let Some(lazy) = crate::plan::lazy::layers_of(&steps).cloned() else { return Ok(None) };
         let Some(process) = process.filter(|p| self.inner.exec.is_alive(p)) else {
             if let Some(m) = mount {
+                if !kept.heal.due() {
+                    return Err(Error::unavailable("its server died again; it is started again after a pause"));
+                }
                 let (v, m) = (volume.to_string(), m.to_string());
                 let _guard = self.inner.locks.try_lock(&v)?;
                 self.blocking(move |n| n.heal_mount_locked(&v, &m)).await?;
@@ -407,6 +446,11 @@ impl Node {
         // Its blobs are in use, and readable, for as long as it is staged (a restarted daemon
         // registers them here).
         self.inner.artifacts.lazy_register(key, &blobs);
+        if !self.lazy_attached(key) {
+            // Stopped meanwhile (an unstage, a delete): what was just registered goes again.
+            self.inner.artifacts.forget(key);
+            return Ok(None);
+        }
         let index = match &lazy.index {
             Some(digest) => self.inner.artifacts.load_index(digest, &blobs).map_err(|e| e.into_error(digest))?,
             None => HashMap::new(),
@@ -427,7 +471,10 @@ impl Node {
             })
             .await?;
         let (link, layers) = conn;
-        Ok(Some(Connected { link, layers, source, process, index }))
+        if kept.backed.as_ref().is_some_and(|(p, _)| *p != process) {
+            kept.backed = None;
+        }
+        Ok(Some(Connected { link, layers, source, process, index, broken: false }))
     }
 
     /// Run one conversation until the connection ends (false) or the session is stopped (true).
@@ -437,10 +484,12 @@ impl Node {
         mut c: Connected,
         status: &Arc<Mutex<LazyStatus>>,
         stopped: &mut tokio::sync::watch::Receiver<bool>,
+        kept: &mut Kept,
     ) -> bool {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        // Bounded: a server that asks faster than the session answers waits to send.
+        let (tx, mut rx) = tokio::sync::mpsc::channel(NEEDS_QUEUED);
         if let Err(e) = c.link.read_on_thread(move |m| {
-            let _ = tx.send(m);
+            let _ = tx.blocking_send(m);
         }) {
             warn!(volume.id = %id, error = %e, "reading the lazy server's messages");
             return false;
@@ -449,8 +498,19 @@ impl Node {
         let mut changes = self.inner.artifacts.lazy_changes();
         let mut tick = tokio::time::interval(TICK);
         let mut failed_sent = false;
+        let mut updated = std::time::Instant::now() - UPDATE_EVERY;
         loop {
-            self.lazy_update(id, &mut c, status, &mut failed_sent).await;
+            // At most every few milliseconds however fast the server asks (a reader's wish is
+            // handed to the cache at once, below).
+            if updated.elapsed() >= UPDATE_EVERY {
+                self.lazy_update(id, &mut c, status, &mut failed_sent, kept).await;
+                updated = std::time::Instant::now();
+            }
+            if c.broken {
+                info!(volume.id = %id, "the lazy server did not take a message: connecting again");
+                c.link.close();
+                return false;
+            }
             tokio::select! {
                 m = rx.recv() => match m {
                     Some(Some(ToHost::Need { layer, start, end, urgent })) => {
@@ -488,7 +548,14 @@ impl Node {
 
     /// Tell the server what changed, advance the fill, finish complete layers, and record the
     /// status.
-    async fn lazy_update(&self, id: &str, c: &mut Connected, status: &Arc<Mutex<LazyStatus>>, failed_sent: &mut bool) {
+    async fn lazy_update(
+        &self,
+        id: &str,
+        c: &mut Connected,
+        status: &Arc<Mutex<LazyStatus>>,
+        failed_sent: &mut bool,
+        kept: &mut Kept,
+    ) {
         let artifacts = self.inner.artifacts.clone();
         let mut s = LazyStatus {
             layers: c.layers.len() as u32,
@@ -511,8 +578,7 @@ impl Node {
                 let reason = format!("layer {} failed verification: {e}", l.blob.digest);
                 if !*failed_sent {
                     error!(volume.id = %id, digest = %l.blob.digest, error = %e, "a lazy volume's blob does not match its digest: every read of the volume fails from now on, and the blob is dropped from the cache");
-                    let _ = c.link.send(&ToServer::Failed { reason: reason.clone() }, &[]);
-                    *failed_sent = true;
+                    *failed_sent = self.tell(c, ToServer::Failed { reason: reason.clone() }, Vec::new()).await;
                 }
                 s.failed.get_or_insert(reason);
                 continue;
@@ -521,7 +587,7 @@ impl Node {
                 s.stalled.get_or_insert_with(|| format!("the fill of layer {} stopped: {why}", l.blob.digest));
             }
             if view.complete && !l.sent_complete {
-                match self.lazy_finish(id, c, i).await {
+                match self.lazy_finish(id, c, i, kept).await {
                     Ok(Finish::Done) => {}
                     Ok(Finish::Later(why)) => {
                         fill_next = false;
@@ -529,24 +595,34 @@ impl Node {
                             s.stalled.get_or_insert_with(|| format!("layer {}: {why}", l.blob.digest));
                         }
                     }
-                    Err(e) => {
-                        let reason = format!("layer {}: {}", l.blob.digest, e.message);
+                    Ok(Finish::Failed(why)) => {
+                        let reason = format!("layer {}: {why}", l.blob.digest);
                         if !*failed_sent {
                             error!(volume.id = %id, reason, "a lazy volume's layer failed its check: every read fails from now on");
-                            let _ = c.link.send(&ToServer::Failed { reason: reason.clone() }, &[]);
-                            *failed_sent = true;
+                            *failed_sent = self.tell(c, ToServer::Failed { reason: reason.clone() }, Vec::new()).await;
                         }
                         s.failed.get_or_insert(reason);
+                    }
+                    // A passing failure (an I/O error, the server not taking a message): tried
+                    // again at the next update.
+                    Err(e) => {
+                        fill_next = false;
+                        warn!(volume.id = %id, digest = %l.blob.digest, error = %e.message, "finishing a complete lazy layer failed; trying again");
+                        s.stalled.get_or_insert_with(|| format!("layer {}: {}", l.blob.digest, e.message));
                     }
                 }
             } else if !view.complete {
                 if view.readable != l.sent_readable {
-                    let _ = c.link.send(&ToServer::Readable { layer: i as u32, ranges: view.readable.clone() }, &[]);
-                    c.layers[i].sent_readable = view.readable.clone();
+                    let msg = ToServer::Readable { layer: i as u32, ranges: view.readable.clone() };
+                    if self.tell(c, msg, Vec::new()).await {
+                        c.layers[i].sent_readable = view.readable.clone();
+                    }
                 }
                 if view.bad != l.sent_bad {
-                    let _ = c.link.send(&ToServer::Bad { layer: i as u32, ranges: view.bad.clone() }, &[]);
-                    c.layers[i].sent_bad = view.bad.clone();
+                    let msg = ToServer::Bad { layer: i as u32, ranges: view.bad.clone() };
+                    if self.tell(c, msg, Vec::new()).await {
+                        c.layers[i].sent_bad = view.bad.clone();
+                    }
                 }
                 // The background fill: one layer at a time, in order.
                 if fill_next {
@@ -585,15 +661,36 @@ impl Node {
         *lock(status) = s;
     }
 
+    /// Send `msg` (with `files`) to the server off the async workers; false (and the
+    /// conversation marked broken) when the server did not take it.
+    async fn tell(&self, c: &mut Connected, msg: ToServer, files: Vec<std::fs::File>) -> bool {
+        if c.broken {
+            return false;
+        }
+        let link = c.link.clone();
+        let sent = tokio::task::spawn_blocking(move || {
+            let refs: Vec<&std::fs::File> = files.iter().collect();
+            link.send(&msg, &refs)
+        })
+        .await;
+        let ok = matches!(sent, Ok(Ok(())));
+        c.broken |= !ok;
+        ok
+    }
+
     /// Layer `i` of `c` is complete and verified: check its table (a tar layer's was read from
     /// a registry's ranges), unpack what needs it, register its files for passthrough and tell
     /// the server. [`Finish::Later`]: not done yet (an unpack runs, or the disk is full), try
     /// again later.
-    async fn lazy_finish(&self, id: &str, c: &mut Connected, i: usize) -> Result<Finish, Error> {
+    async fn lazy_finish(&self, id: &str, c: &mut Connected, i: usize, kept: &mut Kept) -> Result<Finish, Error> {
         let l = c.layers[i].clone();
         let artifacts = self.inner.artifacts.clone();
         if l.format == Archive::Tar {
-            artifacts.lazy_check_table(&l.blob).await.map_err(|e| e.into_error(&l.blob.digest))?;
+            match artifacts.lazy_check_table(&l.blob).await {
+                Ok(()) => {}
+                Err(e) if e.is_integrity() => return Ok(Finish::Failed(e.to_string())),
+                Err(e) => return Err(e.into_error(&l.blob.digest)),
+            }
         }
         if l.format != Archive::Raw {
             match self.inner.assembler.prepare(&l.blob.digest, l.format) {
@@ -605,12 +702,21 @@ impl Node {
                 Prepared::Failed(e) => {
                     if l.format == Archive::Tar {
                         warn!(volume.id = %id, digest = %l.blob.digest, error = %e, "unpacking a complete layer failed; its files stay served by the lazy server");
+                        if !self.tell(c, ToServer::Complete { layer: i as u32, backing: Vec::new() }, Vec::new()).await
+                        {
+                            return Err(Error::unavailable("the lazy server did not take a message"));
+                        }
                         c.layers[i].sent_complete = true;
-                        let _ = c.link.send(&ToServer::Complete { layer: i as u32, backing: Vec::new() }, &[]);
                         return Ok(Finish::Done);
                     }
                     if matches!(e, crate::oci::OciError::DiskFull { .. }) {
                         return Ok(Finish::Later(Some(e.to_string())));
+                    }
+                    // An archive the unpack refuses can never be served.
+                    if e.is_integrity()
+                        || matches!(&e, crate::oci::OciError::Local { kind, .. } if *kind == std::io::ErrorKind::InvalidData)
+                    {
+                        return Ok(Finish::Failed(e.to_string()));
                     }
                     return Err(e.into_error(&l.blob.digest));
                 }
@@ -634,21 +740,25 @@ impl Node {
                         .map_err(|e| super::pipeline::io_error(e, &PathBuf::from(&blob.digest)))
                 })
                 .await?;
-            let send = c
-                .link
-                .send(&ToServer::Files { layers: vec![i as u32] }, &[&dir])
-                .and_then(|()| c.link.send(&ToServer::Added { layer: i as u32, files: entries }, &[]));
-            send.map_err(|e| Error::unavailable(format!("telling the lazy server of layer {}: {e}", l.blob.digest)))?;
+            if !self.tell(c, ToServer::Files { layers: vec![i as u32] }, vec![dir]).await
+                || !self.tell(c, ToServer::Added { layer: i as u32, files: entries }, Vec::new()).await
+            {
+                return Err(Error::unavailable(format!("telling the lazy server of layer {}", l.blob.digest)));
+            }
             layer.files = files;
             layer.pending = false;
         }
-        // Passthrough: each complete file registered as its own backing file.
+        // Passthrough: each complete file registered as its own backing file, once per server
+        // process (a reconnection to the same process sends the same ids again).
         let process = c.process;
         let (blob, format) = (l.blob.clone(), l.format);
         let wanted: Vec<(u32, String)> =
             layer.files.iter().enumerate().map(|(k, (_, rel))| (k as u32, rel.clone())).collect();
         let paths: Vec<String> = layer.files.iter().map(|(p, _)| p.clone()).collect();
-        let backing = self
+        let before = kept.backed.as_ref().filter(|(p, _)| *p == process).and_then(|(_, b)| b.get(&(i as u32))).cloned();
+        let backing = match before {
+            Some(ids) => ids,
+            None => self
             .blocking(move |n| {
                 let files = n.inner.artifacts.lazy_backing_files(&blob, format, &wanted);
                 let refs: Vec<_> = files.iter().map(|(_, f)| f).collect();
@@ -662,11 +772,13 @@ impl Node {
                     }
                 })
             })
-            .await?;
+            .await?,
+        };
+        kept.backed.get_or_insert_with(|| (process, HashMap::new())).1.insert(i as u32, backing.clone());
         layer.backing = backing.len() as u32;
-        c.link
-            .send(&ToServer::Complete { layer: i as u32, backing }, &[])
-            .map_err(|e| Error::unavailable(format!("telling the lazy server of layer {}: {e}", l.blob.digest)))?;
+        if !self.tell(c, ToServer::Complete { layer: i as u32, backing }, Vec::new()).await {
+            return Err(Error::unavailable(format!("telling the lazy server of layer {}", l.blob.digest)));
+        }
         layer.sent_complete = true;
         info!(volume.id = %id, digest = %l.blob.digest, passthrough = layer.backing, "a lazy layer is complete and verified");
         c.layers[i] = layer;
@@ -679,6 +791,9 @@ enum Finish {
     Done,
     /// Not yet: an unpack runs, or (with the reason) the disk had no room for it.
     Later(Option<String>),
+    /// Never: the layer's bytes are not what they should be (its table or archive); the
+    /// volume fails.
+    Failed(String),
 }
 
 /// A session's open conversation.
@@ -689,6 +804,45 @@ struct Connected {
     process: crate::exec::process::ProcessId,
     /// Chunk indexes by blob digest.
     index: HashMap<String, Arc<ChunkIndex>>,
+    /// A message could not be sent: the conversation ends (the stream may be out of step).
+    broken: bool,
+}
+
+/// What a session keeps across its conversations with one server process: the backing ids it
+/// registered on that server's connection, by layer (registered once per process: ids live
+/// as long as the connection, and registering again on each reconnection would pile up
+/// kernel references), and when it may start a dead dynamic mount's server again.
+#[derive(Default)]
+struct Kept {
+    backed: Option<(crate::exec::process::ProcessId, Backed)>,
+    heal: Backoff,
+}
+
+/// Backing ids by layer: `(path, id)` of each file registered.
+type Backed = HashMap<u32, Vec<(String, u32)>>;
+
+/// When a session may start a dead server again: at once the first time, then after twice
+/// the previous wait, up to [`HEAL_MAX`].
+#[derive(Default)]
+struct Backoff {
+    next: Option<std::time::Instant>,
+    wait: Duration,
+}
+
+/// The longest wait between two starts of a server that keeps dying.
+const HEAL_MAX: Duration = Duration::from_secs(60);
+
+impl Backoff {
+    /// May a start happen now? Then the next one waits longer.
+    fn due(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        if self.next.is_some_and(|t| now < t) {
+            return false;
+        }
+        self.wait = (self.wait * 2).clamp(Duration::from_secs(1), HEAL_MAX);
+        self.next = Some(now + self.wait);
+        true
+    }
 }
 
 /// A session key as a label or a log shows it: `<volume>/mounts/<id>` for a dynamic mount.

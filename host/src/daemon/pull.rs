@@ -83,7 +83,9 @@ impl Node {
         if lazy {
             // Nothing waits for the blobs: the host's server reads them as its readers ask.
             let control = crate::plan::lazy::STAGE_CONTROL.to_string();
-            return self.lazy_plan(&ask.id, plan, &source, &reference, &manifest_digest, control).await;
+            let plan = self.lazy_plan(&ask.id, plan, &source, &reference, &manifest_digest, control).await?;
+            self.lazy_register(&ask.id, &plan);
+            return Ok(plan);
         }
         let blobs = plan_blobs(&plan);
         // A blob some other volume brought into the cache is this volume's only if its

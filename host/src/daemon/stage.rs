@@ -145,12 +145,21 @@ impl Node {
             published: existing.map(|s| s.published).unwrap_or_default(),
             ephemeral: ask.ephemeral,
         };
-        self.blocking(move |n| {
-            // The volume's FUSE id, claimed until the job has recorded it.
-            let _claim = n.assign_fuse_id(&mut state)?;
-            n.run_job(n.stage_job(state, ask.staging_below, ask.secrets, false))
-        })
-        .await?;
+        let staged = self
+            .blocking(move |n| {
+                // The volume's FUSE id, claimed until the job has recorded it.
+                let _claim = n.assign_fuse_id(&mut state)?;
+                n.run_job(n.stage_job(state, ask.staging_below, ask.secrets, false))
+            })
+            .await;
+        if let Err(e) = staged {
+            // A lazy stage registered its blobs as in use when it planned; a failed first stage
+            // (its record rolled back) leaves none registered, and no download of them running.
+            if lazy && matches!(self.inner.store.load(&ask.id), Ok(None)) {
+                self.inner.artifacts.lazy_forget(&ask.id).await;
+            }
+            return Err(e);
+        }
         self.inner.backoff.clear(&ask.id);
         if lazy {
             // Its server runs; from now on a session feeds it (reads on demand, the fill).

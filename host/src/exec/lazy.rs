@@ -38,46 +38,53 @@ impl Opening {
         }
         lazy_wire::send(conn, &ToServer::Settled, &[])?;
         loop {
-            match lazy_wire::recv::<ToHost>(conn)? {
-                Some((ToHost::Ready { .. }, _)) => return Ok(()),
+            match lazy_wire::recv_from_server::<ToHost>(conn)? {
+                Some(ToHost::Ready { .. }) => return Ok(()),
                 // A reader's request before the answer: the session asks again for it.
-                Some((ToHost::Need { .. }, _)) => {}
+                Some(ToHost::Need { .. }) => {}
                 None => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the server closed the connection")),
             }
         }
     }
 }
 
-/// An open conversation with a server (after its opening).
-#[derive(Debug)]
+/// An open conversation with a server (after its opening). Clones share the connection.
+#[derive(Debug, Clone)]
 pub struct Link {
-    conn: UnixStream,
+    conn: std::sync::Arc<UnixStream>,
 }
+
+/// How long one message may wait for a server to take it; past it the conversation ends.
+const SEND_WAIT: Duration = Duration::from_secs(10);
 
 impl Link {
     /// Take over a connection `opening` was sent on.
     pub fn new(conn: UnixStream) -> io::Result<Link> {
         conn.set_read_timeout(None)?;
-        conn.set_write_timeout(Some(Duration::from_secs(10)))?;
-        Ok(Link { conn })
+        conn.set_write_timeout(Some(SEND_WAIT))?;
+        Ok(Link { conn: std::sync::Arc::new(conn) })
     }
 
-    /// Send one message, with `files` attached.
+    /// Send one message, with `files` attached. Blocking, for up to [`SEND_WAIT`] when the
+    /// server does not read; after any error the caller ends the conversation (the stream may
+    /// be out of step).
     pub fn send(&self, msg: &ToServer, files: &[&File]) -> io::Result<()> {
         let fds: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
         lazy_wire::send(&self.conn, msg, &fds)
     }
 
     /// Read the server's messages on a thread of their own, handing each to `each` until the
-    /// connection ends (then `each` gets `None`).
+    /// connection ends or breaks the protocol (then `each` gets `None`). `each` may block: the
+    /// server then waits to send more.
     pub fn read_on_thread(&self, each: impl Fn(Option<ToHost>) + Send + 'static) -> io::Result<()> {
         let conn = self.conn.try_clone()?;
         std::thread::Builder::new().name("mh-lazy-read".into()).spawn(move || {
             loop {
-                match lazy_wire::recv::<ToHost>(&conn) {
-                    Ok(Some((m, _))) => each(Some(m)),
+                match lazy_wire::recv_from_server::<ToHost>(&conn) {
+                    Ok(Some(m)) => each(Some(m)),
                     Ok(None) | Err(_) => {
                         each(None);
+                        let _ = conn.shutdown(std::net::Shutdown::Both);
                         return;
                     }
                 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::state::Shared;
-use super::table::Table;
+use super::table::{NodeKind, Table};
 use crate::unpriv::lazy_wire::{self, ToHost, ToServer};
 
 /// Take connections for the life of the process.
@@ -111,8 +111,14 @@ fn apply(
             if let Some(l) = g.layers.get_mut(layer as usize) {
                 l.complete = true;
             }
+            // Only the files this layer serves: a path a later layer gave again is that
+            // layer's file, and its bytes are not these.
+            let ours = |t: &Table, ino: u64| matches!(t.get(ino).map(|n| &n.kind), Some(NodeKind::File { data, .. }) if data.layer() == layer);
             let inodes: Vec<(u64, u32)> = match &g.table {
-                Some(t) => backing.iter().filter_map(|(path, id)| t.by_path(path).map(|ino| (ino, *id))).collect(),
+                Some(t) => backing
+                    .iter()
+                    .filter_map(|(path, id)| t.by_path(path).filter(|ino| ours(t, *ino)).map(|ino| (ino, *id)))
+                    .collect(),
                 None => Vec::new(),
             };
             g.backing.extend(inodes);

@@ -120,13 +120,18 @@ impl LazyFs {
         }
     }
 
-    /// Does a layer whose files are still to come put something at `path`?
-    fn pending_at(g: &Inner, path: &str) -> bool {
-        g.layers.iter().any(|l| {
-            l.pending.as_deref().is_some_and(|p| {
-                p.is_empty() || p == path || p.starts_with(&format!("{path}/")) || path.starts_with(&format!("{p}/"))
+    /// The layers whose files are still to come that may put something at `path`.
+    fn pending_at(g: &Inner, path: &str) -> Vec<u32> {
+        (0..g.layers.len() as u32)
+            .filter(|i| {
+                g.layers[*i as usize].pending.as_deref().is_some_and(|p| {
+                    p.is_empty()
+                        || p == path
+                        || p.starts_with(&format!("{path}/"))
+                        || path.starts_with(&format!("{p}/"))
+                })
             })
-        })
+            .collect()
     }
 
     /// Read `size` bytes at `offset` of the file `id` whose bytes are `data`, waiting for them
@@ -278,8 +283,25 @@ impl Filesystem for LazyFs {
                 p if p.is_empty() => name.to_string_lossy().into_owned(),
                 p => format!("{p}/{}", name.to_string_lossy()),
             };
-            if !Self::pending_at(&g, &path) || g.failed.is_some() {
+            let pending = Self::pending_at(&g, &path);
+            if pending.is_empty() || g.failed.is_some() {
                 return reply.error(Errno::ENOENT);
+            }
+            // Those layers are fetched at once, ahead of the fill's turn.
+            let asks: Vec<_> = pending
+                .into_iter()
+                .filter_map(|l| {
+                    let size = g.layers[l as usize].size;
+                    self.shared.asking(&mut g, l, 0, size, true)
+                })
+                .collect();
+            if !asks.is_empty() {
+                drop(g);
+                for m in &asks {
+                    self.shared.send(m);
+                }
+                g = self.shared.lock();
+                continue;
             }
             let (next, left) = self.shared.wait_until(g, deadline);
             g = next;

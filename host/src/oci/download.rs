@@ -96,6 +96,12 @@ const DEMAND_WORKERS: usize = 4;
 /// A range a stream reaches within this many bytes is left to the stream.
 const NEAR: u64 = 8 << 20;
 
+/// Is a failed download's partial file kept (whatever the failure, unless its bytes are
+/// wrong)? For a lazy download, and for any download of a blob a lazy server reads.
+fn kept(lazy: bool, live: &Live) -> bool {
+    lazy || live.served.load(Ordering::Relaxed)
+}
+
 /// Who fetches a range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
@@ -125,7 +131,7 @@ pub(super) async fn download(
     .await
     .map_err(|e| local(io::Error::other(e), &store.partial(&blob.hex)))?
     .map_err(|e| {
-        if e.kind() != io::ErrorKind::WouldBlock {
+        if e.kind() != io::ErrorKind::WouldBlock && !kept(lazy, live) {
             store.drop_partial(&blob.hex);
         }
         local(e, &store.partial(&blob.hex))
@@ -211,7 +217,7 @@ pub(super) async fn download(
         // Cancelled: no volume wants the blob (its last lazy volume was unstaged); nothing is kept.
         if matches!(err, OciError::Cancelled { .. }) {
             store.drop_partial(&blob.hex);
-        } else if err.is_transient() || (lazy && !err.is_integrity()) {
+        } else if err.is_transient() || (kept(lazy, live) && !err.is_integrity()) {
             let _ = save(store, blob, &shared);
         } else {
             store.drop_partial(&blob.hex);
@@ -231,7 +237,9 @@ pub(super) async fn download(
             });
         }
         Err(e) => {
-            store.drop_partial(&blob.hex);
+            if !kept(lazy, live) {
+                store.drop_partial(&blob.hex);
+            }
             return Err(local(e, &store.partial(&blob.hex)));
         }
     };
@@ -249,7 +257,9 @@ pub(super) async fn download(
         .await
         .map_err(|e| local(io::Error::other(e), &store.blob(&blob.hex)))?;
     done.map_err(|e| {
-        store.drop_partial(&blob.hex);
+        if !kept(lazy, live) {
+            store.drop_partial(&blob.hex);
+        }
         local(e, &store.blob(&blob.hex))
     })?;
     tracing::debug!(

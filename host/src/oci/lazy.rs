@@ -319,7 +319,8 @@ impl Artifacts {
             }
             return Ok(f);
         }
-        // Read-only from here on: what the server gets.
+        // Read-only from here on: what the server gets. Its inode must stay the one written.
+        self.live_of(hex, b.size).served.store(true, std::sync::atomic::Ordering::Relaxed);
         std::fs::OpenOptions::new().read(true).custom_flags(nofollow).open(store.partial(hex))
     }
 

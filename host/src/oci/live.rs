@@ -77,6 +77,10 @@ pub struct Live {
     fill: AtomicBool,
     /// Stop the download (no volume wants the blob any more).
     pub cancel: AtomicBool,
+    /// A lazy server was handed the partial file: its inode stays (a failed download keeps it
+    /// for the next attempt, unless its bytes are wrong), or the server would read a file no
+    /// later write reaches.
+    pub served: AtomicBool,
     /// Requests made for readers, and their bytes; bytes the fill fetched.
     pub demand_requests: AtomicU64,
     pub demand_bytes: AtomicU64,
@@ -103,6 +107,7 @@ impl Live {
             wake: tokio::sync::Notify::new(),
             fill: AtomicBool::new(false),
             cancel: AtomicBool::new(false),
+            served: AtomicBool::new(false),
             demand_requests: AtomicU64::new(0),
             demand_bytes: AtomicU64::new(0),
             fill_bytes: AtomicU64::new(0),
@@ -273,14 +278,14 @@ mod tests {
         lock(&live.segs).insert(0..100);
         let unclaimed = Mutex::new(Vec::new());
         let unclaim = |r: Range<u64>| unclaimed.lock().unwrap().push(r);
-        live.verify(&file, &[0..100], &unclaim);
+        live.verify(&file, std::slice::from_ref(&(0..100)), &unclaim);
         assert_eq!(live.readable(), [(0, 32), (64, 100)], "chunk 1 is not readable");
         assert_eq!(lock(&live.segs).spans(), [(0, 32), (64, 100)], "and is to be written again");
-        assert_eq!(*unclaimed.lock().unwrap(), [32..64]);
+        assert_eq!(*unclaimed.lock().unwrap(), vec![32..64]);
         assert_eq!(lock(&live.demand).front(), Some(&(32..64)), "fetched again before anything else");
         // Written again, still wrong: bad.
         lock(&live.segs).insert(32..64);
-        live.verify(&file, &[32..64], &unclaim);
+        live.verify(&file, std::slice::from_ref(&(32..64)), &unclaim);
         assert_eq!(live.bad_spans(), [(32, 64)]);
         assert_eq!(live.chunk_failures(), 2);
         // Right the second time around (another blob): verified.
@@ -288,7 +293,7 @@ mod tests {
         live.set_index(Arc::new(index_of(&good, 32)));
         std::fs::File::create(&path).unwrap().write_all(&good).unwrap();
         lock(&live.segs).insert(0..70);
-        live.verify(&File::open(&path).unwrap(), &[0..70], &unclaim);
+        live.verify(&File::open(&path).unwrap(), std::slice::from_ref(&(0..70)), &unclaim);
         assert_eq!(live.readable(), [(0, 64)], "only whole chunks");
         assert_eq!(live.verified_bytes(), 64);
     }

@@ -115,7 +115,7 @@ pub fn lower(plan: Plan, server: &Path) -> Result<Plan, NotLazy> {
             options: vec!["default_permissions".into()],
             readonly: true,
         }),
-        lazy: Some(Lazy { layers, index: None, control: STAGE_CONTROL.into() }),
+        lazy: Some(Box::new(Lazy { layers, index: None, control: STAGE_CONTROL.into() })),
     };
     let first = plan.steps.iter().position(|s| matches!(s, Step::FetchBlob { .. } | Step::Unpack { .. }));
     let mut steps: Vec<Step> = Vec::with_capacity(plan.steps.len());
@@ -139,7 +139,7 @@ pub fn layers(plan: &Plan) -> Option<&Lazy> {
 /// The lazy layers of the server these steps run, if they run one.
 pub fn layers_of(steps: &[Step]) -> Option<&Lazy> {
     steps.iter().find_map(|s| match s {
-        Step::SpawnFuse { lazy: Some(l), .. } => Some(l),
+        Step::SpawnFuse { lazy: Some(l), .. } => Some(&**l),
         _ => None,
     })
 }
@@ -208,7 +208,7 @@ mod tests {
         assert_eq!(lazy.layers.len(), 2);
         assert_eq!((lazy.layers[0].dest.as_str(), lazy.layers[0].size), ("w/model.safetensors", 10));
         assert_eq!((lazy.layers[1].dest.as_str(), lazy.layers[1].format), ("", Archive::Tar));
-        assert_eq!(layers(&plan), Some(lazy));
+        assert_eq!(layers(&plan), Some(&**lazy));
         assert_eq!(plan.attributes, model_plan().attributes, "attributes stay");
     }
 

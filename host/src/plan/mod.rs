@@ -258,7 +258,7 @@ pub enum Step {
         /// The program is the host's own lazy FUSE server ([`lazy::lower`]), serving these
         /// layers.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        lazy: Option<Lazy>,
+        lazy: Option<Box<Lazy>>,
     },
     /// mount(2).
     Mount { fstype: String, source: String, target: PathBuf, options: Vec<MountOption>, readonly: bool },

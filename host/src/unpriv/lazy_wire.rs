@@ -25,8 +25,11 @@ use rustix::net::{
 use serde::{Deserialize, Serialize};
 
 pub use crate::plan::CONTROL_FD;
-/// The largest frame either side accepts (a file table of some hundred thousand files).
+/// The largest frame the server accepts (a file table of some hundred thousand files).
 pub const MAX_FRAME: usize = 64 << 20;
+/// The largest frame the host accepts from a server ([`recv_from_server`]): its messages are a
+/// few numbers.
+pub const MAX_FROM_SERVER: usize = 4 << 10;
 /// The most descriptors one frame carries (the kernel's `SCM_MAX_FD` is 253).
 pub const MAX_FDS: usize = 200;
 
@@ -133,6 +136,15 @@ pub enum Data {
     Tree { layer: u32, rel: String },
 }
 
+impl Data {
+    /// The layer the bytes are in.
+    pub fn layer(&self) -> u32 {
+        match self {
+            Data::Blob { layer, .. } | Data::Tree { layer, .. } => *layer,
+        }
+    }
+}
+
 /// What the server tells the host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", rename_all_fields = "camelCase")]
@@ -143,8 +155,10 @@ pub enum ToHost {
     Need { layer: u32, start: u64, end: u64, urgent: bool },
 }
 
-/// Send one frame, with `fds` attached (at most [`MAX_FDS`]).
+/// Send one frame, with `fds` attached (at most [`MAX_FDS`]), waiting for room (up to the
+/// socket's write timeout; after a timeout the stream is out of step and is dropped).
 pub fn send<T: Serialize>(sock: &UnixStream, msg: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let flags = SendFlags::NOSIGNAL;
     if fds.len() > MAX_FDS {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} descriptors in one frame", fds.len())));
     }
@@ -160,21 +174,39 @@ pub fn send<T: Serialize>(sock: &UnixStream, msg: &T, fds: &[BorrowedFd<'_>]) ->
     }
     // The descriptors travel with the frame's first bytes; what the first call did not take
     // follows without them.
-    let sent =
-        rustix::net::sendmsg(sock, &[IoSlice::new(&head), IoSlice::new(&body)], &mut control, SendFlags::NOSIGNAL)?;
+    let sent = rustix::net::sendmsg(sock, &[IoSlice::new(&head), IoSlice::new(&body)], &mut control, flags)?;
     let mut rest: Vec<u8> = head.iter().chain(body.iter()).copied().skip(sent).collect();
     while !rest.is_empty() {
-        let n = rustix::net::send(sock, &rest, SendFlags::NOSIGNAL)?;
+        let n = rustix::net::send(sock, &rest, flags)?;
         rest.drain(..n);
     }
     Ok(())
+}
+
+/// Receive one frame from a server, which is not trusted: at most [`MAX_FROM_SERVER`] bytes,
+/// and no descriptors (the receive has no room for them, so the kernel closes any sent; a frame
+/// that came with some ends the connection).
+pub fn recv_from_server<T: for<'de> Deserialize<'de>>(sock: &UnixStream) -> io::Result<Option<T>> {
+    let mut head = [0u8; 4];
+    if !read_exact(sock, &mut head, None, true)? {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes(head) as usize;
+    if len > MAX_FROM_SERVER {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a frame of {len} bytes from the server")));
+    }
+    let mut body = vec![0u8; len];
+    if !read_exact(sock, &mut body, None, false)? {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the stream ended inside a frame"));
+    }
+    serde_json::from_slice(&body).map(Some).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// Receive one frame and the descriptors attached to it; `None` at the end of the stream.
 pub fn recv<T: for<'de> Deserialize<'de>>(sock: &UnixStream) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
     let mut fds = Vec::new();
     let mut head = [0u8; 4];
-    if !read_exact(sock, &mut head, &mut fds, true)? {
+    if !read_exact(sock, &mut head, Some(&mut fds), true)? {
         return Ok(None);
     }
     let len = u32::from_le_bytes(head) as usize;
@@ -182,19 +214,26 @@ pub fn recv<T: for<'de> Deserialize<'de>>(sock: &UnixStream) -> io::Result<Optio
         return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a frame of {len} bytes")));
     }
     let mut body = vec![0u8; len];
-    if !read_exact(sock, &mut body, &mut fds, false)? {
+    if !read_exact(sock, &mut body, Some(&mut fds), false)? {
         return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the stream ended inside a frame"));
     }
     let msg = serde_json::from_slice(&body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     Ok(Some((msg, fds)))
 }
 
-/// Fill `buf`, collecting any descriptors; false if the stream ended before the first byte
-/// (when `at_start`).
-fn read_exact(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>, at_start: bool) -> io::Result<bool> {
+/// Fill `buf`, collecting any descriptors into `fds`; with no `fds`, the receive has no room
+/// for any (the kernel closes them) and one that came with some is an error. False if the
+/// stream ended before the first byte (when `at_start`).
+fn read_exact(
+    sock: &UnixStream,
+    buf: &mut [u8],
+    mut fds: Option<&mut Vec<OwnedFd>>,
+    at_start: bool,
+) -> io::Result<bool> {
+    let room = if fds.is_some() { rustix::cmsg_space!(ScmRights(MAX_FDS)) } else { 0 };
     let mut at = 0;
     while at < buf.len() {
-        let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+        let mut space = vec![MaybeUninit::uninit(); room];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let got = match rustix::net::recvmsg(
             sock.as_fd(),
@@ -202,12 +241,15 @@ fn read_exact(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>, at_star
             &mut control,
             RecvFlags::CMSG_CLOEXEC,
         ) {
+            Ok(r) if fds.is_none() && r.flags.contains(rustix::net::ReturnFlags::CTRUNC) => {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "descriptors came where none are taken"));
+            }
             Ok(r) => r.bytes,
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
         };
         for m in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(received) = m {
+            if let (RecvAncillaryMessage::ScmRights(received), Some(fds)) = (m, fds.as_deref_mut()) {
                 fds.extend(received);
             }
         }
@@ -295,6 +337,34 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         (&a).write_all(&(MAX_FRAME as u32 + 1).to_le_bytes()).unwrap();
         assert_eq!(recv::<ToServer>(&b).unwrap_err().kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn what_a_server_sends_is_small_and_carries_no_descriptors() {
+        let need = ToHost::Need { layer: 0, start: 0, end: 4096, urgent: true };
+        let (a, b) = UnixStream::pair().unwrap();
+        send(&a, &need, &[]).unwrap();
+        assert_eq!(recv_from_server::<ToHost>(&b).unwrap(), Some(need.clone()));
+        // A frame past the bound, and one with a descriptor attached, end the conversation.
+        (&a).write_all(&(MAX_FROM_SERVER as u32 + 1).to_le_bytes()).unwrap();
+        assert_eq!(recv_from_server::<ToHost>(&b).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        let (a, b) = UnixStream::pair().unwrap();
+        let file = tempfile::tempfile().unwrap();
+        send(&a, &need, &[file.as_fd(), file.as_fd()]).unwrap();
+        let err = recv_from_server::<ToHost>(&b).unwrap_err();
+        assert!(err.to_string().contains("descriptors"), "{err}");
+        assert_eq!(count_fds_to(&file), 1, "the descriptors sent were not kept");
+    }
+
+    /// How many descriptors of this process name `file`'s inode.
+    fn count_fds_to(file: &std::fs::File) -> usize {
+        use std::os::unix::fs::MetadataExt;
+        let ino = file.metadata().unwrap().ino();
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter(|e| std::fs::metadata(e.path()).is_ok_and(|m| m.ino() == ino))
+            .count()
     }
 
     #[test]

@@ -238,8 +238,13 @@ pub fn partials(state: &Path) -> Vec<PathBuf> {
 /// A small model: a config and a tokenizer (tar, tar+gzip), a README (tar+zstd) and weights
 /// (raw) of `weights` bytes.
 pub fn small_model(registry: &Registry, work: &Path, repo: &str, weights: u64) -> PushedModel {
+    small_model_with_weights(registry, work, repo, weights).0
+}
+
+/// [`small_model`], and the file of its weights (in `work`).
+pub fn small_model_with_weights(registry: &Registry, work: &Path, repo: &str, weights: u64) -> (PushedModel, PathBuf) {
     let (w, _) = random_file(work, weights);
-    ModelBuilder::new()
+    let model = ModelBuilder::new()
         .file("config.json", br#"{"architectures":["Test"]}"#.as_slice(), Class::Config, Packing::Tar)
         .file(
             "tokenizer.json",
@@ -248,8 +253,9 @@ pub fn small_model(registry: &Registry, work: &Path, repo: &str, weights: u64) -
             Packing::TarGzip,
         )
         .file("README.md", b"# a test model\n".as_slice(), Class::Doc, Packing::TarZstd)
-        .file("model.safetensors", super::registry::Content::File(w), Class::Weight, Packing::Raw)
-        .push(registry, repo, "v1")
+        .file("model.safetensors", super::registry::Content::File(w.clone()), Class::Weight, Packing::Raw)
+        .push(registry, repo, "v1");
+    (model, w)
 }
 
 /// A TCP relay to `upstream` that counts and throttles what the upstream sends back.

@@ -963,6 +963,10 @@ impl Node {
             }
         };
         let lazy = crate::plan::lazy::layers(&plan).is_some();
+        if lazy {
+            // Its blobs are this mount's from now on (`settle` forgets them if it fails).
+            self.lazy_register(&waiter(volume, id), &plan);
+        }
         if let Some(first) = plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. }))
             && !lazy
         {
