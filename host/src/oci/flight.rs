@@ -321,22 +321,17 @@ impl Core {
                 }
                 tracing::info!(registry = %ep.ctx.registry, digest = %blob.digest, bytes = blob.size, "blob pulled and verified");
             }
-            Err(e) if e.is_transient() => {
-                tracing::warn!(registry = %ep.ctx.registry, digest = %blob.digest, error = %e, "blob download stopped; the next request resumes it");
-                inner.flights.remove(&blob.hex);
-                let kept = live.covered.load(Ordering::Relaxed);
-                let failures = inner.transient.get(&blob.hex).map_or(0, |t| t.failures) + 1;
-                let wait = RETRY_FIRST.saturating_mul(1 << (failures - 1).min(16)).min(RETRY_MAX);
-                let retry_at = std::time::Instant::now() + wait;
-                inner
-                    .transient
-                    .insert(blob.hex.clone(), Stopped { error: e.to_string(), kept, failures, retry_at, tried: None });
-            }
-            // A lazy volume's download that failed for another reason than its bytes (the disk
-            // full, credentials refused): its readers keep what is there, and it is tried again
-            // after a while, like a transient failure.
-            Err(e) if !e.is_integrity() && inner.flights.get(&blob.hex).is_some_and(|f| f.lazy) => {
-                tracing::warn!(registry = %ep.ctx.registry, digest = %blob.digest, error = %e, "a lazy volume's blob download stopped; it is tried again later");
+            // A transient failure; or a lazy volume's download that failed for another reason
+            // than its bytes (the disk full, credentials refused): its readers keep what is
+            // there, and it is tried again after a while.
+            Err(e)
+                if e.is_transient() || (!e.is_integrity() && inner.flights.get(&blob.hex).is_some_and(|f| f.lazy)) =>
+            {
+                if e.is_transient() {
+                    tracing::warn!(registry = %ep.ctx.registry, digest = %blob.digest, error = %e, "blob download stopped; the next request resumes it");
+                } else {
+                    tracing::warn!(registry = %ep.ctx.registry, digest = %blob.digest, error = %e, "a lazy volume's blob download stopped; it is tried again later");
+                }
                 inner.flights.remove(&blob.hex);
                 let kept = live.covered.load(Ordering::Relaxed);
                 let failures = inner.transient.get(&blob.hex).map_or(0, |t| t.failures) + 1;
