@@ -663,17 +663,11 @@ impl Node {
 
     /// Send `msg` (with `files`) to the server off the async workers; false (and the
     /// conversation marked broken) when the server did not take it.
-    async fn tell(&self, c: &mut Connected, msg: ToServer, files: Vec<std::fs::File>) -> bool {
+    async fn tell(&self, c: &mut Connected, msg: ToServer, files: Vec<crate::exec::lazy::Handed>) -> bool {
         if c.broken {
             return false;
         }
-        let link = c.link.clone();
-        let sent = tokio::task::spawn_blocking(move || {
-            let refs: Vec<&std::fs::File> = files.iter().collect();
-            link.send(&msg, &refs)
-        })
-        .await;
-        let ok = matches!(sent, Ok(Ok(())));
+        let ok = c.link.send_later(msg, files).await.is_ok();
         c.broken |= !ok;
         ok
     }

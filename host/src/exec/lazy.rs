@@ -48,6 +48,9 @@ impl Opening {
     }
 }
 
+/// A file handed to a server with a message (an unpacked tree's directory).
+pub type Handed = File;
+
 /// An open conversation with a server (after its opening). Clones share the connection.
 #[derive(Debug, Clone)]
 pub struct Link {
@@ -71,6 +74,18 @@ impl Link {
     pub fn send(&self, msg: &ToServer, files: &[&File]) -> io::Result<()> {
         let fds: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
         lazy_wire::send(&self.conn, msg, &fds)
+    }
+
+    /// [`Link::send`] on the blocking pool, for the async side: a server that does not read
+    /// holds up only its own conversation.
+    pub async fn send_later(&self, msg: ToServer, files: Vec<Handed>) -> io::Result<()> {
+        let link = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let refs: Vec<&File> = files.iter().collect();
+            link.send(&msg, &refs)
+        })
+        .await
+        .map_err(io::Error::other)?
     }
 
     /// Read the server's messages on a thread of their own, handing each to `each` until the
