@@ -33,6 +33,7 @@
 #
 #   bench/lazy.sh
 #   SIZE_MIB=1024 RUNS=1 bench/lazy.sh
+#   MOUNTHOST_LAZY_CHUNK_MIB=16 bench/lazy.sh     # another chunk size (--lazy-chunk-mib)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

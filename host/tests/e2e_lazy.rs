@@ -601,6 +601,22 @@ fn a_pod_mounts_a_model_lazily_through_its_dynamic_volume() {
             ctx.insert("lazy".into(), "true".into());
             let dir = node.dynamic_volume(&mut csi, pv, "pod-lazy-dyn", &ctx).await;
             assert_eq!(std::fs::read(dir.join("volume/model.safetensors")).unwrap(), b"base weights");
+            // CreateVolume carries `lazy` from a StorageClass into the volume's context, and
+            // refuses any other value than "true" and "false".
+            let mut controller = mounthost::proto::csi::controller_client::ControllerClient::new(
+                mounthost::unpriv::grpc::channel(&node.dirs.csi_sock),
+            );
+            let create = |lazy: &str| csi::CreateVolumeRequest {
+                name: "pvc-lazy-class".into(),
+                volume_capabilities: vec![common::multi_writer()],
+                parameters: lazy_ctx(&base.reference).into_iter().chain([("lazy".into(), lazy.into())]).collect(),
+                ..Default::default()
+            };
+            let vol = controller.create_volume(create("true")).await.unwrap().into_inner();
+            assert_eq!(vol.volume.unwrap().volume_context["lazy"], "true");
+            let err = controller.create_volume(create("yes")).await.unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+            assert!(err.message().contains("lazy"), "{err:?}");
             // A bad value is refused before anything is recorded.
             let (status, v) = call(
                 &dir,
