@@ -145,7 +145,7 @@ pub fn layers_of(steps: &[Step]) -> Option<&Lazy> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::plan::RegistryAuth;
 
@@ -153,7 +153,7 @@ mod tests {
         format!("sha256:{}", c.to_string().repeat(64))
     }
 
-    fn model_plan() -> Plan {
+    pub(crate) fn model_plan() -> Plan {
         let cache = PathBuf::from("/s/cache/v/model");
         Plan {
             plugin: "model".into(),

@@ -1261,6 +1261,16 @@ mod tests {
     }
 
     #[test]
+    fn a_lazy_mount_counts_its_layers_against_the_cap_as_a_pulled_one_its_blobs() {
+        let plan = crate::plan::lazy::tests::model_plan();
+        let pulled = fetched_bytes(&plan);
+        assert!(pulled > 0);
+        let lazy = crate::plan::lazy::lower(plan, std::path::Path::new("/m")).unwrap();
+        assert!(!lazy.steps.iter().any(|s| matches!(s, Step::FetchBlob { .. })), "nothing is fetched before");
+        assert_eq!(fetched_bytes(&lazy), pulled);
+    }
+
+    #[test]
     fn a_pending_mount_with_progress_is_pulling() {
         let m = DynamicMount {
             plugin: "model".into(),
