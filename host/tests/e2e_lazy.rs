@@ -207,6 +207,78 @@ fn a_lazy_volume_is_staged_at_once_and_read_while_its_fill_runs() {
     });
 }
 
+/// The lazy progress of `id` once its demand fetches ended (no byte came in a second), with at
+/// least `bytes` fetched on demand (at most a minute).
+async fn demand_settled(node: &ModelNode, id: &str, bytes: u64) -> LazyProgress {
+    let until = Instant::now() + Duration::from_secs(60);
+    let mut last = progress(node, id).await.unwrap();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let p = progress(node, id).await.unwrap();
+        if p.demand_bytes == last.demand_bytes && p.demand_bytes >= bytes {
+            return p;
+        }
+        assert!(Instant::now() < until, "{bytes} bytes on demand, and nothing more coming: {p:?}");
+        last = p;
+    }
+}
+
+/// Readers of one chunk far ahead of the fill share one range request for it, and a reader
+/// that reads a file through gets the chunks after the one it waits for fetched ahead of it.
+/// The weights (192 MiB) are three 64 MiB pieces for two streams, the relay passes 2 MiB/s a
+/// connection: the third piece, where these reads are, is not the fill's for half a minute.
+#[test]
+fn readers_of_one_chunk_share_its_fetch_and_a_sequential_reader_gets_read_ahead() {
+    if !in_private_namespace("readers_of_one_chunk_share_its_fetch_and_a_sequential_reader_gets_read_ahead") {
+        return;
+    }
+    const MIB: u64 = 1 << 20;
+    let (registry, _work, _model, weights, relay, reference) = behind_relay("models/ahead", 192 * MIB, 2 * MIB);
+    let node = ModelNode::start(vec![format!("--insecure-registry={}", relay.host())]);
+    run(&node, &registry, async || {
+        let mut csi = node.node().await;
+        let (staging, target) = staged_and_published(&node, &mut csi, "pv-ahead", &lazy_ctx(&reference)).await;
+        let file = target.join("model.safetensors");
+        let before = progress(&node, "pv-ahead").await.unwrap();
+        // Eight readers at once, each with its own open, of bytes in the chunk [184, 188) MiB.
+        let readers: Vec<_> = (0..8u64)
+            .map(|i| {
+                let file = file.clone();
+                std::thread::spawn(move || read_range(&file, 184 * MIB + i * 8192, 4096))
+            })
+            .collect();
+        for (i, r) in readers.into_iter().enumerate() {
+            assert_eq!(r.join().unwrap(), read_range(&weights, 184 * MIB + i as u64 * 8192, 4096));
+        }
+        // (A reader gets its bytes as soon as they are written: the rest of the chunk may
+        // still be coming.)
+        let shared = demand_settled(&node, "pv-ahead", before.demand_bytes + 4 * MIB).await;
+        assert_eq!(shared.demand_requests - before.demand_requests, 1, "one fetch for 8 readers: {shared:?}");
+        assert_eq!(shared.demand_bytes - before.demand_bytes, 4 * MIB, "one chunk: {shared:?}");
+        // One reader reads [140, 150) MiB through, 1 MiB at a time: it touches the chunks up to
+        // 152 MiB (156 with the kernel's own read-ahead), and gets those up to 164 fetched too.
+        let through = std::fs::File::open(&file).unwrap();
+        for at in (140..150).map(|m| m * MIB) {
+            let mut buf = vec![0u8; MIB as usize];
+            through.read_exact_at(&mut buf, at).unwrap();
+            assert!(buf == read_range(&weights, at, MIB as usize), "bytes at {at}");
+        }
+        // At least 24 MiB on demand (without read-ahead, 16 at most).
+        let ahead = demand_settled(&node, "pv-ahead", shared.demand_bytes + 24 * MIB).await;
+        println!(
+            "checked: 8 readers of one chunk, 1 request of 4 MiB; a reader of 10 MiB got {} MiB fetched in {} requests",
+            (ahead.demand_bytes - shared.demand_bytes) / MIB,
+            ahead.demand_requests - shared.demand_requests
+        );
+        // What was fetched ahead reads without another request.
+        assert_eq!(read_range(&file, 160 * MIB, 4096), read_range(&weights, 160 * MIB, 4096));
+        let after = progress(&node, "pv-ahead").await.unwrap();
+        assert_eq!(after.demand_requests, ahead.demand_requests, "read ahead: {after:?}");
+        unstage(&mut csi, "pv-ahead", &staging, &target).await;
+        assert_eq!(mounts_below(node.dirs.root.path()), Vec::<PathBuf>::new());
+    });
+}
+
 /// NodeGetVolumeStats of `id` at `path`: its VolumeCondition (abnormal, message).
 async fn condition(csi: &mut Node, id: &str, path: &Path) -> (bool, String) {
     let r = csi
@@ -612,11 +684,39 @@ fn a_pod_mounts_a_model_lazily_through_its_dynamic_volume() {
                 parameters: lazy_ctx(&base.reference).into_iter().chain([("lazy".into(), lazy.into())]).collect(),
                 ..Default::default()
             };
-            let vol = controller.create_volume(create("true")).await.unwrap().into_inner();
-            assert_eq!(vol.volume.unwrap().volume_context["lazy"], "true");
+            let vol = controller.create_volume(create("true")).await.unwrap().into_inner().volume.unwrap();
+            assert_eq!(vol.volume_context["lazy"], "true");
             let err = controller.create_volume(create("yes")).await.unwrap_err();
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
             assert!(err.message().contains("lazy"), "{err:?}");
+            // ValidateVolumeCapabilities confirms the volume's own `lazy`, and leaves another
+            // value unconfirmed, naming the key and where it was (never an error).
+            let validate = |context: Option<&str>, parameter: Option<&str>| {
+                let mut volume_context = vol.volume_context.clone();
+                if let Some(v) = context {
+                    volume_context.insert("lazy".into(), v.into());
+                }
+                csi::ValidateVolumeCapabilitiesRequest {
+                    volume_id: vol.volume_id.clone(),
+                    volume_context,
+                    parameters: parameter.map(|v| ("lazy".to_string(), v.to_string())).into_iter().collect(),
+                    volume_capabilities: vec![common::multi_writer()],
+                    ..Default::default()
+                }
+            };
+            let v = controller.validate_volume_capabilities(validate(None, None)).await.unwrap().into_inner();
+            assert!(v.confirmed.is_some_and(|c| c.volume_context["lazy"] == "true"), "{}", v.message);
+            for (req, says) in [
+                (validate(Some("yes"), None), "volume_context: volume attribute lazy"),
+                (validate(None, Some("1")), "parameters: volume attribute lazy"),
+            ] {
+                let v = controller.validate_volume_capabilities(req).await.unwrap().into_inner();
+                assert!(v.confirmed.is_none() && v.message.contains(says), "{v:?}");
+            }
+            controller
+                .delete_volume(csi::DeleteVolumeRequest { volume_id: vol.volume_id.clone(), ..Default::default() })
+                .await
+                .unwrap();
             // A bad value is refused before anything is recorded.
             let (status, v) = call(
                 &dir,

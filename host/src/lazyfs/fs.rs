@@ -41,10 +41,25 @@ struct Handle {
     ino: u64,
     /// Opened for the kernel's passthrough.
     passthrough: bool,
-    /// Where its last read ended, and how many bytes it read in a row before (sequential
-    /// readers get read-ahead).
+    /// How far its reads reached, and how many bytes they went on in a row (sequential readers
+    /// get read-ahead).
     end: u64,
     run: u64,
+}
+
+impl Handle {
+    /// A read of `[offset, end)`: the bytes this handle has now read in a row. A read that
+    /// starts within `slack` of where the reads reached goes on with them: the kernel's
+    /// requests of one sequential reader reach the FUSE threads slightly out of order.
+    fn read(&mut self, offset: u64, end: u64, slack: u64) -> u64 {
+        if offset.abs_diff(self.end) <= slack {
+            self.run += end.saturating_sub(self.end);
+            self.end = self.end.max(end);
+        } else {
+            (self.run, self.end) = (end.saturating_sub(offset), end);
+        }
+        self.run
+    }
 }
 
 impl LazyFs {
@@ -158,14 +173,7 @@ impl LazyFs {
                 let sequential = {
                     let chunk = self.shared.lock().chunk;
                     let mut h = self.handles.lock().unwrap_or_else(|p| p.into_inner());
-                    match h.get_mut(&fh) {
-                        Some(h) => {
-                            h.run = if h.end == offset { h.run + (end - offset) } else { 0 };
-                            h.end = end;
-                            h.run >= 2 * chunk
-                        }
-                        None => false,
-                    }
+                    h.get_mut(&fh).is_some_and(|h| h.read(offset, end, chunk) >= 2 * chunk)
                 };
                 self.read_blob(*layer, base + offset, base + end, (*base, base + file_size), sequential)
             }
@@ -428,5 +436,47 @@ impl Filesystem for LazyFs {
             None => (0, 1),
         };
         reply.statfs(bytes.div_ceil(4096), 0, 0, files, 0, 4096, 255, 4096);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Handle;
+
+    const K: u64 = 128 << 10;
+    const CHUNK: u64 = 4 << 20;
+
+    fn handle() -> Handle {
+        Handle { ino: 2, passthrough: false, end: u64::MAX, run: 0 }
+    }
+
+    /// Requests of one reader going through a file, as the FUSE threads took them (the third
+    /// and fourth swapped, as seen when a reader read a lazy file through): a run.
+    #[test]
+    fn a_reader_going_on_is_a_run_though_its_requests_come_out_of_order() {
+        let mut h = handle();
+        let mut run = 0;
+        for i in [0, 1, 3, 2, 4, 5, 7, 6] {
+            run = h.read(i * K, (i + 1) * K, CHUNK);
+        }
+        assert_eq!(run, 8 * K);
+        // The whole chunk and more, in order: a run of twice a chunk is reached.
+        for i in 8..(2 * CHUNK / K) {
+            run = h.read(i * K, (i + 1) * K, CHUNK);
+        }
+        assert_eq!(run, 2 * CHUNK);
+    }
+
+    /// Reads here and there (a safetensors header, then tensors far apart) are no run; a read
+    /// far from the last starts one again.
+    #[test]
+    fn reads_far_apart_are_no_run() {
+        let mut h = handle();
+        assert_eq!(h.read(0, 8, CHUNK), 8);
+        assert_eq!(h.read(100 * CHUNK, 100 * CHUNK + K, CHUNK), K);
+        assert_eq!(h.read(100 * CHUNK + K, 100 * CHUNK + 2 * K, CHUNK), 2 * K);
+        assert_eq!(h.read(7 * CHUNK, 7 * CHUNK + K, CHUNK), K);
+        // Reading the same bytes again does not add to a run.
+        assert_eq!(h.read(7 * CHUNK, 7 * CHUNK + K, CHUNK), K);
     }
 }
