@@ -16,6 +16,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -156,9 +157,12 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
     let mut dirs: std::collections::HashMap<PathBuf, bool> = std::collections::HashMap::new();
     let mut window: (u64, Vec<u8>) = (0, Vec::new());
     let mut pos = 0u64;
+    // What extension headers say of the next member (a GNU long name or link, pax records).
+    // As tar reads them: only under a ustar or GNU header, at most one of each kind per member,
+    // and taken by whatever entry comes next.
     let mut long_name: Option<Vec<u8>> = None;
     let mut long_link: Option<Vec<u8>> = None;
-    let mut pax: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut pax: Option<BTreeMap<String, Vec<u8>>> = None;
     loop {
         if pos + 512 > size {
             // A tar archive ends with zero blocks; one cut short ends at the blob's end.
@@ -170,8 +174,22 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
         }
         let header = tar::Header::from_byte_slice(&header_bytes);
         check_sum(&header_bytes).map_err(|e| bad(digest, format!("at byte {pos}: {e}")))?;
+        let kind = header.entry_type();
+        let extension = matches!(
+            kind,
+            tar::EntryType::GNULongName
+                | tar::EntryType::GNULongLink
+                | tar::EntryType::XHeader
+                | tar::EntryType::XGlobalHeader
+        );
         let mut data_size = header.entry_size().map_err(|e| bad(digest, format!("at byte {pos}: {e}")))?;
-        if let Some(s) = pax.get("size").and_then(|v| std::str::from_utf8(v).ok()).and_then(|v| v.parse().ok()) {
+        if let Some(s) = pax
+            .as_ref()
+            .filter(|_| !extension)
+            .and_then(|p| p.get("size"))
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| v.parse().ok())
+        {
             data_size = s;
         }
         // `pos + 512 <= size` above; a size from a header or a pax record may be any u64.
@@ -180,7 +198,6 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
             return Err(bad(digest, format!("an entry at byte {pos} claims {data_size} bytes past the blob's end")));
         }
         let next = data_at + data_size.div_ceil(512) * 512;
-        let kind = header.entry_type();
         let meta = |n: u64| -> Result<(), OciError> {
             if n > MAX_META {
                 Err(bad(digest, format!("more than {MAX_META} bytes of long names or pax records at byte {pos}")))
@@ -188,36 +205,47 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
                 Ok(())
             }
         };
+        let twice = || bad(digest, format!("at byte {pos}: two {kind:?} entries describe one member"));
+        let recognized = header.as_ustar().is_some() || header.as_gnu().is_some();
         match kind {
-            tar::EntryType::GNULongName => {
+            tar::EntryType::GNULongName if recognized => {
                 meta(data_size)?;
+                if long_name.is_some() {
+                    return Err(twice());
+                }
                 long_name = Some(trim_nul(read_at(src, &mut window, data_at, data_size, size).await?));
                 pos = next;
                 continue;
             }
-            tar::EntryType::GNULongLink => {
+            tar::EntryType::GNULongLink if recognized => {
                 meta(data_size)?;
+                if long_link.is_some() {
+                    return Err(twice());
+                }
                 long_link = Some(trim_nul(read_at(src, &mut window, data_at, data_size, size).await?));
                 pos = next;
                 continue;
             }
-            tar::EntryType::XHeader => {
+            tar::EntryType::XHeader if recognized => {
                 meta(data_size)?;
+                if pax.is_some() {
+                    return Err(twice());
+                }
                 let records = read_at(src, &mut window, data_at, data_size, size).await?;
+                let mut read = BTreeMap::new();
                 for ext in tar::PaxExtensions::new(&records) {
                     let ext = ext.map_err(|e| bad(digest, format!("pax records at byte {pos}: {e}")))?;
                     let key = ext.key().map_err(|e| bad(digest, format!("pax records at byte {pos}: {e}")))?;
-                    pax.insert(key.to_string(), ext.value_bytes().to_vec());
+                    read.insert(key.to_string(), ext.value_bytes().to_vec());
                 }
-                pos = next;
-                continue;
-            }
-            tar::EntryType::XGlobalHeader => {
+                pax = Some(read);
                 pos = next;
                 continue;
             }
             _ => {}
         }
+        // A member: it takes what the extension headers before it said.
+        let mut pax = pax.take().unwrap_or_default();
         let raw_path =
             pax.remove("path").or_else(|| long_name.take()).unwrap_or_else(|| header.path_bytes().into_owned());
         let raw_link = pax
@@ -230,9 +258,16 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
             .and_then(|v| v.split('.').next().and_then(|s| s.parse::<i64>().ok()))
             .or_else(|| header.mtime().ok().map(|m| m as i64))
             .unwrap_or(0);
-        pax.clear();
         long_name = None;
         long_link = None;
+        if extension {
+            // A global pax header, or an extension header tar does not take as one (no ustar
+            // or GNU magic): unpacking skips it, once its name is a clean relative one.
+            let name = PathBuf::from(std::ffi::OsStr::from_bytes(&raw_path));
+            clean(&name).map_err(|why| bad(digest, format!("entry {}: refused: {why}", name.display())))?;
+            pos = next;
+            continue;
+        }
         let raw = PathBuf::from(String::from_utf8_lossy(&raw_path).into_owned());
         let refuse = |why: &str| bad(digest, format!("entry {}: refused: {why}", raw.display()));
         // The table names files in UTF-8 (JSON); an unpacked layer keeps a name's bytes, so a
@@ -302,6 +337,9 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
             return Err(bad(digest, format!("more than {MAX_ENTRIES} entries")));
         }
         pos = next;
+    }
+    if long_name.is_some() || long_link.is_some() || pax.is_some() {
+        return Err(bad(digest, "its last extension header describes no member after it".into()));
     }
     Ok(entries)
 }
@@ -588,6 +626,53 @@ mod tests {
         let entries = table_of(&bytes).unwrap();
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0].path, name);
+    }
+
+    /// A pax header whose own header is neither ustar nor GNU is no extension to tar: an entry
+    /// of its own (skipped by unpacking), and the member after it keeps the name in its header.
+    /// The fuzz target `lazy_table` found the table taking its path, where unpacking did not.
+    #[test]
+    fn an_extension_header_without_ustar_magic_names_nothing() {
+        let mut b = builder();
+        b.append_pax_extensions([("path", b"long/name.bin".as_slice())]).unwrap();
+        let mut h = tar::Header::new_ustar();
+        h.set_size(5);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_path("short").unwrap();
+        h.set_cksum();
+        b.append(&h, &b"12345"[..]).unwrap();
+        let mut bytes = b.into_inner().unwrap();
+        assert_eq!(table_of(&bytes).unwrap()[0].path, "long/name.bin");
+        // The pax header's magic (257..263) spoilt, its checksum made right again.
+        bytes[257..263].copy_from_slice(b"ustra0");
+        let mut pax = tar::Header::from_byte_slice(&bytes[..512]).clone();
+        pax.set_cksum();
+        bytes[..512].copy_from_slice(pax.as_bytes());
+        let entries = table_of(&bytes).unwrap();
+        assert_eq!(entries.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), ["short"]);
+    }
+
+    /// As tar: two extension headers of one kind before one member, or one with no member
+    /// after it, are refused.
+    #[test]
+    fn extension_headers_twice_or_of_no_member_are_refused() {
+        let mut b = builder();
+        b.append_pax_extensions([("path", b"a".as_slice())]).unwrap();
+        b.append_pax_extensions([("path", b"b".as_slice())]).unwrap();
+        let mut h = tar::Header::new_ustar();
+        h.set_size(0);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_path("f").unwrap();
+        h.set_cksum();
+        b.append(&h, &b""[..]).unwrap();
+        let e = table_of(&b.into_inner().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("two XHeader entries describe one member"), "{e}");
+        let mut b = builder();
+        b.append_pax_extensions([("path", b"a".as_slice())]).unwrap();
+        let e = table_of(&b.into_inner().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("describes no member"), "{e}");
     }
 
     #[test]
