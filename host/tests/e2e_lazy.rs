@@ -207,6 +207,27 @@ fn a_lazy_volume_is_staged_at_once_and_read_while_its_fill_runs() {
     });
 }
 
+/// Pages of `file` in the page cache: `cachestat(2)` (Linux 6.5+) on a descriptor, through
+/// Python's ctypes (`fincore` maps the file, and a new mapping of a file open for direct I/O
+/// drops its cached pages).
+fn resident(file: &Path) -> u64 {
+    const CACHESTAT: &str = "import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class Range(ctypes.Structure):
+    _fields_ = [('off', ctypes.c_uint64), ('len', ctypes.c_uint64)]
+class Stat(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ('cache', 'dirty', 'writeback', 'evicted', 'recently_evicted')]
+fd = os.open(sys.argv[1], os.O_RDONLY)
+r, s = Range(0, 0), Stat()
+if libc.syscall(451, fd, ctypes.byref(r), ctypes.byref(s), 0) != 0:
+    sys.exit('cachestat: ' + os.strerror(ctypes.get_errno()))
+print(s.cache)
+";
+    let out = std::process::Command::new("python3").args(["-c", CACHESTAT]).arg(file).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
 /// The lazy progress of `id` once its demand fetches ended (no byte came in a second), with at
 /// least `bytes` fetched on demand (at most a minute).
 async fn demand_settled(node: &ModelNode, id: &str, bytes: u64) -> LazyProgress {
@@ -223,8 +244,9 @@ async fn demand_settled(node: &ModelNode, id: &str, bytes: u64) -> LazyProgress 
     }
 }
 
-/// Readers of one chunk far ahead of the fill share one range request for it, and a reader
-/// that reads a file through gets the chunks after the one it waits for fetched ahead of it.
+/// Readers of one chunk far ahead of the fill share one range request for it; a reader that
+/// reads a file through gets the chunks after the one it waits for fetched ahead of it; reads
+/// of a file still downloading leave nothing in its page cache, and a mapping of it reads.
 /// The weights (192 MiB) are three 64 MiB pieces for two streams, the relay passes 2 MiB/s a
 /// connection: the third piece, where these reads are, is not the fill's for half a minute.
 #[test]
@@ -274,6 +296,18 @@ fn readers_of_one_chunk_share_its_fetch_and_a_sequential_reader_gets_read_ahead(
         assert_eq!(read_range(&file, 160 * MIB, 4096), read_range(&weights, 160 * MIB, 4096));
         let after = progress(&node, "pv-ahead").await.unwrap();
         assert_eq!(after.demand_requests, ahead.demand_requests, "read ahead: {after:?}");
+        // A file still downloading is read around the page cache: what was read left no page
+        // of the FUSE file in memory. A mapping of it (as a safetensors loader makes) reads
+        // through the page cache, from the server all the same.
+        assert_eq!(resident(&file), 0, "reads during the fill are direct");
+        let at = 176 * MIB;
+        let script = format!(
+            "import mmap, sys\nf = open(sys.argv[1], 'rb')\nm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\nsys.stdout.buffer.write(m[{at}:{at} + 65536])"
+        );
+        let mapped = std::process::Command::new("python3").args(["-c", &script]).arg(&file).output().unwrap();
+        assert!(mapped.status.success(), "{}", String::from_utf8_lossy(&mapped.stderr));
+        assert!(mapped.stdout == read_range(&weights, at, 65536), "the mapping's bytes");
+        assert!(resident(&file) >= 16, "a mapping's pages are cached");
         unstage(&mut csi, "pv-ahead", &staging, &target).await;
         assert_eq!(mounts_below(node.dirs.root.path()), Vec::<PathBuf>::new());
     });

@@ -3,7 +3,8 @@
 //! what the table accepts it accepts with relative plain paths and file extents inside the blob;
 //! when both accept, the lazy volume serves exactly what the eager one holds (every file's bytes
 //! are the blob's bytes at the extent the table gives, every link its target, every directory a
-//! directory, and nothing the unpack made is missing from the table); nothing panics.
+//! directory, and nothing the unpack made is missing from the table); what unpacking refuses,
+//! the table refuses; nothing panics.
 #![no_main]
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
@@ -57,6 +58,14 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let unpacked = mounthost::exec::artifacts::fuzzing::unpack(&blob, DIGEST, Archive::Tar, &into);
+    // What unpacking refuses, the table refuses (a lazy volume never serves a layer an eager
+    // one would not hold).
+    if let (Ok(entries), Err(e)) = (&table, &unpacked) {
+        assert!(
+            e.kind() == std::io::ErrorKind::StorageFull,
+            "unpacking refused ({e}) what the table accepts: {entries:?}"
+        );
+    }
     if let (Ok(entries), Ok(())) = (&table, &unpacked) {
         // A later entry of a path replaces an earlier one; a path below a later non-directory
         // is gone with it.

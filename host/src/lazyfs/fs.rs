@@ -33,6 +33,8 @@ pub struct LazyFs {
     next_handle: AtomicU64,
     /// The kernel accepted passthrough.
     passthrough: std::sync::atomic::AtomicBool,
+    /// The kernel maps files opened for direct I/O (FUSE_DIRECT_IO_ALLOW_MMAP, Linux 6.6+).
+    direct: std::sync::atomic::AtomicBool,
 }
 
 /// One open file.
@@ -69,6 +71,7 @@ impl LazyFs {
             handles: Default::default(),
             next_handle: AtomicU64::new(1),
             passthrough: std::sync::atomic::AtomicBool::new(false),
+            direct: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -271,7 +274,18 @@ impl Filesystem for LazyFs {
         {
             self.passthrough.store(true, Ordering::Relaxed);
         }
-        tracing::info!(passthrough = self.passthrough.load(Ordering::Relaxed), "lazy filesystem ready");
+        // Files still downloading are read around the page cache (below), and may still be
+        // mapped: the kernel then reads their pages as for any other file.
+        if config.capabilities().contains(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            && config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_ok()
+        {
+            self.direct.store(true, Ordering::Relaxed);
+        }
+        tracing::info!(
+            passthrough = self.passthrough.load(Ordering::Relaxed),
+            direct = self.direct.load(Ordering::Relaxed),
+            "lazy filesystem ready"
+        );
         Ok(())
     }
 
@@ -343,10 +357,14 @@ impl Filesystem for LazyFs {
             return reply.error(Errno::EROFS);
         }
         let Some(g) = self.with_table() else { return reply.error(Errno::EIO) };
-        let Some(NodeKind::File { .. }) = g.table.as_ref().and_then(|t| t.get(ino.0)).map(|n| &n.kind) else {
+        let Some(NodeKind::File { data, .. }) = g.table.as_ref().and_then(|t| t.get(ino.0)).map(|n| &n.kind) else {
             return reply.error(Errno::EISDIR);
         };
         let backing = g.backing.get(&ino.0).copied().filter(|_| g.failed.is_none());
+        let downloading = match data {
+            Data::Blob { layer, .. } => g.layers.get(*layer as usize).is_some_and(|l| !l.complete),
+            Data::Tree { .. } => false,
+        };
         drop(g);
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
         // The kernel refuses (EIO) a passthrough open of a file that is still open through its
@@ -363,6 +381,12 @@ impl Filesystem for LazyFs {
         drop(handles);
         match passthrough {
             Some(id) => crate::unpriv::sys::reply_passthrough(reply, FileHandle(fh), id),
+            // A file still downloading is read around the page cache: a reader's bytes are
+            // copied once from the cache file into its buffer, not also into the FUSE file's
+            // page cache (which doubled the memory a read through took).
+            None if downloading && self.direct.load(Ordering::Relaxed) => {
+                reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_KEEP_CACHE)
+            }
             // The bytes never change: the page cache stays valid across opens (dropped when the
             // volume fails, so every later read asks this process and fails).
             None => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
