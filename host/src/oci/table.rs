@@ -164,9 +164,15 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
     let mut long_link: Option<Vec<u8>> = None;
     let mut pax: Option<BTreeMap<String, Vec<u8>>> = None;
     loop {
-        if pos + 512 > size {
-            // A tar archive ends with zero blocks; one cut short ends at the blob's end.
+        if pos >= size {
+            if pos > size {
+                return Err(bad(digest, format!("the blob ends inside the padding of the entry before byte {pos}")));
+            }
+            // A tar archive ends with zero blocks; one without them ends at the blob's end.
             break;
+        }
+        if size - pos < 512 {
+            return Err(bad(digest, format!("the blob ends inside the header at byte {pos}")));
         }
         let header_bytes = read_at(src, &mut window, pos, 512, size).await?;
         if header_bytes.iter().all(|b| *b == 0) {
@@ -272,7 +278,11 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
         let refuse = |why: &str| bad(digest, format!("entry {}: refused: {why}", raw.display()));
         // The table names files in UTF-8 (JSON); an unpacked layer keeps a name's bytes, so a
         // name of other bytes is refused rather than served under another one.
+        // No file name holds a NUL byte (unpacking fails on one).
         let utf8 = |bytes: Vec<u8>, what: &str| {
+            if bytes.contains(&0) {
+                return Err(refuse(&format!("{what} holds a NUL byte")));
+            }
             String::from_utf8(bytes).map(PathBuf::from).map_err(|_| refuse(&format!("{what} is not UTF-8")))
         };
         let raw = utf8(raw_path, "its name")?;
@@ -327,9 +337,8 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
             tar::EntryType::Fifo => return Err(refuse("it is a FIFO")),
             other => return Err(refuse(&format!("its type ({other:?}) is not supported"))),
         };
-        if let Ok(mode) = header.mode()
-            && mode & 0o6000 != 0
-        {
+        let mode = header.mode().map_err(|e| refuse(&format!("its mode: {e}")))?;
+        if mode & 0o6000 != 0 {
             return Err(refuse("it has the set-uid or set-gid bit"));
         }
         entries.push(TableEntry { path, kind: entry_kind, mtime });
@@ -380,7 +389,8 @@ async fn read_at(
 }
 
 fn trim_nul(mut v: Vec<u8>) -> Vec<u8> {
-    while v.last() == Some(&0) {
+    // One NUL, as tar takes it off: a name with more holds a NUL, and is refused.
+    if v.last() == Some(&0) {
         v.pop();
     }
     v
@@ -585,10 +595,12 @@ mod tests {
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(tar::EntryType::Symlink);
         h.set_size(0);
+        h.set_mode(0o777);
         b.append_link(&mut h, "weights/link", "model.safetensors").unwrap();
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(tar::EntryType::Link);
         h.set_size(0);
+        h.set_mode(0o644);
         b.append_link(&mut h, "copy.json", "config.json").unwrap();
         let bytes = b.into_inner().unwrap();
         let entries = table_of(&bytes).unwrap();
@@ -673,6 +685,45 @@ mod tests {
         b.append_pax_extensions([("path", b"a".as_slice())]).unwrap();
         let e = table_of(&b.into_inner().unwrap()).unwrap_err().to_string();
         assert!(e.contains("describes no member"), "{e}");
+    }
+
+    /// What tar fails on, the table refuses (found by the fuzz target `lazy_table` once it
+    /// asserted it): a blob cut inside a header or an entry's padding, a name with a NUL byte,
+    /// a mode that is not a number.
+    #[test]
+    fn what_tar_fails_on_the_table_refuses() {
+        let file = |b: &mut tar::Builder<Vec<u8>>, name: &str, mode: u32| {
+            let mut h = tar::Header::new_ustar();
+            h.set_size(5);
+            h.set_mode(mode);
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_path(name).unwrap();
+            h.set_cksum();
+            b.append(&h, &b"12345"[..]).unwrap();
+        };
+        let mut b = builder();
+        file(&mut b, "f", 0o644);
+        file(&mut b, "g", 0o644);
+        let whole = b.into_inner().unwrap();
+        assert_eq!(table_of(&whole[..2048]).unwrap().len(), 2, "no end blocks: ends at the blob's end");
+        for (cut, says) in [(517, "inside the padding"), (1024 + 100, "inside the header")] {
+            let e = table_of(&whole[..cut]).unwrap_err().to_string();
+            assert!(e.contains(says), "{cut}: {e}");
+        }
+        let mut b = builder();
+        b.append_pax_extensions([("path", b"a\0b".as_slice())]).unwrap();
+        file(&mut b, "f", 0o644);
+        let e = table_of(&b.into_inner().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("NUL"), "{e}");
+        let mut b = builder();
+        file(&mut b, "f", 0o644);
+        let mut bytes = b.into_inner().unwrap();
+        bytes[100..108].copy_from_slice(b"not oct\0");
+        let mut h = tar::Header::from_byte_slice(&bytes[..512]).clone();
+        h.set_cksum();
+        bytes[..512].copy_from_slice(h.as_bytes());
+        let e = table_of(&bytes).unwrap_err().to_string();
+        assert!(e.contains("its mode"), "{e}");
     }
 
     #[test]
