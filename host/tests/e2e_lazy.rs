@@ -278,14 +278,15 @@ fn readers_of_one_chunk_share_its_fetch_and_a_sequential_reader_gets_read_ahead(
         assert_eq!(shared.demand_requests - before.demand_requests, 1, "one fetch for 8 readers: {shared:?}");
         assert_eq!(shared.demand_bytes - before.demand_bytes, 4 * MIB, "one chunk: {shared:?}");
         // One reader reads [140, 150) MiB through, 1 MiB at a time: it touches the chunks up to
-        // 152 MiB (156 with the kernel's own read-ahead), and gets those up to 164 fetched too.
+        // 152 MiB (the file is open for direct I/O: the kernel reads no further), and gets
+        // those up to 164 fetched too.
         let through = std::fs::File::open(&file).unwrap();
         for at in (140..150).map(|m| m * MIB) {
             let mut buf = vec![0u8; MIB as usize];
             through.read_exact_at(&mut buf, at).unwrap();
             assert!(buf == read_range(&weights, at, MIB as usize), "bytes at {at}");
         }
-        // At least 24 MiB on demand (without read-ahead, 16 at most).
+        // At least 24 MiB on demand (without read-ahead, 12).
         let ahead = demand_settled(&node, "pv-ahead", shared.demand_bytes + 24 * MIB).await;
         println!(
             "checked: 8 readers of one chunk, 1 request of 4 MiB; a reader of 10 MiB got {} MiB fetched in {} requests",

@@ -370,7 +370,9 @@ impl Filesystem for LazyFs {
         // The kernel refuses (EIO) a passthrough open of a file that is still open through its
         // page cache (read, or mapped, before it was complete), and an open through the page
         // cache of one open for passthrough: a file keeps the way it is open until its last
-        // handle is released.
+        // handle is released. A handle open for direct I/O counts as one through the page
+        // cache: the kernel would take a passthrough open beside it, but then refuse (ENODEV)
+        // the mapping that handle may still make.
         let mut handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
         let cached = handles.values().any(|h| h.ino == ino.0 && !h.passthrough);
         let passthrough = match backing {

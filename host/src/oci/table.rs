@@ -136,6 +136,9 @@ impl Source_<'_> {
     }
 }
 
+/// How deep unpacking nests directories (`exec/artifacts/unpack.rs` seals at most this deep).
+const MAX_DEPTH: usize = 256;
+
 /// A refused or unreadable archive.
 fn bad(digest: &str, detail: String) -> OciError {
     OciError::Protocol {
@@ -242,7 +245,8 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
                 for ext in tar::PaxExtensions::new(&records) {
                     let ext = ext.map_err(|e| bad(digest, format!("pax records at byte {pos}: {e}")))?;
                     let key = ext.key().map_err(|e| bad(digest, format!("pax records at byte {pos}: {e}")))?;
-                    read.insert(key.to_string(), ext.value_bytes().to_vec());
+                    // tar takes a key's first record.
+                    read.entry(key.to_string()).or_insert_with(|| ext.value_bytes().to_vec());
                 }
                 pax = Some(read);
                 pos = next;
@@ -252,11 +256,12 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
         }
         // A member: it takes what the extension headers before it said.
         let mut pax = pax.take().unwrap_or_default();
+        // As tar: a GNU long name or link before a pax one, then the header's own.
         let raw_path =
-            pax.remove("path").or_else(|| long_name.take()).unwrap_or_else(|| header.path_bytes().into_owned());
-        let raw_link = pax
-            .remove("linkpath")
-            .or_else(|| long_link.take())
+            long_name.take().or_else(|| pax.remove("path")).unwrap_or_else(|| header.path_bytes().into_owned());
+        let raw_link = long_link
+            .take()
+            .or_else(|| pax.remove("linkpath"))
             .or_else(|| header.link_name_bytes().map(|l| l.into_owned()));
         let mtime = pax
             .remove("mtime")
@@ -287,6 +292,15 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
         };
         let raw = utf8(raw_path, "its name")?;
         let rel = clean(&raw).map_err(refuse)?;
+        // What the unpacked tree's filesystem and its sealing take: names of at most 255
+        // bytes, directories at most 256 deep.
+        if rel.components().any(|c| c.as_os_str().len() > 255) {
+            return Err(refuse("a name in its path is longer than 255 bytes"));
+        }
+        let depth = rel.components().count().saturating_sub(usize::from(kind != tar::EntryType::Directory));
+        if depth > MAX_DEPTH {
+            return Err(refuse(&format!("it is nested deeper than {MAX_DEPTH} directories")));
+        }
         if rel.as_os_str().is_empty() {
             if kind.is_dir() {
                 pos = next;
@@ -665,6 +679,37 @@ mod tests {
         assert_eq!(entries.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), ["short"]);
     }
 
+    /// As tar: a key's first pax record counts, and a GNU long name comes before a pax path.
+    #[test]
+    fn the_first_pax_record_and_a_gnu_long_name_win_as_in_tar() {
+        let mut b = builder();
+        b.append_pax_extensions([("path", b"first".as_slice()), ("path", b"second".as_slice())]).unwrap();
+        let mut h = tar::Header::new_ustar();
+        h.set_size(0);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_path("short").unwrap();
+        h.set_cksum();
+        b.append(&h, &b""[..]).unwrap();
+        assert_eq!(table_of(&b.into_inner().unwrap()).unwrap()[0].path, "first");
+        let mut b = builder();
+        let long = format!("gnu/{}", "l".repeat(120));
+        let mut l = tar::Header::new_gnu();
+        l.set_path("././@LongLink").unwrap();
+        l.set_entry_type(tar::EntryType::GNULongName);
+        l.set_size(long.len() as u64 + 1);
+        l.set_mode(0o644);
+        l.set_cksum();
+        b.append(&l, format!("{long}\0").as_bytes()).unwrap();
+        b.append_pax_extensions([("path", b"pax".as_slice())]).unwrap();
+        b.append(&h, &b""[..]).unwrap();
+        let bytes = b.into_inner().unwrap();
+        assert_eq!(table_of(&bytes).unwrap()[0].path, long);
+        let mut seen = tar::Archive::new(bytes.as_slice());
+        let first = seen.entries().unwrap().next().unwrap().unwrap();
+        assert_eq!(first.path().unwrap().to_str().unwrap(), long, "tar reads it so too");
+    }
+
     /// As tar: two extension headers of one kind before one member, or one with no member
     /// after it, are refused.
     #[test]
@@ -724,6 +769,23 @@ mod tests {
         bytes[..512].copy_from_slice(h.as_bytes());
         let e = table_of(&bytes).unwrap_err().to_string();
         assert!(e.contains("its mode"), "{e}");
+        // What the unpacked tree's filesystem refuses: a name of 256 bytes, a file 257
+        // directories deep (256 are fine).
+        for (path, says) in [
+            (format!("d/{}", "n".repeat(256)), Some("longer than 255 bytes")),
+            (format!("d/{}", "n".repeat(255)), None),
+            (format!("{}f", "d/".repeat(257)), Some("deeper than 256")),
+            (format!("{}f", "d/".repeat(256)), None),
+        ] {
+            let mut b = builder();
+            b.append_pax_extensions([("path", path.as_bytes())]).unwrap();
+            file(&mut b, "f", 0o644);
+            let got = table_of(&b.into_inner().unwrap());
+            match says {
+                Some(says) => assert!(got.unwrap_err().to_string().contains(says), "{path}"),
+                None => assert_eq!(got.unwrap()[0].path, path),
+            }
+        }
     }
 
     #[test]
