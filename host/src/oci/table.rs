@@ -589,6 +589,17 @@ mod tests {
         tar::Builder::new(Vec::new())
     }
 
+    /// A regular file `name` of `data` (mode `mode`) under a ustar header of its own.
+    fn ustar_file(b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8], mode: u32) {
+        let mut h = tar::Header::new_ustar();
+        h.set_size(data.len() as u64);
+        h.set_mode(mode);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_path(name).unwrap();
+        h.set_cksum();
+        b.append(&h, data).unwrap();
+    }
+
     fn add(b: &mut tar::Builder<Vec<u8>>, path: &str, data: &[u8]) {
         let mut h = tar::Header::new_gnu();
         h.set_size(data.len() as u64);
@@ -661,13 +672,7 @@ mod tests {
     fn an_extension_header_without_ustar_magic_names_nothing() {
         let mut b = builder();
         b.append_pax_extensions([("path", b"long/name.bin".as_slice())]).unwrap();
-        let mut h = tar::Header::new_ustar();
-        h.set_size(5);
-        h.set_mode(0o644);
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_path("short").unwrap();
-        h.set_cksum();
-        b.append(&h, &b"12345"[..]).unwrap();
+        ustar_file(&mut b, "short", b"12345", 0o644);
         let mut bytes = b.into_inner().unwrap();
         assert_eq!(table_of(&bytes).unwrap()[0].path, "long/name.bin");
         // The pax header's magic (257..263) spoilt, its checksum made right again.
@@ -684,13 +689,7 @@ mod tests {
     fn the_first_pax_record_and_a_gnu_long_name_win_as_in_tar() {
         let mut b = builder();
         b.append_pax_extensions([("path", b"first".as_slice()), ("path", b"second".as_slice())]).unwrap();
-        let mut h = tar::Header::new_ustar();
-        h.set_size(0);
-        h.set_mode(0o644);
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_path("short").unwrap();
-        h.set_cksum();
-        b.append(&h, &b""[..]).unwrap();
+        ustar_file(&mut b, "short", b"", 0o644);
         assert_eq!(table_of(&b.into_inner().unwrap()).unwrap()[0].path, "first");
         let mut b = builder();
         let long = format!("gnu/{}", "l".repeat(120));
@@ -702,7 +701,7 @@ mod tests {
         l.set_cksum();
         b.append(&l, format!("{long}\0").as_bytes()).unwrap();
         b.append_pax_extensions([("path", b"pax".as_slice())]).unwrap();
-        b.append(&h, &b""[..]).unwrap();
+        ustar_file(&mut b, "short", b"", 0o644);
         let bytes = b.into_inner().unwrap();
         assert_eq!(table_of(&bytes).unwrap()[0].path, long);
         let mut seen = tar::Archive::new(bytes.as_slice());
@@ -717,13 +716,7 @@ mod tests {
         let mut b = builder();
         b.append_pax_extensions([("path", b"a".as_slice())]).unwrap();
         b.append_pax_extensions([("path", b"b".as_slice())]).unwrap();
-        let mut h = tar::Header::new_ustar();
-        h.set_size(0);
-        h.set_mode(0o644);
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_path("f").unwrap();
-        h.set_cksum();
-        b.append(&h, &b""[..]).unwrap();
+        ustar_file(&mut b, "f", b"", 0o644);
         let e = table_of(&b.into_inner().unwrap()).unwrap_err().to_string();
         assert!(e.contains("two XHeader entries describe one member"), "{e}");
         let mut b = builder();
@@ -737,15 +730,7 @@ mod tests {
     /// a mode that is not a number.
     #[test]
     fn what_tar_fails_on_the_table_refuses() {
-        let file = |b: &mut tar::Builder<Vec<u8>>, name: &str, mode: u32| {
-            let mut h = tar::Header::new_ustar();
-            h.set_size(5);
-            h.set_mode(mode);
-            h.set_entry_type(tar::EntryType::Regular);
-            h.set_path(name).unwrap();
-            h.set_cksum();
-            b.append(&h, &b"12345"[..]).unwrap();
-        };
+        let file = |b: &mut tar::Builder<Vec<u8>>, name: &str, mode: u32| ustar_file(b, name, b"12345", mode);
         let mut b = builder();
         file(&mut b, "f", 0o644);
         file(&mut b, "g", 0o644);
