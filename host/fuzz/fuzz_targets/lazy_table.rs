@@ -8,24 +8,15 @@
 #![no_main]
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
-use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use mounthost::oci::{TableEntry, TableKind};
 use mounthost::plan::Archive;
 
-const DIGEST: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+#[path = "work_dir.rs"]
+mod work_dir;
 
-fn work() -> &'static PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
-        let dir = base.join(format!("mounthost-fuzz-lazy-table-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    })
-}
+const DIGEST: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
 
 /// Every entry below `root` (links not followed), relative.
 fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
@@ -40,7 +31,7 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let work = work();
+    let work = work_dir::work("lazy-table", &[]);
     let blob = work.join("blob");
     let into = work.join("into");
     std::fs::write(&blob, data).unwrap();

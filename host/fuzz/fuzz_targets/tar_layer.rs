@@ -3,26 +3,15 @@
 //! absolute names, devices, set-uid bits, a file replacing a directory), nothing is created or
 //! changed outside the directory it is unpacked into, and nothing panics.
 #![no_main]
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
 use mounthost::plan::Archive;
 
-const DIGEST: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+#[path = "work_dir.rs"]
+mod work_dir;
 
-/// A work directory of this process (on tmpfs where there is one): the blob, the directory
-/// unpacked into, and a sibling that must stay empty.
-fn work() -> &'static PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
-        let dir = base.join(format!("mounthost-fuzz-tar-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("outside")).unwrap();
-        dir
-    })
-}
+const DIGEST: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
 
 fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> =
@@ -38,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
         2 => Archive::TarGzip,
         _ => Archive::TarZstd,
     };
-    let work = work();
+    let work = work_dir::work("tar", &["outside"]);
     let blob = work.join("blob");
     let into = work.join("into");
     std::fs::write(&blob, archive).unwrap();
