@@ -671,6 +671,98 @@ fn an_indexed_volume_checks_every_chunk_before_a_reader_gets_it() {
     });
 }
 
+/// Push `doc` (a chunk index document) into `model`'s repository as the chunk index of its
+/// manifest, by hand: the artifact, and the referrers tag schema's index listing it.
+fn push_index_doc(registry: &Registry, model: &PushedModel, doc: &mounthost::oci::IndexDoc) {
+    let repo = &model.repo;
+    let doc = serde_json::to_vec(doc).unwrap();
+    let index = registry.push_blob(repo, doc.as_slice());
+    let config = registry.push_blob(repo, b"{}".as_slice());
+    let artifact = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "artifactType": mounthost::oci::INDEX_ARTIFACT_TYPE,
+        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": config.digest, "size": config.size},
+        "layers": [{"mediaType": mounthost::oci::INDEX_ARTIFACT_TYPE, "digest": index.digest, "size": index.size}],
+        "subject": {
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": model.manifest_digest,
+            "size": model.manifest.len(),
+        },
+    })
+    .to_string();
+    let artifact_digest = common::registry::sha256_digest(artifact.as_bytes());
+    registry.push_manifest(repo, &artifact_digest, &artifact);
+    let list = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": artifact_digest,
+            "size": artifact.len(),
+            "artifactType": mounthost::oci::INDEX_ARTIFACT_TYPE,
+        }],
+    })
+    .to_string();
+    registry.push_manifest(repo, &model.manifest_digest.replace(':', "-"), &list);
+}
+
+#[test]
+fn a_wrong_index_fails_only_its_own_volume_and_the_blob_digest_overrules_it() {
+    if !in_private_namespace("a_wrong_index_fails_only_its_own_volume_and_the_blob_digest_overrules_it") {
+        return;
+    }
+    let (registry, _work, model, weights, relay, reference) = behind_relay("models/shared-a", 24 << 20, u64::MAX);
+    // The same manifest, and so the same blobs, in another repository, without an index.
+    for l in &model.layers {
+        registry.push_blob("models/shared-b", std::fs::read(registry.blob_storage_path(&l.descriptor.digest)).unwrap());
+    }
+    registry.push_blob("models/shared-b", std::fs::read(registry.blob_storage_path(&model.config.digest)).unwrap());
+    registry.push_manifest("models/shared-b", "v1", &model.manifest);
+    let reference_b = reference.replace("models/shared-a", "models/shared-b");
+    // Whoever can push to the first repository gives its manifest an index that is wrong about
+    // one chunk of the weights.
+    let layers: Vec<(String, Vec<u8>)> = model
+        .layers
+        .iter()
+        .map(|l| (l.descriptor.digest.clone(), std::fs::read(registry.blob_storage_path(&l.descriptor.digest)).unwrap()))
+        .collect();
+    let digest = model.layer("model.safetensors").digest.clone();
+    let mut doc = mounthost::oci::index_of(1 << 20, &layers);
+    doc.blobs.get_mut(&digest).unwrap().chunks[13] = "00".repeat(32);
+    push_index_doc(&registry, &model, &doc);
+    relay.throttle(2 << 20);
+    let node = ModelNode::start(vec![format!("--insecure-registry={}", relay.host())]);
+    run(&node, &registry, async || {
+        let mut csi = node.node().await;
+        let (staging_a, target_a) = staged_and_published(&node, &mut csi, "pv-index-a", &lazy_ctx(&reference)).await;
+        assert!(progress(&node, "pv-index-a").await.unwrap().indexed);
+        let (staging_b, target_b) = staged_and_published(&node, &mut csi, "pv-index-b", &lazy_ctx(&reference_b)).await;
+        assert!(!progress(&node, "pv-index-b").await.unwrap().indexed);
+        let (weights_a, weights_b) = (target_a.join("model.safetensors"), target_b.join("model.safetensors"));
+        // The volume with the wrong index: its chunk is fetched again once, then EIO.
+        assert_eq!(read_errno(&weights_a, 13 << 20, 4096), Some(nix::libc::EIO));
+        assert_eq!(read_range(&weights_a, 12 << 20, 4096), read_range(&weights, 12 << 20, 4096), "others read");
+        // The other manifest's volume reads the same bytes: another index does not decide for it.
+        assert_eq!(read_range(&weights_b, 13 << 20, 1 << 20), read_range(&weights, 13 << 20, 1 << 20));
+        assert!(read_errno(&weights_b, 13 << 20, 4096).is_none());
+        relay.throttle(u64::MAX);
+        // The blob completes and matches its digest: the index was wrong, and nobody fails.
+        let a = until_complete(&node, "pv-index-a", Duration::from_secs(60)).await;
+        let b = until_complete(&node, "pv-index-b", Duration::from_secs(60)).await;
+        assert!(a.failed.is_empty() && b.failed.is_empty(), "{a:?} {b:?}");
+        assert_eq!(read_range(&weights_a, 13 << 20, 1 << 20), read_range(&weights, 13 << 20, 1 << 20));
+        assert_eq!(tree(&target_a), expected(&model, |_| true));
+        assert_eq!(tree(&target_b), expected(&model, |_| true));
+        assert!(!condition(&mut csi, "pv-index-a", &staging_a).await.0);
+        let logs = node.dirs.logs();
+        assert!(logs.contains("a chunk index gave other hashes for these ranges"), "the host says the index was wrong");
+        println!("checked: a wrong index made only its own volume's chunk EIO, and the blob's digest overruled it");
+        unstage(&mut csi, "pv-index-a", &staging_a, &target_a).await;
+        unstage(&mut csi, "pv-index-b", &staging_b, &target_b).await;
+    });
+}
+
 /// The pid of dynamic mount `id`'s lazy server, from volume `pv`'s state file.
 fn mount_server(state: &Path, pv: &str, id: &str) -> Option<i32> {
     let key = mounthost::volume::dirs::volume_key(pv);

@@ -222,6 +222,14 @@ impl Node {
     /// the node (a restarted server's volume whose cache was emptied).
     pub(super) fn lazy_opening(&self, id: &str, lazy: &Lazy) -> Result<(Opening, Vec<LayerCtx>), Error> {
         let artifacts = &self.inner.artifacts;
+        // With a chunk index, only the chunks that matched it are readable from the start.
+        let index = match &lazy.index {
+            Some(digest) => {
+                let blobs: Vec<BlobRef> = lazy.layers.iter().map(blob_of).collect();
+                artifacts.load_index(digest, &blobs).map_err(|e| e.into_error(digest))?
+            }
+            None => HashMap::new(),
+        };
         let mut files = Vec::new();
         let mut layers = Vec::new();
         let mut states = Vec::new();
@@ -243,7 +251,7 @@ impl Node {
                 }
             };
             entries.append(&mut layer_entries);
-            let view = artifacts.lazy_view(&blob);
+            let view = artifacts.lazy_view(&blob, index.get(&l.digest));
             if let Some(e) = &view.failed {
                 failed.get_or_insert_with(|| format!("layer {} failed verification: {e}", l.digest));
             }
@@ -516,10 +524,7 @@ impl Node {
                     Some(Some(ToHost::Need { layer, start, end, urgent })) => {
                         if let Some(l) = c.layers.get(layer as usize) {
                             let index = c.index.get(&l.blob.digest).cloned();
-                            if let Some(i) = index {
-                                self.inner.artifacts.lazy_index(&l.blob, i);
-                            }
-                            if let Err(e) = self.inner.artifacts.lazy_want(id, &c.source, &l.blob, start, end, urgent) {
+                            if let Err(e) = self.inner.artifacts.lazy_want(id, &c.source, &l.blob, start, end, urgent, index) {
                                 warn!(volume.id = %id, digest = %l.blob.digest, error = %e, "a reader's range could not be asked for");
                             }
                         }
@@ -566,7 +571,7 @@ impl Node {
         let mut fill_next = true;
         for i in 0..c.layers.len() {
             let l = c.layers[i].clone();
-            let view = artifacts.lazy_view(&l.blob);
+            let view = artifacts.lazy_view(&l.blob, c.index.get(&l.blob.digest));
             s.total_bytes += l.blob.size;
             s.verified_bytes += view.verified;
             s.present_bytes += view.present;

@@ -19,8 +19,11 @@
 //!   ranges its readers wait for ([`Live::want`]) ahead of the streams, and its streams start
 //!   only once the fill's turn came ([`Live::fill_on`]). Every range a stream takes is first cut
 //!   to what no writer claimed, so bytes fetched on demand are not fetched again.
-//! - With a chunk index, each chunk a write completes is read back and checked before it counts
-//!   as readable ([`Live::verify`]), and the follower hashes only verified bytes.
+//! - With chunk indexes (one for each manifest its lazy volumes read the blob by), each chunk a
+//!   write completes is read back and checked against every index before it counts as readable
+//!   for that index's volumes ([`Live::verify`]); the follower hashes only bytes no index will
+//!   have written again (settled). A chunk that fails an index twice stays on disk: the blob's
+//!   digest decides when it completes.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -149,8 +152,10 @@ pub(super) async fn download(
         windows: Mutex::new(vec![(0, 0); STREAMS]),
         streams_done: AtomicBool::new(false),
     });
-    if live.index().is_some() {
-        // What an earlier attempt left on disk is checked again before a reader gets it.
+    // What an earlier attempt left on disk is settled again (checked against every chunk
+    // index the blob is read with) before the follower hashes it.
+    live.unsettle();
+    {
         let shared2 = shared.clone();
         let ranges: Vec<Range<u64>> = segs.ranges().to_vec();
         tokio::task::spawn_blocking(move || {
@@ -170,10 +175,10 @@ pub(super) async fn download(
     let follower = {
         let (shared, size) = (shared.clone(), blob.size);
         tokio::task::spawn_blocking(move || {
-            // With an index, only bytes whose chunk matched are hashed: a chunk written again
-            // after a mismatch is hashed once, with its right bytes.
-            let segs = if shared.live.index().is_some() { &shared.live.verified } else { &shared.live.segs };
-            let watched = Watched { file: &shared.file, segs, grew: &shared.live.grew, stop: &shared.stop };
+            // Only settled bytes are hashed: a chunk written again after it failed an index is
+            // hashed once, with its new bytes.
+            let watched =
+                Watched { file: &shared.file, segs: &shared.live.settled, grew: &shared.live.grew, stop: &shared.stop };
             follow(watched, size)
         })
     };
@@ -191,17 +196,8 @@ pub(super) async fn download(
     futures_util::future::join(workers, demanders).await;
     let received = started.elapsed();
 
-    let mut failed = lock(&shared.failed).take();
+    let failed = lock(&shared.failed).take();
     let complete = lock(&live.segs).gaps(blob.size).is_empty();
-    if failed.is_none() && !complete && !live.bad_spans().is_empty() {
-        // Chunks that failed the index twice: the registry's blob is not the one indexed.
-        failed = Some(OciError::DigestMismatch {
-            registry: ep.ctx.registry.clone(),
-            reference: ep.ctx.reference.clone(),
-            digest: blob.digest.clone(),
-            actual: format!("bytes that do not match its chunk index at {:?}", live.bad_spans()),
-        });
-    }
     if failed.is_some() || !complete {
         shared.stop.store(true, Ordering::Relaxed);
         live.grew.notify_all();
@@ -251,6 +247,14 @@ pub(super) async fn download(
             digest: blob.digest.clone(),
             actual: format!("sha256:{actual}"),
         });
+    }
+    for (chunk, spans) in live.disagreements() {
+        tracing::warn!(
+            digest = %blob.digest,
+            chunk_bytes = chunk,
+            ranges = ?spans,
+            "the blob matches its digest, but a chunk index gave other hashes for these ranges: that index is wrong, and the whole blob is readable now"
+        );
     }
     let (store2, blob2) = (store.clone(), blob.clone());
     let done = tokio::task::spawn_blocking(move || finish(&store2, &blob2, &shared.file))
@@ -413,6 +417,14 @@ impl Stream<'_> {
         loop {
             if self.ended() {
                 return;
+            }
+            if self.live.behind() {
+                // An index came: the chunks on disk are checked for it now, not at the next write.
+                if let Err(e) = self.check(&[]).await {
+                    let partial = self.store.partial(&self.blob.hex);
+                    self.fail(OciError::local(&partial, &e, &self.ep.ctx.reference, &self.blob.digest));
+                    return;
+                }
             }
             let Some(range) = lock(&self.live.demand).pop_front() else {
                 self.nap().await;
@@ -599,8 +611,25 @@ impl Stream<'_> {
         Write { handle, pieces }
     }
 
-    /// Wait for a write, then record what it wrote (and, with an index, check the chunks it
-    /// completed). Returns the buffer for reuse.
+    /// Settle `written` (with chunk indexes, check the chunks it completed, and those on disk
+    /// for an index that came since the last check: [`Live::verify`]).
+    async fn check(&self, written: &[Range<u64>]) -> io::Result<()> {
+        if !self.live.indexed() {
+            let unclaim = |r| lock(&self.shared.claimed).remove(r);
+            self.live.verify(&self.shared.file, written, &unclaim);
+            return Ok(());
+        }
+        let shared = self.shared.clone();
+        let written = written.to_vec();
+        tokio::task::spawn_blocking(move || {
+            shared.live.verify(&shared.file, &written, &|r| lock(&shared.claimed).remove(r));
+        })
+        .await
+        .map_err(io::Error::other)
+    }
+
+    /// Wait for a write, then record what it wrote, and settle it ([`Stream::check`]). Returns
+    /// the buffer for reuse.
     async fn wait(&self, w: Option<Write>) -> Result<Option<Vec<u8>>, OciError> {
         let Some(w) = w else { return Ok(None) };
         let partial = self.store.partial(&self.blob.hex);
@@ -614,15 +643,7 @@ impl Stream<'_> {
             }
             segs.covered()
         };
-        if self.live.index().is_some() && !w.pieces.is_empty() {
-            let shared = self.shared.clone();
-            let pieces = w.pieces.clone();
-            tokio::task::spawn_blocking(move || {
-                shared.live.verify(&shared.file, &pieces, &|r| lock(&shared.claimed).remove(r));
-            })
-            .await
-            .map_err(|e| local(io::Error::other(e)))?;
-        }
+        self.check(&w.pieces).await.map_err(local)?;
         self.live.grew.notify_all();
         self.live.covered.store(covered, Ordering::Relaxed);
         self.live.bump();

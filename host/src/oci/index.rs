@@ -172,17 +172,6 @@ impl Artifacts {
             detail: e,
         })
     }
-
-    /// Blob `b` is read with `index`: its chunks are checked before they are readable.
-    pub fn lazy_index(&self, b: &BlobRef, index: Arc<ChunkIndex>) {
-        if let Ok(hex) = hex_of(&b.digest) {
-            let inner = self.core.inner();
-            let live = inner.flights.get(hex).map(|f| f.live.clone()).or_else(|| inner.lives.get(hex).cloned());
-            if let Some(l) = live {
-                l.set_index(index);
-            }
-        }
-    }
 }
 
 /// What [`push_index`] published.

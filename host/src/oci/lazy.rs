@@ -38,7 +38,8 @@ pub struct BlobView {
     pub complete: bool,
     /// Readable ranges (everything when complete).
     pub readable: Vec<(u64, u64)>,
-    /// Ranges that failed their chunk's hash twice.
+    /// Ranges that failed the reader's chunk index twice (until the blob completes: then its
+    /// digest decides).
     pub bad: Vec<(u64, u64)>,
     /// The blob failed for good (a digest mismatch): the volume fails.
     pub failed: Option<OciError>,
@@ -47,8 +48,8 @@ pub struct BlobView {
     pub stalled: Option<String>,
     /// Bytes on disk.
     pub present: u64,
-    /// Bytes known good: the whole blob once complete, the verified chunks before that (with
-    /// an index).
+    /// Bytes known good: the whole blob once complete, the chunks that matched the reader's
+    /// index before that.
     pub verified: u64,
     /// Requests made for readers, their bytes, and the bytes the fill fetched (this daemon's).
     pub demand_requests: u64,
@@ -141,7 +142,7 @@ impl Artifacts {
         }
         let live = self.live_of(&hex, b.size);
         if let Some(i) = index {
-            live.set_index(i);
+            live.add_index(i);
         }
         let mut inner = self.core.inner();
         match inner.flights.get_mut(&hex) {
@@ -209,8 +210,10 @@ impl Artifacts {
         Ok(())
     }
 
-    /// A reader of `volume` waits for `[start, end)` of blob `b` (`urgent`), or a sequential
-    /// reader soon will: its download fetches it ahead of the fill.
+    /// A reader of `volume` (checking chunks with `index`) waits for `[start, end)` of blob
+    /// `b` (`urgent`), or a sequential reader soon will: its download fetches it ahead of the
+    /// fill.
+    #[allow(clippy::too_many_arguments)]
     pub fn lazy_want(
         &self,
         volume: &str,
@@ -219,18 +222,23 @@ impl Artifacts {
         start: u64,
         end: u64,
         urgent: bool,
+        index: Option<Arc<ChunkIndex>>,
     ) -> Result<(), OciError> {
         let hex = hex_of(&b.digest)?.to_string();
         if self.core.store.present(&hex, b.size) || !self.core.inner().lazy_volumes.contains(volume) {
             return Ok(());
         }
         let live = self.live_of(&hex, b.size);
+        if let Some(i) = &index {
+            live.add_index(i.clone());
+        }
         live.want(start.min(b.size)..end.min(b.size));
-        self.lazy_start(volume, src, b, false, urgent, None)
+        self.lazy_start(volume, src, b, false, urgent, index)
     }
 
-    /// What a reader may read of blob `b` now.
-    pub fn lazy_view(&self, b: &BlobRef) -> BlobView {
+    /// What a reader checking chunks with `index` (its manifest's chunk index, if it has one)
+    /// may read of blob `b` now. Another manifest's index never decides what it reads.
+    pub fn lazy_view(&self, b: &BlobRef, index: Option<&Arc<ChunkIndex>>) -> BlobView {
         let Ok(hex) = hex_of(&b.digest).map(str::to_string) else {
             return BlobView {
                 failed: Some(OciError::Config(format!("{} is not a sha256 digest", b.digest))),
@@ -275,16 +283,20 @@ impl Artifacts {
             };
         }
         let live = live.unwrap_or_else(|| self.live_of(&hex, b.size));
+        if let Some(i) = index {
+            live.add_index(i.clone());
+        }
+        let index = index.map(|i| &**i);
         let (demand_requests, demand_bytes, fill_bytes) = counters(&live);
         let present = super::live::lock(&live.segs).covered();
         BlobView {
             complete: false,
-            readable: if failed.is_some() { Vec::new() } else { live.readable() },
-            bad: live.bad_spans(),
+            readable: if failed.is_some() { Vec::new() } else { live.readable(index) },
+            bad: live.bad_spans(index),
             failed,
             stalled,
             present,
-            verified: live.verified_bytes(),
+            verified: live.verified_bytes(index),
             demand_requests,
             demand_bytes,
             fill_bytes,

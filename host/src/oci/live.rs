@@ -9,12 +9,12 @@
 //! the server's readers wait for. Every change bumps the cache's change counter
 //! ([`Live::bump`]), which the sessions watch.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use sha2::Digest as _;
 
@@ -50,6 +50,27 @@ impl ChunkIndex {
     }
 }
 
+/// One index's view of a blob's bytes: which chunks matched it, which failed it twice.
+///
+/// Each distinct index gets its own: volumes of different manifests may share a blob, and
+/// each trusts only its own manifest's index. A chunk that fails an index is fetched again
+/// once for everyone (unless its bytes were already hashed for the whole-blob digest); a
+/// second failure makes it unreadable only for volumes checking with that index. The bytes
+/// stay, so the blob still completes, and its digest decides: a blob that matches it is good
+/// (the index was wrong), one that does not fails every volume.
+#[derive(Debug)]
+struct Check {
+    index: Arc<ChunkIndex>,
+    verified: Segments,
+    bad: Segments,
+    /// How often each chunk failed.
+    failures: HashMap<u64, u32>,
+    /// Chunks being hashed now (by another writer's check).
+    busy: HashSet<u64>,
+    /// Every chunk on disk when the index came was queued for checking.
+    caught_up: bool,
+}
+
 /// One blob's live state (shared by its download and the lazy sessions reading it).
 #[derive(Debug)]
 pub struct Live {
@@ -57,21 +78,21 @@ pub struct Live {
     pub covered: AtomicU64,
     /// The blob's size.
     pub size: u64,
-    /// Ranges written to the partial file (what the follower hashes without an index).
+    /// Ranges written to the partial file.
     pub segs: Mutex<Segments>,
-    /// Notified as `segs` (or `verified`) grows.
+    /// Notified as `segs` (or `settled`) grows.
     pub grew: Condvar,
-    /// Chunks whose bytes matched the index (readable for an indexed volume; what the follower
-    /// hashes when there is an index).
-    pub verified: Mutex<Segments>,
-    /// Chunks that failed the index twice: reads of them fail.
-    pub bad: Mutex<Segments>,
-    index: OnceLock<Arc<ChunkIndex>>,
+    /// Ranges on disk that will not be written again: checked by every index the blob has
+    /// (matched, or failed twice), or all of `segs` without one. What the follower hashes.
+    pub settled: Mutex<Segments>,
+    /// The indexes volumes read the blob with, each with what it verified.
+    checks: Mutex<Vec<Check>>,
     /// Ranges readers wait for, oldest first, taken by the download's demand workers.
     pub demand: Mutex<VecDeque<Range<u64>>>,
     /// Ranges demand workers are fetching now (a wish they cover is not queued again).
     pub fetching: Mutex<Vec<Range<u64>>>,
-    /// Notified when `demand` gets a range, the fill is switched on, or the download should stop.
+    /// Notified when `demand` gets a range, the fill is switched on, an index comes, or the
+    /// download should stop.
     pub wake: tokio::sync::Notify,
     /// The background fill may run (an eager pull always; a lazy one once its turn came).
     fill: AtomicBool,
@@ -85,8 +106,6 @@ pub struct Live {
     pub demand_requests: AtomicU64,
     pub demand_bytes: AtomicU64,
     pub fill_bytes: AtomicU64,
-    /// How often each chunk failed its hash.
-    failures: Mutex<HashMap<u64, u32>>,
     /// The cache's change counter.
     changed: Option<Arc<tokio::sync::watch::Sender<u64>>>,
 }
@@ -99,9 +118,8 @@ impl Live {
             size,
             segs: Mutex::new(Segments::default()),
             grew: Condvar::new(),
-            verified: Mutex::new(Segments::default()),
-            bad: Mutex::new(Segments::default()),
-            index: OnceLock::new(),
+            settled: Mutex::new(Segments::default()),
+            checks: Mutex::new(Vec::new()),
             demand: Mutex::new(VecDeque::new()),
             fetching: Mutex::new(Vec::new()),
             wake: tokio::sync::Notify::new(),
@@ -111,7 +129,6 @@ impl Live {
             demand_requests: AtomicU64::new(0),
             demand_bytes: AtomicU64::new(0),
             fill_bytes: AtomicU64::new(0),
-            failures: Mutex::new(HashMap::new()),
             changed,
         }
     }
@@ -123,14 +140,35 @@ impl Live {
         }
     }
 
-    /// The chunk index, if the blob has one.
-    pub fn index(&self) -> Option<&Arc<ChunkIndex>> {
-        self.index.get()
+    /// Does any volume read the blob with a chunk index?
+    pub fn indexed(&self) -> bool {
+        !lock(&self.checks).is_empty()
     }
 
-    /// Give the blob its chunk index (the first one given stays).
-    pub fn set_index(&self, index: Arc<ChunkIndex>) {
-        let _ = self.index.set(index);
+    /// A volume reads the blob with `index`: its chunks are checked against it (those on disk
+    /// already at the download's next step). An index given before is kept once.
+    pub fn add_index(&self, index: Arc<ChunkIndex>) {
+        {
+            let mut checks = lock(&self.checks);
+            if checks.iter().any(|c| *c.index == *index) {
+                return;
+            }
+            checks.push(Check {
+                index,
+                verified: Segments::default(),
+                bad: Segments::default(),
+                failures: HashMap::new(),
+                busy: HashSet::new(),
+                caught_up: false,
+            });
+        }
+        self.wake.notify_waiters();
+    }
+
+    /// An index came whose chunks on disk are not checked yet ([`Live::verify`] with nothing
+    /// written checks them).
+    pub fn behind(&self) -> bool {
+        lock(&self.checks).iter().any(|c| !c.caught_up)
     }
 
     /// Let the background fill run.
@@ -167,84 +205,180 @@ impl Live {
         self.wake.notify_waiters();
     }
 
-    /// The ranges a reader may read now: the verified chunks when the blob has an index, else
-    /// what is on disk.
-    pub fn readable(&self) -> Vec<(u64, u64)> {
-        match self.index() {
-            Some(_) => lock(&self.verified).spans(),
+    /// `f` of the check of `index`, or `default` when the blob has none for it.
+    fn with_check<T>(&self, index: &ChunkIndex, default: T, f: impl FnOnce(&Check) -> T) -> T {
+        lock(&self.checks).iter().find(|c| *c.index == *index).map_or(default, f)
+    }
+
+    /// The ranges a reader checking with `index` may read now: the chunks that matched it (none
+    /// before the index was added), or without an index what is on disk.
+    pub fn readable(&self, index: Option<&ChunkIndex>) -> Vec<(u64, u64)> {
+        match index {
+            Some(i) => self.with_check(i, Vec::new(), |c| c.verified.spans()),
             None => lock(&self.segs).spans(),
         }
     }
 
-    /// The ranges that failed verification twice.
-    pub fn bad_spans(&self) -> Vec<(u64, u64)> {
-        lock(&self.bad).spans()
+    /// The ranges that failed `index` twice (nothing without an index).
+    pub fn bad_spans(&self, index: Option<&ChunkIndex>) -> Vec<(u64, u64)> {
+        index.map_or_else(Vec::new, |i| self.with_check(i, Vec::new(), |c| c.bad.spans()))
     }
 
-    /// Bytes whose chunk hash matched (0 without an index).
-    pub fn verified_bytes(&self) -> u64 {
-        lock(&self.verified).covered()
+    /// Bytes whose chunk matched `index` (0 without an index).
+    pub fn verified_bytes(&self, index: Option<&ChunkIndex>) -> u64 {
+        index.map_or(0, |i| self.with_check(i, 0, |c| c.verified.covered()))
     }
 
-    /// Check every chunk that `written` completed against the index, reading it back from
-    /// `file`: a match is verified; a first mismatch is forgotten (written again: it goes back
-    /// to the demand queue, and `unclaim` lets a writer take it), a second one is bad. Blocking.
-    /// Without an index, nothing to do.
+    /// The ranges some index failed twice, each with its chunk size (what a completed blob's
+    /// digest overrules).
+    pub fn disagreements(&self) -> Vec<(u64, Vec<(u64, u64)>)> {
+        lock(&self.checks).iter().filter(|c| !c.bad.spans().is_empty()).map(|c| (c.index.chunk, c.bad.spans())).collect()
+    }
+
+    /// Check the chunks that `written` completed against every index, reading them back from
+    /// `file` (and, for an index that came since the last call, every chunk on disk): a match
+    /// is verified; a first mismatch is written again (it goes back to the demand queue, and
+    /// `unclaim` lets a writer take it) unless its bytes are settled; otherwise it is bad for
+    /// that index. Then the bytes every index checked are settled. Blocking.
     pub fn verify(&self, file: &File, written: &[Range<u64>], unclaim: &dyn Fn(Range<u64>)) {
-        let Some(index) = self.index().cloned() else { return };
-        let mut changed = false;
-        for r in written {
-            for k in index.chunks_of(r) {
-                let range = index.range(k, self.size);
-                if range.is_empty() || lock(&self.verified).contains(range.clone()) {
-                    continue;
-                }
-                if !lock(&self.segs).contains(range.clone()) {
-                    continue;
-                }
-                let mut buf = vec![0u8; (range.end - range.start) as usize];
-                let ok = file.read_exact_at(&mut buf, range.start).is_ok() && index.matches(k, &buf);
-                changed = true;
-                if ok {
-                    lock(&self.verified).insert(range);
-                    continue;
-                }
-                lock(&self.segs).remove(range.clone());
-                unclaim(range.clone());
-                let failures = {
-                    let mut f = lock(&self.failures);
-                    let n = f.entry(k).or_insert(0);
-                    *n += 1;
-                    *n
-                };
-                if failures == 1 {
-                    tracing::warn!(
-                        chunk = k,
-                        start = range.start,
-                        "a chunk does not match the index; fetching it again"
-                    );
-                    lock(&self.demand).push_front(range);
-                    self.wake.notify_waiters();
+        // Which chunks to hash, claimed (busy) so a concurrent call leaves them alone.
+        let mut jobs: Vec<(usize, u64, Range<u64>)> = Vec::new();
+        let mut scope: Vec<Range<u64>> = written.to_vec();
+        {
+            let mut checks = lock(&self.checks);
+            if checks.is_empty() {
+                self.settle(written.to_vec());
+                return;
+            }
+            let segs = lock(&self.segs).clone();
+            for (n, c) in checks.iter_mut().enumerate() {
+                let ranges = if c.caught_up {
+                    written.to_vec()
                 } else {
-                    tracing::error!(
-                        chunk = k,
-                        start = range.start,
-                        "a chunk does not match the index twice; reads of it fail"
-                    );
-                    lock(&self.bad).insert(range);
+                    c.caught_up = true;
+                    scope.extend(segs.ranges().iter().cloned());
+                    segs.ranges().to_vec()
+                };
+                for r in &ranges {
+                    for k in c.index.chunks_of(r) {
+                        let range = c.index.range(k, self.size);
+                        if range.is_empty()
+                            || c.busy.contains(&k)
+                            || c.verified.contains(range.clone())
+                            || c.bad.contains(range.clone())
+                            || !segs.contains(range.clone())
+                        {
+                            continue;
+                        }
+                        c.busy.insert(k);
+                        jobs.push((n, k, range));
+                    }
                 }
             }
         }
-        if changed {
-            self.grew.notify_all();
+        let results: Vec<bool> = jobs
+            .iter()
+            .map(|(n, k, range)| {
+                let index = lock(&self.checks)[*n].index.clone();
+                let mut buf = vec![0u8; (range.end - range.start) as usize];
+                file.read_exact_at(&mut buf, range.start).is_ok() && index.matches(*k, &buf)
+            })
+            .collect();
+        let mut checks = lock(&self.checks);
+        let mut again: Vec<Range<u64>> = Vec::new();
+        for ((n, k, range), ok) in jobs.iter().zip(results) {
+            let c = &mut checks[*n];
+            c.busy.remove(k);
+            scope.push(range.clone());
+            if ok {
+                c.verified.insert(range.clone());
+                continue;
+            }
+            let failures = {
+                let n = c.failures.entry(*k).or_insert(0);
+                *n += 1;
+                *n
+            };
+            let hashed = lock(&self.settled).within(range.clone()) != Vec::<Range<u64>>::new();
+            if failures == 1 && !hashed {
+                tracing::warn!(chunk = k, start = range.start, "a chunk does not match an index; fetching it again");
+                again.push(range.clone());
+            } else {
+                tracing::error!(
+                    chunk = k,
+                    start = range.start,
+                    "a chunk does not match an index twice; reads of it with that index fail until the whole blob matches its digest"
+                );
+                c.bad.insert(range.clone());
+            }
+        }
+        for r in &again {
+            for c in checks.iter_mut() {
+                c.verified.remove(r.clone());
+            }
+            lock(&self.segs).remove(r.clone());
+            unclaim(r.clone());
+            lock(&self.demand).push_front(r.clone());
+        }
+        // What every index checked is settled; a range is settled once its chunks under every
+        // index are (so the scope reaches out to the chunk bounds).
+        let mut settled = Vec::new();
+        {
+            let segs = lock(&self.segs);
+            for r in &scope {
+                let (start, end) = checks.iter().fold((r.start, r.end), |(s, e), c| {
+                    let ks = c.index.chunks_of(r);
+                    (s.min(ks.start * c.index.chunk), e.max((ks.end * c.index.chunk).min(self.size)))
+                });
+                let mut pieces = segs.within(start..end);
+                for c in checks.iter() {
+                    let mut kept = Segments::default();
+                    for p in &pieces {
+                        for q in c.verified.within(p.clone()).into_iter().chain(c.bad.within(p.clone())) {
+                            kept.insert(q);
+                        }
+                    }
+                    pieces = kept.ranges().to_vec();
+                }
+                settled.extend(pieces);
+            }
+        }
+        // Under the checks' lock: an index added now finds these settled.
+        self.settle(settled);
+        drop(checks);
+        if !again.is_empty() {
+            self.wake.notify_waiters();
+        }
+        if !jobs.is_empty() {
             self.bump();
         }
     }
 
-    /// How many chunks failed the index so far (each counts once per failure).
+    /// `ranges` will not be written again: the follower may hash them (called with the checks
+    /// locked).
+    fn settle(&self, ranges: Vec<Range<u64>>) {
+        if ranges.is_empty() {
+            return;
+        }
+        {
+            let mut settled = lock(&self.settled);
+            for r in ranges {
+                settled.insert(r);
+            }
+        }
+        self.grew.notify_all();
+    }
+
+    /// Start over (a new download): nothing is settled until checked again against what is
+    /// on disk now.
+    pub fn unsettle(&self) {
+        *lock(&self.settled) = Segments::default();
+    }
+
+    /// How many chunks failed an index so far (each counts once per failure).
     #[cfg(test)]
     pub fn chunk_failures(&self) -> u64 {
-        lock(&self.failures).values().map(|n| u64::from(*n)).sum()
+        lock(&self.checks).iter().flat_map(|c| c.failures.values()).map(|n| u64::from(*n)).sum()
     }
 }
 
@@ -263,46 +397,116 @@ mod tests {
         ChunkIndex { chunk, hashes }
     }
 
+    fn blob_file(dir: &tempfile::TempDir, bytes: &[u8]) -> File {
+        let path = dir.path().join("blob");
+        std::fs::File::create(&path).unwrap().write_all(bytes).unwrap();
+        File::open(&path).unwrap()
+    }
+
     #[test]
     fn chunks_are_verified_once_written_and_a_bad_one_is_fetched_again_then_refused() {
         let good: Vec<u8> = (0..100u32).map(|i| i as u8).collect();
         let index = Arc::new(index_of(&good, 32));
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("blob");
         let mut bad = good.clone();
         bad[40] ^= 1; // chunk 1 is wrong on disk
-        std::fs::File::create(&path).unwrap().write_all(&bad).unwrap();
-        let file = File::open(&path).unwrap();
+        let file = blob_file(&dir, &bad);
         let live = Live::new(100, None);
-        live.set_index(index);
+        live.add_index(index.clone());
         lock(&live.segs).insert(0..100);
         let unclaimed = Mutex::new(Vec::new());
         let unclaim = |r: Range<u64>| unclaimed.lock().unwrap().push(r);
         live.verify(&file, std::slice::from_ref(&(0..100)), &unclaim);
-        assert_eq!(live.readable(), [(0, 32), (64, 100)], "chunk 1 is not readable");
+        assert_eq!(live.readable(Some(&index)), [(0, 32), (64, 100)], "chunk 1 is not readable");
         assert_eq!(lock(&live.segs).spans(), [(0, 32), (64, 100)], "and is to be written again");
+        assert_eq!(lock(&live.settled).spans(), [(0, 32), (64, 100)], "nor hashed for the digest yet");
         assert_eq!(*unclaimed.lock().unwrap(), vec![32..64]);
         assert_eq!(lock(&live.demand).front(), Some(&(32..64)), "fetched again before anything else");
-        // Written again, still wrong: bad.
+        // Written again, still wrong: bad for this index; the bytes stay for the blob's digest
+        // to decide.
         lock(&live.segs).insert(32..64);
         live.verify(&file, std::slice::from_ref(&(32..64)), &unclaim);
-        assert_eq!(live.bad_spans(), [(32, 64)]);
+        assert_eq!(live.bad_spans(Some(&index)), [(32, 64)]);
+        assert_eq!(live.readable(Some(&index)), [(0, 32), (64, 100)]);
+        assert_eq!(lock(&live.settled).spans(), [(0, 100)], "the follower hashes it all");
+        assert_eq!(live.disagreements(), [(32, vec![(32, 64)])]);
         assert_eq!(live.chunk_failures(), 2);
         // Right the second time around (another blob): verified.
         let live = Live::new(100, None);
-        live.set_index(Arc::new(index_of(&good, 32)));
-        std::fs::File::create(&path).unwrap().write_all(&good).unwrap();
+        live.add_index(Arc::new(index_of(&good, 32)));
+        let file = blob_file(&dir, &good);
         lock(&live.segs).insert(0..70);
-        live.verify(&File::open(&path).unwrap(), std::slice::from_ref(&(0..70)), &unclaim);
-        assert_eq!(live.readable(), [(0, 64)], "only whole chunks");
-        assert_eq!(live.verified_bytes(), 64);
+        live.verify(&file, std::slice::from_ref(&(0..70)), &unclaim);
+        assert_eq!(live.readable(Some(&index)), [(0, 64)], "only whole chunks");
+        assert_eq!(live.verified_bytes(Some(&index)), 64);
+        assert_eq!(lock(&live.settled).spans(), [(0, 64)], "the chunk not yet whole is not settled");
+    }
+
+    #[test]
+    fn a_wrong_index_only_fails_the_volumes_that_read_with_it() {
+        let good: Vec<u8> = (0..128u32).map(|i| (i * 7) as u8).collect();
+        let right = Arc::new(index_of(&good, 32));
+        let mut lie = index_of(&good, 64);
+        lie.hashes[1] = [0; 32]; // bytes 64..128 "should" hash to zeros
+        let lie = Arc::new(lie);
+        let dir = tempfile::tempdir().unwrap();
+        let file = blob_file(&dir, &good);
+        let live = Live::new(128, None);
+        live.add_index(lie.clone());
+        live.add_index(right.clone());
+        live.add_index(Arc::new(index_of(&good, 32))); // the same index again: one check
+        assert_eq!(lock(&live.checks).len(), 2);
+        let unclaim = |_: Range<u64>| {};
+        lock(&live.segs).insert(0..128);
+        live.verify(&file, std::slice::from_ref(&(0..128)), &unclaim);
+        // The wrong index costs one fetch again of its chunk, for everyone...
+        assert_eq!(lock(&live.segs).spans(), [(0, 64)]);
+        assert_eq!(live.readable(Some(&right)), [(0, 64)]);
+        assert_eq!(live.readable(None), [(0, 64)]);
+        // ... which brings the same bytes: readable with the right index and without one, not
+        // with the wrong one.
+        lock(&live.segs).insert(64..128);
+        live.verify(&file, std::slice::from_ref(&(64..128)), &unclaim);
+        assert_eq!(live.readable(Some(&right)), [(0, 128)]);
+        assert_eq!(live.readable(None), [(0, 128)]);
+        assert_eq!(live.readable(Some(&lie)), [(0, 64)]);
+        assert_eq!(live.bad_spans(Some(&lie)), [(64, 128)]);
+        assert!(live.bad_spans(Some(&right)).is_empty());
+        assert_eq!(lock(&live.settled).spans(), [(0, 128)], "the blob completes, for its digest to decide");
+        // An index no volume added reads nothing.
+        assert!(live.readable(Some(&index_of(&good, 128))).is_empty());
+    }
+
+    #[test]
+    fn an_index_that_comes_late_checks_what_is_on_disk_and_never_rewrites_hashed_bytes() {
+        let good: Vec<u8> = (0..96u32).map(|i| (i * 3) as u8).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let file = blob_file(&dir, &good);
+        let live = Live::new(96, None);
+        let unclaim = |_: Range<u64>| {};
+        lock(&live.segs).insert(0..64);
+        live.verify(&file, std::slice::from_ref(&(0..64)), &unclaim);
+        assert_eq!(lock(&live.settled).spans(), [(0, 64)], "without an index, what is written is settled");
+        let mut late = index_of(&good, 32);
+        late.hashes[0] = [1; 32];
+        let late = Arc::new(late);
+        live.add_index(late.clone());
+        assert!(live.behind());
+        // Nothing written: the bytes on disk are checked. Chunk 0 was hashed already: it is not
+        // written again, only bad for this index.
+        live.verify(&file, &[], &unclaim);
+        assert!(!live.behind());
+        assert_eq!(live.readable(Some(&late)), [(32, 64)]);
+        assert_eq!(live.bad_spans(Some(&late)), [(0, 32)]);
+        assert_eq!(lock(&live.segs).spans(), [(0, 64)]);
+        assert!(lock(&live.demand).is_empty());
     }
 
     #[test]
     fn without_an_index_what_is_written_is_readable_and_wishes_are_queued_once() {
         let live = Live::new(10, None);
         lock(&live.segs).insert(2..5);
-        assert_eq!(live.readable(), [(2, 5)]);
+        assert_eq!(live.readable(None), [(2, 5)]);
         live.want(0..4);
         live.want(1..3);
         live.want(5..9);

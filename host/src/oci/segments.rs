@@ -66,6 +66,17 @@ impl Segments {
         out
     }
 
+    /// The recorded parts of `r`, in order.
+    pub fn within(&self, r: Range<u64>) -> Vec<Range<u64>> {
+        self.have
+            .iter()
+            .skip_while(|h| h.end <= r.start)
+            .take_while(|h| h.start < r.end)
+            .map(|h| h.start.max(r.start)..h.end.min(r.end))
+            .filter(|h| h.start < h.end)
+            .collect()
+    }
+
     /// Is all of `r` recorded?
     pub fn contains(&self, r: Range<u64>) -> bool {
         r.start >= r.end || self.missing_in(r).is_empty()

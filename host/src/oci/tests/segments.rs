@@ -20,6 +20,18 @@ fn ranges_merge_and_leave_gaps() {
 }
 
 #[test]
+fn within_gives_the_recorded_parts_of_a_range() {
+    let mut s = Segments::default();
+    s.insert(10..20);
+    s.insert(30..40);
+    assert_eq!(s.within(0..100), [10..20, 30..40]);
+    assert_eq!(s.within(15..35), [15..20, 30..35]);
+    assert_eq!(s.within(20..30), Vec::<std::ops::Range<u64>>::new());
+    assert_eq!(s.within(12..13), std::slice::from_ref(&(12..13)));
+    assert_eq!(s.within(5..5), Vec::<std::ops::Range<u64>>::new());
+}
+
+#[test]
 fn the_sidecar_round_trips_and_lies_are_refused() {
     let mut s = Segments::default();
     s.insert(0..100);
