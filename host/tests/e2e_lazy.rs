@@ -671,6 +671,44 @@ fn an_indexed_volume_checks_every_chunk_before_a_reader_gets_it() {
     });
 }
 
+#[test]
+fn a_server_binary_its_user_cannot_reach_fails_the_stage_naming_the_directory() {
+    if !in_private_namespace("a_server_binary_its_user_cannot_reach_fails_the_stage_naming_the_directory") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let (registry, _work, model, _weights, _relay, reference) = behind_relay("models/unreachable", 1 << 20, u64::MAX);
+    // The host's binary in a directory only root may search (a checkout in a 0700 home).
+    let closed = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(closed.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let server = closed.path().join("mounthost");
+    std::fs::copy(env!("CARGO_BIN_EXE_mounthost"), &server).unwrap();
+    let node = ModelNode::start(vec![
+        format!("--insecure-registry={}", reference.split('/').next().unwrap()),
+        format!("--lazy-server={}", server.display()),
+    ]);
+    run(&node, &registry, async || {
+        let mut csi = node.node().await;
+        let staging = node.dirs.staging("pv-unreachable");
+        let err =
+            csi.node_stage_volume(stage_req("pv-unreachable", &staging, &lazy_ctx(&reference))).await.unwrap_err();
+        let dir = closed.path().display().to_string();
+        assert!(
+            err.message().contains(&format!("the directory {dir} (mode 700) does not let other users search it")),
+            "{err:?}"
+        );
+        assert!(mounts_below(&staging).is_empty());
+        // Searchable, the same stage works.
+        std::fs::set_permissions(closed.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        csi.node_stage_volume(stage_req("pv-unreachable", &staging, &lazy_ctx(&reference))).await.unwrap();
+        let target = node.dirs.target("pod-unreachable", "pv-unreachable");
+        csi.node_publish_volume(publish_req("pv-unreachable", &staging, &target, &lazy_ctx(&reference))).await.unwrap();
+        until_complete(&node, "pv-unreachable", Duration::from_secs(60)).await;
+        assert_eq!(tree(&target), expected(&model, |_| true));
+        unstage(&mut csi, "pv-unreachable", &staging, &target).await;
+    });
+}
+
 /// Push `doc` (a chunk index document) into `model`'s repository as the chunk index of its
 /// manifest, by hand: the artifact, and the referrers tag schema's index listing it.
 fn push_index_doc(registry: &Registry, model: &PushedModel, doc: &mounthost::oci::IndexDoc) {
@@ -725,7 +763,9 @@ fn a_wrong_index_fails_only_its_own_volume_and_the_blob_digest_overrules_it() {
     let layers: Vec<(String, Vec<u8>)> = model
         .layers
         .iter()
-        .map(|l| (l.descriptor.digest.clone(), std::fs::read(registry.blob_storage_path(&l.descriptor.digest)).unwrap()))
+        .map(|l| {
+            (l.descriptor.digest.clone(), std::fs::read(registry.blob_storage_path(&l.descriptor.digest)).unwrap())
+        })
         .collect();
     let digest = model.layer("model.safetensors").digest.clone();
     let mut doc = mounthost::oci::index_of(1 << 20, &layers);

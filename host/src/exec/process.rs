@@ -68,6 +68,12 @@ pub enum ProcessError {
     /// The program could not be started.
     #[error("starting {path}: {source}")]
     Spawn { path: PathBuf, source: std::io::Error },
+    /// The program could not be started as an unprivileged id: a directory on its path does
+    /// not let that id through.
+    #[error(
+        "starting {path} as uid {uid}: {source}; the directory {dir} (mode {mode:o}) does not let other users search it: install the program below directories every user may search, or `chmod o+x` that one"
+    )]
+    Unreachable { path: PathBuf, uid: u32, dir: PathBuf, mode: u32, source: std::io::Error },
     /// Its start time could not be read right after spawning.
     #[error("reading /proc/{pid}/stat: {source}")]
     Stat { pid: i32, source: std::io::Error },
@@ -184,11 +190,31 @@ pub fn spawn_as(
             Ok(())
         });
     }
-    let child = cmd.spawn().map_err(|source| ProcessError::Spawn { path: spec.executable.to_path_buf(), source })?;
+    let child = cmd.spawn().map_err(|source| {
+        let path = spec.executable.to_path_buf();
+        match (unprivileged, unsearchable_dir(&path)) {
+            (Some(u), Some((dir, mode))) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+                ProcessError::Unreachable { path, uid: u.uid, dir, mode, source }
+            }
+            _ => ProcessError::Spawn { path, source },
+        }
+    })?;
     let pid = i32::try_from(child.id()).expect("pids fit in i32");
     // `child` is dropped without waiting: the process lives on; `stop` or the supervisor reaps it.
     let start_time = start_time(pid).map_err(|source| ProcessError::Stat { pid, source })?;
     Ok(ProcessId { pid, start_time })
+}
+
+/// The first directory on `path` (absolute) that other users may not search, and its mode: why
+/// a program an unprivileged id runs may fail to start with EACCES (a checkout under a 0700
+/// home or `mktemp -d` directory, say). Owner and group bits are not weighed: the ids the
+/// host drops to own nothing.
+fn unsearchable_dir(path: &Path) -> Option<(PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    path.ancestors().skip(1).collect::<Vec<_>>().into_iter().rev().find_map(|dir| {
+        let mode = std::fs::metadata(dir).ok()?.permissions().mode() & 0o7777;
+        (mode & 0o001 == 0).then(|| (dir.to_path_buf(), mode))
+    })
 }
 
 /// Hold descriptors 0 to [`crate::unpriv::lazy_wire::CONTROL_FD`] for the life of the process,
@@ -472,6 +498,22 @@ mod tests {
     use super::*;
 
     const CHILD: &str = "MOUNTHOST_TEST_RESERVE_CHILD";
+
+    #[test]
+    fn the_first_directory_others_may_not_search_is_named() {
+        use std::os::unix::fs::PermissionsExt;
+        let top = tempfile::tempdir().unwrap();
+        let open = top.path().join("open");
+        let closed = open.join("closed");
+        std::fs::create_dir_all(closed.join("bin")).unwrap();
+        std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o750)).unwrap();
+        let program = closed.join("bin/mounthost");
+        assert_eq!(unsearchable_dir(&program), Some((closed.clone(), 0o750)));
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o751)).unwrap();
+        assert_eq!(unsearchable_dir(&program), None, "/tmp and / let everyone search");
+    }
 
     /// In a process of its own (this test binary run again for this test alone) that starts
     /// with descriptors 0 and 3 free, as a daemon started with stdin closed would: after the

@@ -232,7 +232,11 @@ impl Live {
     /// The ranges some index failed twice, each with its chunk size (what a completed blob's
     /// digest overrules).
     pub fn disagreements(&self) -> Vec<(u64, Vec<(u64, u64)>)> {
-        lock(&self.checks).iter().filter(|c| !c.bad.spans().is_empty()).map(|c| (c.index.chunk, c.bad.spans())).collect()
+        lock(&self.checks)
+            .iter()
+            .filter(|c| !c.bad.spans().is_empty())
+            .map(|c| (c.index.chunk, c.bad.spans()))
+            .collect()
     }
 
     /// Check the chunks that `written` completed against every index, reading them back from
