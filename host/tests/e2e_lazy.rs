@@ -679,7 +679,8 @@ fn a_server_binary_its_user_cannot_reach_fails_the_stage_naming_the_directory() 
     use std::os::unix::fs::PermissionsExt;
     let (registry, _work, model, _weights, _relay, reference) = behind_relay("models/unreachable", 1 << 20, u64::MAX);
     // The host's binary in a directory only root may search (a checkout in a 0700 home).
-    let closed = tempfile::tempdir().unwrap();
+    // Below /tmp, whose parents everyone may search, whatever TMPDIR says.
+    let closed = tempfile::tempdir_in("/tmp").unwrap();
     std::fs::set_permissions(closed.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
     let server = closed.path().join("mounthost");
     std::fs::copy(env!("CARGO_BIN_EXE_mounthost"), &server).unwrap();
@@ -780,8 +781,11 @@ fn a_wrong_index_fails_only_its_own_volume_and_the_blob_digest_overrules_it() {
         let (staging_b, target_b) = staged_and_published(&node, &mut csi, "pv-index-b", &lazy_ctx(&reference_b)).await;
         assert!(!progress(&node, "pv-index-b").await.unwrap().indexed);
         let (weights_a, weights_b) = (target_a.join("model.safetensors"), target_b.join("model.safetensors"));
-        // The volume with the wrong index: its chunk is fetched again once, then EIO.
+        // The volume with the wrong index: its chunk is fetched again once, then EIO (the
+        // host's refusal, not a read that waited too long).
+        let open_during_fill = std::fs::File::open(&weights_a).unwrap();
         assert_eq!(read_errno(&weights_a, 13 << 20, 4096), Some(nix::libc::EIO));
+        assert!(node.dirs.logs().contains("a chunk does not match an index twice"));
         assert_eq!(read_range(&weights_a, 12 << 20, 4096), read_range(&weights, 12 << 20, 4096), "others read");
         // The other manifest's volume reads the same bytes: another index does not decide for it.
         assert_eq!(read_range(&weights_b, 13 << 20, 1 << 20), read_range(&weights, 13 << 20, 1 << 20));
@@ -792,6 +796,12 @@ fn a_wrong_index_fails_only_its_own_volume_and_the_blob_digest_overrules_it() {
         let b = until_complete(&node, "pv-index-b", Duration::from_secs(60)).await;
         assert!(a.failed.is_empty() && b.failed.is_empty(), "{a:?} {b:?}");
         assert_eq!(read_range(&weights_a, 13 << 20, 1 << 20), read_range(&weights, 13 << 20, 1 << 20));
+        // A handle opened during the fill is served by the lazy server (no passthrough): it
+        // reads the chunk too.
+        let mut buf = vec![0u8; 1 << 20];
+        open_during_fill.read_exact_at(&mut buf, 13 << 20).unwrap();
+        assert_eq!(buf, read_range(&weights, 13 << 20, 1 << 20));
+        drop(open_during_fill);
         assert_eq!(tree(&target_a), expected(&model, |_| true));
         assert_eq!(tree(&target_b), expected(&model, |_| true));
         assert!(!condition(&mut csi, "pv-index-a", &staging_a).await.0);

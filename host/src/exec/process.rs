@@ -502,7 +502,8 @@ mod tests {
     #[test]
     fn the_first_directory_others_may_not_search_is_named() {
         use std::os::unix::fs::PermissionsExt;
-        let top = tempfile::tempdir().unwrap();
+        // Below /tmp, whose parents everyone may search, whatever TMPDIR says.
+        let top = tempfile::tempdir_in("/tmp").unwrap();
         let open = top.path().join("open");
         let closed = open.join("closed");
         std::fs::create_dir_all(closed.join("bin")).unwrap();

@@ -110,6 +110,7 @@ fn apply(
         ToServer::Complete { layer, backing } => {
             if let Some(l) = g.layers.get_mut(layer as usize) {
                 l.complete = true;
+                l.bad.clear();
             }
             // Only the files this layer serves: a path a later layer gave again is that
             // layer's file, and its bytes are not these.

@@ -206,7 +206,7 @@ impl LazyFs {
                 return Err(Errno::EIO);
             }
             let Some(l) = g.layers.get(layer as usize) else { return Err(Errno::EIO) };
-            if l.bad.iter().any(|(a, b)| *a < end && start < *b) {
+            if l.refuses(start, end) {
                 return Err(Errno::EIO);
             }
             if (l.complete || covers(&l.readable, start, end))

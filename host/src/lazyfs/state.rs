@@ -29,6 +29,14 @@ pub struct Layer {
     pub file: Option<Arc<File>>,
 }
 
+impl Layer {
+    /// Does a read of `[start, end)` fail: a range that failed the volume's chunk index twice,
+    /// while the blob is not complete (once it is, its digest vouches for every byte)?
+    pub fn refuses(&self, start: u64, end: u64) -> bool {
+        !self.complete && self.bad.iter().any(|(a, b)| *a < end && start < *b)
+    }
+}
+
 /// Everything behind the lock.
 #[derive(Debug, Default)]
 pub struct Inner {
@@ -150,5 +158,21 @@ impl Shared {
             writers.pop();
         }
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Layer;
+
+    #[test]
+    fn a_bad_range_fails_reads_until_the_blob_is_complete() {
+        let mut l = Layer { size: 100, bad: vec![(32, 64)], ..Default::default() };
+        assert!(l.refuses(40, 41));
+        assert!(l.refuses(0, 33), "a read that touches it");
+        assert!(!l.refuses(0, 32) && !l.refuses(64, 100), "reads beside it");
+        // The blob matched its digest: the index that disagreed was wrong.
+        l.complete = true;
+        assert!(!l.refuses(40, 41));
     }
 }

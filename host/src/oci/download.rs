@@ -194,6 +194,7 @@ pub(super) async fn download(
     };
     let demanders = futures_util::future::join_all((0..demand).map(|_| ctx.demand()));
     futures_util::future::join(workers, demanders).await;
+    ctx.mop_up().await;
     let received = started.elapsed();
 
     let failed = lock(&shared.failed).take();
@@ -415,16 +416,11 @@ impl Stream<'_> {
     /// A demand worker: fetch the ranges readers wait for, until the blob is written.
     async fn demand(&self) {
         loop {
-            if self.ended() {
+            if !self.catch_up().await {
                 return;
             }
-            if self.live.behind() {
-                // An index came: the chunks on disk are checked for it now, not at the next write.
-                if let Err(e) = self.check(&[]).await {
-                    let partial = self.store.partial(&self.blob.hex);
-                    self.fail(OciError::local(&partial, &e, &self.ep.ctx.reference, &self.blob.digest));
-                    return;
-                }
+            if self.ended() {
+                return;
             }
             let Some(range) = lock(&self.live.demand).pop_front() else {
                 self.nap().await;
@@ -453,6 +449,49 @@ impl Stream<'_> {
             if let Err(e) = result {
                 self.fail(e);
                 return;
+            }
+        }
+    }
+
+    /// An index came: the chunks on disk are checked for it now, not at the next write. False
+    /// when that failed (the download fails).
+    async fn catch_up(&self) -> bool {
+        if !self.live.behind() {
+            return true;
+        }
+        if let Err(e) = self.check(&[]).await {
+            let partial = self.store.partial(&self.blob.hex);
+            self.fail(OciError::local(&partial, &e, &self.ep.ctx.reference, &self.blob.digest));
+            return false;
+        }
+        true
+    }
+
+    /// After the streams and demand workers ended: fetch what an index sent to be fetched
+    /// again once they were gone (an eager pull has no demand workers), and check the bytes
+    /// for an index that came at the end, so the follower can hash every byte. Each chunk is
+    /// fetched again at most once per index, so this ends.
+    async fn mop_up(&self) {
+        for _ in 0..=super::live::MAX_INDEXES {
+            if lock(&self.shared.failed).is_some() || self.live.cancel.load(Ordering::Relaxed) {
+                return;
+            }
+            if !self.catch_up().await {
+                return;
+            }
+            let gaps = lock(&self.live.segs).gaps(self.blob.size);
+            if gaps.is_empty() {
+                return;
+            }
+            lock(&self.live.demand).clear();
+            for gap in gaps {
+                let pieces = lock(&self.shared.claimed).missing_in(gap);
+                for piece in pieces {
+                    if let Err(e) = self.fetch(piece, Role::Stream(0)).await {
+                        self.fail(e);
+                        return;
+                    }
+                }
             }
         }
     }
@@ -614,9 +653,7 @@ impl Stream<'_> {
     /// Settle `written` (with chunk indexes, check the chunks it completed, and those on disk
     /// for an index that came since the last check: [`Live::verify`]).
     async fn check(&self, written: &[Range<u64>]) -> io::Result<()> {
-        if !self.live.indexed() {
-            let unclaim = |r| lock(&self.shared.claimed).remove(r);
-            self.live.verify(&self.shared.file, written, &unclaim);
+        if self.live.settle_unindexed(written) {
             return Ok(());
         }
         let shared = self.shared.clone();

@@ -284,6 +284,7 @@ impl Artifacts {
         }
         let live = live.unwrap_or_else(|| self.live_of(&hex, b.size));
         if let Some(i) = index {
+            // Past the cap, the index is not checked: nothing is readable for it until complete.
             live.add_index(i.clone());
         }
         let index = index.map(|i| &**i);

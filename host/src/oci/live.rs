@@ -67,9 +67,16 @@ struct Check {
     failures: HashMap<u64, u32>,
     /// Chunks being hashed now (by another writer's check).
     busy: HashSet<u64>,
+    /// Busy chunks whose bytes another index sent to be fetched again meanwhile: what their
+    /// hash says is of bytes that are going, and is dropped.
+    stale: HashSet<u64>,
     /// Every chunk on disk when the index came was queued for checking.
     caught_up: bool,
 }
+
+/// Distinct indexes one blob is checked against at most; a volume whose index would be one
+/// more reads the blob once it is complete (its digest verified).
+pub const MAX_INDEXES: usize = 8;
 
 /// One blob's live state (shared by its download and the lazy sessions reading it).
 #[derive(Debug)]
@@ -140,18 +147,21 @@ impl Live {
         }
     }
 
-    /// Does any volume read the blob with a chunk index?
-    pub fn indexed(&self) -> bool {
-        !lock(&self.checks).is_empty()
-    }
-
     /// A volume reads the blob with `index`: its chunks are checked against it (those on disk
-    /// already at the download's next step). An index given before is kept once.
-    pub fn add_index(&self, index: Arc<ChunkIndex>) {
+    /// already at the download's next step). An index given before is kept once; past
+    /// [`MAX_INDEXES`] none is added (false).
+    pub fn add_index(&self, index: Arc<ChunkIndex>) -> bool {
         {
             let mut checks = lock(&self.checks);
-            if checks.iter().any(|c| *c.index == *index) {
-                return;
+            if checks.iter().any(|c| same(&c.index, &index)) {
+                return true;
+            }
+            if checks.len() >= MAX_INDEXES {
+                tracing::warn!(
+                    indexes = checks.len(),
+                    "a blob is read with more distinct chunk indexes than are checked; this volume reads it once it is complete"
+                );
+                return false;
             }
             checks.push(Check {
                 index,
@@ -159,10 +169,12 @@ impl Live {
                 bad: Segments::default(),
                 failures: HashMap::new(),
                 busy: HashSet::new(),
+                stale: HashSet::new(),
                 caught_up: false,
             });
         }
         self.wake.notify_waiters();
+        true
     }
 
     /// An index came whose chunks on disk are not checked yet ([`Live::verify`] with nothing
@@ -207,7 +219,7 @@ impl Live {
 
     /// `f` of the check of `index`, or `default` when the blob has none for it.
     fn with_check<T>(&self, index: &ChunkIndex, default: T, f: impl FnOnce(&Check) -> T) -> T {
-        lock(&self.checks).iter().find(|c| *c.index == *index).map_or(default, f)
+        lock(&self.checks).iter().find(|c| same(&c.index, index)).map_or(default, f)
     }
 
     /// The ranges a reader checking with `index` may read now: the chunks that matched it (none
@@ -240,11 +252,30 @@ impl Live {
     }
 
     /// Check the chunks that `written` completed against every index, reading them back from
-    /// `file` (and, for an index that came since the last call, every chunk on disk): a match
-    /// is verified; a first mismatch is written again (it goes back to the demand queue, and
-    /// `unclaim` lets a writer take it) unless its bytes are settled; otherwise it is bad for
-    /// that index. Then the bytes every index checked are settled. Blocking.
+    /// `file` (and, for an index that came since the last call, every chunk on disk, until none
+    /// is behind when this returns): a match is verified; a first mismatch is written again (it
+    /// goes back to the demand queue, and `unclaim` lets a writer take it) unless its bytes are
+    /// settled or another index verified them; otherwise it is bad for that index. Then the
+    /// bytes every index checked are settled. Blocking.
     pub fn verify(&self, file: &File, written: &[Range<u64>], unclaim: &dyn Fn(Range<u64>)) {
+        self.verify_pass(file, written, unclaim);
+        while self.behind() {
+            self.verify_pass(file, &[], unclaim);
+        }
+    }
+
+    /// Settle `written` if the blob has no index (nothing to hash): true. False when it has
+    /// one, and [`Live::verify`] must run (on a blocking thread).
+    pub fn settle_unindexed(&self, written: &[Range<u64>]) -> bool {
+        let checks = lock(&self.checks);
+        if !checks.is_empty() {
+            return false;
+        }
+        self.settle(written.to_vec());
+        true
+    }
+
+    fn verify_pass(&self, file: &File, written: &[Range<u64>], unclaim: &dyn Fn(Range<u64>)) {
         // Which chunks to hash, claimed (busy) so a concurrent call leaves them alone.
         let mut jobs: Vec<(usize, u64, Range<u64>)> = Vec::new();
         let mut scope: Vec<Range<u64>> = written.to_vec();
@@ -289,36 +320,54 @@ impl Live {
             })
             .collect();
         let mut checks = lock(&self.checks);
-        let mut again: Vec<Range<u64>> = Vec::new();
+        // Matches first, so that a mismatch sees what every index verified.
+        let mut failed = Vec::new();
         for ((n, k, range), ok) in jobs.iter().zip(results) {
             let c = &mut checks[*n];
             c.busy.remove(k);
+            if c.stale.remove(k) {
+                // Its bytes were sent to be fetched again: checked again when they are written.
+                continue;
+            }
             scope.push(range.clone());
             if ok {
                 c.verified.insert(range.clone());
-                continue;
+            } else {
+                failed.push((*n, *k, range.clone()));
             }
+        }
+        let mut again: Vec<Range<u64>> = Vec::new();
+        for (n, k, range) in failed {
             let failures = {
-                let n = c.failures.entry(*k).or_insert(0);
-                *n += 1;
-                *n
+                let f = checks[n].failures.entry(k).or_insert(0);
+                *f += 1;
+                *f
             };
-            let hashed = lock(&self.settled).within(range.clone()) != Vec::<Range<u64>>::new();
-            if failures == 1 && !hashed {
+            // Bytes the follower may have hashed, or that another index verified (its volumes
+            // may be reading them now), are never written again.
+            let hashed = !lock(&self.settled).within(range.clone()).is_empty();
+            let vouched =
+                checks.iter().enumerate().any(|(m, o)| m != n && !o.verified.within(range.clone()).is_empty());
+            if failures == 1 && !hashed && !vouched {
                 tracing::warn!(chunk = k, start = range.start, "a chunk does not match an index; fetching it again");
-                again.push(range.clone());
+                again.push(range);
             } else {
                 tracing::error!(
                     chunk = k,
                     start = range.start,
                     "a chunk does not match an index twice; reads of it with that index fail until the whole blob matches its digest"
                 );
-                c.bad.insert(range.clone());
+                checks[n].bad.insert(range);
             }
         }
         for r in &again {
             for c in checks.iter_mut() {
                 c.verified.remove(r.clone());
+                for k in c.index.chunks_of(r) {
+                    if c.busy.contains(&k) {
+                        c.stale.insert(k);
+                    }
+                }
             }
             lock(&self.segs).remove(r.clone());
             unclaim(r.clone());
@@ -373,9 +422,24 @@ impl Live {
         self.grew.notify_all();
     }
 
-    /// Start over (a new download): nothing is settled until checked again against what is
-    /// on disk now.
+    /// Start over (a new download, `segs` read from disk again): nothing is settled until
+    /// checked again, and what the indexes found holds only for bytes still on disk.
     pub fn unsettle(&self) {
+        let mut checks = lock(&self.checks);
+        let segs = lock(&self.segs).clone();
+        let on_disk = |s: &Segments| {
+            let mut kept = Segments::default();
+            for r in segs.ranges() {
+                for q in s.within(r.clone()) {
+                    kept.insert(q);
+                }
+            }
+            kept
+        };
+        for c in checks.iter_mut() {
+            c.verified = on_disk(&c.verified);
+            c.bad = on_disk(&c.bad);
+        }
         *lock(&self.settled) = Segments::default();
     }
 
@@ -384,6 +448,11 @@ impl Live {
     pub fn chunk_failures(&self) -> u64 {
         lock(&self.checks).iter().flat_map(|c| c.failures.values()).map(|n| u64::from(*n)).sum()
     }
+}
+
+/// The same index (the same one given again, or an equal one another volume loaded).
+fn same(a: &Arc<ChunkIndex>, b: &ChunkIndex) -> bool {
+    std::ptr::eq(&**a, b) || **a == *b
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -448,6 +517,7 @@ mod tests {
 
     #[test]
     fn a_wrong_index_only_fails_the_volumes_that_read_with_it() {
+        // Its chunk is 64..128; the right index's are 32 bytes.
         let good: Vec<u8> = (0..128u32).map(|i| (i * 7) as u8).collect();
         let right = Arc::new(index_of(&good, 32));
         let mut lie = index_of(&good, 64);
@@ -460,17 +530,11 @@ mod tests {
         live.add_index(right.clone());
         live.add_index(Arc::new(index_of(&good, 32))); // the same index again: one check
         assert_eq!(lock(&live.checks).len(), 2);
-        let unclaim = |_: Range<u64>| {};
+        let unclaim = |_: Range<u64>| panic!("the right index vouches for the bytes: nothing is fetched again");
         lock(&live.segs).insert(0..128);
         live.verify(&file, std::slice::from_ref(&(0..128)), &unclaim);
-        // The wrong index costs one fetch again of its chunk, for everyone...
-        assert_eq!(lock(&live.segs).spans(), [(0, 64)]);
-        assert_eq!(live.readable(Some(&right)), [(0, 64)]);
-        assert_eq!(live.readable(None), [(0, 64)]);
-        // ... which brings the same bytes: readable with the right index and without one, not
-        // with the wrong one.
-        lock(&live.segs).insert(64..128);
-        live.verify(&file, std::slice::from_ref(&(64..128)), &unclaim);
+        // Readable with the right index and without one; not with the wrong one, until the
+        // blob is complete and its digest decides.
         assert_eq!(live.readable(Some(&right)), [(0, 128)]);
         assert_eq!(live.readable(None), [(0, 128)]);
         assert_eq!(live.readable(Some(&lie)), [(0, 64)]);
@@ -504,6 +568,66 @@ mod tests {
         assert_eq!(live.bad_spans(Some(&late)), [(0, 32)]);
         assert_eq!(lock(&live.segs).spans(), [(0, 64)]);
         assert!(lock(&live.demand).is_empty());
+    }
+
+    #[test]
+    fn a_chunk_another_index_verified_is_never_fetched_again() {
+        let good: Vec<u8> = (0..64u32).map(|i| (i * 5) as u8).collect();
+        let right = Arc::new(index_of(&good, 32));
+        let mut lie = index_of(&good, 32);
+        lie.hashes[1] = [7; 32];
+        let lie = Arc::new(lie);
+        let dir = tempfile::tempdir().unwrap();
+        let file = blob_file(&dir, &good);
+        let live = Live::new(64, None);
+        let unclaim = |_: Range<u64>| panic!("nothing is fetched again");
+        live.add_index(right.clone());
+        lock(&live.segs).insert(0..64);
+        live.verify(&file, std::slice::from_ref(&(0..64)), &unclaim);
+        assert_eq!(live.readable(Some(&right)), [(0, 64)]);
+        // The wrong index comes once the right one verified the chunk: its volumes may be
+        // reading it, so it stays; only the wrong index's volumes are refused it.
+        live.add_index(lie.clone());
+        live.verify(&file, &[], &unclaim);
+        assert_eq!(live.bad_spans(Some(&lie)), [(32, 64)]);
+        assert_eq!(live.readable(Some(&right)), [(0, 64)]);
+        assert!(lock(&live.demand).is_empty());
+    }
+
+    #[test]
+    fn a_fetch_again_makes_another_indexs_check_in_flight_stale() {
+        let good: Vec<u8> = (0..64u32).map(|i| (i * 9) as u8).collect();
+        let right = Arc::new(index_of(&good, 32));
+        let mut lie = index_of(&good, 64);
+        lie.hashes[0] = [3; 32];
+        let lie = Arc::new(lie);
+        let dir = tempfile::tempdir().unwrap();
+        let file = blob_file(&dir, &good);
+        let live = Live::new(64, None);
+        live.add_index(lie.clone());
+        live.add_index(right.clone());
+        // Another writer's call is hashing both chunks of the right index now.
+        lock(&live.checks)[1].busy.extend([0, 1]);
+        lock(&live.checks)[1].caught_up = true;
+        lock(&live.segs).insert(0..64);
+        live.verify(&file, std::slice::from_ref(&(0..64)), &|_| {});
+        // The wrong index sent 0..64 to be fetched again: what the other call hashed is of
+        // bytes that are going.
+        assert_eq!(lock(&live.segs).spans(), Vec::<(u64, u64)>::new());
+        assert_eq!(lock(&live.checks)[1].stale, HashSet::from([0, 1]));
+        assert!(live.readable(Some(&right)).is_empty());
+    }
+
+    #[test]
+    fn no_more_than_max_indexes_are_checked() {
+        let live = Live::new(64, None);
+        for i in 0..MAX_INDEXES {
+            assert!(live.add_index(Arc::new(ChunkIndex { chunk: 64, hashes: vec![[i as u8; 32]] })));
+        }
+        let one_more = Arc::new(ChunkIndex { chunk: 64, hashes: vec![[0xff; 32]] });
+        assert!(!live.add_index(one_more.clone()));
+        assert!(live.readable(Some(&one_more)).is_empty(), "it reads the blob once complete");
+        assert!(live.add_index(Arc::new(ChunkIndex { chunk: 64, hashes: vec![[0; 32]] })), "one it has");
     }
 
     #[test]

@@ -583,3 +583,58 @@ async fn pull_metrics_tell_fetched_joined_and_cached_blobs() {
     assert_eq!(sample("mounthost_oci_pull_duration_seconds_count", &format!("{r},outcome=\"ok\"")), 3.0);
     assert_eq!(sample("mounthost_oci_pulls_in_progress", &r), 0.0);
 }
+
+/// An index for `data` in `chunk`-byte chunks, wrong about chunk `wrong`.
+fn index_wrong_at(data: &[u8], chunk: u64, wrong: usize) -> std::sync::Arc<super::super::ChunkIndex> {
+    use sha2::Digest as _;
+    let mut hashes: Vec<[u8; 32]> = data.chunks(chunk as usize).map(|c| sha2::Sha256::digest(c).into()).collect();
+    hashes[wrong] = [0; 32];
+    std::sync::Arc::new(super::super::ChunkIndex { chunk, hashes })
+}
+
+/// A lazy volume's index is wrong about one chunk of a blob an eager volume then pulls: the
+/// chunk is fetched again once (after the streams ended: an eager pull has no demand workers),
+/// its bytes stay, and the blob lands, its digest verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eager_pull_lands_though_a_lazy_volumes_index_is_wrong() {
+    let e = env().await;
+    let data = random(3 << 20, 21);
+    let b = e.blob(data.clone());
+    let index = index_wrong_at(&data, 64 << 10, 5);
+    e.a.lazy_register("lazy-vol", std::slice::from_ref(&b));
+    let view = e.a.lazy_view(&b, Some(&index));
+    assert!(view.readable.is_empty() && !view.complete);
+    assert_eq!(e.settle("eager-vol", std::slice::from_ref(&b)).await, Ensure::Ready);
+    assert_eq!(std::fs::read(e.path(&b)).unwrap(), data);
+    assert_eq!(e.a.bytes_fetched(), data.len() as u64 + (64 << 10), "the wrong chunk once more, nothing else");
+    let view = e.a.lazy_view(&b, Some(&index));
+    assert!(view.complete && view.bad.is_empty(), "the digest overrules the index: {view:?}");
+}
+
+/// A lazy download whose reader's index is wrong about one chunk: the reader is refused that
+/// chunk, another reader without the index is not, and the blob completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_index_refuses_its_reader_one_chunk_and_the_blob_completes() {
+    let e = env().await;
+    let data = random(2 << 20, 22);
+    let b = e.blob(data.clone());
+    let index = index_wrong_at(&data, 64 << 10, 3);
+    let src = e.src("v1");
+    e.a.lazy_register("lazy-vol", std::slice::from_ref(&b));
+    e.a.lazy_want("lazy-vol", &src, &b, 0, 1 << 20, true, Some(index.clone())).unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let view = e.a.lazy_view(&b, Some(&index));
+        if view.bad == [(3 << 16, 4 << 16)] && view.readable.first() == Some(&(0, 3 << 16)) {
+            break;
+        }
+        assert!(Instant::now() < until, "{view:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let plain = e.a.lazy_view(&b, None);
+    assert!(plain.readable.first().is_some_and(|r| r.0 == 0 && r.1 >= 1 << 20), "{plain:?}");
+    e.a.lazy_start("lazy-vol", &src, &b, true, false, Some(index.clone())).unwrap();
+    landed(&e, &b).await;
+    assert_eq!(std::fs::read(e.path(&b)).unwrap(), data);
+    assert!(e.a.lazy_view(&b, Some(&index)).complete);
+}
