@@ -473,7 +473,11 @@ impl Stream<'_> {
     /// fetched again at most once per index, so this ends.
     async fn mop_up(&self) {
         for _ in 0..=super::live::MAX_INDEXES {
-            if lock(&self.shared.failed).is_some() || self.live.cancel.load(Ordering::Relaxed) {
+            if lock(&self.shared.failed).is_some() {
+                return;
+            }
+            if self.live.cancel.load(Ordering::Relaxed) {
+                self.fail(self.cancelled());
                 return;
             }
             if !self.catch_up().await {
