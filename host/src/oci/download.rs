@@ -473,18 +473,15 @@ impl Stream<'_> {
     /// fetched again at most once per index, so this ends.
     async fn mop_up(&self) {
         for _ in 0..=super::live::MAX_INDEXES {
-            if lock(&self.shared.failed).is_some() {
-                return;
-            }
-            if self.live.cancel.load(Ordering::Relaxed) {
-                self.fail(self.cancelled());
-                return;
-            }
-            if !self.catch_up().await {
+            if lock(&self.shared.failed).is_some() || !self.catch_up().await {
                 return;
             }
             let gaps = lock(&self.live.segs).gaps(self.blob.size);
             if gaps.is_empty() {
+                return;
+            }
+            if self.live.cancel.load(Ordering::Relaxed) {
+                self.fail(self.cancelled());
                 return;
             }
             lock(&self.live.demand).clear();
