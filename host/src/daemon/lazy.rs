@@ -592,6 +592,13 @@ impl Node {
                 s.stalled.get_or_insert_with(|| format!("the fill of layer {} stopped: {why}", l.blob.digest));
             }
             if view.complete && !l.sent_complete {
+                // The blob matched its digest: ranges an index disagreed with read now, also
+                // while a tar layer is still being unpacked (before `Complete` is sent).
+                if !l.sent_bad.is_empty()
+                    && self.tell(c, ToServer::Bad { layer: i as u32, ranges: Vec::new() }, Vec::new()).await
+                {
+                    c.layers[i].sent_bad.clear();
+                }
                 match self.lazy_finish(id, c, i, kept).await {
                     Ok(Finish::Done) => {}
                     Ok(Finish::Later(why)) => {

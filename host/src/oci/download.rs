@@ -416,10 +416,8 @@ impl Stream<'_> {
     /// A demand worker: fetch the ranges readers wait for, until the blob is written.
     async fn demand(&self) {
         loop {
-            if !self.catch_up().await {
-                return;
-            }
-            if self.ended() {
+            // An index that comes once the workers ended is caught up by `mop_up`.
+            if self.ended() || !self.catch_up().await {
                 return;
             }
             let Some(range) = lock(&self.live.demand).pop_front() else {
@@ -473,15 +471,20 @@ impl Stream<'_> {
     /// fetched again at most once per index, so this ends.
     async fn mop_up(&self) {
         for _ in 0..=super::live::MAX_INDEXES {
-            if lock(&self.shared.failed).is_some() || !self.catch_up().await {
+            if lock(&self.shared.failed).is_some() {
+                return;
+            }
+            // Cancelled with bytes missing: it ends as the workers left it (the partial file
+            // saved; what the flight records decides whether it stays).
+            let cancelled = self.live.cancel.load(Ordering::Relaxed);
+            if cancelled && !lock(&self.live.segs).gaps(self.blob.size).is_empty() {
+                return;
+            }
+            if !self.catch_up().await {
                 return;
             }
             let gaps = lock(&self.live.segs).gaps(self.blob.size);
-            if gaps.is_empty() {
-                return;
-            }
-            if self.live.cancel.load(Ordering::Relaxed) {
-                self.fail(self.cancelled());
+            if gaps.is_empty() || cancelled {
                 return;
             }
             lock(&self.live.demand).clear();

@@ -94,6 +94,8 @@ pub struct Live {
     pub settled: Mutex<Segments>,
     /// The indexes volumes read the blob with, each with what it verified.
     checks: Mutex<Vec<Check>>,
+    /// An index past [`MAX_INDEXES`] was refused (said once).
+    over_cap: AtomicBool,
     /// Ranges readers wait for, oldest first, taken by the download's demand workers.
     pub demand: Mutex<VecDeque<Range<u64>>>,
     /// Ranges demand workers are fetching now (a wish they cover is not queued again).
@@ -127,6 +129,7 @@ impl Live {
             grew: Condvar::new(),
             settled: Mutex::new(Segments::default()),
             checks: Mutex::new(Vec::new()),
+            over_cap: AtomicBool::new(false),
             demand: Mutex::new(VecDeque::new()),
             fetching: Mutex::new(Vec::new()),
             wake: tokio::sync::Notify::new(),
@@ -157,10 +160,12 @@ impl Live {
                 return true;
             }
             if checks.len() >= MAX_INDEXES {
-                tracing::warn!(
-                    indexes = checks.len(),
-                    "a blob is read with more distinct chunk indexes than are checked; this volume reads it once it is complete"
-                );
+                if !self.over_cap.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        indexes = checks.len(),
+                        "a blob is read with more distinct chunk indexes than are checked; volumes of another index read it once it is complete"
+                    );
+                }
                 return false;
             }
             checks.push(Check {
@@ -258,9 +263,12 @@ impl Live {
     /// settled or another index verified them; otherwise it is bad for that index. Then the
     /// bytes every index checked are settled. Blocking.
     pub fn verify(&self, file: &File, written: &[Range<u64>], unclaim: &dyn Fn(Range<u64>)) {
-        self.verify_pass(file, written, unclaim);
-        while self.behind() {
-            self.verify_pass(file, &[], unclaim);
+        let mut todo = written.to_vec();
+        loop {
+            todo = self.verify_pass(file, &todo, unclaim);
+            if todo.is_empty() && !self.behind() {
+                return;
+            }
         }
     }
 
@@ -275,15 +283,34 @@ impl Live {
         true
     }
 
-    fn verify_pass(&self, file: &File, written: &[Range<u64>], unclaim: &dyn Fn(Range<u64>)) {
-        // Which chunks to hash, claimed (busy) so a concurrent call leaves them alone.
+    /// One round of [`Live::verify`]. Returns the ranges to check again: chunks whose hash was
+    /// dropped as stale while their new bytes were already written (the write's own check
+    /// skipped them, busy).
+    fn verify_pass(&self, file: &File, written: &[Range<u64>], unclaim: &dyn Fn(Range<u64>)) -> Vec<Range<u64>> {
+        let Some((jobs, scope)) = self.jobs(written) else { return Vec::new() };
+        let results: Vec<bool> = jobs
+            .iter()
+            .map(|(n, k, range)| {
+                let index = lock(&self.checks)[*n].index.clone();
+                let mut buf = vec![0u8; (range.end - range.start) as usize];
+                file.read_exact_at(&mut buf, range.start).is_ok() && index.matches(*k, &buf)
+            })
+            .collect();
+        self.apply(&jobs, results, scope, unclaim)
+    }
+
+    /// The chunks `written` completed (or, for an index behind, every chunk on disk) that an
+    /// index has not checked, claimed (busy) so a concurrent call leaves them alone, and the
+    /// ranges whose settling to reconsider. None: no index (`written` is settled).
+    #[allow(clippy::type_complexity)]
+    fn jobs(&self, written: &[Range<u64>]) -> Option<(Vec<(usize, u64, Range<u64>)>, Vec<Range<u64>>)> {
         let mut jobs: Vec<(usize, u64, Range<u64>)> = Vec::new();
         let mut scope: Vec<Range<u64>> = written.to_vec();
         {
             let mut checks = lock(&self.checks);
             if checks.is_empty() {
                 self.settle(written.to_vec());
-                return;
+                return None;
             }
             let segs = lock(&self.segs).clone();
             for (n, c) in checks.iter_mut().enumerate() {
@@ -311,22 +338,32 @@ impl Live {
                 }
             }
         }
-        let results: Vec<bool> = jobs
-            .iter()
-            .map(|(n, k, range)| {
-                let index = lock(&self.checks)[*n].index.clone();
-                let mut buf = vec![0u8; (range.end - range.start) as usize];
-                file.read_exact_at(&mut buf, range.start).is_ok() && index.matches(*k, &buf)
-            })
-            .collect();
+        Some((jobs, scope))
+    }
+
+    /// Record what hashing `jobs` found (`results`, in order), send first mismatches to be
+    /// fetched again, and settle what every index checked within `scope`. Returns the ranges
+    /// to check again (see [`Live::verify_pass`]).
+    fn apply(
+        &self,
+        jobs: &[(usize, u64, Range<u64>)],
+        results: Vec<bool>,
+        mut scope: Vec<Range<u64>>,
+        unclaim: &dyn Fn(Range<u64>),
+    ) -> Vec<Range<u64>> {
         let mut checks = lock(&self.checks);
         // Matches first, so that a mismatch sees what every index verified.
         let mut failed = Vec::new();
+        let mut recheck = Vec::new();
         for ((n, k, range), ok) in jobs.iter().zip(results) {
             let c = &mut checks[*n];
             c.busy.remove(k);
             if c.stale.remove(k) {
-                // Its bytes were sent to be fetched again: checked again when they are written.
+                // Its bytes were sent to be fetched again: checked when they are written, by
+                // that write's check, or here if it came while this chunk was busy.
+                if lock(&self.segs).contains(range.clone()) {
+                    recheck.push(range.clone());
+                }
                 continue;
             }
             scope.push(range.clone());
@@ -405,6 +442,7 @@ impl Live {
         if !jobs.is_empty() {
             self.bump();
         }
+        recheck
     }
 
     /// `ranges` will not be written again: the follower may hash them (called with the checks
@@ -616,6 +654,32 @@ mod tests {
         assert_eq!(lock(&live.segs).spans(), Vec::<(u64, u64)>::new());
         assert_eq!(lock(&live.checks)[1].stale, HashSet::from([0, 1]));
         assert!(live.readable(Some(&right)).is_empty());
+    }
+
+    /// One index's hash is in flight while another sends the bytes to be fetched again and
+    /// they are written (their write's check skipped the busy chunk): the stale hash is
+    /// dropped and the chunk checked again, so it settles and the blob can complete.
+    #[test]
+    fn a_stale_hash_of_bytes_already_written_again_is_checked_again() {
+        let good: Vec<u8> = (0..64u32).map(|i| (i * 11) as u8).collect();
+        let right = Arc::new(index_of(&good, 64));
+        let dir = tempfile::tempdir().unwrap();
+        let file = blob_file(&dir, &good);
+        let live = Live::new(64, None);
+        live.add_index(right.clone());
+        lock(&live.segs).insert(0..64);
+        let (jobs, scope) = live.jobs(std::slice::from_ref(&(0..64))).unwrap();
+        assert_eq!(jobs, [(0, 0, 0..64)], "chunk 0 is busy from here");
+        // Meanwhile: another index sent the bytes away, and they came back.
+        lock(&live.checks)[0].stale.insert(0);
+        live.verify(&file, std::slice::from_ref(&(0..64)), &|_| {});
+        assert!(live.readable(Some(&right)).is_empty(), "the busy chunk was skipped");
+        let recheck = live.apply(&jobs, vec![true], scope, &|_| {});
+        assert_eq!(recheck, [0..64], "the stale hash is dropped, the chunk to be checked again");
+        assert!(live.readable(Some(&right)).is_empty());
+        live.verify(&file, &recheck, &|_| {});
+        assert_eq!(live.readable(Some(&right)), [(0, 64)]);
+        assert_eq!(lock(&live.settled).spans(), [(0, 64)]);
     }
 
     #[test]
