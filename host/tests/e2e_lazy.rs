@@ -644,7 +644,9 @@ fn an_indexed_volume_checks_every_chunk_before_a_reader_gets_it() {
     run(&node, &registry, async || {
         let mut csi = node.node().await;
         let (staging, target) = staged_and_published(&node, &mut csi, "pv-indexed", &lazy_ctx(&reference)).await;
-        let p = progress(&node, "pv-indexed").await.unwrap();
+        // What the session reports once it talks to the server (right after the stage, its
+        // status may not be out yet).
+        let p = until_progress(&node, "pv-indexed", Duration::from_secs(30), |p| p.connected).await;
         assert!(p.indexed, "the volume found the index: {p:?}");
         let weights_at = target.join("model.safetensors");
         // A good chunk ahead of the fill reads; the bad one is fetched again once, then EIO.
@@ -777,9 +779,11 @@ fn a_wrong_index_fails_only_its_own_volume_and_the_blob_digest_overrules_it() {
     run(&node, &registry, async || {
         let mut csi = node.node().await;
         let (staging_a, target_a) = staged_and_published(&node, &mut csi, "pv-index-a", &lazy_ctx(&reference)).await;
-        assert!(progress(&node, "pv-index-a").await.unwrap().indexed);
+        // What the sessions report once they talk to their servers.
+        let connected = |p: &LazyProgress| p.connected;
+        assert!(until_progress(&node, "pv-index-a", Duration::from_secs(30), connected).await.indexed);
         let (staging_b, target_b) = staged_and_published(&node, &mut csi, "pv-index-b", &lazy_ctx(&reference_b)).await;
-        assert!(!progress(&node, "pv-index-b").await.unwrap().indexed);
+        assert!(!until_progress(&node, "pv-index-b", Duration::from_secs(30), connected).await.indexed);
         let (weights_a, weights_b) = (target_a.join("model.safetensors"), target_b.join("model.safetensors"));
         // The volume with the wrong index: its chunk is fetched again once, then EIO (the
         // host's refusal, not a read that waited too long).
@@ -828,7 +832,7 @@ fn alive(pid: i32) -> bool {
 
 #[test]
 fn a_pod_mounts_a_model_lazily_through_its_dynamic_volume() {
-    use common::dynamic::{DynNode, call, dynamic_ctx, files_of, regular_files, snapshot, tiny_model};
+    use common::dynamic::{DynNode, call, dynamic_ctx, files_of, regular_files, snapshot, tiny_model, try_call};
     if !in_private_namespace("a_pod_mounts_a_model_lazily_through_its_dynamic_volume") {
         return;
     }
@@ -949,7 +953,8 @@ fn a_pod_mounts_a_model_lazily_through_its_dynamic_volume() {
             relay.throttle(u64::MAX);
             let until = Instant::now() + Duration::from_secs(120);
             loop {
-                let (_, v) = call(&dir, "GET", "/mounts/lazy", None);
+                // The new daemon serves the volume's socket again once it re-adopted the volume.
+                let (_, v) = try_call(&dir, "GET", "/mounts/lazy", None).unwrap_or_default();
                 if v["lazy"]["layers"].as_u64().is_some() && v["lazy"]["layersComplete"] == v["lazy"]["layers"] {
                     break;
                 }

@@ -88,14 +88,19 @@ pub fn raw(dir: &Path, request: &[u8]) -> (Option<u16>, String) {
 
 /// One API call: status and JSON body.
 pub fn call(dir: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    try_call(dir, method, path, body).unwrap_or_else(|| panic!("{method} {path}: no HTTP answer"))
+}
+
+/// One API call, or None when nothing answered (the socket not served: a host daemon
+/// restarting).
+pub fn try_call(dir: &Path, method: &str, path: &str, body: Option<Value>) -> Option<(u16, Value)> {
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: volume\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     let (status, body) = raw(dir, req.as_bytes());
-    let status = status.unwrap_or_else(|| panic!("{method} {path}: no HTTP answer"));
-    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+    Some((status?, serde_json::from_str(&body).unwrap_or(Value::Null)))
 }
 
 /// Create a mount and wait until it is ready.
