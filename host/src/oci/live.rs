@@ -74,6 +74,15 @@ struct Check {
     caught_up: bool,
 }
 
+/// A chunk to hash for one index: which check, which of its chunks, where.
+#[derive(Debug)]
+struct Job {
+    check: usize,
+    chunk: u64,
+    range: Range<u64>,
+    index: Arc<ChunkIndex>,
+}
+
 /// Distinct indexes one blob is checked against at most; a volume whose index would be one
 /// more reads the blob once it is complete (its digest verified).
 pub const MAX_INDEXES: usize = 8;
@@ -249,11 +258,7 @@ impl Live {
     /// The ranges some index failed twice, each with its chunk size (what a completed blob's
     /// digest overrules).
     pub fn disagreements(&self) -> Vec<(u64, Vec<(u64, u64)>)> {
-        lock(&self.checks)
-            .iter()
-            .filter(|c| !c.bad.spans().is_empty())
-            .map(|c| (c.index.chunk, c.bad.spans()))
-            .collect()
+        lock(&self.checks).iter().map(|c| (c.index.chunk, c.bad.spans())).filter(|(_, bad)| !bad.is_empty()).collect()
     }
 
     /// Check the chunks that `written` completed against every index, reading them back from
@@ -288,12 +293,12 @@ impl Live {
     /// skipped them, busy).
     fn verify_pass(&self, file: &File, written: &[Range<u64>], unclaim: &dyn Fn(Range<u64>)) -> Vec<Range<u64>> {
         let Some((jobs, scope)) = self.jobs(written) else { return Vec::new() };
+        let mut buf = Vec::new();
         let results: Vec<bool> = jobs
             .iter()
-            .map(|(n, k, range)| {
-                let index = lock(&self.checks)[*n].index.clone();
-                let mut buf = vec![0u8; (range.end - range.start) as usize];
-                file.read_exact_at(&mut buf, range.start).is_ok() && index.matches(*k, &buf)
+            .map(|j| {
+                buf.resize((j.range.end - j.range.start) as usize, 0);
+                file.read_exact_at(&mut buf, j.range.start).is_ok() && j.index.matches(j.chunk, &buf)
             })
             .collect();
         self.apply(&jobs, results, scope, unclaim)
@@ -302,9 +307,8 @@ impl Live {
     /// The chunks `written` completed (or, for an index behind, every chunk on disk) that an
     /// index has not checked, claimed (busy) so a concurrent call leaves them alone, and the
     /// ranges whose settling to reconsider. None: no index (`written` is settled).
-    #[allow(clippy::type_complexity)]
-    fn jobs(&self, written: &[Range<u64>]) -> Option<(Vec<(usize, u64, Range<u64>)>, Vec<Range<u64>>)> {
-        let mut jobs: Vec<(usize, u64, Range<u64>)> = Vec::new();
+    fn jobs(&self, written: &[Range<u64>]) -> Option<(Vec<Job>, Vec<Range<u64>>)> {
+        let mut jobs = Vec::new();
         let mut scope: Vec<Range<u64>> = written.to_vec();
         {
             let mut checks = lock(&self.checks);
@@ -312,7 +316,7 @@ impl Live {
                 self.settle(written.to_vec());
                 return None;
             }
-            let segs = lock(&self.segs).clone();
+            let segs = lock(&self.segs);
             for (n, c) in checks.iter_mut().enumerate() {
                 let ranges = if c.caught_up {
                     written.to_vec()
@@ -333,7 +337,7 @@ impl Live {
                             continue;
                         }
                         c.busy.insert(k);
-                        jobs.push((n, k, range));
+                        jobs.push(Job { check: n, chunk: k, range, index: c.index.clone() });
                     }
                 }
             }
@@ -346,7 +350,7 @@ impl Live {
     /// to check again (see [`Live::verify_pass`]).
     fn apply(
         &self,
-        jobs: &[(usize, u64, Range<u64>)],
+        jobs: &[Job],
         results: Vec<bool>,
         mut scope: Vec<Range<u64>>,
         unclaim: &dyn Fn(Range<u64>),
@@ -355,7 +359,7 @@ impl Live {
         // Matches first, so that a mismatch sees what every index verified.
         let mut failed = Vec::new();
         let mut recheck = Vec::new();
-        for ((n, k, range), ok) in jobs.iter().zip(results) {
+        for (Job { check: n, chunk: k, range, .. }, ok) in jobs.iter().zip(results) {
             let c = &mut checks[*n];
             c.busy.remove(k);
             if c.stale.remove(k) {
@@ -514,6 +518,22 @@ mod tests {
         File::open(&path).unwrap()
     }
 
+    /// A blob of `size` bytes on disk, the right index of it in `right`-byte chunks, and an
+    /// index in `lie`-byte chunks that is wrong about chunk `wrong`.
+    fn blob_with_a_wrong_index(
+        size: u32,
+        right: u64,
+        lie: u64,
+        wrong: usize,
+    ) -> (tempfile::TempDir, File, Arc<ChunkIndex>, Arc<ChunkIndex>) {
+        let good: Vec<u8> = (0..size).map(|i| (i * 7) as u8).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let file = blob_file(&dir, &good);
+        let mut wrong_index = index_of(&good, lie);
+        wrong_index.hashes[wrong] = [0; 32];
+        (dir, file, Arc::new(index_of(&good, right)), Arc::new(wrong_index))
+    }
+
     #[test]
     fn chunks_are_verified_once_written_and_a_bad_one_is_fetched_again_then_refused() {
         let good: Vec<u8> = (0..100u32).map(|i| i as u8).collect();
@@ -555,18 +575,12 @@ mod tests {
 
     #[test]
     fn a_wrong_index_only_fails_the_volumes_that_read_with_it() {
-        // Its chunk is 64..128; the right index's are 32 bytes.
-        let good: Vec<u8> = (0..128u32).map(|i| (i * 7) as u8).collect();
-        let right = Arc::new(index_of(&good, 32));
-        let mut lie = index_of(&good, 64);
-        lie.hashes[1] = [0; 32]; // bytes 64..128 "should" hash to zeros
-        let lie = Arc::new(lie);
-        let dir = tempfile::tempdir().unwrap();
-        let file = blob_file(&dir, &good);
+        // The wrong one is wrong about 64..128; the right index's chunks are 32 bytes.
+        let (_dir, file, right, lie) = blob_with_a_wrong_index(128, 32, 64, 1);
         let live = Live::new(128, None);
         live.add_index(lie.clone());
         live.add_index(right.clone());
-        live.add_index(Arc::new(index_of(&good, 32))); // the same index again: one check
+        live.add_index(Arc::new((*right).clone())); // the same index again: one check
         assert_eq!(lock(&live.checks).len(), 2);
         let unclaim = |_: Range<u64>| panic!("the right index vouches for the bytes: nothing is fetched again");
         lock(&live.segs).insert(0..128);
@@ -580,7 +594,7 @@ mod tests {
         assert!(live.bad_spans(Some(&right)).is_empty());
         assert_eq!(lock(&live.settled).spans(), [(0, 128)], "the blob completes, for its digest to decide");
         // An index no volume added reads nothing.
-        assert!(live.readable(Some(&index_of(&good, 128))).is_empty());
+        assert!(live.readable(Some(&ChunkIndex { chunk: 128, hashes: vec![[9; 32]] })).is_empty());
     }
 
     #[test]
@@ -610,13 +624,7 @@ mod tests {
 
     #[test]
     fn a_chunk_another_index_verified_is_never_fetched_again() {
-        let good: Vec<u8> = (0..64u32).map(|i| (i * 5) as u8).collect();
-        let right = Arc::new(index_of(&good, 32));
-        let mut lie = index_of(&good, 32);
-        lie.hashes[1] = [7; 32];
-        let lie = Arc::new(lie);
-        let dir = tempfile::tempdir().unwrap();
-        let file = blob_file(&dir, &good);
+        let (_dir, file, right, lie) = blob_with_a_wrong_index(64, 32, 32, 1);
         let live = Live::new(64, None);
         let unclaim = |_: Range<u64>| panic!("nothing is fetched again");
         live.add_index(right.clone());
@@ -634,13 +642,7 @@ mod tests {
 
     #[test]
     fn a_fetch_again_makes_another_indexs_check_in_flight_stale() {
-        let good: Vec<u8> = (0..64u32).map(|i| (i * 9) as u8).collect();
-        let right = Arc::new(index_of(&good, 32));
-        let mut lie = index_of(&good, 64);
-        lie.hashes[0] = [3; 32];
-        let lie = Arc::new(lie);
-        let dir = tempfile::tempdir().unwrap();
-        let file = blob_file(&dir, &good);
+        let (_dir, file, right, lie) = blob_with_a_wrong_index(64, 32, 64, 0);
         let live = Live::new(64, None);
         live.add_index(lie.clone());
         live.add_index(right.clone());
@@ -669,7 +671,7 @@ mod tests {
         live.add_index(right.clone());
         lock(&live.segs).insert(0..64);
         let (jobs, scope) = live.jobs(std::slice::from_ref(&(0..64))).unwrap();
-        assert_eq!(jobs, [(0, 0, 0..64)], "chunk 0 is busy from here");
+        assert_eq!(jobs.iter().map(|j| (j.check, j.chunk, j.range.clone())).collect::<Vec<_>>(), [(0, 0, 0..64)]);
         // Meanwhile: another index sent the bytes away, and they came back.
         lock(&live.checks)[0].stale.insert(0);
         live.verify(&file, std::slice::from_ref(&(0..64)), &|_| {});

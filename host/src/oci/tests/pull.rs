@@ -592,16 +592,27 @@ fn index_wrong_at(data: &[u8], chunk: u64, wrong: usize) -> std::sync::Arc<super
     std::sync::Arc::new(super::super::ChunkIndex { chunk, hashes })
 }
 
+/// A fake registry with a blob of `size` random bytes, and a lazy volume registered for it whose
+/// index (64 KiB chunks) is wrong about chunk `wrong`.
+async fn lazy_blob_with_a_wrong_index(
+    size: usize,
+    seed: u64,
+    wrong: usize,
+) -> (Env, Vec<u8>, BlobRef, std::sync::Arc<super::super::ChunkIndex>) {
+    let e = env().await;
+    let data = random(size, seed);
+    let b = e.blob(data.clone());
+    let index = index_wrong_at(&data, 64 << 10, wrong);
+    e.a.lazy_register("lazy-vol", std::slice::from_ref(&b));
+    (e, data, b, index)
+}
+
 /// A lazy volume's index is wrong about one chunk of a blob an eager volume then pulls: the
 /// chunk is fetched again once (after the streams ended: an eager pull has no demand workers),
 /// its bytes stay, and the blob lands, its digest verified.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_eager_pull_lands_though_a_lazy_volumes_index_is_wrong() {
-    let e = env().await;
-    let data = random(3 << 20, 21);
-    let b = e.blob(data.clone());
-    let index = index_wrong_at(&data, 64 << 10, 5);
-    e.a.lazy_register("lazy-vol", std::slice::from_ref(&b));
+    let (e, data, b, index) = lazy_blob_with_a_wrong_index(3 << 20, 21, 5).await;
     let view = e.a.lazy_view(&b, Some(&index));
     assert!(view.readable.is_empty() && !view.complete);
     assert_eq!(e.settle("eager-vol", std::slice::from_ref(&b)).await, Ensure::Ready);
@@ -615,12 +626,8 @@ async fn an_eager_pull_lands_though_a_lazy_volumes_index_is_wrong() {
 /// chunk, another reader without the index is not, and the blob completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_index_refuses_its_reader_one_chunk_and_the_blob_completes() {
-    let e = env().await;
-    let data = random(2 << 20, 22);
-    let b = e.blob(data.clone());
-    let index = index_wrong_at(&data, 64 << 10, 3);
+    let (e, data, b, index) = lazy_blob_with_a_wrong_index(2 << 20, 22, 3).await;
     let src = e.src("v1");
-    e.a.lazy_register("lazy-vol", std::slice::from_ref(&b));
     e.a.lazy_want("lazy-vol", &src, &b, 0, 1 << 20, true, Some(index.clone())).unwrap();
     let until = Instant::now() + Duration::from_secs(30);
     loop {
