@@ -115,6 +115,12 @@ pub struct Config {
     pub programs: BTreeMap<String, PathBuf>,
     /// Program name → the options its arguments may not (or only may) name; none: any.
     pub program_args: BTreeMap<String, ArgRules>,
+    /// Program name → the rule set its whole argv is judged by (the built-in set of its own
+    /// name unless configured), and the programs that must run on a connection the host mounts.
+    pub program_rules: crate::plan::rules::ProgramRules,
+    /// Run every FUSE program a plan starts in a mount namespace of its own (`exec::confine`);
+    /// `false` only where the kernel cannot (before Linux 5.12) or to measure what it costs.
+    pub confine_programs: bool,
     /// What each plugin (by name) is granted.
     pub grants: BTreeMap<String, Grant>,
     /// Limits for plugins without their own entry.
@@ -299,6 +305,8 @@ impl Config {
             state_dir,
             programs: [("weed".to_string(), PathBuf::from(DEFAULT_WEED))].into(),
             program_args: BTreeMap::new(),
+            program_rules: crate::plan::rules::ProgramRules::builtin(),
+            confine_programs: true,
             grants,
             plugin_limits: Limits::default(),
             plugin_limits_by_name: BTreeMap::new(),

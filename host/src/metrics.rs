@@ -74,6 +74,14 @@ struct VolumeLabels {
     health: String,
 }
 
+/// A program rule: the program's name (one the node grants) and the rule's (from a rule set or
+/// host config), never text of a plan.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProgramRule {
+    program: String,
+    rule: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CacheResult {
     result: String,
@@ -221,6 +229,7 @@ pub struct Metrics {
     csi_requests: Family<RpcCode, Counter>,
     csi_duration: Histograms<Rpc>,
     fuse_restarts: Family<PluginLabel, Counter>,
+    policy_refusals: Family<ProgramRule, Counter>,
     fuse_oom_kills: Family<PluginLabel, Counter>,
     volumes: Family<VolumeLabels, Gauge>,
     plugin_calls: Family<PluginOutcome, Counter>,
@@ -289,6 +298,12 @@ impl Metrics {
             "mounthost_fuse_restarts",
             "FUSE processes the host restarted after they died or lost their mount",
             fuse_restarts.clone(),
+        );
+        let policy_refusals = Family::<ProgramRule, Counter>::default();
+        registry.register(
+            "mounthost_policy_refusals",
+            "Plans refused by a program rule (a rule set's or host config's), by program and rule",
+            policy_refusals.clone(),
         );
         let fuse_oom_kills = Family::<PluginLabel, Counter>::default();
         registry.register(
@@ -381,6 +396,7 @@ impl Metrics {
             csi_requests,
             csi_duration,
             fuse_restarts,
+            policy_refusals,
             fuse_oom_kills,
             volumes,
             plugin_calls,
@@ -504,6 +520,11 @@ impl Metrics {
             // The series exists (at 0) once its plugin has had a restart.
             let _ = self.fuse_oom_kills.get_or_create(&label);
         }
+    }
+
+    /// A plan was refused by `program`'s rule `rule`.
+    pub fn policy_refusal(&self, program: &str, rule: &str) {
+        self.policy_refusals.get_or_create(&ProgramRule { program: program.into(), rule: rule.into() }).inc();
     }
 
     /// A plugin planner call finished.

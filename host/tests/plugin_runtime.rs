@@ -208,6 +208,7 @@ impl Policy {
             grant: &self.grant,
             programs: &self.programs,
             program_args: &Default::default(),
+            rules: &Default::default(),
             endpoint_hosts: Default::default(),
             dirs: &self.dirs,
             secrets: &self.secrets,

@@ -10,8 +10,12 @@ use std::path::{Path, PathBuf};
 
 use arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
+
+/// The built-in rule sets, parsed once.
+static BUILTIN_SETS: std::sync::LazyLock<ProgramRules> = std::sync::LazyLock::new(ProgramRules::builtin);
 use mounthost::plan::Step;
 use mounthost::plan::policy::{self, ArgRules, Context, Grant, Operation, OptionName};
+use mounthost::plan::rules::ProgramRules;
 use mounthost::plugin::bindings::types as w;
 use mounthost::secrets::Secrets;
 use mounthost::volume::VolumeDirs;
@@ -194,6 +198,8 @@ fn run(u: &mut Unstructured<'_>) -> Result<()> {
         Operation::NodeExpand,
     ])?;
     let rules: bool = u.arbitrary()?;
+    // fusetest runs under no rule set, or under one of the built-in ones (the argv judge).
+    let set = *u.choose(&[None, Some("weed"), Some("sshfs"), Some("bindfs"), Some("rclone"), Some("s3fs")])?;
     let steps = list(u, step)?;
     let grant = Grant {
         programs: ["fusetest".to_string()].into(),
@@ -207,6 +213,10 @@ fn run(u: &mut Unstructured<'_>) -> Result<()> {
         r.deny.insert(OptionName::parse("ssh_command").unwrap());
         r.env.insert("TZ".into());
         program_args.insert("fusetest".to_string(), r);
+    }
+    let mut program_rules = ProgramRules::default();
+    if let Some(name) = set {
+        program_rules.sets.insert("fusetest".into(), BUILTIN_SETS.sets[name].clone());
     }
     let dirs = VolumeDirs {
         staging: Some("/k/plugins/x/globalmount".into()),
@@ -223,6 +233,7 @@ fn run(u: &mut Unstructured<'_>) -> Result<()> {
         grant: &grant,
         programs: &programs,
         program_args: &program_args,
+        rules: &program_rules,
         endpoint_hosts: ["filer:8888".to_string()].into(),
         dirs: &dirs,
         secrets: &secrets,

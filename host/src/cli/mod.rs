@@ -21,6 +21,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::{Config, DEFAULT_STATE_DIR};
 use crate::plan::policy::{OPTION_SETS, OptionName, option_set};
+use crate::plan::rules::{self, ProgramRules};
 use crate::plugin::Limits;
 use crate::telemetry::LogFormat;
 
@@ -57,6 +58,31 @@ pub struct GlobalArgs {
     /// its env=NAME rules allow (repeatable).
     #[arg(long = "program-args", env = "MOUNTHOST_PROGRAM_ARGS", value_delimiter = ',', value_parser = parse_program_args, global = true)]
     pub program_args: Vec<ProgramArgsArg>,
+    /// The rule set a program's whole argv is judged by: PROGRAM=@SET (built in: @weed,
+    /// @sshfs, @bindfs, @rclone, @s3fs), PROGRAM=SET (SET.yaml of --program-rules-dir) or
+    /// PROGRAM=none; a program named like a built-in set, or a set of --program-rules-dir, gets
+    /// that set unless named here (repeatable).
+    #[arg(long = "program-rules", env = "MOUNTHOST_PROGRAM_RULES", value_name = "PROGRAM=SET", value_delimiter = ',', value_parser = parse_program_rules, global = true)]
+    pub program_rules: Vec<(String, String)>,
+    /// Directory of rule sets, one NAME.yaml each (unknown keys refused; a ConfigMap mounted
+    /// there); a set applies to the program of its own name unless --program-rules names another.
+    #[arg(long, env = "MOUNTHOST_PROGRAM_RULES_DIR", global = true)]
+    pub program_rules_dir: Option<PathBuf>,
+    /// A program that must run unprivileged on a FUSE connection the host mounts, whatever its
+    /// rule set says: a plan asking it to mount by itself is refused (repeatable).
+    #[arg(
+        long = "require-host-fd",
+        env = "MOUNTHOST_REQUIRE_HOST_FD",
+        value_name = "PROGRAM",
+        value_delimiter = ',',
+        global = true
+    )]
+    pub require_host_fd: Vec<String>,
+    /// Start every FUSE program a plan runs in a mount namespace of its own, where the node's
+    /// tree is absent but for what its volume needs and only its planned mount point reaches
+    /// the node (Linux 5.12 or later); false only to measure what it costs.
+    #[arg(long, env = "MOUNTHOST_CONFINE_PROGRAMS", default_value_t = true, action = clap::ArgAction::Set, global = true)]
+    pub confine_programs: bool,
     /// Deadline of one plugin call in milliseconds.
     #[arg(long, env = "MOUNTHOST_PLUGIN_DEADLINE_MS", default_value_t = 1000, global = true)]
     pub plugin_deadline_ms: u64,
@@ -269,6 +295,8 @@ impl GlobalArgs {
                 ProgramRule::Env(name) => _ = rules.env.insert(name.clone()),
             }
         }
+        cfg.program_rules = self.program_rules().map_err(std::io::Error::other)?;
+        cfg.confine_programs = self.confine_programs;
         cfg.plugin_limits = Limits {
             deadline: Duration::from_millis(self.plugin_deadline_ms),
             memory_bytes: self.plugin_memory_mib << 20,
@@ -319,6 +347,67 @@ impl GlobalArgs {
         };
         Ok(cfg)
     }
+}
+
+impl GlobalArgs {
+    /// The rule set of each program: the built-in set of its name, then the sets of
+    /// `--program-rules-dir` by their names, then what `--program-rules` names.
+    fn program_rules(&self) -> Result<ProgramRules, String> {
+        let mut rules = ProgramRules::builtin();
+        let from_dir = match &self.program_rules_dir {
+            Some(dir) => rules::load_dir(&std::path::absolute(dir).map_err(|e| e.to_string())?)?,
+            None => BTreeMap::new(),
+        };
+        rules.sets.extend(from_dir.iter().map(|(n, s)| (n.clone(), s.clone())));
+        for (program, set) in &self.program_rules {
+            if program.is_empty() {
+                continue;
+            }
+            match set.strip_prefix('@') {
+                _ if set == "none" => _ = rules.sets.remove(program),
+                Some(name) => {
+                    let set = rules::builtin(name).ok_or_else(|| {
+                        let known: Vec<String> = rules::BUILTIN.iter().map(|(n, _)| format!("@{n}")).collect();
+                        format!(
+                            "--program-rules {program}={set}: no built-in rule set {set} (built in: {})",
+                            known.join(", ")
+                        )
+                    })?;
+                    rules.sets.insert(program.clone(), set);
+                }
+                None => {
+                    let found = from_dir.get(set).ok_or_else(|| match &self.program_rules_dir {
+                        Some(dir) => format!(
+                            "--program-rules {program}={set}: no rule set {set} in {} (a file {set}.yaml)",
+                            dir.display()
+                        ),
+                        None => format!(
+                            "--program-rules {program}={set}: rule sets by name come from --program-rules-dir, which is \
+                             not set (built-in sets are named @{set})"
+                        ),
+                    })?;
+                    rules.sets.insert(program.clone(), found.clone());
+                }
+            }
+        }
+        rules.host_fd_required = self.require_host_fd.iter().filter(|p| !p.is_empty()).cloned().collect();
+        Ok(rules)
+    }
+}
+
+/// One `--program-rules PROGRAM=SET` (empty: none, so that an empty variable is allowed).
+fn parse_program_rules(s: &str) -> Result<(String, String), String> {
+    if s.trim().is_empty() {
+        return Ok((String::new(), String::new()));
+    }
+    let (program, set) = s.split_once('=').ok_or_else(|| {
+        format!("{s:?}: expected PROGRAM=@SET (built in), PROGRAM=SET (--program-rules-dir) or PROGRAM=none")
+    })?;
+    let token = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if !token(program) || !token(set.strip_prefix('@').unwrap_or(set)) {
+        return Err(format!("{s:?}: PROGRAM and SET are letters, digits, '.', '_' or '-'"));
+    }
+    Ok((program.to_string(), set.to_string()))
 }
 
 /// `--lazy-chunk-mib`: a power of two from 1 to 64.

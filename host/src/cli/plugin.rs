@@ -272,6 +272,7 @@ pub(super) async fn plan(cfg: &Config, runtime: &PluginRuntime, args: PlanArgs) 
         grant: &grant,
         programs: &cfg.programs,
         program_args: &cfg.program_args,
+        rules: &cfg.program_rules,
         endpoint_hosts: hosts.clone(),
         dirs: &dirs,
         secrets: &secrets,

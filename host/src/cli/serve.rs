@@ -136,6 +136,17 @@ fn claim_state_dir_now(cfg: &mut Config) -> anyhow::Result<StateDirLock> {
 /// node whose `/var/lib/kubelet` is itself a link is resolved here, once.
 fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
     cfg.kubelet_dir = Linux::make_root(&cfg.kubelet_dir)?;
+    // A confined program's own mount reaches the node through kubelet's directory being shared
+    // (exec::confine), as kubelet makes it; a node or test without kubelet gets the same here.
+    if cfg.confine_programs {
+        match Linux::share_root(&cfg.kubelet_dir) {
+            Ok(done) => {
+                tracing::debug!(path = %cfg.kubelet_dir.display(), ?done, "kubelet's directory is a shared mount")
+            }
+            Err(e) => tracing::warn!(path = %cfg.kubelet_dir.display(), error = %e,
+                "kubelet's directory is no shared mount: programs that mount by themselves cannot be staged"),
+        }
+    }
     for limit in &cfg.fuse_caps.io {
         let device = limit.device();
         let sys = Path::new("/sys/dev/block").join(&device);

@@ -273,6 +273,7 @@ impl Node {
             grant: &grant,
             programs: &cfg.programs,
             program_args: &cfg.program_args,
+            rules: &cfg.program_rules,
             endpoint_hosts: if ephemeral {
                 Default::default()
             } else {
@@ -281,7 +282,11 @@ impl Node {
             dirs,
             secrets,
         };
-        let plan = policy::check(&ctx, wplan)?;
+        let plan = policy::check(&ctx, wplan).inspect_err(|e| {
+            if let Some(r) = &e.rule {
+                crate::metrics::global().policy_refusal(&r.program, &r.rule);
+            }
+        })?;
         if crate::plan::secret_refs(&plan).iter().any(|k| k == crate::plugin::pulled::AUTH_SECRET_KEY) {
             return Err(Error::invalid(format!(
                 "plugin {} references the secret {}, the host's credentials for pulling plugins, which plugins never get",

@@ -17,7 +17,7 @@ use crate::error::{Error, ErrorKind};
 use crate::exec::beneath::is_link_refused;
 use crate::exec::lazy::Opening;
 use crate::exec::process::{ProcessId, Spec};
-use crate::exec::{Control, Fuse, FuseError, HostFuse};
+use crate::exec::{Confinement, Control, Fuse, FuseError, HostFuse};
 use crate::plan::{Step, resolve_env_at};
 use crate::secrets::Secrets;
 use crate::volume::dirs::volume_key;
@@ -311,7 +311,8 @@ impl Node {
                 host_mount,
                 lazy,
             } => {
-                let runtime = self.dirs(id, None, None).runtime.expect("a volume has a runtime dir");
+                let dirs = self.dirs(id, None, None);
+                let runtime = dirs.runtime.clone().expect("a volume has a runtime dir");
                 // The host's own lazy server: its control socket, and what it is told first.
                 let opening = lazy.as_ref().map(|l| self.lazy_opening(id, l)).transpose()?.map(|(o, _)| o);
                 let sender = opening.as_ref().map(Opening::sender);
@@ -329,9 +330,29 @@ impl Node {
                 if lazy.is_none() {
                     self.write_secret_files(&files_dir, step, secrets, fuse_id)?;
                 }
-                let args: Vec<String> = args.iter().map(|a| a.render_at(&files_dir)).collect();
-                let env: Vec<(String, String)> =
+                let mut args: Vec<String> = args.iter().map(|a| a.render_at(&files_dir)).collect();
+                let mut env: Vec<(String, String)> =
                     env.iter().map(|e| (e.name.clone(), resolve_env_at(&e.value, secrets, &files_dir))).collect();
+                // A plan's program (never the host's own server) runs under its rule set, in a
+                // mount namespace of its own unless that is turned off (exec::confine): an empty
+                // private home and working directory, and an empty file where its rule set says
+                // it takes a configuration file.
+                let cfg = &self.inner.config;
+                let set = lazy.is_none().then(|| cfg.program_rules.set(program)).flatten();
+                let confined = cfg.confine_programs && lazy.is_none();
+                if let Some(set) = set {
+                    let empty = if confined { crate::exec::confine::EMPTY_FILE } else { "/dev/null" };
+                    args.extend(set.config_args(Path::new(empty)));
+                }
+                if confined && !env.iter().any(|(name, _)| name == "HOME") {
+                    env.push(("HOME".into(), crate::exec::confine::HOME.into()));
+                }
+                let mut writable: Vec<&Path> =
+                    dirs.cache.iter().chain(dirs.runtime.iter()).map(PathBuf::as_path).collect();
+                if host_mount.is_some() {
+                    writable.push(&files_dir);
+                }
+                let confine = confined.then(|| Confinement { writable, hidden: set.map_or(&[][..], |s| &s.reads) });
                 let log = runtime.join(format!("{program}.log"));
                 let host_mount = host_mount.as_ref().zip(fuse_id).map(|(h, fuse_id)| HostFuse {
                     source: &h.source,
@@ -349,6 +370,7 @@ impl Node {
                     memory_limit: *memory_limit_bytes,
                     host_mount,
                     control,
+                    confine,
                 };
                 let pid = exec.spawn_fuse(&fuse).map_err(|e| fuse_error(e, secrets))?;
                 // The supervisor watches it from the moment the stage is done.
@@ -434,7 +456,17 @@ fn fuse_error(e: FuseError, secrets: &Secrets) -> Error {
         FuseError::Io(e) if is_link_refused(&e) || e.kind() == std::io::ErrorKind::NotFound => {
             Error::precondition(message)
         }
-        FuseError::Process(_) | FuseError::Io(_) | FuseError::Cgroup(_) => Error::internal(message),
+        // The plan made its program mount where it may not: the same plan does it again.
+        FuseError::MountedElsewhere { .. } => Error::invalid(message),
+        // The program cannot work the way the plan asks, or the node cannot confine it: a
+        // retry changes nothing until the plan or the node does.
+        FuseError::NoHostFd { .. } => Error::precondition(message),
+        FuseError::Confine { source, .. } if source.kind() == std::io::ErrorKind::Unsupported => {
+            Error::precondition(message)
+        }
+        FuseError::Process(_) | FuseError::Io(_) | FuseError::Cgroup(_) | FuseError::Confine { .. } => {
+            Error::internal(message)
+        }
     }
 }
 

@@ -127,7 +127,11 @@ impl Node {
             _ => None,
         });
         let Some(running) = self.inner.exec.executable(&p) else { return Ok(()) };
-        if planned.as_ref().is_some_and(|e| *e != running) {
+        // A confined program runs its binary by its canonical path (exec::confine).
+        let same = |planned: &std::path::PathBuf| {
+            *planned == running || std::fs::canonicalize(planned).is_ok_and(|c| c == running)
+        };
+        if planned.as_ref().is_some_and(|e| !same(e)) {
             warn!(volume.id = %st.volume_id, pid = p.pid, running = %running.display(), "the recorded pid runs another program; forgetting it");
             st.process = None;
             self.inner.store.save(st)?;

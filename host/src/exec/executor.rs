@@ -47,6 +47,19 @@ pub struct Fuse<'a> {
     pub host_mount: Option<HostFuse<'a>>,
     /// The host's own lazy FUSE server: its control socket, and what the host tells it first.
     pub control: Option<Control<'a>>,
+    /// Start it in a mount namespace of its own ([`super::confine`]); `None`: in the daemon's
+    /// (the host's own lazy server, or confinement turned off).
+    pub confine: Option<Confinement<'a>>,
+}
+
+/// What a confined FUSE program's namespace holds of its volume ([`super::confine`]).
+#[derive(Debug, Clone, Default)]
+pub struct Confinement<'a> {
+    /// The volume's own directories (cache, runtime, secret files), writable at their paths;
+    /// one that does not exist is left out.
+    pub writable: Vec<&'a Path>,
+    /// What its rule set says it reads by itself: never in the namespace.
+    pub hidden: &'a [PathBuf],
 }
 
 /// The control socket of the host's own FUSE server (a lazy volume's, `mounthost lazyfs`):
@@ -110,6 +123,24 @@ pub enum FuseError {
     /// Its cgroup could not be prepared (kind `Unsupported`: the node lacks the controller).
     #[error("preparing the volume's cgroup: {0}")]
     Cgroup(io::Error),
+    /// Its mount namespace could not be made or entered (kind `Unsupported`: the node cannot
+    /// give it one, such as a kernel before 5.12 or a mount point on a mount that is not shared).
+    #[error("confining {program} to a mount namespace of its own: {source}{log}")]
+    Confine { program: PathBuf, source: io::Error, log: String },
+    /// It mounted something other than its planned mount point: the mount stayed in its own
+    /// namespace and it was stopped.
+    #[error(
+        "{program} mounted {fstype} at {} besides its mount point {}: a plan's program mounts only at its planned mount point, so nothing of that mount reached the node and the program was stopped (check the plan's arguments); its log says: {log_tail}",
+        elsewhere.display(),
+        mountpoint.display()
+    )]
+    MountedElsewhere { program: PathBuf, mountpoint: PathBuf, elsewhere: PathBuf, fstype: String, log_tail: String },
+    /// It exited at once on the connection the host mounted, saying it cannot use it (a
+    /// program linked with libfuse 2).
+    #[error(
+        "{program} cannot take the FUSE connection the host mounted (fuse-mount.host-fd): it exited saying {log_tail:?}; programs linked with libfuse 2 (such as Debian 12's s3fs and bindfs) cannot, `ldd {program}` shows which libfuse it links: plan fuse-mount.by-program for it, or install a build linked with libfuse 3"
+    )]
+    NoHostFd { program: PathBuf, log_tail: String },
 }
 
 /// Is the mount point `point` at, above or below one of `paths`?

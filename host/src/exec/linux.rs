@@ -12,6 +12,7 @@ use rustix::fs::{Mode, OFlags};
 
 use super::beneath::{Anchors, Entry};
 use super::cgroup::Cgroups;
+use super::confine;
 use super::executor::{
     Boot, Executor, Exit, FileId, FileKind, Files, Fuse, FuseError, Groups, HostFuse, Mounts, Processes, Usage,
 };
@@ -58,6 +59,12 @@ impl Linux {
     pub fn make_root(dir: &Path) -> io::Result<PathBuf> {
         std::fs::create_dir_all(dir)?;
         std::fs::canonicalize(dir)
+    }
+
+    /// Make kubelet's directory a shared mount if it is on none ([`confine::share_anchor`]), so
+    /// that a confined program's mount at a staging or target path reaches the node.
+    pub fn share_root(dir: &Path) -> io::Result<confine::Shared> {
+        confine::share_anchor(dir)
     }
 
     /// Remove such a root if it is unused: `rmdir` refuses one that holds entries or a mount.
@@ -185,9 +192,14 @@ impl Processes for Linux {
         let log = self.anchors.append(fuse.spec.log, 0o600).map_err(log_error)?;
         // Kept to read the log's tail on failure, through the descriptor, never by name.
         let reader = log.try_clone().map_err(log_error)?;
+        let jail = self.jail(fuse, Some(fuse.mountpoint), 0, 0)?;
         let group = self.cgroups.prepare(fuse.group, fuse.memory_limit).map_err(FuseError::Cgroup)?;
-        let id = process::spawn_logged(&fuse.spec, log, group.as_ref());
+        let id = process::spawn_as(&fuse.spec, log, group.as_ref(), None, jail.as_ref());
         drop(group);
+        let confined = jail.is_some();
+        // The namespace holds what it attached; what the daemon held of it goes.
+        drop(jail);
+        let id = id.map_err(|e| confine_error(confined, e, &reader));
         let id = match id {
             Ok(id) => id,
             Err(e) => {
@@ -198,7 +210,29 @@ impl Processes for Linux {
         let started = Instant::now();
         let program = fuse.spec.executable.to_path_buf();
         let mountpoint = fuse.mountpoint.to_path_buf();
+        // A mount of the program's elsewhere, seen in two rounds in a row (a mount of the node's
+        // that was being unmounted while the tables were read is gone by the second).
+        let mut suspect: Option<MountEntry> = None;
         loop {
+            if confined {
+                let seen = self.mounted_elsewhere(&id, fuse.mountpoint)?;
+                match (seen, &suspect) {
+                    (Some(m), Some(s)) if m.mount_point == s.mount_point && m.device == s.device => {
+                        let _ = process::stop(&id, Duration::from_secs(2));
+                        // What reached the node below the mount point goes with it.
+                        let _ = mount::unmount(&self.anchors, fuse.mountpoint, true);
+                        let _ = self.cgroups.release(fuse.group);
+                        return Err(FuseError::MountedElsewhere {
+                            program,
+                            mountpoint,
+                            elsewhere: m.mount_point,
+                            fstype: m.fstype,
+                            log_tail: fuse_log::tail_of(&reader),
+                        });
+                    }
+                    (seen, _) => suspect = seen,
+                }
+            }
             let mounts = self.mounts()?;
             // Ready: mounted with the planned fstype, and its root answers (a stat through a
             // descriptor resolved below the anchor).
@@ -291,6 +325,13 @@ impl Linux {
         let detach = || {
             let _ = mount::unmount(&self.anchors, fuse.mountpoint, true);
         };
+        let jail = match self.jail(fuse, None, host.uid, host.gid) {
+            Ok(j) => j,
+            Err(e) => {
+                detach();
+                return Err(e);
+            }
+        };
         let group = match self.cgroups.prepare(fuse.group, fuse.memory_limit) {
             Ok(g) => g,
             Err(e) => {
@@ -323,14 +364,14 @@ impl Linux {
             max_file_bytes: self.max_file_bytes,
             control: control.as_ref().map(|l| l.as_fd()),
         };
-        let id = process::spawn_as(&fuse.spec, log, group.as_ref(), Some(unprivileged));
-        drop((group, dev, control));
+        let id = process::spawn_as(&fuse.spec, log, group.as_ref(), Some(unprivileged), jail.as_ref());
+        drop((group, dev, control, jail));
         let id = match id {
             Ok(id) => id,
             Err(e) => {
                 detach();
                 let _ = self.cgroups.release(fuse.group);
-                return Err(e.into());
+                return Err(confine_error(fuse.confine.is_some(), e, &reader));
             }
         };
         let (tx, answered) = std::sync::mpsc::channel();
@@ -383,7 +424,12 @@ impl Linux {
                     }
                     _ => String::new(),
                 };
-                return Err(FuseError::Exited { program, mountpoint, oom, log_tail: fuse_log::tail_of(&reader) });
+                let log_tail = fuse_log::tail_of(&reader);
+                // libfuse 2 takes /dev/fd/N for a mount point to mount on, and fails on it.
+                if oom.is_empty() && cannot_take_fd(&log_tail) {
+                    return Err(FuseError::NoHostFd { program, log_tail });
+                }
+                return Err(FuseError::Exited { program, mountpoint, oom, log_tail });
             }
             if started.elapsed() >= fuse.ready_timeout {
                 fail(Duration::from_secs(2));
@@ -396,6 +442,79 @@ impl Linux {
             }
         }
     }
+}
+
+impl Linux {
+    /// Prepare `fuse`'s mount namespace when it is to be confined: its volume's directories,
+    /// opened below the anchors, writable; `mount_point` (a program that mounts by itself) a
+    /// peer of the node's; its `/tmp` and home owned by `uid`:`gid`.
+    fn jail(
+        &self,
+        fuse: &Fuse<'_>,
+        mount_point: Option<&Path>,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Option<confine::Prepared>, FuseError> {
+        let Some(c) = &fuse.confine else { return Ok(None) };
+        let failed = |source: io::Error| FuseError::Confine {
+            program: fuse.spec.executable.to_path_buf(),
+            source,
+            log: String::new(),
+        };
+        let mut writable = Vec::new();
+        for dir in &c.writable {
+            match self.anchors.open(dir, OFlags::PATH | OFlags::DIRECTORY) {
+                Ok(fd) => writable.push((*dir, fd)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(failed(io::Error::new(e.kind(), format!("{}: {e}", dir.display())))),
+            }
+        }
+        let point = match mount_point {
+            Some(p) => Some(
+                self.anchors
+                    .open(p, OFlags::PATH | OFlags::DIRECTORY)
+                    .map_err(|e| failed(io::Error::new(e.kind(), format!("{}: {e}", p.display()))))?,
+            ),
+            None => None,
+        };
+        let jail = confine::Jail {
+            mount_point: mount_point.zip(point.as_ref()),
+            writable: writable.iter().map(|(p, fd)| (*p, fd)).collect(),
+            hidden: c.hidden,
+            executable: fuse.spec.executable,
+            uid,
+            gid,
+        };
+        confine::Prepared::build(&jail).map(Some).map_err(failed)
+    }
+
+    /// A FUSE mount of `id`'s namespace other than at `mountpoint` that the node did not make
+    /// ([`confine::elsewhere`]).
+    fn mounted_elsewhere(&self, id: &ProcessId, mountpoint: &Path) -> Result<Option<MountEntry>, FuseError> {
+        let Ok(bytes) = std::fs::read(format!("/proc/{}/mountinfo", id.pid)) else { return Ok(None) };
+        let Ok(theirs) = mountinfo::parse(&bytes) else { return Ok(None) };
+        let node = self.mounts()?;
+        Ok(confine::elsewhere(&theirs, &node, mountpoint))
+    }
+}
+
+/// A spawn error, with what the child wrote about its namespace when it was to be confined.
+fn confine_error(confined: bool, e: ProcessError, log: &std::fs::File) -> FuseError {
+    match e {
+        ProcessError::Spawn { path, source } if confined => {
+            let tail = fuse_log::tail_of(log);
+            let log = if tail.is_empty() { String::new() } else { format!("; its log says: {tail}") };
+            FuseError::Confine { program: path, source, log }
+        }
+        other => other.into(),
+    }
+}
+
+/// Does a FUSE program's last output say it could not use the `/dev/fd/N` it was given as a
+/// connection (libfuse 2 reads it as a mount point)?
+fn cannot_take_fd(log_tail: &str) -> bool {
+    log_tail.contains("/dev/fd/")
+        && ["not a directory", "Not a directory", "bad mount point"].iter().any(|m| log_tail.contains(m))
 }
 
 impl Linux {

@@ -10,6 +10,7 @@
 pub mod artifacts;
 pub mod beneath;
 pub mod cgroup;
+pub mod confine;
 pub mod executor;
 pub mod fuse_log;
 pub mod instance;
@@ -21,6 +22,7 @@ pub mod process;
 pub mod recording;
 
 pub use executor::{
-    Boot, Control, Executor, Exit, FileId, FileKind, Files, Fuse, FuseError, Groups, HostFuse, Mounts, Processes, Usage,
+    Boot, Confinement, Control, Executor, Exit, FileId, FileKind, Files, Fuse, FuseError, Groups, HostFuse, Mounts,
+    Processes, Usage,
 };
 pub use linux::Linux;

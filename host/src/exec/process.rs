@@ -136,23 +136,27 @@ pub fn spawn_logged(
     log: std::fs::File,
     cgroup: Option<&super::cgroup::Joining>,
 ) -> Result<ProcessId, ProcessError> {
-    spawn_as(spec, log, cgroup, None)
+    spawn_as(spec, log, cgroup, None, None)
 }
 
 /// [`spawn_logged`], unprivileged when asked: after joining the cgroup (as root, which may move
 /// it there), the child puts the FUSE connection at descriptor
 /// [`crate::plan::FUSE_FD`], marks every higher descriptor close-on-exec (so only stdin, stdout,
 /// stderr and the connection survive the exec), sets `no_new_privs`, drops its supplementary
-/// groups, gets its file-size cap and becomes `gid` and `uid` (losing every capability).
+/// groups, gets its file-size cap and becomes `gid` and `uid` (losing every capability). With
+/// `jail`, the child enters that mount namespace first ([`super::confine`]), as root, and runs
+/// the binary at its path there.
 pub fn spawn_as(
     spec: &Spec<'_>,
     log: std::fs::File,
     cgroup: Option<&super::cgroup::Joining>,
     unprivileged: Option<Unprivileged<'_>>,
+    jail: Option<&super::confine::Prepared>,
 ) -> Result<ProcessId, ProcessError> {
     reserve_low_descriptors();
     let err_log = log.try_clone().map_err(|source| ProcessError::Log { path: spec.log.to_path_buf(), source })?;
-    let mut cmd = Command::new(spec.executable);
+    let entry = jail.map(super::confine::Prepared::entry);
+    let mut cmd = Command::new(jail.map_or(spec.executable, |j| j.executable()));
     cmd.args(spec.args)
         .env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
@@ -168,10 +172,10 @@ pub fn spawn_as(
     });
     // SAFETY: the closure runs in the child between fork and exec, where only
     // async-signal-safe calls are allowed; setsid(2), write(2) and the calls of `drop_privileges`
-    // are, and nothing allocates (`last_os_error` only reads errno; iterating `group_fds`
-    // reads memory allocated before the fork). The descriptors in `group_fds` and those of
-    // `unprivileged` stay open in the parent until this function returns, so the child's
-    // copies are valid.
+    // and `Entry::enter` are, and nothing allocates (`last_os_error` only reads errno; iterating
+    // `group_fds` and `entry` reads memory allocated before the fork). The descriptors in
+    // `group_fds`, those of `unprivileged` and those of `jail` stay open in the parent until
+    // this function returns, so the child's copies are valid.
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
@@ -180,6 +184,9 @@ pub fn spawn_as(
                 if nix::libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
                     return Err(std::io::Error::last_os_error());
                 }
+            }
+            if let Some(entry) = &entry {
+                entry.enter()?;
             }
             match drop_to {
                 Some((fuse, control, uid, gid, max_file)) => drop_privileges(fuse, control, uid, gid, max_file)?,

@@ -493,6 +493,7 @@ impl Controller {
             grant: &grant,
             programs: &self.config.programs,
             program_args: &self.config.program_args,
+            rules: &self.config.program_rules,
             endpoint_hosts: hosts,
             dirs: &dirs,
             secrets,

@@ -9,6 +9,7 @@
 pub mod lazy;
 pub mod oci_ref;
 pub mod policy;
+pub mod rules;
 pub mod tar_rules;
 pub mod url;
 

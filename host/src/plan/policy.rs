@@ -40,6 +40,7 @@ use crate::volume::VolumeDirs;
 use crate::volume::dirs::root_name;
 
 use super::oci_ref::OciRef;
+use super::rules::{self, HostFd, ProgramRules, RuleSet};
 use super::url::{HostGrant, Target, parse as parse_url};
 use super::{Archive, EnvVar, Header, MountOption, Plan, SpawnArg, Step, Value};
 
@@ -130,6 +131,9 @@ pub struct Context<'a> {
     /// Host config: program name → what its arguments may name and which environment
     /// variables it may be given.
     pub program_args: &'a BTreeMap<String, ArgRules>,
+    /// Host config: program name → the rule set its whole argv is judged by, and the programs
+    /// that must run on a connection the host mounts ([`super::rules`]).
+    pub rules: &'a ProgramRules,
     /// Hosts granted by the request's endpoint and oci-reference parameters (see
     /// [`endpoint_hosts`]).
     pub endpoint_hosts: BTreeSet<String>,
@@ -153,6 +157,18 @@ pub struct PolicyError {
     pub reason: String,
     /// The grant that would let the step through, when a grant is all it lacks.
     pub missing: Option<MissingGrant>,
+    /// The program rule that refused it, when one did (for the refusals metric).
+    pub rule: Option<RuleRef>,
+}
+
+/// A program rule that refused a plan: which program (a granted one) and which rule (a name
+/// from host config or a rule set, never text from the plan).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleRef {
+    /// The program, as plans and host config name it.
+    pub program: String,
+    /// The rule (`options.-cacheDir`, `unknown-option`, `host-fd`, `program-args.deny`).
+    pub rule: String,
 }
 
 /// A grant a plan needs and the host config does not give ([`missing_grants`]).
@@ -237,18 +253,24 @@ type R<T> = Result<T, String>;
 struct Refusal {
     reason: String,
     missing: Option<MissingGrant>,
+    rule: Option<RuleRef>,
 }
 
 impl From<String> for Refusal {
     fn from(reason: String) -> Self {
-        Refusal { reason, missing: None }
+        Refusal { reason, missing: None, rule: None }
     }
 }
 
 impl From<&str> for Refusal {
     fn from(reason: &str) -> Self {
-        Refusal { reason: reason.into(), missing: None }
+        Refusal { reason: reason.into(), missing: None, rule: None }
     }
+}
+
+/// A refusal by `program`'s rule `rule`.
+fn by_rule(program: &str, rule: &str, reason: String) -> Refusal {
+    Refusal { reason, missing: None, rule: Some(RuleRef { program: program.into(), rule: rule.into() }) }
 }
 
 /// The result of a check that may lack a grant.
@@ -256,7 +278,7 @@ type G<T> = Result<T, Refusal>;
 
 /// A refusal for want of `missing`.
 fn lacks<T>(missing: MissingGrant, reason: String) -> G<T> {
-    Err(Refusal { reason, missing: Some(missing) })
+    Err(Refusal { reason, missing: Some(missing), rule: None })
 }
 
 /// Check a node or controller plan and resolve it.
@@ -270,12 +292,29 @@ pub fn check(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> {
 }
 
 fn check_steps(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> {
-    let whole =
-        |reason: String| PolicyError { plugin: ctx.plugin.into(), index: 0, kind: "plan", reason, missing: None };
+    let whole = |reason: String| PolicyError {
+        plugin: ctx.plugin.into(),
+        index: 0,
+        kind: "plan",
+        reason,
+        missing: None,
+        rule: None,
+    };
     if plan.steps.len() > MAX_STEPS {
         return Err(whole(format!("{} steps; at most {MAX_STEPS} are allowed", plan.steps.len())));
     }
     let attributes = check_attributes(ctx, plan.attributes).map_err(whole)?;
+    // One FUSE program a plan: the volume's process, the one the supervisor watches and heals.
+    let spawns: Vec<usize> =
+        (0..plan.steps.len()).filter(|i| matches!(plan.steps[*i], wit::Step::SpawnFuse(_))).collect();
+    if let [first, second, ..] = spawns.as_slice() {
+        return Err(whole(format!(
+            "steps {} and {} both spawn a FUSE program; a plan runs one (its volume's process, which the host \
+             supervises)",
+            first + 1,
+            second + 1
+        )));
+    }
     let mut seen = Seen::default();
     let mut steps = Vec::with_capacity(plan.steps.len());
     for (i, step) in plan.steps.into_iter().enumerate() {
@@ -286,6 +325,7 @@ fn check_steps(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> 
             kind,
             reason: r.reason,
             missing: r.missing,
+            rule: r.rule,
         };
         if !ctx.operation.allows(&step) {
             return Err(refuse(format!("a {kind} step is not allowed in a {:?} plan", ctx.operation).into()));
@@ -429,7 +469,10 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> G<Step> {
             }
             let args = s.args.iter().map(|a| arg(ctx, a)).collect::<R<Vec<_>>>()?;
             let host_mount = fuse::host_mount(ctx, s.mount, &s.fstype, &args)?;
-            program_args(ctx, &s.program, &args, host_mount.is_some())?;
+            let mountpoint = path(ctx, &s.mountpoint)?;
+            program_rules(ctx, &s.program, s.mountpoint.root, &mountpoint, &args, host_mount.is_some())?;
+            program_args(ctx, &s.program, &args, host_mount.is_some())
+                .map_err(|e| by_rule(&s.program, "program-args", e))?;
             let mut names = BTreeSet::new();
             let mut env = Vec::with_capacity(s.env.len());
             for e in s.env {
@@ -449,7 +492,7 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> G<Step> {
                 executable,
                 args,
                 env,
-                mountpoint: path(ctx, &s.mountpoint)?,
+                mountpoint,
                 fstype: s.fstype,
                 ready_timeout_ms: s.ready_timeout_ms,
                 memory_limit_bytes: s.memory_limit_bytes,
@@ -675,13 +718,129 @@ fn program_args(ctx: &Context<'_>, program: &str, args: &[SpawnArg], host_mounte
     rules.check(program, &rendered)
 }
 
-/// An environment variable a plan sets for `program`: with host config rules for the program,
-/// only those its rules allow; without, any valid one but those of the deny list ([`env`]).
-fn program_env(ctx: &Context<'_>, program: &str, name: &str) -> R<()> {
-    match ctx.program_args.get(program) {
-        Some(rules) => rules.check_env(program, name),
-        None => env::check(program, name),
+/// An environment variable a plan sets for `program`: with a rule set or host config rules for
+/// the program, only those they allow; without, any valid one but those of the deny list
+/// ([`env`]).
+fn program_env(ctx: &Context<'_>, program: &str, name: &str) -> G<()> {
+    let args = ctx.program_args.get(program);
+    match (ctx.rules.set(program), args) {
+        (Some(set), _) if set.env.contains(name) => Ok(()),
+        (_, Some(rules)) if rules.env.contains(name) => Ok(()),
+        (Some(set), _) => {
+            let mut allowed: BTreeSet<String> = set.env.clone();
+            allowed.extend(args.map(|a| a.env.iter().cloned()).into_iter().flatten());
+            Err(by_rule(
+                program,
+                "env",
+                format!(
+                    "program {program:?}: environment variable {name:?} is not allowed by rule set @{} (allowed: {}; \
+                     host config adds one with --program-args {program}:env={name})",
+                    set.name,
+                    list(&allowed)
+                ),
+            ))
+        }
+        (None, Some(rules)) => rules.check_env(program, name).map_err(|e| by_rule(program, "program-args", e)),
+        (None, None) => Ok(env::check(program, name)?),
     }
+}
+
+/// What `program`'s rule set and the node say about how it runs and about its whole argv
+/// ([`super::rules`]): a program that must run on a connection the host mounts, or cannot, a
+/// program that mounts by itself somewhere kubelet does not look, and every argument.
+fn program_rules(
+    ctx: &Context<'_>,
+    program: &str,
+    root: wit::DirRoot,
+    mountpoint: &Path,
+    args: &[SpawnArg],
+    host_mounted: bool,
+) -> G<()> {
+    let set = ctx.rules.set(program);
+    let named = |set: &RuleSet| format!("@{}", set.name);
+    if host_mounted {
+        if let Some(set) = set.filter(|s| s.host_fd == HostFd::Unsupported) {
+            return Err(by_rule(
+                program,
+                "host-fd",
+                format!(
+                    "program {program:?} cannot take a FUSE connection the host mounts (rule set {}: host-fd: \
+                     unsupported; programs linked with libfuse 2 fail with \"/dev/fd/3 is not a directory\"): plan \
+                     fuse-mount.by-program for it",
+                    named(set)
+                ),
+            ));
+        }
+    } else {
+        if ctx.rules.host_fd_required.contains(program) {
+            return Err(by_rule(
+                program,
+                "host-fd",
+                format!(
+                    "program {program:?} must run unprivileged on a FUSE connection the host mounts (host flag \
+                     --require-host-fd {program}): plan fuse-mount.host-fd with a fuse-fd argument"
+                ),
+            ));
+        }
+        if let Some(set) = set.filter(|s| s.host_fd == HostFd::Required) {
+            return Err(by_rule(
+                program,
+                "host-fd",
+                format!(
+                    "program {program:?} must run unprivileged on a FUSE connection the host mounts (rule set {}: \
+                     host-fd: required): plan fuse-mount.host-fd with a fuse-fd argument",
+                    named(set)
+                ),
+            ));
+        }
+        // Its mount reaches the node from its own mount namespace only where kubelet looks
+        // (exec::confine): the staging or the target directory.
+        if !matches!(root, wit::DirRoot::Staging | wit::DirRoot::Target) {
+            return Err(format!(
+                "a program that mounts by itself (fuse-mount.by-program) mounts at the staging or target directory, not \
+                 in the {} directory",
+                root_name(root)
+            )
+            .into());
+        }
+    }
+    let Some(set) = set else { return Ok(()) };
+    let dir = ctx.dirs.secret_files(host_mounted);
+    let at = dir.clone().unwrap_or_default();
+    let rendered: Vec<String> = args.iter().map(|a| a.render_at(&at)).collect();
+    let secret_files = args
+        .iter()
+        .filter_map(|a| match a {
+            SpawnArg::SecretFile { key, .. } => Some(
+                SpawnArg::SecretFile { prefix: String::new(), key: key.clone(), suffix: String::new() }.render_at(&at),
+            ),
+            _ => None,
+        })
+        .collect();
+    let values = rules::Values {
+        mount_point: if host_mounted {
+            SpawnArg::FuseFd { prefix: String::new(), suffix: String::new() }.render_at(&at)
+        } else {
+            mountpoint.display().to_string()
+        },
+        secret_files,
+        cache: ctx.dirs.cache.as_deref(),
+        runtime: ctx.dirs.runtime.as_deref(),
+        secret_files_dir: dir.as_deref(),
+        grants: ctx.grant.hosts.iter().chain(&ctx.endpoint_hosts).filter_map(|g| HostGrant::parse(g).ok()).collect(),
+    };
+    set.check(&rendered, &values).map_err(|r| {
+        let place = if r.position == 0 {
+            "its arguments".to_string()
+        } else {
+            format!("argument {} {:?}", r.position, r.argument)
+        };
+        by_rule(
+            program,
+            &r.rule,
+            format!("program {program:?}, {place}: {} (rule set {}, rule {})", r.reason, named(set), r.rule),
+        )
+    })
 }
 
 fn fstype(ctx: &Context<'_>, fstype: &str) -> G<()> {

@@ -154,6 +154,14 @@ impl HostGrant {
     pub fn allows(&self, target: &Target) -> bool {
         self.host == target.host && self.port.is_none_or(|p| p == target.port)
     }
+
+    /// Whether this grant covers `asked`, a `host[:port]` a program argument names: the same
+    /// host, and the same port unless this grant names none. A `host` asked without a port is
+    /// judged by its name alone (its port, if any, is another argument's, judged by its own
+    /// rule).
+    pub fn covers(&self, asked: &HostGrant) -> bool {
+        self.host == asked.host && (self.port.is_none() || asked.port.is_none() || self.port == asked.port)
+    }
 }
 
 impl fmt::Display for HostGrant {

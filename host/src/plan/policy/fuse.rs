@@ -151,6 +151,7 @@ mod tests {
             grant: &grant,
             programs: &programs,
             program_args: &Default::default(),
+            rules: &Default::default(),
             endpoint_hosts: Default::default(),
             dirs: &dirs,
             secrets: &secrets,

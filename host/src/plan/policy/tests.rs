@@ -53,6 +53,7 @@ struct Fixture {
     grant: Grant,
     programs: BTreeMap<String, PathBuf>,
     program_args: BTreeMap<String, ArgRules>,
+    rules: ProgramRules,
     dirs: VolumeDirs,
     secrets: Secrets,
 }
@@ -67,6 +68,7 @@ impl Fixture {
             },
             programs: [("fusetest".to_string(), PathBuf::from("/usr/bin/fusetest"))].into(),
             program_args: BTreeMap::new(),
+            rules: ProgramRules::default(),
             dirs: VolumeDirs {
                 staging: Some("/k/plugins/x/globalmount".into()),
                 target: Some("/k/pods/u/mount".into()),
@@ -86,6 +88,7 @@ impl Fixture {
             grant: &self.grant,
             programs: &self.programs,
             program_args: &self.program_args,
+            rules: &self.rules,
             endpoint_hosts: ["filer:8888".to_string()].into(),
             dirs: &self.dirs,
             secrets: &self.secrets,
@@ -559,6 +562,7 @@ async fn a_refused_url_never_connects() {
 }
 
 mod args;
+mod grants;
 mod oci;
 mod values;
 

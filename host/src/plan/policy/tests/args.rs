@@ -248,7 +248,6 @@ fn missing_grants_lists_every_grant_at_once() {
             fetch_from("https://evil.example/blob"),
             fetch_from("https://registry.local/v2/x"),
             tmpfs_as("ext4"),
-            stage_spawn("sshfs", "fuse.sshfs", vec![]),
         ],
         attributes: vec![],
     };
