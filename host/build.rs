@@ -13,8 +13,19 @@ use std::process::Command;
 
 /// Plugin crates built here: the stock plugins, then the test fixtures and the example plugin
 /// of `examples/plugins/sshfs` (tests only, like the fixtures).
-const PLUGINS: &[&str] =
-    &["seaweedfs", "model", "misbehave", "fs-reader", "tmpfs", "bindfs", "paths", "legacy", "legacy030", "sshfs"];
+const PLUGINS: &[&str] = &[
+    "seaweedfs",
+    "model",
+    "misbehave",
+    "fs-reader",
+    "tmpfs",
+    "bindfs",
+    "argv",
+    "paths",
+    "legacy",
+    "legacy030",
+    "sshfs",
+];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());

@@ -21,11 +21,13 @@
 //!   directory holds it);
 //! - the files its rule set says it reads by itself are absent or, under `/usr`, covered by
 //!   something empty;
-//! - for a program that mounts by itself, its mount point is a read-only copy of the node's
-//!   directory that is a *peer* of the node's mount holding it: a mount the program makes
-//!   there propagates to the node (and the node's unmount of it back), and nowhere else does.
+//! - for a program that mounts by itself, the directory holding its mount point is a read-only
+//!   copy of the node's that is a *peer* of the node's mount holding it (a copy of the mount
+//!   point itself would make it a mount point, which `weed mount` refuses): a mount the program
+//!   makes at its mount point propagates to the node (and the node's unmount of it back).
 //!   Every other mount of the namespace is a slave or private: a mount made anywhere else stays
-//!   in the namespace, which dies with the program.
+//!   in the namespace, which dies with the program; one made beside the mount point, in that
+//!   directory, is seen ([`elsewhere`]) and fails the stage.
 //!
 //! Needs Linux 5.12 (`mount_setattr`); root (the daemon). The node's directory holding the
 //! mount point must be a shared mount, as kubelet makes its own directory.
@@ -91,9 +93,9 @@ pub const EMPTY_FILE: &str = "/tmp/.mounthost-empty";
 /// What one program's namespace holds beyond the system's directories.
 #[derive(Debug)]
 pub struct Jail<'a> {
-    /// A program that mounts by itself: its planned mount point, opened below the anchors (the
-    /// directory, not a mount on it).
-    pub mount_point: Option<(&'a Path, &'a OwnedFd)>,
+    /// A program that mounts by itself: the directory holding its planned mount point, opened
+    /// below the anchors.
+    pub mount_parent: Option<(&'a Path, &'a OwnedFd)>,
     /// The volume's own directories, opened below the anchors: writable at their paths.
     pub writable: Vec<(&'a Path, &'a OwnedFd)>,
     /// What the program reads by itself (its rule set's `reads`): never in the namespace.
@@ -446,9 +448,9 @@ impl Prepared {
             };
             b.planned.push(Planned { at: hidden.clone(), fd: cover, ours: false });
         }
-        // The mount point of a program that mounts by itself: a peer of the node's mount, so
-        // that a mount there, and only there, reaches the node.
-        if let Some((path, fd)) = jail.mount_point {
+        // The directory of a program's mount point: a peer of the node's mount, so that its
+        // mount there reaches the node.
+        if let Some((path, fd)) = jail.mount_parent {
             let (id, is_shared) = shared(fd).map_err(|e| io_at("reading the mount of", path, e))?;
             if !is_shared {
                 return Err(io::Error::new(
@@ -462,8 +464,8 @@ impl Prepared {
                 ));
             }
             let copy = clone_fd(fd, path)?;
-            // Read-only: nothing is written into the node's directory; mounting onto it is
-            // allowed. Its propagation stays the node's (a peer).
+            // Read-only: nothing is written into the node's directory; mounting onto the mount
+            // point in it is allowed. Its propagation stays the node's (a peer).
             set_attr(&copy, false, MountAttrFlags::MOUNT_ATTR_RDONLY, none, 0)
                 .map_err(|e| io_at("preparing", path, e))?;
             b.add(path, copy, false, false)?;
@@ -550,22 +552,28 @@ fn is_fuse(fstype: &str) -> bool {
 }
 
 /// A FUSE mount in a confined program's namespace (`theirs`, its mountinfo) other than at its
-/// `mount_point` that the node (`node`, the daemon's mountinfo) did not make: one whose
-/// connection the node has nowhere but at or below the mount point (the program's own
-/// propagated there) or not at all.
+/// `mount_point` that the node (`node`, the daemon's mountinfo) did not make: one in the
+/// directory holding the mount point (where the namespace's mounts reach the node, so only the
+/// program can have made it), or one whose connection the node has nowhere outside that
+/// directory (made in the namespace, or the program's own mounted again elsewhere).
 pub fn elsewhere(
     theirs: &[super::mountinfo::MountEntry],
     node: &[super::mountinfo::MountEntry],
     mount_point: &Path,
 ) -> Option<super::mountinfo::MountEntry> {
+    let reaching = mount_point.parent().unwrap_or(mount_point);
     let nodes: std::collections::BTreeSet<&str> = node
         .iter()
-        .filter(|m| is_fuse(&m.fstype) && !m.mount_point.starts_with(mount_point))
+        .filter(|m| is_fuse(&m.fstype) && !m.mount_point.starts_with(reaching))
         .map(|m| m.device.as_str())
         .collect();
     theirs
         .iter()
-        .find(|m| is_fuse(&m.fstype) && m.mount_point != mount_point && !nodes.contains(m.device.as_str()))
+        .find(|m| {
+            is_fuse(&m.fstype)
+                && m.mount_point != mount_point
+                && (m.mount_point.starts_with(reaching) || !nodes.contains(m.device.as_str()))
+        })
         .cloned()
 }
 
@@ -637,6 +645,7 @@ mod tests {
             entry("/k/staging/globalmount", "fuse.seaweedfs", "0:50"),
             entry("/k/other/globalmount", "fuse.sshfs", "0:51"),
             entry("/k/staging/globalmount/sub", "fuse", "0:53"),
+            entry("/k/staging/vol_data.json", "fuse", "0:54"),
         ];
         // Its own mount, a node's mount propagated into the namespace, a non-FUSE mount: none.
         let theirs = [entry("/", "tmpfs", "0:60"), entry("/k/staging/globalmount", "fuse.seaweedfs", "0:50")];
@@ -645,7 +654,12 @@ mod tests {
         assert_eq!(elsewhere(&theirs, &node, point), None);
         // A mount at another path, its own connection bound elsewhere, one below its mount
         // point (which the node shows, but as the program's doing): found.
-        for (at, device) in [("/etc", "0:52"), ("/tmp/x", "0:50"), ("/k/staging/globalmount/sub", "0:53")] {
+        for (at, device) in [
+            ("/etc", "0:52"),
+            ("/tmp/x", "0:50"),
+            ("/k/staging/globalmount/sub", "0:53"),
+            ("/k/staging/vol_data.json", "0:54"),
+        ] {
             let theirs = [entry(at, "fuse.bindfs", device)];
             assert_eq!(elsewhere(&theirs, &node, point).map(|m| m.mount_point), Some(at.into()), "{at}");
         }

@@ -213,25 +213,31 @@ impl Processes for Linux {
         // A mount of the program's elsewhere, seen in two rounds in a row (a mount of the node's
         // that was being unmounted while the tables were read is gone by the second).
         let mut suspect: Option<MountEntry> = None;
+        let elsewhere = |suspect: &mut Option<MountEntry>| -> Result<Option<MountEntry>, FuseError> {
+            if !confined {
+                return Ok(None);
+            }
+            let seen = self.mounted_elsewhere(&id, fuse.mountpoint)?;
+            let confirmed = matches!((&seen, &*suspect), (Some(m), Some(s)) if m.mount_point == s.mount_point && m.device == s.device);
+            *suspect = seen;
+            Ok(if confirmed { suspect.take() } else { None })
+        };
+        let mounted_elsewhere = |m: MountEntry| {
+            let _ = process::stop(&id, Duration::from_secs(2));
+            // What reached the node below the mount point goes with it.
+            let _ = mount::unmount(&self.anchors, fuse.mountpoint, true);
+            let _ = self.cgroups.release(fuse.group);
+            FuseError::MountedElsewhere {
+                program: program.clone(),
+                mountpoint: mountpoint.clone(),
+                elsewhere: m.mount_point,
+                fstype: m.fstype,
+                log_tail: fuse_log::tail_of(&reader),
+            }
+        };
         loop {
-            if confined {
-                let seen = self.mounted_elsewhere(&id, fuse.mountpoint)?;
-                match (seen, &suspect) {
-                    (Some(m), Some(s)) if m.mount_point == s.mount_point && m.device == s.device => {
-                        let _ = process::stop(&id, Duration::from_secs(2));
-                        // What reached the node below the mount point goes with it.
-                        let _ = mount::unmount(&self.anchors, fuse.mountpoint, true);
-                        let _ = self.cgroups.release(fuse.group);
-                        return Err(FuseError::MountedElsewhere {
-                            program,
-                            mountpoint,
-                            elsewhere: m.mount_point,
-                            fstype: m.fstype,
-                            log_tail: fuse_log::tail_of(&reader),
-                        });
-                    }
-                    (seen, _) => suspect = seen,
-                }
+            if let Some(m) = elsewhere(&mut suspect)? {
+                return Err(mounted_elsewhere(m));
             }
             let mounts = self.mounts()?;
             // Ready: mounted with the planned fstype, and its root answers (a stat through a
@@ -239,6 +245,13 @@ impl Processes for Linux {
             if mountinfo::at(&mounts, fuse.mountpoint).is_some_and(|m| m.fstype == fuse.fstype)
                 && self.anchors.open(fuse.mountpoint, OFlags::PATH).and_then(|fd| Ok(rustix::fs::fstat(&fd)?)).is_ok()
             {
+                // A mount elsewhere seen once is looked at again before the stage is done.
+                if suspect.is_some() {
+                    std::thread::sleep(Duration::from_millis(10));
+                    if let Some(m) = elsewhere(&mut suspect)? {
+                        return Err(mounted_elsewhere(m));
+                    }
+                }
                 return Ok(id);
             }
             if !process::is_alive(&id) {
@@ -446,8 +459,8 @@ impl Linux {
 
 impl Linux {
     /// Prepare `fuse`'s mount namespace when it is to be confined: its volume's directories,
-    /// opened below the anchors, writable; `mount_point` (a program that mounts by itself) a
-    /// peer of the node's; its `/tmp` and home owned by `uid`:`gid`.
+    /// opened below the anchors, writable; the directory of `mount_point` (a program that
+    /// mounts by itself) a peer of the node's; its `/tmp` and home owned by `uid`:`gid`.
     fn jail(
         &self,
         fuse: &Fuse<'_>,
@@ -469,7 +482,8 @@ impl Linux {
                 Err(e) => return Err(failed(io::Error::new(e.kind(), format!("{}: {e}", dir.display())))),
             }
         }
-        let point = match mount_point {
+        let parent = mount_point.map(|p| p.parent().unwrap_or(p));
+        let point = match parent {
             Some(p) => Some(
                 self.anchors
                     .open(p, OFlags::PATH | OFlags::DIRECTORY)
@@ -478,7 +492,7 @@ impl Linux {
             None => None,
         };
         let jail = confine::Jail {
-            mount_point: mount_point.zip(point.as_ref()),
+            mount_parent: parent.zip(point.as_ref()),
             writable: writable.iter().map(|(p, fd)| (*p, fd)).collect(),
             hidden: c.hidden,
             executable: fuse.spec.executable,

@@ -14,6 +14,7 @@ use mounthost::proto::csi;
 pub mod dynamic;
 pub mod model;
 pub mod registry;
+pub mod sshd;
 
 /// Set in the re-executed test to the mount namespace it was launched from.
 const OUTER_NAMESPACE: &str = "MOUNTHOST_TEST_OUTER_MNT_NS";
@@ -189,19 +190,34 @@ pub fn filer_put(filer: &str, path: &str, content: &str) -> std::io::Result<u16>
 pub struct Seaweed {
     child: Child,
     pub filer: String,
+    /// The S3 gateway, `127.0.0.1:PORT`, when started with one ([`Seaweed::start_s3`]).
+    pub s3: Option<String>,
     ports: Vec<u16>,
     _dir: tempfile::TempDir,
 }
+
+/// The access key and secret key of the S3 gateway's one identity ([`Seaweed::start_s3`]).
+pub const S3_KEYS: (&str, &str) = ("mounthost-test-ak", "mounthost-test-sk-0123456789");
 
 impl Seaweed {
     /// Start it and wait until a write through the filer succeeds. Ports are picked free just
     /// before weed binds them, so a parallel test can take one in between: weed then exits
     /// with "address already in use" and it is started again on other ports.
     pub fn start() -> Seaweed {
+        Seaweed::start_with(false)
+    }
+
+    /// [`Seaweed::start`] with its S3 gateway on too (one identity, [`S3_KEYS`], allowed
+    /// everything).
+    pub fn start_s3() -> Seaweed {
+        Seaweed::start_with(true)
+    }
+
+    fn start_with(s3: bool) -> Seaweed {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Seaweed::try_start() {
+            match Seaweed::try_start(s3) {
                 Ok(weed) => return weed,
                 Err(log) if attempt < 4 && log.contains("address already in use") => {
                     eprintln!("weed server lost a port race (attempt {attempt}); starting it on other ports");
@@ -211,7 +227,7 @@ impl Seaweed {
         }
     }
 
-    fn try_start() -> Result<Seaweed, String> {
+    fn try_start(s3: bool) -> Result<Seaweed, String> {
         let dir = tempfile::tempdir().unwrap();
         let conf = dir.path().join("conf");
         let data = dir.path().join("data");
@@ -224,6 +240,19 @@ impl Seaweed {
         )
         .unwrap();
         let ports = distinct_free_ports();
+        let mut s3_args = Vec::new();
+        let s3_addr = s3.then(|| {
+            let port = free_port();
+            let config = conf.join("s3.json");
+            let identities = serde_json::json!({"identities": [{
+                "name": "test",
+                "credentials": [{"accessKey": S3_KEYS.0, "secretKey": S3_KEYS.1}],
+                "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+            }]});
+            std::fs::write(&config, identities.to_string()).unwrap();
+            s3_args.extend(["-s3".to_string(), format!("-s3.port={port}"), format!("-s3.config={}", config.display())]);
+            format!("127.0.0.1:{port}")
+        });
         // weed keeps a unix socket per gRPC port in /tmp; one left by a weed killed earlier
         // would stop it. Removed here, when these ports are free (no live weed owns them), never
         // after a weed stops: by then another test's weed may have taken the port, and its
@@ -248,16 +277,19 @@ impl Seaweed {
             .arg(format!("-volume.port.grpc={}", ports[3]))
             // The default (1% of the disk) turns every volume read-only on a big, nearly full
             // CI disk although the tests write a few MiB.
-            .args(["-volume.max=0", "-volume.preStopSeconds=0", "-volume.minFreeSpace=64MiB", "-filer"])
+            .args(["-volume.preStopSeconds=0", "-volume.minFreeSpace=64MiB", "-filer"])
+            // The S3 gateway's writes wait for a volume unless some may be made (BACKENDS.md).
+            .arg(if s3 { "-volume.max=16" } else { "-volume.max=0" })
             .arg(format!("-filer.port={}", ports[4]))
             .arg(format!("-filer.port.grpc={}", ports[5]))
+            .args(s3_args.iter())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .expect("starting weed server");
         let filer = format!("127.0.0.1:{}", ports[4]);
-        let mut weed = Seaweed { child, filer, ports, _dir: dir };
+        let mut weed = Seaweed { child, filer, s3: s3_addr, ports, _dir: dir };
         let until = Instant::now() + Duration::from_secs(60);
         while !matches!(filer_put(&weed.filer, "/mounthost-probe/ready", "ok"), Ok(201)) {
             if let Ok(Some(status)) = weed.child.try_wait() {
@@ -267,6 +299,14 @@ impl Seaweed {
                 return Err(format!("weed server not ready in 60 s: {}", weed.log()));
             }
             std::thread::sleep(Duration::from_millis(200));
+        }
+        if let Some(s3) = weed.s3.clone() {
+            while TcpStream::connect(&s3).is_err() {
+                if Instant::now() > until {
+                    return Err(format!("weed's S3 gateway did not listen on {s3} in 60 s: {}", weed.log()));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
         Ok(weed)
     }
@@ -369,12 +409,15 @@ pub fn deep_chain(top: &Path, depth: usize) -> (Vec<std::os::fd::OwnedFd>, PathB
 
 /// Mount points (from this namespace's mountinfo) below `dir`, except the host daemon's own
 /// runtime tmpfs (`<state>/run`, source `mounthost-run`), which it mounts at start and keeps
-/// while it holds a volume (it unmounts it at exit when it holds none).
+/// while it holds a volume (it unmounts it at exit when it holds none), and kubelet's directory
+/// bound onto itself and made shared, as kubelet makes it (the host daemon does, without
+/// kubelet: exec::confine::share_anchor).
 pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
     mounthost::exec::mountinfo::read()
         .unwrap()
         .into_iter()
         .filter(|m| m.source != "mounthost-run")
+        .filter(|m| !(m.root == m.mount_point && m.mount_point.ends_with("var/lib/kubelet")))
         .map(|m| m.mount_point)
         .filter(|p| p.starts_with(dir))
         .collect()
