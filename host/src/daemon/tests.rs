@@ -42,6 +42,9 @@ impl Env {
         config.kubelet_dir = kubelet.clone();
         config.plugin_concurrency = 4;
         config.grants.insert("tmpfs".into(), Grant { fstypes: ["tmpfs".to_string()].into(), ..Grant::default() });
+        // The filer of the tests' inline volumes, whose attributes (a pod's) grant no host: the
+        // node grants it, or @weed refuses its -filer.
+        config.grants.get_mut("seaweedfs").expect("a stock grant").hosts.insert("127.0.0.1:8888".into());
         std::fs::create_dir_all(&config.plugin_dir).unwrap();
         std::fs::copy(crate::stock::fixtures::path("tmpfs"), config.plugin_dir.join("tmpfs.wasm")).unwrap();
         let runtime = Arc::new(PluginRuntime::new(config.runtime()).unwrap());

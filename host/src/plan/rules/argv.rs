@@ -37,6 +37,8 @@ struct Judge<'a> {
     args: &'a [String],
     values: &'a Values<'a>,
     positional: usize,
+    /// The options (spellings) and `-o` items (names) given, for `required`.
+    given: std::collections::BTreeSet<String>,
 }
 
 impl Judge<'_> {
@@ -55,7 +57,7 @@ impl Judge<'_> {
 
     /// An option `spelled` at `index`, with `value` (`None`: given without one).
     fn option(
-        &self,
+        &mut self,
         index: usize,
         map: &BTreeMap<String, Class>,
         section: &str,
@@ -71,11 +73,13 @@ impl Judge<'_> {
         };
         class
             .check(value, self.values)
-            .map_err(|e| self.refuse(index, format!("{section}.{spelled}"), format!("option {spelled}: {e}")))
+            .map_err(|e| self.refuse(index, format!("{section}.{spelled}"), format!("option {spelled}: {e}")))?;
+        self.given.insert(spelled.to_string());
+        Ok(())
     }
 
     /// A Go flag at `index`: `-name` or `-name=value`, exactly one dash.
-    fn go_option(&self, index: usize, map: &BTreeMap<String, Class>, section: &str) -> Result<(), ArgRefusal> {
+    fn go_option(&mut self, index: usize, map: &BTreeMap<String, Class>, section: &str) -> Result<(), ArgRefusal> {
         let arg = &self.args[index];
         if arg.starts_with("--") {
             return Err(self.refuse(
@@ -115,7 +119,7 @@ impl Judge<'_> {
     }
 
     /// An `-o` list at `index` (the list itself is `list`).
-    fn o_list(&self, index: usize, list: &str) -> Result<(), ArgRefusal> {
+    fn o_list(&mut self, index: usize, list: &str) -> Result<(), ArgRefusal> {
         for item in list.split(',') {
             if item.is_empty() {
                 return Err(self.refuse(index, "spelling", "an -o list with an empty item"));
@@ -151,13 +155,14 @@ impl Judge<'_> {
             class
                 .check(value, self.values)
                 .map_err(|e| self.refuse(index, format!("o-options.{name}"), format!("-o option {name}: {e}")))?;
+            self.given.insert(name.to_string());
         }
         Ok(())
     }
 }
 
 pub(super) fn check(set: &RuleSet, args: &[String], values: &Values<'_>) -> Result<(), ArgRefusal> {
-    let mut j = Judge { set, args, values, positional: 0 };
+    let mut j = Judge { set, args, values, positional: 0, given: Default::default() };
     let mut i = 0;
     if set.style == Style::Go && !set.subcommand.is_empty() {
         while i < args.len() && args[i].starts_with('-') && args[i] != "-" && args[i] != "--" {
@@ -238,6 +243,16 @@ pub(super) fn check(set: &RuleSet, args: &[String], values: &Values<'_>) -> Resu
             }
         }
         i += 1;
+    }
+    if let Some(missing) = set.required.iter().find(|r| !j.given.contains(*r)) {
+        return Err(ArgRefusal {
+            position: 0,
+            argument: String::new(),
+            rule: format!("required.{missing}"),
+            reason: format!(
+                "option {missing} is required (without it the program would pick a default no one granted)"
+            ),
+        });
     }
     if let Some(missing) = set.positionals.get(j.positional) {
         return Err(ArgRefusal {

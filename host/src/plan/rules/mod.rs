@@ -11,6 +11,7 @@
 //! - each option, by its exact spelling (`-dir`, `--vfs-cache-mode`, `-f`, or an item of an
 //!   `-o` list), with the class of its value ([`Class`]);
 //! - each positional argument, by position, with its class;
+//! - the options that must be given (`required`);
 //! - the files the program reads by itself (`reads`: kept out of its mount namespace,
 //!   `exec::confine`);
 //! - the option through which it takes a configuration file (`config-file`: the host points it
@@ -118,6 +119,11 @@ pub struct RuleSet {
     /// Positional arguments, in order; each must be given.
     #[serde(default)]
     pub positionals: Vec<Positional>,
+    /// Options that must be given (by their spelling, or an `-o` item by its name): what the
+    /// program would otherwise default to (a filer on `localhost`, an endpoint on the internet)
+    /// is no host anyone granted.
+    #[serde(default)]
+    pub required: BTreeSet<String>,
     /// Files and directories the program reads by itself whatever its arguments say: none of
     /// them is in its mount namespace.
     #[serde(default)]
@@ -197,6 +203,12 @@ impl RuleSet {
         }
         if self.style == Style::Fuse && self.options.contains_key("-o") {
             return Err("-o is how style fuse gives o-options; list them under o-options".into());
+        }
+        for name in &self.required {
+            let known = self.options.contains_key(name) || self.o_options.contains_key(name);
+            if !known {
+                return Err(format!("required {name:?} is not one of its options or -o options"));
+            }
         }
         for (i, p) in self.positionals.iter().enumerate() {
             p.class.validate().map_err(|e| format!("positional {} ({}): {e}", i + 1, p.name))?;
