@@ -348,8 +348,17 @@ fn plugin_check_plans_every_operation_and_fails_on_what_would_break_a_node() {
     assert!(text.ends_with("sshfs: usable by this host\n"), "{text}");
 
     // Granted, the stage plans.
-    let granted =
-        ["--grant", "sshfs:program=sshfs", "--program", "sshfs=/usr/bin/sshfs", "--grant", "sshfs:fstype=fuse.sshfs"];
+    let granted = [
+        "--grant",
+        "sshfs:program=sshfs",
+        "--program",
+        "sshfs=/usr/bin/sshfs",
+        "--grant",
+        "sshfs:fstype=fuse.sshfs",
+        // The SSH server the example value names (@sshfs judges the remote's host).
+        "--grant",
+        "sshfs:host=example",
+    ];
     let (code, text) = check(state.path(), &[&granted[..], &[sshfs.to_str().unwrap()]].concat());
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("ok    stage      planned and passes the policy"), "{text}");
@@ -384,8 +393,13 @@ fn the_recommended_sshfs_rules_refuse_an_option_that_runs_a_command_naming_it() 
         "sshfs=/usr/bin/sshfs",
         "--grant",
         "sshfs:fstype=fuse.sshfs",
+        "--grant",
+        "sshfs:host=files.example",
         "--program-args",
         "sshfs:deny=@sshfs",
+        // The deny set alone, without the rule set @sshfs (which refuses these first).
+        "--program-rules",
+        "sshfs=none",
     ];
     let plan = |options: &str| {
         let params = ["--param", "host=files.example", "--param", "user=u", "--param"];
@@ -408,6 +422,31 @@ fn the_recommended_sshfs_rules_refuse_an_option_that_runs_a_command_naming_it() 
         );
         let name = if evil.to_lowercase().starts_with("proxy") { "proxycommand" } else { "ssh_command" };
         assert!(err.to_lowercase().contains(&format!("option \"{name}\"")), "{evil}: {err}");
+        // Under @sshfs (the default) each is refused before: no rule names it.
+        let options = format!("options={evil}");
+        let args = [
+            &rules[..rules.len() - 2],
+            &[
+                "plugin",
+                "plan",
+                sshfs.to_str().unwrap(),
+                "--param",
+                "host=files.example",
+                "--param",
+                "user=u",
+                "--param",
+                &options,
+                "--secret",
+                "sshPrivateKey=k",
+                "--secret",
+                "sshKnownHosts=files.example ssh-ed25519 AAAA",
+            ],
+        ]
+        .concat();
+        let out = mounthost(state.path(), &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{evil}: {err}");
+        assert!(err.contains("(rule set @sshfs, rule "), "{evil}: {err}");
     }
 }
 
@@ -420,7 +459,9 @@ fn a_program_with_rules_gets_only_the_environment_they_allow() {
     // The stock seaweedfs plugin gives weed its JWT key as WEED_JWT_SIGNING_KEY.
     let plan = |rules: &[&str]| {
         let params = ["--param", "filer=f:8888", "--param", "path=/p", "--secret", &secret];
-        mounthost(state.path(), &[rules, &["plugin", "plan", "seaweedfs"], &params[..]].concat())
+        // Without its rule set (which allows weed's JWT variables): --program-args alone.
+        let unruled = ["--program-rules", "weed=none"];
+        mounthost(state.path(), &[&unruled[..], rules, &["plugin", "plan", "seaweedfs"], &params[..]].concat())
     };
     let env_names = |out: &Output| -> Vec<String> {
         json(out)["steps"][0]["env"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap().into()).collect()
@@ -450,9 +491,17 @@ fn a_program_with_rules_gets_only_the_environment_they_allow() {
         .args(["--secret", &secret])
         .env_remove("MOUNTHOST_PLUGIN_DIR")
         .env("MOUNTHOST_PROGRAM_ARGS", "weed:deny=debug,weed:env=WEED_JWT_SIGNING_KEY")
+        .env("MOUNTHOST_PROGRAM_RULES", "weed=none")
         .output()
         .unwrap();
     assert_eq!(env_names(&out), ["WEED_JWT_SIGNING_KEY"]);
+    // Under @weed (the default) its JWT variables pass, and --program-args rules add to it.
+    let params = ["--param", "filer=f:8888", "--param", "path=/p", "--secret", &secret];
+    let ruled = mounthost(
+        state.path(),
+        &[&["--program-args", "weed:deny=debug", "plugin", "plan", "seaweedfs"], &params[..]].concat(),
+    );
+    assert_eq!(env_names(&ruled), ["WEED_JWT_SIGNING_KEY"]);
 }
 
 /// The `--program-args` flags docs/policy.md recommends for sshfs (its first code block after
@@ -473,8 +522,19 @@ fn the_recommended_sshfs_allow_list_passes_the_example_plugins_plan() {
     let rules = recommended_sshfs_rules();
     let values: Vec<&str> = rules.iter().flat_map(|r| r.split(',')).collect();
     assert!(values.contains(&"sshfs:deny=@sshfs") && values.contains(&"sshfs:allow=reconnect"), "{values:?}");
-    let granted =
-        ["--grant", "sshfs:program=sshfs", "--program", "sshfs=/usr/bin/sshfs", "--grant", "sshfs:fstype=fuse.sshfs"];
+    let granted = [
+        "--grant",
+        "sshfs:program=sshfs",
+        "--program",
+        "sshfs=/usr/bin/sshfs",
+        "--grant",
+        "sshfs:fstype=fuse.sshfs",
+        "--grant",
+        "sshfs:host=files.example",
+        // The block as it works alone, for a program run without its rule set.
+        "--program-rules",
+        "sshfs=none",
+    ];
     let plan = |options: &str| {
         let mut args: Vec<String> = granted.iter().map(|s| s.to_string()).collect();
         args.extend(rules.iter().cloned());
@@ -494,7 +554,7 @@ fn the_recommended_sshfs_allow_list_passes_the_example_plugins_plan() {
     assert_eq!(ok["steps"][0]["program"], "sshfs");
     assert_eq!(ok["steps"][0]["env"], serde_json::json!([]));
     json(&plan(
-        "cache=yes,compression=yes,dir_cache=yes,dcache_timeout=60,kernel_cache,auto_cache,attr_timeout=5,\
+        "cache=yes,Compression=yes,dir_cache=yes,dcache_timeout=60,kernel_cache,auto_cache,attr_timeout=5,\
          entry_timeout=5,max_conns=4,idmap=user,ServerAliveCountMax=3,ConnectTimeout=10",
     ));
     // Denied by @sshfs, or simply not on the list: refused, naming the option.

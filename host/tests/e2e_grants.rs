@@ -115,6 +115,21 @@ fn request(
     }
 }
 
+/// The bucket `grants` of the S3 gateway (a directory under `/buckets` of its filer), retried
+/// while a filer that has just started drops a connection.
+fn make_bucket(weed: &Seaweed) {
+    for attempt in 0.. {
+        match common::filer_put(&weed.filer, "/buckets/grants/.keep", "") {
+            Ok(201) => return,
+            other if attempt < 50 => {
+                eprintln!("making the bucket: {other:?}");
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            other => panic!("making the bucket: {other:?}"),
+        }
+    }
+}
+
 /// The stand-ins: a `/` and an `/etc` of the node's, as directories the routes aim at.
 struct StandIns {
     root: PathBuf,
@@ -156,10 +171,19 @@ async fn stage(node: &mut NodeClient<UnixChannel>, req: csi::NodeStageVolumeRequ
     node.node_stage_volume(req).await.map(drop)
 }
 
+/// Unstage `id`, retried as kubelet retries while another call on it is in flight.
 async fn unstage(node: &mut NodeClient<UnixChannel>, id: &str, staging: &Path) {
     let req =
         csi::NodeUnstageVolumeRequest { volume_id: id.into(), staging_target_path: staging.display().to_string() };
-    node.node_unstage_volume(req).await.unwrap();
+    for attempt in 0.. {
+        match node.node_unstage_volume(req.clone()).await {
+            Ok(_) => return,
+            Err(e) if e.code() == Code::Aborted && attempt < 100 => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("unstage {id}: {e:?}"),
+        }
+    }
 }
 
 /// The daemons' flags: the `argv` plugin granted every program the routes use, each under its
@@ -201,6 +225,10 @@ fn a_hostile_plugin_granted_real_programs_is_refused_or_contained_on_every_route
     let weed = Seaweed::start_s3();
     let s3 = weed.s3.clone().unwrap();
     let hosts = format!("{},{s3}", weed.filer);
+    // A bucket of the S3 gateway (a directory under /buckets of its filer).
+    make_bucket(&weed);
+    let s3_remote =
+        format!(":s3,provider=SeaweedFS,endpoint='http://{s3}',force_path_style=true,no_check_bucket=true:grants");
     // A program that mounts twice: in its own home, then at its mount point. (A mount made
     // after its mount point is ready stays in its namespace too, but the stage is done by then.)
     let twice = dirs.root.path().join("mount-twice");
@@ -275,6 +303,94 @@ fn a_hostile_plugin_granted_real_programs_is_refused_or_contained_on_every_route
             &["evil@127.0.0.1:/", "{etc}", "-f", "-o", "port=22"],
             Rule("host-fd"),
         ),
+        // rclone under @rclone.
+        route("rclone --rc", "rclone", &["mount", "{s3remote}", "{staging}", "--rc"], Rule("unknown-option")),
+        route(
+            "rclone --rc-addr",
+            "rclone",
+            &["mount", "{s3remote}", "{staging}", "--rc-addr=127.0.0.1:5572"],
+            Rule("unknown-option"),
+        ),
+        route(
+            "rclone --password-command",
+            "rclone",
+            &["mount", "{s3remote}", "{staging}", "--password-command=sh -c id"],
+            Rule("unknown-option"),
+        ),
+        route(
+            "rclone --config=",
+            "rclone",
+            &["mount", "{s3remote}", "{staging}", "--config={etc}/rclone.conf"],
+            Rule("unknown-option"),
+        ),
+        route(
+            "rclone --cache-dir= outside the volume",
+            "rclone",
+            &["mount", "{s3remote}", "{staging}", "--cache-dir={etc}"],
+            Rule("options.--cache-dir"),
+        ),
+        route("rclone :local: remote", "rclone", &["mount", ":local:{root}", "{staging}"], Rule("positionals.1")),
+        route(
+            "rclone connection string with ssh=",
+            "rclone",
+            &["mount", ":sftp,ssh='sh -c id':", "{staging}"],
+            Rule("positionals.1"),
+        ),
+        route(
+            "rclone connection string with bearer_token_command",
+            "rclone",
+            &["mount", ":webdav,url='http://{s3}/',bearer_token_command='id':", "{staging}"],
+            Rule("positionals.1"),
+        ),
+        route("rclone serve", "rclone", &["serve", "webdav", "{root}"], Rule("subcommand")),
+        route("rclone copy", "rclone", &["copy", "{etc}", "{s3remote}"], Rule("subcommand")),
+        // s3fs under @s3fs.
+        route(
+            "s3fs -o passwd_file= naming a node file",
+            "s3fs",
+            &[
+                "grants",
+                "{staging}",
+                "-f",
+                "-o",
+                "url=http://{s3},use_path_request_style",
+                "-o",
+                "passwd_file={etc}/passwd-s3fs",
+            ],
+            Rule("o-options.passwd_file"),
+        ),
+        route(
+            "s3fs -o use_cache= outside the volume",
+            "s3fs",
+            &["grants", "{staging}", "-f", "-o", "url=http://{s3},use_path_request_style", "-o", "use_cache={etc}"],
+            Rule("o-options.use_cache"),
+        ),
+        route(
+            "s3fs -o tmpdir= outside the volume",
+            "s3fs",
+            &["grants", "{staging}", "-f", "-o", "url=http://{s3},use_path_request_style", "-o", "tmpdir={root}"],
+            Rule("o-options.tmpdir"),
+        ),
+        route(
+            "s3fs -o credlib=",
+            "s3fs",
+            &[
+                "grants",
+                "{staging}",
+                "-f",
+                "-o",
+                "url=http://{s3},use_path_request_style",
+                "-o",
+                "credlib={root}/lib.so",
+            ],
+            Rule("unknown-o-option"),
+        ),
+        route(
+            "s3fs -o modules=",
+            "s3fs",
+            &["grants", "{staging}", "-f", "-o", "url=http://{s3},use_path_request_style", "-o", "modules=subdir"],
+            Rule("unknown-o-option"),
+        ),
         // The mount namespace alone (the same binaries under names no rule set is for).
         route(
             "weed mounting elsewhere, without rules",
@@ -298,7 +414,7 @@ fn a_hostile_plugin_granted_real_programs_is_refused_or_contained_on_every_route
             for (i, r) in routes.iter_mut().enumerate() {
                 stand.fill(r);
                 for a in &mut r.args {
-                    *a = a.replace("{filer}", &weed.filer);
+                    *a = a.replace("{filer}", &weed.filer).replace("{s3remote}", &s3_remote).replace("{s3}", &s3);
                 }
                 let id = format!("argv~route-{i}");
                 let staging = dirs.staging(&format!("route-{i}"));
@@ -325,6 +441,266 @@ fn a_hostile_plugin_granted_real_programs_is_refused_or_contained_on_every_route
                 assert!(pids_with(&staging.display().to_string()).is_empty(), "{}: a program is left", r.name);
             }
             println!("checked: {} routes, the mount table and the stand-ins for / and /etc unchanged", routes.len());
+        })
+    });
+}
+
+/// Files a program would read by itself, planted in this namespace's `/root` (a tmpfs bound
+/// over it) and `/etc` (a copy bound over it): each breaks its program's mount if it is read
+/// (or, for s3fs, makes it mount without the plan's credentials).
+fn plant(base: &Path, s3_keys: &str) {
+    let run = |args: &[&str]| {
+        let ok = std::process::Command::new(args[0]).args(&args[1..]).status().unwrap().success();
+        assert!(ok, "{args:?}");
+    };
+    run(&["mount", "-t", "tmpfs", "-o", "mode=0700", "planted-root", "/root"]);
+    let etc = base.join("etc-planted");
+    run(&["cp", "-a", "/etc", etc.to_str().unwrap()]);
+    // weed's security.toml: TLS to its filer, which speaks plain gRPC, so a weed that reads it
+    // never mounts (a security.toml that does not parse is skipped, so it would prove nothing).
+    let tls = base.join("weed-tls");
+    std::fs::create_dir_all(&tls).unwrap();
+    let ssl = |args: &str| run(&["sh", "-c", &format!("cd {} && openssl {args} 2>/dev/null", tls.display())]);
+    ssl(
+        "req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=ca",
+    );
+    ssl(
+        "req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout client.key -out client.csr -subj /CN=client",
+    );
+    ssl("x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 1");
+    let security = format!(
+        "[grpc]\nca = \"{0}/ca.crt\"\n[grpc.client]\ncert = \"{0}/client.crt\"\nkey = \"{0}/client.key\"\n",
+        tls.display()
+    );
+    for (path, text) in [
+        (PathBuf::from("/root/.passwd-s3fs"), s3_keys.to_string()),
+        // An encrypted configuration: rclone cannot load it without a password, and stops.
+        (PathBuf::from("/root/.config/rclone/rclone.conf"), "# Encrypted rclone configuration File\n\nRCLONE_ENCRYPT_V0:\nAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\n".into()),
+        (PathBuf::from("/root/.seaweedfs/security.toml"), security.clone()),
+        (PathBuf::from("/root/.ssh/config"), "Host *\n  ProxyCommand /bin/false\n".into()),
+        (etc.join("passwd-s3fs"), s3_keys.to_string()),
+        (etc.join("seaweedfs/security.toml"), security),
+    ] {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    }
+    run(&["mount", "--bind", etc.to_str().unwrap(), "/etc"]);
+}
+
+/// One case of the planted-files check: a program, its arguments, the secrets of its plan.
+struct Case {
+    name: &'static str,
+    route: Route,
+    secrets: Vec<(&'static str, String)>,
+}
+
+#[test]
+fn honest_plans_work_in_their_namespace_where_no_planted_file_is_read() {
+    if !in_private_namespace("honest_plans_work_in_their_namespace_where_no_planted_file_is_read") {
+        return;
+    }
+    let weed = Seaweed::start_s3();
+    let s3 = weed.s3.clone().unwrap();
+    let (ak, sk) = common::S3_KEYS;
+    make_bucket(&weed);
+    let sshd = common::sshd::Sshd::start();
+    std::fs::write(sshd.data.join("hello.txt"), "over ssh\n").unwrap();
+    let hosts = format!("{},{s3},127.0.0.1:{}", weed.filer, sshd.port);
+    let s3_remote =
+        format!(":s3,provider=SeaweedFS,endpoint='http://{s3}',force_path_style=true,no_check_bucket=true:grants");
+    let keys = [("accessKey", ak.to_string()), ("secretKey", sk.to_string())];
+    let cases = || {
+        vec![
+            Case {
+                name: "weed (@weed) reads no security.toml of the node's",
+                route: route(
+                    "",
+                    "weed",
+                    &[
+                        "-logtostderr",
+                        "mount",
+                        "-filer={filer}",
+                        "-filer.path=/buckets/grants",
+                        "-dir={staging}",
+                        "-cacheDir={cache}",
+                    ],
+                    Expect::Rule(""),
+                ),
+                secrets: vec![],
+            },
+            Case {
+                name: "rclone (no rule set) reads no rclone.conf of root's",
+                route: route(
+                    "",
+                    "rclone-unruled",
+                    &["mount", &s3_remote, "{staging}", "--cache-dir={cache}"],
+                    Expect::Rule(""),
+                ),
+                secrets: keys.to_vec(),
+            },
+            Case {
+                name: "s3fs (no rule set) reads neither /etc/passwd-s3fs nor root's .passwd-s3fs",
+                route: route(
+                    "",
+                    "s3fs-unruled",
+                    &[
+                        "grants",
+                        "{staging}",
+                        "-f",
+                        "-o",
+                        "url=http://{s3},use_path_request_style",
+                        "-o",
+                        "use_cache={cache}",
+                    ],
+                    Expect::Rule(""),
+                ),
+                secrets: vec![],
+            },
+            Case {
+                name: "ssh of sshfs (no rule set, as root) reads no ssh config of root's or the node's",
+                route: route(
+                    "",
+                    "sshfs-unruled",
+                    &[
+                        &format!("root@127.0.0.1:{}", sshd.data.display()),
+                        "{staging}",
+                        "-f",
+                        "-o",
+                        &format!("port={}", sshd.port),
+                        "-o",
+                        "IdentityFile={secret:sshPrivateKey}",
+                        "-o",
+                        "UserKnownHostsFile={secret:sshKnownHosts}",
+                        "-o",
+                        "BatchMode=yes",
+                    ],
+                    Expect::Rule(""),
+                ),
+                secrets: vec![("sshPrivateKey", sshd.user_key.clone()), ("sshKnownHosts", sshd.known_hosts.clone())],
+            },
+        ]
+    };
+    let confined = NodeDirs::new();
+    let open = NodeDirs::new();
+    // rclone without its rule set gets only the variables host config allows (RCLONE_* are on
+    // the deny list): its S3 keys.
+    // Every plan here also points HOME at root's home (allowed by name): what a program reads
+    // there is the planted file, unless its namespace has no /root.
+    let keys_env = "--program-args=rclone-unruled:env=RCLONE_S3_ACCESS_KEY_ID,rclone-unruled:env=RCLONE_S3_SECRET_ACCESS_KEY,\
+                    rclone-unruled:env=HOME,weed:env=HOME,s3fs-unruled:env=HOME,sshfs-unruled:env=HOME";
+    let mut on = daemon_args(&confined, &[]);
+    on.push(keys_env.into());
+    let _a = (confined.start_host(&on), confined.start_front(&on));
+    let mut off = daemon_args(&open, &[]);
+    off.extend([keys_env.to_string(), "--confine-programs=false".into()]);
+    let _b = (open.start_host(&off), open.start_front(&off));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The rclone case's credentials go by environment, as an rclone plugin passes them.
+    let env = "RCLONE_S3_ACCESS_KEY_ID=secret:accessKey;RCLONE_S3_SECRET_ACCESS_KEY=secret:secretKey;HOME=/root";
+    let outcome = |node: &mut NodeClient<UnixChannel>, dirs: &NodeDirs, case: &Case, tag: &str| {
+        let mut r = Route { args: case.route.args.clone(), ..route("", case.route.program, &[], Expect::Rule("")) };
+        for a in &mut r.args {
+            *a = a.replace("{filer}", &weed.filer).replace("{s3}", &s3);
+        }
+        let mut ctx = context(&r, &hosts);
+        ctx.insert("env".into(), if r.program.starts_with("rclone") { env.into() } else { "HOME=/root".into() });
+        let id = format!("argv~{}-{tag}", r.program);
+        let staging = dirs.staging(&format!("{}-{tag}", r.program));
+        let secrets: Vec<(&str, &str)> = case.secrets.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut node = node.clone();
+        let req = request(&id, &staging, ctx, &secrets);
+        async move {
+            let result = stage(&mut node, req).await;
+            unstage(&mut node, &id, &staging).await;
+            result.map_err(|s| s.message().to_string())
+        }
+    };
+    guarded(&confined, || {
+        rt.block_on(async {
+            let ch = channel(&confined.csi_sock);
+            common::wait_ready(&ch).await;
+            let mut on = NodeClient::new(ch);
+            let ch = channel(&open.csi_sock);
+            common::wait_ready(&ch).await;
+            let mut without = NodeClient::new(ch);
+            let before: Vec<_> = {
+                let mut v = Vec::new();
+                for c in cases() {
+                    v.push(outcome(&mut on, &confined, &c, "before").await);
+                }
+                v
+            };
+            plant(confined.root.path(), &format!("{ak}:{sk}\n"));
+            for (i, c) in cases().iter().enumerate() {
+                let after = outcome(&mut on, &confined, c, "after").await;
+                let unconfined = outcome(&mut without, &open, c, "off").await;
+                assert_eq!(after.is_ok(), before[i].is_ok(), "{}: {:?} then {after:?}", c.name, before[i]);
+                assert_ne!(
+                    after.is_ok(),
+                    unconfined.is_ok(),
+                    "{}: the planted file changes nothing even unconfined: {after:?} / {unconfined:?}",
+                    c.name
+                );
+                println!(
+                    "checked: {}: before planting {}, after {}; without the namespace the planted file is read: {}",
+                    c.name,
+                    if before[i].is_ok() { "staged" } else { "failed" },
+                    if after.is_ok() { "staged" } else { "failed" },
+                    unconfined.err().unwrap_or_else(|| "it staged".into())
+                );
+            }
+            // rclone and s3fs under their rule sets, as honest plugins plan them: a file written
+            // through the staging path lands in the bucket (read back through the filer).
+            for (program, args, secrets, env) in [
+                (
+                    "rclone",
+                    vec![
+                        "mount".to_string(),
+                        s3_remote.clone(),
+                        "{staging}".into(),
+                        "--cache-dir={cache}".into(),
+                        // Each write uploaded at its close, before the unstage.
+                        "--vfs-cache-mode=off".into(),
+                    ],
+                    keys.to_vec(),
+                    "RCLONE_S3_ACCESS_KEY_ID=secret:accessKey;RCLONE_S3_SECRET_ACCESS_KEY=secret:secretKey",
+                ),
+                (
+                    "s3fs",
+                    vec![
+                        "grants".to_string(),
+                        "{staging}".into(),
+                        "-f".into(),
+                        "-o".into(),
+                        format!("url=http://{s3},use_path_request_style"),
+                        "-o".into(),
+                        "passwd_file={secret:passwd}".into(),
+                        "-o".into(),
+                        "use_cache={cache}".into(),
+                        "-o".into(),
+                        "tmpdir={cache}".into(),
+                    ],
+                    vec![("passwd", format!("{ak}:{sk}"))],
+                    "",
+                ),
+            ] {
+                let r = Route { args, ..route("", program, &[], Expect::Rule("")) };
+                let mut ctx = context(&r, &hosts);
+                if !env.is_empty() {
+                    ctx.insert("env".into(), env.into());
+                }
+                let id = format!("argv~honest-{program}");
+                let staging = confined.staging(&format!("honest-{program}"));
+                let secrets: Vec<(&str, &str)> = secrets.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                stage(&mut on, request(&id, &staging, ctx, &secrets)).await.unwrap_or_else(|e| panic!("{program}: {e:?}"));
+                let text = format!("written through {program}\n");
+                std::fs::write(staging.join(format!("{program}.txt")), &text).unwrap();
+                unstage(&mut on, &id, &staging).await;
+                assert_eq!(weed.read(&format!("/buckets/grants/{program}.txt")), (200, text), "{program}");
+                assert!(pids_with(&staging.display().to_string()).is_empty(), "{program} is left");
+                println!("checked: {program} under @{program} wrote through its mount into the bucket, and is gone after unstage");
+            }
         })
     });
 }

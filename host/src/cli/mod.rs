@@ -355,7 +355,7 @@ impl GlobalArgs {
     fn program_rules(&self) -> Result<ProgramRules, String> {
         let mut rules = ProgramRules::builtin();
         let from_dir = match &self.program_rules_dir {
-            Some(dir) => rules::load_dir(&std::path::absolute(dir).map_err(|e| e.to_string())?)?,
+            Some(dir) => load_rule_sets(&std::path::absolute(dir).map_err(|e| e.to_string())?)?,
             None => BTreeMap::new(),
         };
         rules.sets.extend(from_dir.iter().map(|(n, s)| (n.clone(), s.clone())));
@@ -393,6 +393,31 @@ impl GlobalArgs {
         rules.host_fd_required = self.require_host_fd.iter().filter(|p| !p.is_empty()).cloned().collect();
         Ok(rules)
     }
+}
+
+/// The rule sets in `dir`: each `*.yaml` file, named by its `name`, which must be the file's
+/// name without `.yaml`. Any other file is ignored; a file that does not parse is an error.
+fn load_rule_sets(dir: &std::path::Path) -> Result<BTreeMap<String, std::sync::Arc<rules::RuleSet>>, String> {
+    let mut sets = BTreeMap::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("reading rule sets in {}: {e}", dir.display()))?;
+    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    paths.sort();
+    for path in paths {
+        let Some(stem) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".yaml")) else {
+            continue;
+        };
+        // A ConfigMap volume's own entries (`..data`, `..2026_...`) are links and directories.
+        if stem.starts_with('.') || !path.is_file() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let set = rules::RuleSet::parse(&path.display().to_string(), &text)?;
+        if set.name != stem {
+            return Err(format!("{}: its name is {:?}; name the file {}.yaml", path.display(), set.name, set.name));
+        }
+        sets.insert(set.name.clone(), std::sync::Arc::new(set));
+    }
+    Ok(sets)
 }
 
 /// One `--program-rules PROGRAM=SET` (empty: none, so that an empty variable is allowed).
@@ -566,6 +591,19 @@ fn parse_limit(s: &str) -> Result<(String, Limits), String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_rule_sets_directory_names_each_set_by_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "name: mine\nchecked: {version: '1', command: [--version]}\nstyle: gnu\noptions: {--x: flag}\n";
+        std::fs::write(dir.path().join("mine.yaml"), text).unwrap();
+        std::fs::write(dir.path().join("README"), "not a set").unwrap();
+        let sets = super::load_rule_sets(dir.path()).unwrap();
+        assert_eq!(sets.keys().collect::<Vec<_>>(), ["mine"]);
+        std::fs::write(dir.path().join("other.yaml"), text).unwrap();
+        let err = super::load_rule_sets(dir.path()).unwrap_err();
+        assert!(err.contains("other.yaml") && err.contains("mine.yaml"), "{err}");
+    }
+
     #[test]
     fn listen_addresses_take_ipv6_with_or_without_brackets() {
         for (given, want) in [

@@ -126,12 +126,9 @@ impl Node {
             crate::plan::Step::SpawnFuse { executable, .. } => Some(executable.clone()),
             _ => None,
         });
-        let Some(running) = self.inner.exec.executable(&p) else { return Ok(()) };
-        // A confined program runs its binary by its canonical path (exec::confine).
-        let same = |planned: &std::path::PathBuf| {
-            *planned == running || std::fs::canonicalize(planned).is_ok_and(|c| c == running)
-        };
-        if planned.as_ref().is_some_and(|e| !same(e)) {
+        let Some(planned) = planned else { return Ok(()) };
+        if self.inner.exec.runs(&p, &planned) == Some(false) {
+            let running = self.inner.exec.executable(&p).unwrap_or_default();
             warn!(volume.id = %st.volume_id, pid = p.pid, running = %running.display(), "the recorded pid runs another program; forgetting it");
             st.process = None;
             self.inner.store.save(st)?;

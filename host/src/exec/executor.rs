@@ -232,6 +232,13 @@ pub trait Processes {
     fn stop(&self, id: &ProcessId, grace: Duration) -> Result<Stopped, ProcessError>;
     /// The binary a live process runs (for re-adoption: same pid, start time and program).
     fn executable(&self, id: &ProcessId) -> Option<PathBuf>;
+    /// Whether `id` runs `executable`: its binary by that path, or by that path made canonical
+    /// (a confined program runs its binary by its canonical path, `super::confine`). `None`
+    /// if it is gone.
+    fn runs(&self, id: &ProcessId, executable: &Path) -> Option<bool> {
+        let running = self.executable(id)?;
+        Some(running == executable || std::fs::canonicalize(executable).is_ok_and(|c| c == running))
+    }
     /// Reap every exited child of the daemon; returns how many.
     fn reap(&self) -> usize;
     /// A future that resolves once `id` exits (a pidfd on Linux). Errors if it is gone.

@@ -835,11 +835,10 @@ fn program_rules(
         } else {
             format!("argument {} {:?}", r.position, r.argument)
         };
-        by_rule(
-            program,
-            &r.rule,
-            format!("program {program:?}, {place}: {} (rule set {}, rule {})", r.reason, named(set), r.rule),
-        )
+        let reason = format!("program {program:?}, {place}: {} (rule set {}, rule {})", r.reason, named(set), r.rule);
+        // A host the StorageClass or host config could grant: a missing grant (missing_grants
+        // lists it with the flag that gives it).
+        Refusal { missing: r.ungranted.map(MissingGrant::Host), ..by_rule(program, &r.rule, reason) }
     })
 }
 

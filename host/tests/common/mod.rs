@@ -242,7 +242,10 @@ impl Seaweed {
         let ports = distinct_free_ports();
         let mut s3_args = Vec::new();
         let s3_addr = s3.then(|| {
-            let port = free_port();
+            // A port none of the server's others is (they were held while picked).
+            let port = std::iter::repeat_with(free_port)
+                .find(|p| !ports.contains(p) && !ports.contains(&p.wrapping_sub(10_000)))
+                .unwrap();
             let config = conf.join("s3.json");
             let identities = serde_json::json!({"identities": [{
                 "name": "test",
@@ -306,6 +309,11 @@ impl Seaweed {
                     return Err(format!("weed's S3 gateway did not listen on {s3} in 60 s: {}", weed.log()));
                 }
                 std::thread::sleep(Duration::from_millis(100));
+            }
+            // Another test's server may hold that port: this one then exits.
+            std::thread::sleep(Duration::from_millis(300));
+            if let Ok(Some(status)) = weed.child.try_wait() {
+                return Err(format!("weed server exited ({status}): {}", weed.log()));
             }
         }
         Ok(weed)

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use super::class::Refused;
 use super::{ArgRefusal, Class, RuleSet, Style, Values};
 
 /// A spelling a rule set may give an option: `-name` for style `go`; `-X` (one letter or
@@ -48,7 +49,13 @@ impl Judge<'_> {
             argument: self.args.get(index).cloned().unwrap_or_default(),
             rule: rule.into(),
             reason: reason.into(),
+            ungranted: None,
         }
+    }
+
+    /// A refusal by a value class (which may name a host that is not granted).
+    fn refused(&self, index: usize, rule: String, what: &str, e: Refused) -> ArgRefusal {
+        ArgRefusal { ungranted: e.ungranted, ..self.refuse(index, rule, format!("{what}: {}", e.reason)) }
     }
 
     fn accepted(map: &BTreeMap<String, Class>) -> String {
@@ -73,7 +80,7 @@ impl Judge<'_> {
         };
         class
             .check(value, self.values)
-            .map_err(|e| self.refuse(index, format!("{section}.{spelled}"), format!("option {spelled}: {e}")))?;
+            .map_err(|e| self.refused(index, format!("{section}.{spelled}"), &format!("option {spelled}"), e))?;
         self.given.insert(spelled.to_string());
         Ok(())
     }
@@ -114,7 +121,7 @@ impl Judge<'_> {
         };
         self.positional += 1;
         rule.class.check(Some(arg), self.values).map_err(|e| {
-            self.refuse(index, format!("positionals.{}", self.positional), format!("positional {}: {e}", rule.name))
+            self.refused(index, format!("positionals.{}", self.positional), &format!("positional {}", rule.name), e)
         })
     }
 
@@ -154,7 +161,7 @@ impl Judge<'_> {
             };
             class
                 .check(value, self.values)
-                .map_err(|e| self.refuse(index, format!("o-options.{name}"), format!("-o option {name}: {e}")))?;
+                .map_err(|e| self.refused(index, format!("o-options.{name}"), &format!("-o option {name}"), e))?;
             self.given.insert(name.to_string());
         }
         Ok(())
@@ -177,6 +184,7 @@ pub(super) fn check(set: &RuleSet, args: &[String], values: &Values<'_>) -> Resu
                 argument: args.get(i).cloned().unwrap_or_default(),
                 rule: "subcommand".into(),
                 reason: format!("the subcommand must be `{}`", set.subcommand.join(" ")),
+                ungranted: None,
             });
         }
         i += 1;
@@ -252,6 +260,7 @@ pub(super) fn check(set: &RuleSet, args: &[String], values: &Values<'_>) -> Resu
             reason: format!(
                 "option {missing} is required (without it the program would pick a default no one granted)"
             ),
+            ungranted: None,
         });
     }
     if let Some(missing) = set.positionals.get(j.positional) {
@@ -260,6 +269,7 @@ pub(super) fn check(set: &RuleSet, args: &[String], values: &Values<'_>) -> Resu
             argument: String::new(),
             rule: format!("positionals.{}", j.positional + 1),
             reason: format!("positional argument {} ({}) is missing", j.positional + 1, missing.name),
+            ungranted: None,
         });
     }
     Ok(())

@@ -119,34 +119,61 @@ impl Values<'_> {
     }
 }
 
+/// Why a value was refused, and the host it names when being granted is all it lacks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// What is wrong and what would be accepted.
+    pub reason: String,
+    /// A host (`host` or `host:port`) of a granted-host or granted-url value that no grant
+    /// covers.
+    pub ungranted: Option<String>,
+}
+
+impl From<String> for Refused {
+    fn from(reason: String) -> Self {
+        Refused { reason, ungranted: None }
+    }
+}
+
+impl Refused {
+    fn context(self, f: impl FnOnce(&str) -> String) -> Refused {
+        Refused { reason: f(&self.reason), ungranted: self.ungranted }
+    }
+}
+
 /// Longest list a [`Class::List`] may allow.
 const MAX_LIST: usize = 256;
 
 impl Class {
     /// Judge `value` (`None`: the option came without one).
-    pub fn check(&self, value: Option<&str>, v: &Values<'_>) -> Result<(), String> {
+    pub fn check(&self, value: Option<&str>, v: &Values<'_>) -> Result<(), Refused> {
         match (self, value) {
             (Class::Flag, None) | (Class::Bool, None | Some("true" | "false")) => Ok(()),
-            (Class::Flag, Some(_)) => Err("it takes no value".into()),
-            (Class::Bool, Some(_)) => Err("it takes no value, =true or =false".into()),
-            (_, None) => Err(format!("it needs a value: {self}")),
+            (Class::Flag, Some(_)) => Err(String::from("it takes no value").into()),
+            (Class::Bool, Some(_)) => Err(String::from("it takes no value, =true or =false").into()),
+            (_, None) => Err(format!("it needs a value: {self}").into()),
             (_, Some(value)) => self.value(value, v),
         }
     }
 
-    fn value(&self, value: &str, v: &Values<'_>) -> Result<(), String> {
-        let not = || Err(format!("{value:?} is not {}", self.describe(v)));
+    fn value(&self, value: &str, v: &Values<'_>) -> Result<(), Refused> {
+        let not = || Err(format!("{value:?} is not {}", self.describe(v)).into());
+        let ungranted = |host: String| {
+            Err(Refused { reason: format!("{value:?} is not {}", self.describe(v)), ungranted: Some(host) })
+        };
         match self {
             Class::Flag | Class::Bool => unreachable!("judged in check"),
             Class::MountPoint if value == v.mount_point => Ok(()),
             Class::SecretFile if v.secret_files.contains(value) => Ok(()),
             Class::GrantedHost => match HostGrant::parse(value) {
                 Ok(asked) if v.grants.iter().any(|g| g.covers(&asked)) => Ok(()),
-                _ => not(),
+                Ok(asked) => ungranted(asked.to_string()),
+                Err(_) => not(),
             },
             Class::GrantedUrl => match url::parse(value) {
                 Ok(target) if v.grants.iter().any(|g| g.allows(&target)) => Ok(()),
-                _ => not(),
+                Ok(target) => ungranted(target.authority()),
+                Err(_) => not(),
             },
             Class::VolumeDir(d) => match v.dir(*d) {
                 Some(dir) if Path::new(value) == dir && value == dir.display().to_string() => Ok(()),
@@ -163,7 +190,7 @@ impl Class {
                     if let Some(m) = caps.name(part) {
                         class
                             .value(m.as_str(), v)
-                            .map_err(|e| format!("in {value:?}, part {part} {:?}: {e}", m.as_str()))?;
+                            .map_err(|e| e.context(|e| format!("in {value:?}, part {part} {:?}: {e}", m.as_str())))?;
                     }
                 }
                 Ok(())
@@ -171,13 +198,13 @@ impl Class {
             Class::List { of, separator, max } => {
                 let items: Vec<&str> = value.split(separator.as_str()).collect();
                 if items.len() > *max {
-                    return Err(format!("{value:?} has {} items; at most {max}", items.len()));
+                    return Err(format!("{value:?} has {} items; at most {max}", items.len()).into());
                 }
                 for item in items {
                     if item.is_empty() {
-                        return Err(format!("{value:?} has an empty item"));
+                        return Err(format!("{value:?} has an empty item").into());
                     }
-                    of.value(item, v).map_err(|e| format!("in {value:?}: {e}"))?;
+                    of.value(item, v).map_err(|e| e.context(|e| format!("in {value:?}: {e}")))?;
                 }
                 Ok(())
             }

@@ -25,7 +25,7 @@
 //!
 //! Pure: no I/O. Rule sets come from YAML (unknown keys refused): the built-in sets in
 //! `sets/` (`@weed`, `@sshfs`, `@bindfs`, `@rclone`, `@s3fs`) and files in a host directory
-//! (`--program-rules-dir`).
+//! (`--program-rules-dir`, read by the command line).
 
 mod argv;
 mod class;
@@ -152,6 +152,9 @@ pub struct ArgRefusal {
     pub rule: String,
     /// What is wrong and what would be accepted.
     pub reason: String,
+    /// The host (`host` or `host:port`) a value names that no grant covers, when being granted
+    /// is all it lacks.
+    pub ungranted: Option<String>,
 }
 
 /// The placeholder of the empty configuration file in `config-file`.
@@ -283,31 +286,6 @@ impl ProgramRules {
     pub fn set(&self, program: &str) -> Option<&RuleSet> {
         self.sets.get(program).map(|s| s.as_ref())
     }
-}
-
-/// The rule sets in `dir`: each `*.yaml` file, named by its `name`, which must be the file's
-/// name without `.yaml`. Any other file is ignored; a file that does not parse is an error.
-pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, Arc<RuleSet>>, String> {
-    let mut sets = BTreeMap::new();
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("reading rule sets in {}: {e}", dir.display()))?;
-    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
-    paths.sort();
-    for path in paths {
-        let Some(stem) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".yaml")) else {
-            continue;
-        };
-        // A ConfigMap volume's own entries (`..data`, `..2026_...`) are links and directories.
-        if stem.starts_with('.') || !path.is_file() {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-        let set = RuleSet::parse(&path.display().to_string(), &text)?;
-        if set.name != stem {
-            return Err(format!("{}: its name is {:?}; name the file {}.yaml", path.display(), set.name, set.name));
-        }
-        sets.insert(set.name.clone(), Arc::new(set));
-    }
-    Ok(sets)
 }
 
 #[cfg(test)]

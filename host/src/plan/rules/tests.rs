@@ -220,19 +220,6 @@ fn unknown_keys_and_bad_classes_are_refused_with_where() {
 }
 
 #[test]
-fn a_rule_sets_directory_names_each_set_by_its_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let text = "name: mine\nchecked: {version: '1', command: [--version]}\nstyle: gnu\noptions: {--x: flag}\n";
-    std::fs::write(dir.path().join("mine.yaml"), text).unwrap();
-    std::fs::write(dir.path().join("README"), "not a set").unwrap();
-    let sets = load_dir(dir.path()).unwrap();
-    assert_eq!(sets.keys().collect::<Vec<_>>(), ["mine"]);
-    std::fs::write(dir.path().join("other.yaml"), text).unwrap();
-    let err = load_dir(dir.path()).unwrap_err();
-    assert!(err.contains("other.yaml") && err.contains("mine.yaml"), "{err}");
-}
-
-#[test]
 fn config_file_arguments_name_the_empty_file() {
     let set = builtin("sshfs").unwrap();
     assert_eq!(set.config_args(Path::new("/tmp/.mounthost/empty")), ["-F", "/tmp/.mounthost/empty"]);
