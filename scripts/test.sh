@@ -8,7 +8,8 @@ export CARGO_TERM_COLOR=never
 echo "--- system packages (fuse3: fusermount lets weed unmount itself; python3-venv for weed and grpcio; bindfs for the chaos test;"
 echo "    docker-registry, apache2-utils (htpasswd), curl and openssl for the registry tests; skopeo for bench/pull.sh;"
 echo "    sshfs and openssh-server (sshd, ssh-keygen) for the sshfs example plugin's end-to-end test;"
-echo "    mmdebstrap and umoci for scripts/image.sh; containerd (with ctr and its runc shim) and runc for host/tests/e2e_runtime.rs)"
+echo "    mmdebstrap and umoci for scripts/image.sh; containerd (with ctr and its runc shim) and runc for host/tests/e2e_runtime.rs;"
+echo "    rclone and s3fs for the rule sets' tests, host/tests/e2e_grants.rs and host/tests/rule_sets.rs)"
 need=()
 command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v bindfs >/dev/null || need+=(bindfs)
@@ -24,6 +25,8 @@ command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 command -v umoci >/dev/null || need+=(umoci)
 { command -v containerd >/dev/null && command -v ctr >/dev/null && command -v containerd-shim-runc-v2 >/dev/null; } || need+=(containerd)
 command -v runc >/dev/null || need+=(runc)
+command -v rclone >/dev/null || need+=(rclone)
+command -v s3fs >/dev/null || need+=(s3fs)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

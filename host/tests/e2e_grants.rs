@@ -441,6 +441,19 @@ fn a_hostile_plugin_granted_real_programs_is_refused_or_contained_on_every_route
                 assert!(pids_with(&staging.display().to_string()).is_empty(), "{}: a program is left", r.name);
             }
             println!("checked: {} routes, the mount table and the stand-ins for / and /etc unchanged", routes.len());
+            // Each refusal is counted by program and rule (each route's stage was tried once).
+            let metrics = common::Scrape::of(&dirs.host_metrics());
+            for (program, rule, at_least) in [
+                ("weed", "subcommand", 4.0),
+                ("bindfs", "positionals.1", 2.0),
+                ("sshfs", "host-fd", 1.0),
+                ("rclone", "positionals.1", 3.0),
+                ("s3fs", "unknown-o-option", 2.0),
+            ] {
+                let n = metrics.value("mounthost_policy_refusals_total", &[("program", program), ("rule", rule)]);
+                assert!(n >= at_least, "{program} {rule}: {n}\n{}", metrics.dump());
+            }
+            println!("checked: refusals counted in mounthost_policy_refusals_total by program and rule");
         })
     });
 }

@@ -134,17 +134,26 @@ fn claim_state_dir_now(cfg: &mut Config) -> anyhow::Result<StateDirLock> {
 /// anchored at the state directory and kubelet's directory. kubelet's is created if missing and
 /// made canonical in `cfg`: below them every path is resolved without following links, so a
 /// node whose `/var/lib/kubelet` is itself a link is resolved here, once.
-fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
+fn linux(cfg: &mut Config) -> anyhow::Result<(Arc<Linux>, Vec<PathBuf>)> {
     cfg.kubelet_dir = Linux::make_root(&cfg.kubelet_dir)?;
-    // A confined program's own mount reaches the node through kubelet's directory being shared
-    // (exec::confine), as kubelet makes it; a node or test without kubelet gets the same here.
+    // A confined program's own mount reaches the node through the directory of its mount point
+    // being on a shared mount (exec::confine): kubelet's, as kubelet makes it, and the state
+    // directory, which holds inline volumes' staging paths (both Bidirectional in the
+    // DaemonSet). A node or test without kubelet gets the same here, the state directory first
+    // (`mounthost local` keeps kubelet's directory inside it).
+    let mut bound = Vec::new();
     if cfg.confine_programs {
-        match Linux::share_root(&cfg.kubelet_dir) {
-            Ok(done) => {
-                tracing::debug!(path = %cfg.kubelet_dir.display(), ?done, "kubelet's directory is a shared mount")
+        for dir in [&cfg.state_dir, &cfg.kubelet_dir] {
+            match Linux::share_root(dir) {
+                Ok(done) => {
+                    tracing::debug!(path = %dir.display(), ?done, "a shared mount");
+                    if done == crate::exec::confine::Shared::Bound {
+                        bound.push(dir.clone());
+                    }
+                }
+                Err(e) => tracing::warn!(path = %dir.display(), error = %e,
+                    "not on a shared mount: programs that mount by themselves below it cannot be staged"),
             }
-            Err(e) => tracing::warn!(path = %cfg.kubelet_dir.display(), error = %e,
-                "kubelet's directory is no shared mount: programs that mount by themselves cannot be staged"),
         }
     }
     for limit in &cfg.fuse_caps.io {
@@ -186,7 +195,18 @@ fn linux(cfg: &mut Config) -> anyhow::Result<Arc<Linux>> {
         Err(e) => tracing::warn!(path = %fuse_files.display(), error = %e,
             "no directory for unprivileged FUSE programs' files; plans that give them secret files are refused"),
     }
-    Ok(Arc::new(Linux::new(cgroups, anchors).with_max_file_bytes(cfg.fuse_max_file_bytes)))
+    Ok((Arc::new(Linux::new(cgroups, anchors).with_max_file_bytes(cfg.fuse_max_file_bytes)), bound))
+}
+
+/// At the daemon's exit, the binds [`linux`] made to share its directories go when nothing is
+/// mounted below them any more (an unmount refuses a busy one, which stays for the next start).
+fn release_shared(bound: &[PathBuf]) {
+    for dir in bound.iter().rev() {
+        match Linux::release_root(dir) {
+            Ok(()) => tracing::debug!(path = %dir.display(), "removed the bind that shared it"),
+            Err(e) => tracing::debug!(path = %dir.display(), error = %e, "keeping the bind that shares it"),
+        }
+    }
 }
 
 /// At the daemon's exit, its FUSE files directory goes if it is unused: empty and no tmpfs on
@@ -220,12 +240,13 @@ pub async fn host(mut cfg: Config) -> anyhow::Result<()> {
     // Held until the process ends: nothing below runs beside another writer of this state.
     let Some(lock) = claim_state_dir(&mut cfg, stop_signal()).await? else { return Ok(()) };
     hold_until_exit(lock);
-    let exec = linux(&mut cfg)?;
+    let (exec, bound) = linux(&mut cfg)?;
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
     let socket = cfg.host_socket.clone();
     let node = Node::new(cfg.clone(), runtime, exec)?;
     let served = crate::daemon::service::serve(node, &socket, stop_signal()).await;
     remove_unused_fuse_files_dir(&cfg);
+    release_shared(&bound);
     served
 }
 
@@ -265,7 +286,7 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
     make_state_dir(&mut cfg)?;
     hold_until_exit(claim_state_dir_now(&mut cfg)?);
     super::first_volume::provide_weed(&mut cfg, &args.first_volume)?;
-    let exec = linux(&mut cfg)?;
+    let (exec, bound) = linux(&mut cfg)?;
     let csi_socket = match &args.endpoint {
         Some(e) => crate::unpriv::grpc::socket_path(e).map_err(anyhow::Error::msg)?,
         None => cfg.state_dir.join("csi.sock"),
@@ -304,6 +325,7 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
     host_task.await??;
     front_task.await??;
     remove_unused_fuse_files_dir(&cfg);
+    release_shared(&bound);
     served
 }
 

@@ -295,8 +295,26 @@ fn shared(fd: &OwnedFd) -> io::Result<(u64, bool)> {
 }
 
 impl Prepared {
-    /// Prepare `jail`'s namespace: every mount detached, ready for [`Prepared::entry`].
+    /// Prepare `jail`'s namespace: every mount detached, ready for [`Prepared::entry`]. A
+    /// kernel without the new mount API is an `Unsupported` error that says so.
     pub fn build(jail: &Jail<'_>) -> io::Result<Prepared> {
+        Prepared::build_on(jail).map_err(|e| {
+            if e.raw_os_error() == Some(nix::libc::ENOSYS) {
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!(
+                        "{e}: this kernel lacks the mount API a program's namespace is built with (open_tree, \
+                         fsmount, mount_setattr: Linux 5.12 or later); --confine-programs=false runs programs \
+                         without one"
+                    ),
+                )
+            } else {
+                e
+            }
+        })
+    }
+
+    fn build_on(jail: &Jail<'_>) -> io::Result<Prepared> {
         let skeleton_attrs = MountAttrFlags::MOUNT_ATTR_NOSUID;
         let root =
             tmpfs(&[("mode", "0755".into()), ("size", "1m".into()), ("nr_inodes", "4096".into())], skeleton_attrs)

@@ -61,10 +61,17 @@ impl Linux {
         std::fs::canonicalize(dir)
     }
 
-    /// Make kubelet's directory a shared mount if it is on none ([`confine::share_anchor`]), so
-    /// that a confined program's mount at a staging or target path reaches the node.
+    /// Make a root directory (kubelet's, the state directory) a shared mount if it is on none
+    /// ([`confine::share_anchor`]), so that a confined program's mount at a staging or target
+    /// path below it reaches the node.
     pub fn share_root(dir: &Path) -> io::Result<confine::Shared> {
         confine::share_anchor(dir)
+    }
+
+    /// Remove the bind [`Linux::share_root`] made of `dir` (it fails, and the bind stays, while
+    /// anything is mounted below it).
+    pub fn release_root(dir: &Path) -> io::Result<()> {
+        Ok(rustix::mount::unmount(dir, rustix::mount::UnmountFlags::NOFOLLOW)?)
     }
 
     /// Remove such a root if it is unused: `rmdir` refuses one that holds entries or a mount.

@@ -417,15 +417,20 @@ pub fn deep_chain(top: &Path, depth: usize) -> (Vec<std::os::fd::OwnedFd>, PathB
 
 /// Mount points (from this namespace's mountinfo) below `dir`, except the host daemon's own
 /// runtime tmpfs (`<state>/run`, source `mounthost-run`), which it mounts at start and keeps
-/// while it holds a volume (it unmounts it at exit when it holds none), and kubelet's directory
-/// bound onto itself and made shared, as kubelet makes it (the host daemon does, without
-/// kubelet: exec::confine::share_anchor).
+/// while it holds a volume (it unmounts it at exit when it holds none), and kubelet's and the
+/// state directory bound onto themselves and made shared, as kubelet and the DaemonSet's
+/// Bidirectional mounts make them (the host daemon does, without them:
+/// exec::confine::share_anchor).
 pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
     mounthost::exec::mountinfo::read()
         .unwrap()
         .into_iter()
         .filter(|m| m.source != "mounthost-run")
-        .filter(|m| !(m.root == m.mount_point && m.mount_point.ends_with("var/lib/kubelet")))
+        .filter(|m| {
+            let shared_root =
+                m.mount_point.ends_with("var/lib/kubelet") || m.mount_point.ends_with("var/lib/mounthost");
+            !(m.root == m.mount_point && shared_root)
+        })
         .map(|m| m.mount_point)
         .filter(|p| p.starts_with(dir))
         .collect()
