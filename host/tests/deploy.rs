@@ -38,9 +38,14 @@ const DRIVER: &str = "csi.mounthost.dev";
 const KUBERNETES_VERSIONS: [&str; 2] = ["1.33.0", "1.37.0"];
 /// Global flags whose values are paths of the node: replaced by a temporary directory when the
 /// binary is run here to check the other values.
-const PATH_FLAGS: [&str; 4] = ["--state-dir", "--plugin-dir", "--kubelet-dir", "--host-socket"];
-const PATH_ENVS: [&str; 4] =
-    ["MOUNTHOST_STATE_DIR", "MOUNTHOST_PLUGIN_DIR", "MOUNTHOST_KUBELET_DIR", "MOUNTHOST_HOST_SOCKET"];
+const PATH_FLAGS: [&str; 5] = ["--state-dir", "--plugin-dir", "--kubelet-dir", "--host-socket", "--program-rules-dir"];
+const PATH_ENVS: [&str; 5] = [
+    "MOUNTHOST_STATE_DIR",
+    "MOUNTHOST_PLUGIN_DIR",
+    "MOUNTHOST_KUBELET_DIR",
+    "MOUNTHOST_HOST_SOCKET",
+    "MOUNTHOST_PROGRAM_RULES_DIR",
+];
 
 fn workspace() -> PathBuf {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).canonicalize().expect("the workspace root")
@@ -620,6 +625,11 @@ fn mounthost_containers_run_what_the_binary_accepts() {
                     continue; // always the scratch state below, whose cache is shared
                 }
                 let value = if PATH_FLAGS.contains(&flag.as_str()) {
+                    // A rule sets' directory is read at start: an empty one, as an optional
+                    // ConfigMap no overlay made mounts.
+                    if flag == "--program-rules-dir" {
+                        std::fs::create_dir_all(scratch.path().join(&flag[2..])).unwrap();
+                    }
                     value.map(|_| scratch.path().join(&flag[2..]).display().to_string())
                 } else {
                     match value.map(|v| expand_refs(f.container, &v)).transpose() {
@@ -1805,4 +1815,39 @@ fn check_expansion(r: &Rendered, resizer: bool, problems: &mut Vec<String>) {
             ));
         }
     }
+}
+
+/// Every rule set an overlay ships (`rules/*.yaml`, into its ConfigMap
+/// `mounthost-program-rules`) parses as the host daemon reads it, under its own name, and its
+/// program's built-in set (if any) was checked against the same version.
+#[test]
+fn every_rule_set_an_overlay_ships_parses() {
+    let mut problems = Vec::new();
+    let mut seen = 0;
+    for overlay in std::fs::read_dir(workspace().join("deploy/overlays")).unwrap().flatten() {
+        let Ok(files) = std::fs::read_dir(overlay.path().join("rules")) else { continue };
+        for file in files.flatten().map(|f| f.path()) {
+            let at = file.display().to_string();
+            let text = std::fs::read_to_string(&file).unwrap();
+            match mounthost::plan::rules::RuleSet::parse(&at, &text) {
+                Ok(set) => {
+                    seen += 1;
+                    if file.file_stem().and_then(|s| s.to_str()) != Some(set.name.as_str()) {
+                        problems.push(format!("{at}: named {:?}, not after its file", set.name));
+                    }
+                    if let Some(builtin) = mounthost::plan::rules::builtin(&set.name)
+                        && builtin.checked.version != set.checked.version
+                    {
+                        problems.push(format!(
+                            "{at}: checked against {}, the built-in @{} against {}",
+                            set.checked.version, set.name, builtin.checked.version
+                        ));
+                    }
+                }
+                Err(e) => problems.push(e),
+            }
+        }
+    }
+    assert!(seen > 0, "no overlay ships a rule set");
+    fail_with(problems);
 }

@@ -238,7 +238,16 @@ fn a_hostile_plugin_granted_real_programs_is_refused_or_contained_on_every_route
     )
     .unwrap();
     std::fs::set_permissions(&twice, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let args = daemon_args(&dirs, &[("mount-twice", &twice)]);
+    // A program that mounts at its mount point and then, once the stage is done, over the
+    // directory holding it (the one its namespace shares with the node while it starts).
+    let late = dirs.root.path().join("mount-late");
+    std::fs::write(
+        &late,
+        "#!/bin/sh\n/usr/bin/bindfs \"$1\" \"$2\" && sleep 2 && /usr/bin/bindfs \"$1\" \"$(dirname \"$2\")\"; exec sleep 60\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&late, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let args = daemon_args(&dirs, &[("mount-twice", &twice), ("mount-late", &late)]);
     let _host = dirs.start_host(&args);
     let _front = dirs.start_front(&args);
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -399,6 +408,12 @@ fn a_hostile_plugin_granted_real_programs_is_refused_or_contained_on_every_route
             Contained(Code::Unavailable, "exited before mounting"),
         ),
         route(
+            "bindfs mirroring the node's / through /proc, without rules",
+            "bindfs-unruled",
+            &["-f", "/proc/1/root", "{staging}"],
+            Contained(Code::Unavailable, "exited before mounting"),
+        ),
+        route(
             "a second mount by a program that mounts by itself",
             "mount-twice",
             &["{cache}", "{staging}"],
@@ -454,6 +469,31 @@ fn a_hostile_plugin_granted_real_programs_is_refused_or_contained_on_every_route
                 assert!(n >= at_least, "{program} {rule}: {n}\n{}", metrics.dump());
             }
             println!("checked: refusals counted in mounthost_policy_refusals_total by program and rule");
+            // Once ready, the directory its namespace shared with the node is its own: the later
+            // mount over it stays there.
+            let r = route("", "mount-late", &["{cache}", "{staging}"], Rule(""));
+            let (id, staging) = ("argv~late", dirs.staging("late"));
+            stage(&mut node, request(id, &staging, context(&r, &hosts), &[])).await.unwrap();
+            let parent = staging.parent().unwrap().to_path_buf();
+            let only_ours = || {
+                let below: Vec<PathBuf> =
+                    mount_table().into_iter().map(|m| m.0).filter(|p| p.starts_with(&parent)).collect();
+                below == [staging.clone()]
+            };
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            let pid = *pids_with(&staging.display().to_string()).first().expect("mount-late runs");
+            // Its second mount is made (in its namespace) 2 s after the first.
+            while std::time::Instant::now() < until {
+                let theirs = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+                if theirs.lines().filter(|l| l.contains(" fuse ") || l.contains(" - fuse ")).count() >= 2 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            assert!(only_ours(), "the mount over the directory reached the node: {:?}", mount_table());
+            unstage(&mut node, id, &staging).await;
+            assert_eq!(mount_table(), before.0, "after the unstage");
+            println!("checked: a mount over its mount point's directory made after the stage stayed in the program's namespace");
         })
     });
 }
@@ -499,6 +539,11 @@ fn plant(base: &Path, s3_keys: &str) {
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     }
     run(&["mount", "--bind", etc.to_str().unwrap(), "/etc"]);
+}
+
+/// Which node `dirs` is (its root's name).
+fn tag_of(dirs: &NodeDirs) -> String {
+    dirs.root.path().display().to_string()
 }
 
 /// One case of the planted-files check: a program, its arguments, the secrets of its plan.
@@ -598,8 +643,8 @@ fn honest_plans_work_in_their_namespace_where_no_planted_file_is_read() {
     let open = NodeDirs::new();
     // rclone without its rule set gets only the variables host config allows (RCLONE_* are on
     // the deny list): its S3 keys.
-    // Every plan here also points HOME at root's home (allowed by name): what a program reads
-    // there is the planted file, unless its namespace has no /root.
+    // Every plan here also points HOME at root's home (allowed by name), through
+    // /proc/<daemon pid>/root: what a program would read there is the planted file.
     let keys_env = "--program-args=rclone-unruled:env=RCLONE_S3_ACCESS_KEY_ID,rclone-unruled:env=RCLONE_S3_SECRET_ACCESS_KEY,\
                     rclone-unruled:env=HOME,weed:env=HOME,s3fs-unruled:env=HOME,sshfs-unruled:env=HOME";
     let mut on = daemon_args(&confined, &[]);
@@ -610,14 +655,26 @@ fn honest_plans_work_in_their_namespace_where_no_planted_file_is_read() {
     let _b = (open.start_host(&off), open.start_front(&off));
     let rt = tokio::runtime::Runtime::new().unwrap();
     // The rclone case's credentials go by environment, as an rclone plugin passes them.
-    let env = "RCLONE_S3_ACCESS_KEY_ID=secret:accessKey;RCLONE_S3_SECRET_ACCESS_KEY=secret:secretKey;HOME=/root";
+    // HOME is root's home as each daemon sees it, through /proc/<its pid>/root: the route a
+    // program's arguments could take to the node's tree from its namespace.
+    let homes = [
+        (tag_of(&confined), format!("/proc/{}/root/root", _a.0.child.id())),
+        (tag_of(&open), format!("/proc/{}/root/root", _b.0.child.id())),
+    ];
+    let env = "RCLONE_S3_ACCESS_KEY_ID=secret:accessKey;RCLONE_S3_SECRET_ACCESS_KEY=secret:secretKey";
     let outcome = |node: &mut NodeClient<UnixChannel>, dirs: &NodeDirs, case: &Case, tag: &str| {
+        let home = &homes.iter().find(|(t, _)| *t == tag_of(dirs)).unwrap().1;
         let mut r = Route { args: case.route.args.clone(), ..route("", case.route.program, &[], Expect::Rule("")) };
         for a in &mut r.args {
             *a = a.replace("{filer}", &weed.filer).replace("{s3}", &s3);
         }
         let mut ctx = context(&r, &hosts);
-        ctx.insert("env".into(), if r.program.starts_with("rclone") { env.into() } else { "HOME=/root".into() });
+        // rclone stops on a home it may not read (its namespace's answer to the /proc route):
+        // its case names root's home by its own path, which its namespace does not have.
+        ctx.insert(
+            "env".into(),
+            if r.program.starts_with("rclone") { format!("{env};HOME=/root") } else { format!("HOME={home}") },
+        );
         let id = format!("argv~{}-{tag}", r.program);
         let staging = dirs.staging(&format!("{}-{tag}", r.program));
         let secrets: Vec<(&str, &str)> = case.secrets.iter().map(|(k, v)| (*k, v.as_str())).collect();

@@ -1162,8 +1162,18 @@ fn oci_spec(pod: &Value, c: &Value, image: &Value, node: &PodNode, cgroups_path:
         let name = vm["name"].as_str().unwrap();
         let dest = vm["mountPath"].as_str().unwrap();
         let volume = volumes.iter().find(|v| v["name"] == name).unwrap_or_else(|| panic!("no volume {name}"));
-        let host_path =
-            volume["hostPath"]["path"].as_str().unwrap_or_else(|| panic!("volume {name}: only hostPath is known here"));
+        // An optional ConfigMap no overlay made (the rule sets' one): kubelet mounts an empty
+        // directory for it.
+        if volume["configMap"]["optional"] == true {
+            let source = node.root.join("empty-config-maps").join(name);
+            fs::create_dir_all(&source).unwrap();
+            mounts.retain(|m| m["destination"] != dest);
+            mounts.push(json!({"destination": dest, "type": "bind", "source": source.display().to_string(), "options": ["rbind", "ro", "rprivate"]}));
+            continue;
+        }
+        let host_path = volume["hostPath"]["path"]
+            .as_str()
+            .unwrap_or_else(|| panic!("volume {name}: only hostPath and optional ConfigMaps are known here"));
         let source = node.host_path(host_path);
         match volume["hostPath"]["type"].as_str().unwrap_or("") {
             "DirectoryOrCreate" => fs::create_dir_all(&source).unwrap(),

@@ -181,6 +181,9 @@ fn sshfs_runs_unprivileged_on_a_host_mounted_connection_and_heals() {
         format!("--program=sshfs={SSHFS}"),
         "--grant=sshfs:program=sshfs".into(),
         "--grant=sshfs:fstype=fuse.sshfs".into(),
+        // The SSH server: @sshfs judges the remote's host (the example's host parameter is no
+        // endpoint, so the node grants it).
+        "--grant=sshfs:host=127.0.0.1".into(),
         // The program-argument rules docs/policy.md recommends for sshfs (its code block).
         recommended_sshfs_rules(),
         format!("--fuse-files-dir={}", fuse_files.display()),
@@ -200,7 +203,7 @@ fn sshfs_runs_unprivileged_on_a_host_mounted_connection_and_heals() {
                 ("port", sshd.port.to_string()),
                 ("user", "root".into()),
                 ("path", sshd.data.display().to_string()),
-                ("options", "cache=yes,compression=no".into()),
+                ("options", "cache=yes,Compression=no".into()),
             ]
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
@@ -209,14 +212,15 @@ fn sshfs_runs_unprivileged_on_a_host_mounted_connection_and_heals() {
             let target = dirs.target("pod-1", id);
 
             // An option that runs a command as the FUSE user is refused by the host's rules,
-            // naming it, before anything is made.
+            // naming it, before anything is made: by @sshfs (which names no such option) before
+            // the recommended --program-args rules would deny it.
             let mut evil = ctx.clone();
             evil.insert("options".into(), "cache=yes,ssh_command=/bin/sh -c id".replace(' ', "\\040"));
             let evil_staging = dirs.staging("sshfs-evil");
             let err = node.node_stage_volume(stage_req("sshfs-evil", &evil_staging, &evil, &sshd)).await.unwrap_err();
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
             assert!(
-                err.message().contains(r#"program "sshfs": option "ssh_command" is denied by host config"#),
+                err.message().contains("ssh_command") && err.message().contains("(rule set @sshfs, rule "),
                 "{}",
                 err.message()
             );

@@ -134,6 +134,16 @@ fn ids_in_use_lists_the_ids_live_processes_run_as() {
     assert!(ids.contains(&uid) && ids.contains(&gid) && ids.contains(&0), "{uid} and {gid} among {} ids", ids.len());
     assert_eq!(process::stop(&id, Duration::from_secs(5)).unwrap(), Stopped::Terminated);
     assert!(!process::ids_in_use().unwrap().contains(&uid));
+    // A zombie (exited, not reaped yet: its parent has not waited) holds no id.
+    let zombie = spawn_as(uid, gid, &["exit 0"], &log);
+    let stat = || std::fs::read_to_string(format!("/proc/{}/stat", zombie.pid)).unwrap_or_default();
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while !stat().rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')) {
+        assert!(std::time::Instant::now() < until, "no zombie: {}", stat());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!process::ids_in_use().unwrap().contains(&uid), "a zombie's id counted as in use");
+    process::reap_exited_children();
 }
 
 /// A process whose name is not UTF-8 (it names itself: here by the file it runs) still counts:

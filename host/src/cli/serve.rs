@@ -141,6 +141,14 @@ fn linux(cfg: &mut Config) -> anyhow::Result<(Arc<Linux>, Vec<PathBuf>)> {
     // directory, which holds inline volumes' staging paths (both Bidirectional in the
     // DaemonSet). A node or test without kubelet gets the same here, the state directory first
     // (`mounthost local` keeps kubelet's directory inside it).
+    // A program named otherwise than the binary a built-in rule set is for runs without it.
+    for (name, path) in &cfg.programs {
+        let binary = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if !cfg.program_rules.sets.contains_key(name) && crate::plan::rules::builtin(binary).is_some() {
+            tracing::warn!(program = %name, binary = %path.display(),
+                "this program runs without a rule set although its binary has a built-in one: --program-rules {name}=@{binary} applies it");
+        }
+    }
     let mut bound = Vec::new();
     if cfg.confine_programs {
         for dir in [&cfg.state_dir, &cfg.kubelet_dir] {

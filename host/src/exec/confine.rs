@@ -73,15 +73,19 @@ pub const ETC: &[&str] = &[
     "alternatives",
     "mtab",
 ];
-/// Device nodes of `/dev`: name, major, minor.
-const DEVICES: &[(&str, u32, u32)] = &[
-    ("null", 1, 3),
-    ("zero", 1, 5),
-    ("full", 1, 7),
-    ("random", 1, 8),
-    ("urandom", 1, 9),
-    ("tty", 5, 0),
-    ("fuse", 10, 229),
+/// What the directories of [`ETC`] hold that no program gets: private keys (covered by an empty
+/// tmpfs where the node has them).
+pub const ETC_PRIVATE: &[&str] = &["/etc/ssl/private", "/etc/pki/tls/private", "/etc/pki/CA/private"];
+/// Device nodes of `/dev`: name, major, minor, mode (`/dev/fuse` for root only: an
+/// unprivileged program gets its connection as a descriptor).
+const DEVICES: &[(&str, u32, u32, u32)] = &[
+    ("null", 1, 3, 0o666),
+    ("zero", 1, 5, 0o666),
+    ("full", 1, 7, 0o666),
+    ("random", 1, 8, 0o666),
+    ("urandom", 1, 9, 0o666),
+    ("tty", 5, 0, 0o666),
+    ("fuse", 10, 229, 0o600),
 ];
 /// The size of a program's own `/tmp`, which holds its home.
 pub const TMP_BYTES: u64 = 64 << 20;
@@ -111,6 +115,7 @@ pub struct Jail<'a> {
 /// A namespace prepared in the daemon: detached mounts the child attaches.
 #[derive(Debug)]
 pub struct Prepared {
+    root_program: bool,
     root: OwnedFd,
     /// Each mount and where it goes (relative to the root), parents before children.
     mounts: Vec<(OwnedFd, CString)>,
@@ -125,7 +130,33 @@ pub struct Entry {
     root: RawFd,
     mounts: Vec<(RawFd, CString)>,
     home: CString,
+    /// The program runs as root: it keeps only [`KEPT_CAPS`].
+    root_program: bool,
 }
+
+/// The capabilities a program that runs as root keeps in its namespace (what a FUSE server that
+/// mounts by itself and serves files for others uses): every other one leaves its bounding,
+/// inheritable and ambient sets before it runs. Without `CAP_SYS_PTRACE`, and with fewer
+/// capabilities than the daemon and the node's own root processes, it cannot reach their
+/// trees through `/proc/<pid>/root` (nor `/proc/<pid>/ns`), nor can it open a file by handle
+/// without `CAP_DAC_READ_SEARCH`.
+pub const KEPT_CAPS: &[u32] = &[
+    0,  // CAP_CHOWN
+    1,  // CAP_DAC_OVERRIDE
+    3,  // CAP_FOWNER
+    4,  // CAP_FSETID
+    5,  // CAP_KILL
+    6,  // CAP_SETGID
+    7,  // CAP_SETUID
+    10, // CAP_NET_BIND_SERVICE
+    14, // CAP_IPC_LOCK
+    21, // CAP_SYS_ADMIN (its mount)
+    23, // CAP_SYS_NICE
+    24, // CAP_SYS_RESOURCE
+];
+/// The highest capability number this code knows (CAP_CHECKPOINT_RESTORE, Linux 5.9); a
+/// higher one the kernel may have is dropped as well (PR_CAPBSET_DROP ends with EINVAL).
+const LAST_CAP: u32 = 63;
 
 fn io_at(what: &str, path: &Path, e: impl Into<io::Error>) -> io::Error {
     let e: io::Error = e.into();
@@ -346,15 +377,18 @@ impl Prepared {
         }
         // /dev: the devices a FUSE program uses, as nodes of the root's own.
         rustix::fs::mkdirat(&b.root, "dev", Mode::from_raw_mode(0o755))?;
-        for (name, major, minor) in DEVICES {
-            rustix::fs::mknodat(
+        for (name, major, minor, mode) in DEVICES {
+            let at = format!("dev/{name}");
+            let made = rustix::fs::mknodat(
                 &b.root,
-                format!("dev/{name}"),
+                &at,
                 FileType::CharacterDevice,
-                Mode::from_raw_mode(0o666),
+                Mode::from_raw_mode(*mode),
                 rustix::fs::makedev(*major, *minor),
             )
-            .map_err(|e| io_at("making", &Path::new("/dev").join(name), e))?;
+            // Its mode as given, whatever the daemon's umask took off it.
+            .and_then(|()| rustix::fs::chmodat(&b.root, &at, Mode::from_raw_mode(*mode), AtFlags::empty()));
+            made.map_err(|e| io_at("making", &Path::new("/dev").join(name), e))?;
         }
         for (name, target) in [
             ("fd", "/proc/self/fd"),
@@ -451,7 +485,7 @@ impl Prepared {
             b.add(&executable, fd, false, true)?;
         }
         // What the program reads by itself, where a node directory would show it: covered.
-        for hidden in jail.hidden {
+        for hidden in jail.hidden.iter().map(PathBuf::as_path).chain(ETC_PRIVATE.iter().map(Path::new)) {
             let under_node = b.planned.iter().any(|p| !p.ours && hidden.starts_with(&p.at));
             let Ok(meta) = std::fs::metadata(hidden) else { continue };
             if !under_node {
@@ -464,7 +498,7 @@ impl Prepared {
                 set_attr(&fd, false, MountAttrFlags::MOUNT_ATTR_RDONLY, none, MS_PRIVATE)?;
                 fd
             };
-            b.planned.push(Planned { at: hidden.clone(), fd: cover, ours: false });
+            b.planned.push(Planned { at: hidden.to_path_buf(), fd: cover, ours: false });
         }
         // The directory of a program's mount point: a peer of the node's mount, so that its
         // mount there reaches the node.
@@ -499,7 +533,12 @@ impl Prepared {
         }
         // Parents before children: each lands on what the one before placed.
         mounts.sort_by_key(|(depth, _, _)| *depth);
-        Ok(Prepared { root: b.root, mounts: mounts.into_iter().map(|(_, fd, c)| (fd, c)).collect(), executable })
+        Ok(Prepared {
+            root_program: jail.uid == 0,
+            root: b.root,
+            mounts: mounts.into_iter().map(|(_, fd, c)| (fd, c)).collect(),
+            executable,
+        })
     }
 
     /// The binary's path in the namespace (its canonical path on the node): what to exec.
@@ -513,6 +552,7 @@ impl Prepared {
             root: self.root.as_fd().as_raw_fd(),
             mounts: self.mounts.iter().map(|(fd, at)| (fd.as_raw_fd(), at.clone())).collect(),
             home: CString::new(HOME).expect("no NUL"),
+            root_program: self.root_program,
         }
     }
 }
@@ -560,8 +600,103 @@ impl Entry {
             step(libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) == 0, b"pivot_root")?;
             step(libc::umount2(c".".as_ptr(), libc::MNT_DETACH) == 0, b"detaching the node's root")?;
             step(libc::chdir(self.home.as_ptr()) == 0, b"entering its home")?;
+            if self.root_program {
+                drop_capabilities(&step)?;
+            }
         }
         Ok(())
+    }
+}
+
+/// Keep only [`KEPT_CAPS`] across the exec of a program that runs as root: clear the ambient
+/// and inheritable sets (which an exec as root adds to the permitted one whatever the bounding
+/// set says), then drop every other capability from the bounding set, `CAP_SETPCAP` (which the
+/// dropping needs) last.
+///
+/// # Safety
+/// Call only in a forked child before exec (plain syscalls on stack memory, no allocation).
+unsafe fn drop_capabilities(step: &dyn Fn(bool, &[u8]) -> io::Result<()>) -> io::Result<()> {
+    use nix::libc;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    const CAP_SETPCAP: u32 = 8;
+    // SAFETY: prctl, capget and capset take integers and pointers to live locals of the
+    // layout the kernel expects (`struct __user_cap_header_struct`, two
+    // `struct __user_cap_data_struct`); they read or fill only those.
+    unsafe {
+        step(
+            libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) == 0,
+            b"clearing its ambient capabilities",
+        )?;
+        let mut header = Header { version: VERSION_3, pid: 0 };
+        let mut data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
+        step(libc::syscall(libc::SYS_capget, &mut header as *mut Header, data.as_mut_ptr()) == 0, b"capget")?;
+        data[0].inheritable = 0;
+        data[1].inheritable = 0;
+        step(libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) == 0, b"capset")?;
+        for cap in (0..=LAST_CAP).filter(|c| *c != CAP_SETPCAP && !KEPT_CAPS.contains(c)) {
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) != 0 {
+                // EINVAL: no such capability on this kernel (the last known is below 63).
+                if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+                    step(false, b"dropping a capability")?;
+                }
+            }
+        }
+        step(libc::prctl(libc::PR_CAPBSET_DROP, CAP_SETPCAP as libc::c_ulong, 0, 0, 0) == 0, b"dropping CAP_SETPCAP")?;
+    }
+    Ok(())
+}
+
+/// Once a program that mounts by itself is ready, make the copy of its mount point's directory
+/// in its namespace (`dir`) private: from then on no mount it makes there reaches the node (its
+/// mount at the mount point, made already, stays where it is, and what is mounted inside its
+/// own filesystem still propagates with it). A short-lived child of the daemon enters the
+/// program's mount namespace (`setns`, which a process with threads cannot) and changes it.
+pub fn seal(pid: i32, dir: &Path) -> io::Result<()> {
+    use nix::libc;
+    let ns = rustix::fs::open(format!("/proc/{pid}/ns/mnt").as_str(), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+    let path = CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let (ns_fd, write_fd) = (ns.as_raw_fd(), write.as_raw_fd());
+    // SAFETY: the child runs only async-signal-safe calls on memory allocated before the fork
+    // (`path`) and integers, then `_exit`s; it never returns into Rust code of the parent.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if child == 0 {
+        // SAFETY: as above; errno is read right after the call that set it.
+        unsafe {
+            let errno = |ok: bool| if ok { 0u8 } else { (*libc::__errno_location()).clamp(1, 255) as u8 };
+            let mut code = errno(libc::setns(ns_fd, libc::CLONE_NEWNS) == 0);
+            if code == 0 {
+                let none = std::ptr::null::<libc::c_char>();
+                code = errno(libc::mount(none, path.as_ptr(), none, libc::MS_PRIVATE, std::ptr::null()) == 0);
+            }
+            libc::write(write_fd, (&code as *const u8).cast(), 1);
+            libc::_exit(i32::from(code != 0));
+        }
+    }
+    drop(write);
+    let mut code = [255u8];
+    let got = rustix::io::read(&read, &mut code);
+    // Reaped here, or by the supervisor's reaper if it got there first.
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(child), None);
+    match got {
+        Ok(1) if code[0] == 0 => Ok(()),
+        Ok(1) => Err(io::Error::from_raw_os_error(i32::from(code[0]))),
+        _ => Err(io::Error::other("the child that seals a program's namespace ended without a word")),
     }
 }
 
@@ -687,6 +822,10 @@ mod tests {
     fn the_namespaces_etc_holds_no_secret_of_the_node() {
         for secret in ["shadow", "gshadow", "ssh", "kubernetes", "sudoers", "mounthost", "passwd-s3fs", "seaweedfs"] {
             assert!(!ETC.contains(&secret), "{secret}");
+        }
+        // The directories it holds have their private keys covered.
+        for (dir, private) in [("ssl", "/etc/ssl/private"), ("pki", "/etc/pki/tls/private")] {
+            assert!(ETC.contains(&dir) && ETC_PRIVATE.contains(&private), "{dir}");
         }
     }
 }

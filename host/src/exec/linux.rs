@@ -200,6 +200,16 @@ impl Processes for Linux {
         // Kept to read the log's tail on failure, through the descriptor, never by name.
         let reader = log.try_clone().map_err(log_error)?;
         let jail = self.jail(fuse, Some(fuse.mountpoint), 0, 0)?;
+        // What the node has mounted in the mount point's directory now: whatever appears there
+        // besides the mount point while the program starts is the program's (its namespace shares
+        // that directory with the node until it is ready).
+        let beside = fuse.mountpoint.parent().unwrap_or(fuse.mountpoint);
+        let before: std::collections::BTreeSet<PathBuf> = self
+            .mounts_touching(&[beside])?
+            .into_iter()
+            .map(|m| m.mount_point)
+            .filter(|p| p.starts_with(beside))
+            .collect();
         let group = self.cgroups.prepare(fuse.group, fuse.memory_limit).map_err(FuseError::Cgroup)?;
         let id = process::spawn_as(&fuse.spec, log, group.as_ref(), None, jail.as_ref());
         drop(group);
@@ -217,33 +227,54 @@ impl Processes for Linux {
         let started = Instant::now();
         let program = fuse.spec.executable.to_path_buf();
         let mountpoint = fuse.mountpoint.to_path_buf();
+        // Mounts that reached the node from the program's namespace besides its mount point, and
+        // whatever is below the mount point: detached, deepest first.
+        let clean_up = || {
+            if !confined {
+                return;
+            }
+            let mut new: Vec<PathBuf> = self
+                .mounts_touching(&[beside])
+                .unwrap_or_default()
+                .into_iter()
+                .map(|m| m.mount_point)
+                .filter(|p| p.starts_with(beside) && !before.contains(p) && !p.starts_with(fuse.mountpoint))
+                .collect();
+            new.sort();
+            for p in new.iter().rev() {
+                let _ = mount::unmount(&self.anchors, p, true);
+            }
+        };
         // A mount of the program's elsewhere, seen in two rounds in a row (a mount of the node's
         // that was being unmounted while the tables were read is gone by the second).
         let mut suspect: Option<MountEntry> = None;
-        let elsewhere = |suspect: &mut Option<MountEntry>| -> Result<Option<MountEntry>, FuseError> {
+        let elsewhere = |suspect: &mut Option<MountEntry>| -> Option<MountEntry> {
             if !confined {
-                return Ok(None);
+                return None;
             }
-            let seen = self.mounted_elsewhere(&id, fuse.mountpoint)?;
+            let seen = self.mounted_elsewhere(&id, fuse.mountpoint);
             let confirmed = matches!((&seen, &*suspect), (Some(m), Some(s)) if m.mount_point == s.mount_point && m.device == s.device);
             *suspect = seen;
-            Ok(if confirmed { suspect.take() } else { None })
+            if confirmed { suspect.take() } else { None }
         };
-        let mounted_elsewhere = |m: MountEntry| {
+        let failed = |e: FuseError| {
             let _ = process::stop(&id, Duration::from_secs(2));
-            // What reached the node below the mount point goes with it.
+            clean_up();
             let _ = mount::unmount(&self.anchors, fuse.mountpoint, true);
             let _ = self.cgroups.release(fuse.group);
-            FuseError::MountedElsewhere {
+            e
+        };
+        let mounted_elsewhere = |m: MountEntry| {
+            failed(FuseError::MountedElsewhere {
                 program: program.clone(),
                 mountpoint: mountpoint.clone(),
                 elsewhere: m.mount_point,
                 fstype: m.fstype,
                 log_tail: fuse_log::tail_of(&reader),
-            }
+            })
         };
         loop {
-            if let Some(m) = elsewhere(&mut suspect)? {
+            if let Some(m) = elsewhere(&mut suspect) {
                 return Err(mounted_elsewhere(m));
             }
             let mounts = self.mounts()?;
@@ -252,10 +283,17 @@ impl Processes for Linux {
             if mountinfo::at(&mounts, fuse.mountpoint).is_some_and(|m| m.fstype == fuse.fstype)
                 && self.anchors.open(fuse.mountpoint, OFlags::PATH).and_then(|fd| Ok(rustix::fs::fstat(&fd)?)).is_ok()
             {
-                // A mount elsewhere seen once is looked at again before the stage is done.
-                if suspect.is_some() {
-                    std::thread::sleep(Duration::from_millis(10));
-                    if let Some(m) = elsewhere(&mut suspect)? {
+                if confined {
+                    // From now on nothing the program mounts beside its mount point reaches the
+                    // node; what it mounted there until now is seen once more, and fails it.
+                    if let Err(e) = confine::seal(id.pid, beside) {
+                        return Err(failed(FuseError::Confine {
+                            program: program.clone(),
+                            source: io::Error::new(e.kind(), format!("sealing its mount point's directory: {e}")),
+                            log: String::new(),
+                        }));
+                    }
+                    if let Some(m) = self.mounted_elsewhere(&id, fuse.mountpoint) {
                         return Err(mounted_elsewhere(m));
                     }
                 }
@@ -263,6 +301,7 @@ impl Processes for Linux {
             }
             if !process::is_alive(&id) {
                 let _ = process::stop(&id, Duration::ZERO);
+                clean_up();
                 let oom = match (self.cgroups.oom_kills(fuse.group), fuse.memory_limit) {
                     (Some(n), Some(limit)) if n > 0 => {
                         format!(" (killed by the OOM killer at its memory limit of {limit} bytes)")
@@ -274,6 +313,7 @@ impl Processes for Linux {
             }
             if started.elapsed() >= fuse.ready_timeout {
                 let _ = process::stop(&id, Duration::from_secs(2));
+                clean_up();
                 let _ = self.cgroups.release(fuse.group);
                 return Err(FuseError::Timeout {
                     program,
@@ -511,11 +551,10 @@ impl Linux {
 
     /// A FUSE mount of `id`'s namespace other than at `mountpoint` that the node did not make
     /// ([`confine::elsewhere`]).
-    fn mounted_elsewhere(&self, id: &ProcessId, mountpoint: &Path) -> Result<Option<MountEntry>, FuseError> {
-        let Ok(bytes) = std::fs::read(format!("/proc/{}/mountinfo", id.pid)) else { return Ok(None) };
-        let Ok(theirs) = mountinfo::parse(&bytes) else { return Ok(None) };
-        let node = self.mounts()?;
-        Ok(confine::elsewhere(&theirs, &node, mountpoint))
+    fn mounted_elsewhere(&self, id: &ProcessId, mountpoint: &Path) -> Option<MountEntry> {
+        let theirs = mountinfo::parse(&std::fs::read(format!("/proc/{}/mountinfo", id.pid)).ok()?).ok()?;
+        let node = self.mounts().ok()?;
+        confine::elsewhere(&theirs, &node, mountpoint)
     }
 }
 

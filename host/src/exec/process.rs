@@ -157,6 +157,9 @@ pub fn spawn_as(
     let err_log = log.try_clone().map_err(|source| ProcessError::Log { path: spec.log.to_path_buf(), source })?;
     let entry = jail.map(super::confine::Prepared::entry);
     let mut cmd = Command::new(jail.map_or(spec.executable, |j| j.executable()));
+    // The program's name as configured, wherever the namespace has its binary: a program that
+    // reads its argv[0] (a multi-call binary) behaves as it would unconfined.
+    cmd.arg0(spec.executable);
     cmd.args(spec.args)
         .env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
@@ -352,7 +355,7 @@ pub fn is_alive(id: &ProcessId) -> bool {
 
 /// Every user and group id a live process has (the `Uid:` and `Gid:` lines of each
 /// `/proc/<pid>/status`: real, effective, saved and filesystem ids). A process that exits while
-/// it is read is skipped.
+/// it is read, or a zombie, is skipped.
 pub fn ids_in_use() -> std::io::Result<std::collections::BTreeSet<u32>> {
     let mut ids = std::collections::BTreeSet::new();
     for entry in std::fs::read_dir("/proc")? {
@@ -365,6 +368,10 @@ pub fn ids_in_use() -> std::io::Result<std::collections::BTreeSet<u32>> {
         let Ok(status) = std::fs::read(std::path::Path::new("/proc").join(&name).join("status")) else {
             continue;
         };
+        // A zombie acts no more: its ids are free (an init that reaps late must not hold them).
+        if status.split(|b| *b == b'\n').any(|l| l.starts_with(b"State:") && l.contains(&b'Z')) {
+            continue;
+        }
         for line in status.split(|b| *b == b'\n') {
             if let Some(rest) = line.strip_prefix(b"Uid:").or_else(|| line.strip_prefix(b"Gid:")) {
                 let rest = String::from_utf8_lossy(rest);

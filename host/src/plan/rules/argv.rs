@@ -195,7 +195,16 @@ pub(super) fn check(set: &RuleSet, args: &[String], values: &Values<'_>) -> Resu
         if arg == "-" || arg == "--" {
             return Err(j.refuse(i, "spelling", format!("{arg:?} alone: the rule set reads no such argument")));
         }
-        if !arg.starts_with('-') || (set.style == Style::Go && after_positional) {
+        if set.style == Style::Go && after_positional && arg.starts_with('-') {
+            // Go reads it as positional, but weed's flag parser (fla9) still takes
+            // `-options=FILE` from among its positional arguments: read no way at all.
+            return Err(j.refuse(
+                i,
+                "spelling",
+                "an option after a positional argument, which Go programs read in different ways",
+            ));
+        }
+        if !arg.starts_with('-') {
             // Go reads every argument after the first positional one as positional.
             j.positional(i)?;
             after_positional = true;

@@ -104,6 +104,15 @@ fn after_a_positional_go_reads_everything_as_positional() {
     // program's positional, so the host never reads it as the flag it looks like.
     let err = weed(&["x", "-readOnly"]).unwrap_err();
     assert_eq!(err.rule, "extra-positional");
+    // And one that looks like an option there is read no way at all (weed's fla9 would load
+    // `-options=FILE` from it).
+    let set = RuleSet::parse(
+        "p.yaml",
+        "name: p\nchecked: {version: '1', command: [version]}\nstyle: go\npositionals: [{name: a, class: {pattern: '.*'}}, {name: b, class: {pattern: '.*'}}]\n",
+    )
+    .unwrap();
+    let err = set.check(&argv(&["x", "-options=/etc/x"]), &values(STAGING)).unwrap_err();
+    assert_eq!((err.position, err.rule.as_str()), (2, "spelling"), "{err:?}");
 }
 
 fn sshfs_argv(extra: &[&str]) -> Vec<String> {
