@@ -571,3 +571,43 @@ fn the_recommended_sshfs_allow_list_passes_the_example_plugins_plan() {
         assert!(stderr.contains(&format!("program \"sshfs\": {why}")), "{option}: {stderr}");
     }
 }
+
+/// `plugin check` shows a plan that breaks its program's rule set before anything runs, naming
+/// the argument, its position and the rule, and passes the same plugin under rules it keeps.
+#[test]
+fn plugin_check_names_the_rule_a_plan_breaks_and_passes_one_that_keeps_them() {
+    let state = tempfile::tempdir().unwrap();
+    let argv = mounthost::stock::fixtures::path("argv");
+    let grants = [
+        "--grant",
+        "argv:program=weed",
+        "--program",
+        "weed=/usr/local/bin/weed",
+        "--grant",
+        "argv:fstype=fuse.seaweedfs",
+    ];
+    let check_with = |args: &str| {
+        let params = ["--param", "program=weed", "--param", "fstype=fuse.seaweedfs", "--param", "hosts=127.0.0.1:8888"];
+        let args = format!("args={args}");
+        let all = [&grants[..], &["plugin", "check", argv.to_str().unwrap()], &params[..], &["--param", args.as_str()]];
+        let out = mounthost(state.path(), &all.concat());
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let honest =
+        "-logtostderr\nmount\n-filer=127.0.0.1:8888\n-filer.path=/buckets/v\n-dir={staging}\n-cacheDir={cache}";
+    let (code, text) = check_with(honest);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("ok    stage      planned and passes the policy"), "{text}");
+    let (code, text) = check_with(&honest.replace("-cacheDir={cache}", "-cacheDir=/etc"));
+    assert_eq!(code, Some(1), "{text}");
+    let stage = text.lines().find(|l| l.starts_with("FAIL  stage")).unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        stage.contains(r#"program "weed", argument 6 "-cacheDir=/etc": option -cacheDir: "/etc" is not the volume's cache directory"#)
+            && stage.contains("(rule set @weed, rule options.-cacheDir)"),
+        "{stage}"
+    );
+    // A filer nobody granted is a grant the node could give: listed with its flag, not a failure.
+    let (code, text) = check_with(&honest.replace("-filer=127.0.0.1:8888", "-filer=filer.example:8888"));
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("--grant argv:host=filer.example:8888"), "{text}");
+}
