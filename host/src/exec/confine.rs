@@ -171,13 +171,7 @@ fn set_attr(
     clear: MountAttrFlags,
     propagation: u64,
 ) -> io::Result<()> {
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
+    use super::mount::MountAttr;
     let attr =
         MountAttr { attr_set: u64::from(set.bits()), attr_clr: u64::from(clear.bits()), propagation, userns_fd: 0 };
     let flags = nix::libc::AT_EMPTY_PATH | if recursive { nix::libc::AT_RECURSIVE } else { 0 };

@@ -113,11 +113,11 @@ const MOUNT_ATTR__ATIME: u64 = 0x70;
 
 /// `struct mount_attr` of mount_setattr(2).
 #[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
+pub(super) struct MountAttr {
+    pub(super) attr_set: u64,
+    pub(super) attr_clr: u64,
+    pub(super) propagation: u64,
+    pub(super) userns_fd: u64,
 }
 
 pub(super) fn fd_path(fd: &OwnedFd) -> String {
