@@ -701,6 +701,7 @@ mod tests {
         m.host_operation("NodeStageVolume", "p", tonic::Code::Ok, Duration::ZERO);
         m.csi_request("Probe", tonic::Code::Ok, Duration::ZERO);
         m.fuse_restart("p", 1);
+        m.policy_refusal("weed", "subcommand");
         m.plugin_call("p", "stage", CallOutcome::Ok, Duration::ZERO);
         m.plugin_loaded("p", true);
         m.set_volumes(&[LiveVolume { plugin: "p".into(), phase: "staged".into(), healthy: true }]);
@@ -726,7 +727,7 @@ mod tests {
                 (format!("mounthost_{}", cells[0].trim_end_matches('`')), cells[1].to_string())
             })
             .collect();
-        assert_eq!(registered.len(), 18, "{registered:?}");
+        assert_eq!(registered.len(), 19, "{registered:?}");
         assert_eq!(documented, registered);
     }
 
