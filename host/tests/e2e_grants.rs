@@ -27,6 +27,8 @@ enum Expect {
     Rule(&'static str),
     /// Run, and contained: the stage fails with `code`, its message saying this.
     Contained(Code, &'static str),
+    /// Run on a connection it cannot take: FAILED_PRECONDITION, its message saying this.
+    Permanent(&'static str),
 }
 
 /// One route: a program, its mount, its fstype, its arguments (`{...}` references of the
@@ -48,7 +50,7 @@ fn route(name: &'static str, program: &'static str, args: &[&str], expect: Expec
         "s3fs" | "s3fs-unruled" => "fuse.s3fs",
         _ => "fuse",
     };
-    let mount = if program == "sshfs" && args.iter().any(|a| a.contains("{fd}")) { "host-fd" } else { "by-program" };
+    let mount = if args.iter().any(|a| a.contains("{fd}")) { "host-fd" } else { "by-program" };
     Route { name, program, mount, fstype, args: args.iter().map(|a| a.to_string()).collect(), expect }
 }
 
@@ -251,7 +253,7 @@ fn a_hostile_plugin_granted_real_programs_is_refused_or_contained_on_every_route
     let _host = dirs.start_host(&args);
     let _front = dirs.start_front(&args);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    use Expect::{Contained, Rule};
+    use Expect::{Contained, Permanent, Rule};
     let mut routes = vec![
         // weed under @weed.
         route(
@@ -413,6 +415,26 @@ fn a_hostile_plugin_granted_real_programs_is_refused_or_contained_on_every_route
             &["-f", "/proc/1/root", "{staging}"],
             Contained(Code::Unavailable, "exited before mounting"),
         ),
+        // Programs that cannot take a connection the host mounted, asked to: a permanent
+        // error saying so (kubelet retries UNAVAILABLE for ever).
+        route(
+            "bindfs (libfuse 2) on a host-opened connection, without rules",
+            "bindfs-unruled",
+            &["-f", "/usr", "{fd}"],
+            Permanent("cannot take the FUSE connection the host mounted"),
+        ),
+        route(
+            "s3fs (libfuse 2) on a host-opened connection, without rules",
+            "s3fs-unruled",
+            &["grants", "{fd}", "-f", "-o", "url=http://{s3},use_path_request_style"],
+            Permanent("cannot take the FUSE connection the host mounted"),
+        ),
+        route(
+            "rclone (fusermount) on a host-opened connection, without rules",
+            "rclone-unruled",
+            &["mount", "{s3remote}", "{fd}"],
+            Permanent("cannot take the FUSE connection the host mounted"),
+        ),
         route(
             "a second mount by a program that mounts by itself",
             "mount-twice",
@@ -447,6 +469,11 @@ fn a_hostile_plugin_granted_real_programs_is_refused_or_contained_on_every_route
                         assert_eq!(status.code(), code, "{}: {status:?}", r.name);
                         assert!(status.message().contains(says), "{}: {}", r.name, status.message());
                         println!("checked: {}: contained by its mount namespace: {}", r.name, status.message());
+                    }
+                    Permanent(says) => {
+                        assert_eq!(status.code(), Code::FailedPrecondition, "{}: {status:?}", r.name);
+                        assert!(status.message().contains(says), "{}: {}", r.name, status.message());
+                        println!("checked: {}: a permanent error: {}", r.name, status.message());
                     }
                 }
                 // kubelet retries, then gives up: nothing is staged either way.

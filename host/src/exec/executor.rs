@@ -136,9 +136,9 @@ pub enum FuseError {
     )]
     MountedElsewhere { program: PathBuf, mountpoint: PathBuf, elsewhere: PathBuf, fstype: String, log_tail: String },
     /// It exited at once on the connection the host mounted, saying it cannot use it (a
-    /// program linked with libfuse 2).
+    /// program linked with libfuse 2, or one that mounts through `fusermount`).
     #[error(
-        "{program} cannot take the FUSE connection the host mounted (fuse-mount.host-fd): it exited saying {log_tail:?}; programs linked with libfuse 2 (such as Debian 12's s3fs and bindfs) cannot, `ldd {program}` shows which libfuse it links: plan fuse-mount.by-program for it, or install a build linked with libfuse 3"
+        "{program} cannot take the FUSE connection the host mounted (fuse-mount.host-fd): it exited saying {log_tail:?}; a program that reads /dev/fd/N as a mount point or opens /dev/fuse itself cannot (those linked with libfuse 2, such as Debian 12's s3fs and bindfs, which `ldd {program}` shows, and those that run fusermount, such as rclone 1.60's mount): plan fuse-mount.by-program for it, or install a build that takes /dev/fd/N (libfuse 3)"
     )]
     NoHostFd { program: PathBuf, log_tail: String },
 }

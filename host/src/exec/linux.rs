@@ -570,11 +570,17 @@ fn confine_error(confined: bool, e: ProcessError, log: &std::fs::File) -> FuseEr
     }
 }
 
-/// Does a FUSE program's last output say it could not use the `/dev/fd/N` it was given as a
-/// connection (libfuse 2 reads it as a mount point)?
+/// Does the last output of a FUSE program started on a host-opened connection say it could not
+/// use it? libfuse 2 reads `/dev/fd/N` as a mount point: a program that checks it says it is not
+/// a directory (s3fs: "MOUNTPOINT: /dev/fd/3 is not a directory"); one that does not opens
+/// `/dev/fuse` by itself, which its unprivileged FUSE id may not ("fuse: failed to open
+/// /dev/fuse: Permission denied", bindfs), or runs `fusermount`, which cannot mount for it in
+/// its namespace (rclone's bazil.org/fuse, libfuse 2's fallback). A program that takes the
+/// connection does neither.
 fn cannot_take_fd(log_tail: &str) -> bool {
-    log_tail.contains("/dev/fd/")
-        && ["not a directory", "Not a directory", "bad mount point"].iter().any(|m| log_tail.contains(m))
+    let names_fd = log_tail.contains("/dev/fd/")
+        && ["not a directory", "Not a directory", "bad mount point"].iter().any(|m| log_tail.contains(m));
+    names_fd || log_tail.contains("failed to open /dev/fuse") || log_tail.contains("fusermount: ")
 }
 
 impl Linux {
@@ -700,4 +706,24 @@ fn stat_id(st: &rustix::fs::Stat) -> FileId {
         _ => FileKind::Other,
     };
     FileId { dev: st.st_dev, ino: st.st_ino, kind }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cannot_take_fd;
+
+    #[test]
+    fn libfuse_2s_ways_of_failing_on_a_host_connection_are_told_apart() {
+        for said in [
+            "MOUNTPOINT: /dev/fd/3 is not a directory.",
+            "fuse: bad mount point `/dev/fd/3': Not a directory",
+            "fuse: failed to open /dev/fuse: Permission denied",
+            "mount helper error: fusermount: mount failed: Operation not permitted",
+        ] {
+            assert!(cannot_take_fd(said), "{said}");
+        }
+        for said in ["", "connection refused: 127.0.0.1:8888", "fusermount3: entry for /x not found in /etc/mtab"] {
+            assert!(!cannot_take_fd(said), "{said}");
+        }
+    }
 }
