@@ -456,3 +456,29 @@ fn an_inline_volume_whose_publish_fails_leaves_no_mount() {
     assert_eq!(below_state().len(), 1, "one staging tmpfs");
     println!("checked: a failed inline publish left no mount; the retry at a real target published");
 }
+
+/// The bind the daemon makes at start to share its state directory goes at its exit only when
+/// nothing is mounted below it (a volume staged there stays, and so does the bind holding it),
+/// also while a file in it is held open (the daemon's state lock).
+#[test]
+fn the_bind_that_shares_a_root_goes_only_when_nothing_is_below_it() {
+    if !in_private_namespace("the_bind_that_shares_a_root_goes_only_when_nothing_is_below_it") {
+        return;
+    }
+    let (_d, root) = root();
+    let state = root.join("state");
+    std::fs::create_dir_all(state.join("volume")).unwrap();
+    assert_eq!(Linux::share_root(&state).unwrap(), mounthost::exec::confine::Shared::Bound);
+    let entry = mounted(&state).expect("a bind of the directory onto itself");
+    assert!(entry.mount_options.contains("rw"), "{entry:?}");
+    let _lock = std::fs::File::create(state.join("lock")).unwrap();
+    let x = Linux::new(Cgroups::none(), [state.clone()]);
+    x.mount("tmpfs", "mounthost-test", &state.join("volume"), &[text("size=1m")], false).unwrap();
+    let kept = Linux::release_root(&state).unwrap_err();
+    assert_eq!(kept.kind(), std::io::ErrorKind::ResourceBusy, "{kept}");
+    assert!(mounted(&state).is_some() && mounted(&state.join("volume")).is_some(), "both stay");
+    x.unmount(&state.join("volume"), false).unwrap();
+    Linux::release_root(&state).unwrap();
+    assert!(mounted(&state).is_none(), "the bind is gone");
+    assert!(state.join("lock").is_file(), "what the bind showed is the directory's own");
+}

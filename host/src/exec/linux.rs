@@ -68,10 +68,20 @@ impl Linux {
         confine::share_anchor(dir)
     }
 
-    /// Remove the bind [`Linux::share_root`] made of `dir` (it fails, and the bind stays, while
-    /// anything is mounted below it).
+    /// Remove the bind [`Linux::share_root`] made of `dir`, unless anything is mounted below it
+    /// (a volume, the runtime tmpfs): then it stays for the next start. Detached rather than
+    /// unmounted, because the daemon still holds its state lock open through it; the bind is
+    /// of `dir` onto itself, so the lock and the files are the same without it.
     pub fn release_root(dir: &Path) -> io::Result<()> {
-        Ok(rustix::mount::unmount(dir, rustix::mount::UnmountFlags::NOFOLLOW)?)
+        let dir = &std::fs::canonicalize(dir)?;
+        let below = super::mountinfo::read_where(|p| p != dir && p.starts_with(dir))?;
+        if let Some(m) = below.first() {
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!("{} is mounted below it", m.mount_point.display()),
+            ));
+        }
+        Ok(rustix::mount::unmount(dir, rustix::mount::UnmountFlags::NOFOLLOW | rustix::mount::UnmountFlags::DETACH)?)
     }
 
     /// Remove such a root if it is unused: `rmdir` refuses one that holds entries or a mount.
