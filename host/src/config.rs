@@ -253,7 +253,7 @@ impl FuseIds {
 }
 
 /// Registry access and the size of the node's OCI blob cache (`<state>/cache`).
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Registries {
     /// PEM bundle of extra CA certificates trusted for registries, besides the system roots (or
     /// a directory of such bundles, `*.crt` and `*.pem`).
@@ -267,6 +267,27 @@ pub struct Registries {
     pub mirrors: BTreeMap<String, String>,
     /// Blobs no staged volume uses are evicted, least recently used first, above this size.
     pub cache_max_bytes: Option<u64>,
+    /// Registry `host[:port]` → hosts its token realm and redirects may name besides itself.
+    pub endpoints: BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// A download receiving less than 64 KiB in this window fails retriably.
+    pub download_stall: std::time::Duration,
+}
+
+/// `--download-stall-secs`'s default.
+pub const DEFAULT_DOWNLOAD_STALL_SECS: u64 = 60;
+
+impl Default for Registries {
+    fn default() -> Self {
+        Registries {
+            ca_bundle: None,
+            insecure: Default::default(),
+            proxy: None,
+            mirrors: Default::default(),
+            cache_max_bytes: None,
+            endpoints: Default::default(),
+            download_stall: std::time::Duration::from_secs(DEFAULT_DOWNLOAD_STALL_SECS),
+        }
+    }
 }
 
 /// The proxy URL may carry credentials (`http://user:password@proxy:3128`): never printed.
@@ -278,6 +299,8 @@ impl std::fmt::Debug for Registries {
             .field("proxy", &self.proxy.as_ref().map(|_| "<set>"))
             .field("mirrors", &self.mirrors)
             .field("cache_max_bytes", &self.cache_max_bytes)
+            .field("endpoints", &self.endpoints)
+            .field("download_stall", &self.download_stall)
             .finish()
     }
 }

@@ -82,6 +82,12 @@ struct ProgramRule {
     rule: String,
 }
 
+/// A kind of registry refusal (a fixed word, never a registry's text).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalKind {
+    kind: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CacheResult {
     result: String,
@@ -230,6 +236,7 @@ pub struct Metrics {
     csi_duration: Histograms<Rpc>,
     fuse_restarts: Family<PluginLabel, Counter>,
     policy_refusals: Family<ProgramRule, Counter>,
+    registry_refusals: Family<RefusalKind, Counter>,
     fuse_oom_kills: Family<PluginLabel, Counter>,
     volumes: Family<VolumeLabels, Gauge>,
     plugin_calls: Family<PluginOutcome, Counter>,
@@ -304,6 +311,12 @@ impl Metrics {
             "mounthost_policy_refusals",
             "Plans refused by a program rule (a rule set's or host config's), by program and rule",
             policy_refusals.clone(),
+        );
+        let registry_refusals = Family::<RefusalKind, Counter>::default();
+        registry.register(
+            "mounthost_registry_refusals",
+            "Registry replies refused, by kind: reply_too_large, stall, realm, redirect, proof",
+            registry_refusals.clone(),
         );
         let fuse_oom_kills = Family::<PluginLabel, Counter>::default();
         registry.register(
@@ -397,6 +410,7 @@ impl Metrics {
             csi_duration,
             fuse_restarts,
             policy_refusals,
+            registry_refusals,
             fuse_oom_kills,
             volumes,
             plugin_calls,
@@ -523,6 +537,11 @@ impl Metrics {
     }
 
     /// A plan was refused by `program`'s rule `rule`.
+    /// A registry's reply was refused (`kind`: reply_too_large, stall, realm, redirect, proof).
+    pub fn registry_refusal(&self, kind: &str) {
+        self.registry_refusals.get_or_create(&RefusalKind { kind: kind.into() }).inc();
+    }
+
     pub fn policy_refusal(&self, program: &str, rule: &str) {
         self.policy_refusals.get_or_create(&ProgramRule { program: program.into(), rule: rule.into() }).inc();
     }

@@ -173,6 +173,15 @@ pub struct GlobalArgs {
     /// An OCI registry, HOST[:PORT], that plans may reach over plain HTTP (repeatable).
     #[arg(long = "insecure-registry", env = "MOUNTHOST_INSECURE_REGISTRIES", value_delimiter = ',', value_parser = parse_registry, global = true)]
     pub insecure_registries: Vec<String>,
+    /// A host REGISTRY's token realm and redirects may name besides the registry itself and, for
+    /// redirects, public addresses: REGISTRY=HOST[:PORT] (repeatable; `docker.io=auth.docker.io`
+    /// is built in). Needed for a realm on another host, and for a redirect to a private address.
+    #[arg(long = "registry-endpoint", env = "MOUNTHOST_REGISTRY_ENDPOINTS", value_name = "REGISTRY=HOST", value_delimiter = ',', value_parser = parse_endpoint, global = true)]
+    pub registry_endpoints: Vec<(String, String)>,
+    /// A blob download that receives less than 64 KiB in this many seconds fails (retriably)
+    /// and frees its slot.
+    #[arg(long, env = "MOUNTHOST_DOWNLOAD_STALL_SECS", default_value_t = crate::config::DEFAULT_DOWNLOAD_STALL_SECS, value_parser = clap::value_parser!(u64).range(1..=3600), global = true)]
+    pub download_stall_secs: u64,
     /// HTTP(S) proxy URL for OCI registry traffic (e.g. a P2P distribution daemon).
     #[arg(long, env = "MOUNTHOST_REGISTRY_PROXY", global = true)]
     pub registry_proxy: Option<String>,
@@ -335,6 +344,14 @@ impl GlobalArgs {
             proxy: self.registry_proxy.clone(),
             mirrors: self.registry_mirrors.iter().filter(|(r, _)| !r.is_empty()).cloned().collect(),
             cache_max_bytes: self.cache_max_mib.map(|m| m << 20),
+            endpoints: {
+                let mut m = std::collections::BTreeMap::<String, std::collections::BTreeSet<String>>::new();
+                for (r, h) in self.registry_endpoints.iter().filter(|(r, _)| !r.is_empty()) {
+                    m.entry(r.clone()).or_default().insert(h.clone());
+                }
+                m
+            },
+            download_stall: Duration::from_secs(self.download_stall_secs),
         };
         cfg.allow_plugin_tags = self.allow_plugin_tags;
         cfg.lazy = crate::config::LazyConfig {
@@ -469,6 +486,21 @@ fn parse_mirror(s: &str) -> Result<(String, String), String> {
         return Err(format!("{s:?}: REGISTRY and MIRROR must be two different HOST[:PORT]"));
     }
     Ok((registry, mirror))
+}
+
+/// One `--registry-endpoint REGISTRY=HOST[:PORT]` (empty: none).
+fn parse_endpoint(s: &str) -> Result<(String, String), String> {
+    if s.trim().is_empty() {
+        return Ok((String::new(), String::new()));
+    }
+    let (registry, host) = s.split_once('=').ok_or_else(|| {
+        format!("{s:?} is not REGISTRY=HOST[:PORT] (two HOST[:PORT]), e.g. registry.example.com=auth.example.com")
+    })?;
+    let (registry, host) = (parse_registry(registry)?, parse_registry(host)?);
+    if registry.is_empty() || host.is_empty() {
+        return Err(format!("{s:?}: REGISTRY and HOST must both be HOST[:PORT]"));
+    }
+    Ok((registry, host))
 }
 
 /// One name of `--stock-plugins`: a stock plugin's, or `none` (also empty) for none of them.

@@ -97,10 +97,20 @@ impl Node {
                 self.inner.artifacts.authorize(&source, &blobs).await.map_err(|e| oci_error(e, &reference))?;
                 self.trees_ready(&ask.id, plan, &reference)
             }
-            Ensure::Pulling(p) => Err(Error::unavailable(format!(
-                "pulling {reference}: {}; the download goes on in the host daemon, retry later",
-                describe(&p)
-            ))),
+            Ensure::Pulling(p) => {
+                // A download that stopped retriably (the registry down, stalled) says why.
+                let errors = self.inner.artifacts.last_errors();
+                let last = p
+                    .blobs
+                    .iter()
+                    .find_map(|b| errors.get(&b.digest))
+                    .map(|e| format!("; its last attempt stopped: {e}"))
+                    .unwrap_or_default();
+                Err(Error::unavailable(format!(
+                    "pulling {reference}: {}; the download goes on in the host daemon, retry later{last}",
+                    describe(&p)
+                )))
+            }
             Ensure::Failed(e) => {
                 // kubelet treats most of these codes as final and may never unstage: the volume
                 // waits no more (and leaves ListVolumes); its next stage starts over.

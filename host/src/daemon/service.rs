@@ -338,6 +338,11 @@ pub async fn serve(node: Node, socket: &Path, shutdown: impl Future<Output = ()>
     let supervisor = tokio::spawn(crate::daemon::supervise::run(node.clone()));
     tracing::info!(socket = %socket.display(), adopted = report.adopted, cleaned = report.cleaned, unhealthy = report.unhealthy, "host daemon ready");
     metrics.set_ready("host");
+    // Dynamic mounts that were pending: planned again now, never before the daemon is ready.
+    let resumed = node.resume_dynamic();
+    if resumed > 0 {
+        tracing::info!(resumed, "dynamic mounts pending at start are planned again");
+    }
     let last = node.clone();
     tonic::transport::Server::builder()
         .add_service(HostServer::new(HostService::new(node)))

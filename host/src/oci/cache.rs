@@ -22,8 +22,9 @@ pub(super) struct Core {
     pub inner: Mutex<Inner>,
     /// Blob bytes received from registries.
     pub fetched: AtomicU64,
-    /// Downloads that may run at once on the node ([`MAX_DOWNLOADS`]); the others wait.
-    pub downloads: tokio::sync::Semaphore,
+    /// Downloads that may run at once on the node, shared between volumes
+    /// ([`super::slots`]); the others wait.
+    pub downloads: Arc<super::slots::Slots>,
     /// The runtime `new` ran in, for `ensure` called outside one.
     pub handle: Option<tokio::runtime::Handle>,
     /// One lock per digest, held while it is unpacked, linked or evicted.
@@ -39,12 +40,6 @@ pub(super) struct Core {
 /// Proofs kept before the set is emptied (each costs one request again).
 const MAX_PROVEN: usize = 1 << 16;
 
-/// Blob downloads running at once on a node. Each holds blocking threads for its whole time
-/// (its follower, and its streams' writes): without a bound, a manifest of hundreds of layers
-/// could take every thread of the runtime's blocking pool with followers waiting for writes
-/// that no thread is left to run. Eight downloads of two streams each still fill a fast link.
-pub const MAX_DOWNLOADS: usize = 8;
-
 impl Core {
     pub fn new(cache_root: &Path, cfg: RegistryConfig) -> Result<Core, OciError> {
         let store = Store::open(cache_root).map_err(|e| OciError::Local {
@@ -57,7 +52,7 @@ impl Core {
             registries: Registries::new(cfg)?,
             inner: Mutex::new(Inner::default()),
             fetched: AtomicU64::new(0),
-            downloads: tokio::sync::Semaphore::new(MAX_DOWNLOADS),
+            downloads: Arc::new(super::slots::Slots::default()),
             handle: tokio::runtime::Handle::try_current().ok(),
             digest_locks: Mutex::new(HashMap::new()),
             proven: Mutex::new(HashSet::new()),

@@ -33,14 +33,13 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use futures_util::StreamExt;
-
 use super::error::{OciError, chain};
 use super::follower::{Watched, follow};
 use super::live::{Live, lock};
 use super::registry::Endpoint;
 use super::segments::{Segments, chunks};
 use super::store::Store;
+use super::wire::Window;
 
 /// Parallel streams for a large blob. On a 2-core machine pulling 1 GiB over loopback, 2 beat
 /// 1 (~1.4–1.8 s against ~1.5–2.7 s) and 3 (~1.6–1.8 s); each stream is also one connection
@@ -117,6 +116,7 @@ enum Role {
 /// Fetch `blob` into the cache. Returns when the blob is in place, or with the error that
 /// stopped it (a transient one keeps the partial file for the next attempt; a permanent one
 /// removes it). `lazy`: run demand workers too, and start the streams only once the fill is on.
+#[allow(clippy::too_many_arguments, reason = "the flight's parts, each passed on to the streams")]
 pub(super) async fn download(
     ep: &Endpoint,
     store: &Store,
@@ -125,6 +125,7 @@ pub(super) async fn download(
     lazy: bool,
     fetched: &AtomicU64,
     counted: &crate::metrics::ByteCounter,
+    stall: std::time::Duration,
 ) -> Result<(), OciError> {
     let local = |e: io::Error, path: &std::path::Path| OciError::local(path, &e, &ep.ctx.reference, &blob.digest);
     let (file, segs) = {
@@ -184,7 +185,7 @@ pub(super) async fn download(
     };
     // Should this future be dropped (the runtime shutting down), the follower stops too.
     let _stop = StopOnDrop(shared.clone());
-    let ctx = Stream { ep, store, blob, live, fetched, counted, shared: &shared, lazy };
+    let ctx = Stream { ep, store, blob, live, fetched, counted, shared: &shared, lazy, stall };
     let started = std::time::Instant::now();
     let demand = if lazy { DEMAND_WORKERS } else { 0 };
     let workers = async {
@@ -362,6 +363,8 @@ struct Stream<'a> {
     shared: &'a Arc<Shared>,
     /// A lazy volume's download.
     lazy: bool,
+    /// A range receiving less than [`super::STALL_BYTES`] in this window fails.
+    stall: std::time::Duration,
 }
 
 impl Stream<'_> {
@@ -538,16 +541,18 @@ impl Stream<'_> {
         let mut pos = range.start; // file offset of buf[0]
         let mut buf: Vec<u8> = Vec::with_capacity(WRITE_BUF);
         let mut writing: Option<Write> = None;
+        let mut window = Window::new(self.stall);
         loop {
             if self.live.cancel.load(Ordering::Relaxed) {
                 return self.drain(writing, buf, pos, self.cancelled()).await;
             }
-            let chunk = match body.stream.next().await {
+            let next = match window.next(&mut body.stream, &ep.ctx, &blob.digest).await {
+                Ok(next) => next,
+                Err(e) => return self.drain(writing, buf, pos, e).await,
+            };
+            let chunk = match next {
                 None => break,
                 Some(Ok(chunk)) => chunk,
-                // oci-client's own check of a whole-blob answer, after its last byte: the
-                // follower's hash decides instead.
-                Some(Err(e)) if e.get_ref().is_some_and(|i| i.is::<oci_client::errors::DigestError>()) => break,
                 Some(Err(e)) => {
                     let err = OciError::Unreachable {
                         registry: ep.ctx.registry.clone(),
@@ -557,6 +562,9 @@ impl Stream<'_> {
                     return self.drain(writing, buf, pos, err).await;
                 }
             };
+            if !window.got(chunk.len() as u64) {
+                return self.drain(writing, buf, pos, window.stalled(&ep.ctx, &blob.digest)).await;
+            }
             self.fetched.fetch_add(chunk.len() as u64, Ordering::Relaxed);
             self.counted.add(chunk.len() as u64);
             match role {

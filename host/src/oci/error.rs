@@ -70,6 +70,24 @@ pub enum OciError {
     /// unstaged); not a failure of the blob.
     #[error("the download of {digest} was stopped: no volume uses it any more")]
     Cancelled { digest: String },
+    /// A reply was larger than the most mounthost reads of it; the rest was not read.
+    #[error(
+        "{reference}: registry {registry} sent {what} larger than {cap} bytes, the most mounthost reads of it; not read further"
+    )]
+    TooLarge { registry: String, reference: String, what: String, cap: u64 },
+    /// A reply pointed the daemon where it may not go (`kind`: `realm` or `redirect`).
+    #[error("{reference}: registry {registry}: {detail}")]
+    Refused { registry: String, reference: String, kind: &'static str, detail: String },
+    /// A download received less than [`super::STALL_BYTES`] in the stall window.
+    #[error(
+        "{reference}: registry {registry} stalled: {what} received {received} bytes in the last {secs} s (less than 64 KiB); stopped, and resumed at the next attempt (host daemon flag --download-stall-secs)"
+    )]
+    Stalled { registry: String, reference: String, what: String, received: u64, secs: u64 },
+    /// The source did not prove it holds the bytes of a blob the node's cache already has.
+    #[error(
+        "{reference}: registry {registry} did not prove it holds {digest}, which this node's cache has from another source ({detail}); the cached copy is not handed to this volume"
+    )]
+    ProofFailed { registry: String, reference: String, digest: String, detail: String },
 }
 
 impl OciError {
@@ -78,7 +96,7 @@ impl OciError {
     /// file and resumes.
     pub fn is_transient(&self) -> bool {
         match self {
-            OciError::Unreachable { .. } => true,
+            OciError::Unreachable { .. } | OciError::Stalled { .. } => true,
             OciError::Registry { transient, .. } => *transient,
             OciError::Local { kind, .. } => matches!(kind, io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted),
             _ => false,
@@ -98,9 +116,13 @@ impl OciError {
             OciError::ManifestNotFound { .. } | OciError::BlobNotFound { .. } => ErrorKind::NotFound,
             OciError::AuthMissing { .. } => ErrorKind::Unauthenticated,
             OciError::AuthRefused { .. } => ErrorKind::PermissionDenied,
-            OciError::Tls { .. } | OciError::InsecureRefused { .. } | OciError::Config(_) => {
-                ErrorKind::FailedPrecondition
-            }
+            OciError::Tls { .. }
+            | OciError::InsecureRefused { .. }
+            | OciError::Config(_)
+            | OciError::TooLarge { .. }
+            | OciError::Refused { .. } => ErrorKind::FailedPrecondition,
+            OciError::ProofFailed { .. } => ErrorKind::PermissionDenied,
+            OciError::Stalled { .. } => ErrorKind::Unavailable,
             OciError::DigestMismatch { .. } | OciError::SizeMismatch { .. } => ErrorKind::DataLoss,
             OciError::DiskFull { .. } => ErrorKind::ResourceExhausted,
             OciError::Unreachable { .. } => ErrorKind::Unavailable,
@@ -187,7 +209,39 @@ impl OciError {
             OciError::Local { path, detail, kind } => OciError::Local { path: r(path), detail: r(detail), kind },
             OciError::Config(detail) => OciError::Config(r(detail)),
             OciError::Cancelled { digest } => OciError::Cancelled { digest },
+            OciError::TooLarge { registry, reference, what, cap } => {
+                OciError::TooLarge { registry: r(registry), reference: r(reference), what, cap }
+            }
+            OciError::Refused { registry, reference, kind, detail } => {
+                OciError::Refused { registry: r(registry), reference: r(reference), kind, detail: r(detail) }
+            }
+            OciError::Stalled { registry, reference, what, received, secs } => {
+                OciError::Stalled { registry: r(registry), reference: r(reference), what, received, secs }
+            }
+            OciError::ProofFailed { registry, reference, digest, detail } => {
+                OciError::ProofFailed { registry: r(registry), reference: r(reference), digest, detail: r(detail) }
+            }
         }
+    }
+
+    /// The refusal this error is (`mounthost_registry_refusals_total{kind}`), if it is one.
+    pub fn refusal(&self) -> Option<&'static str> {
+        match self {
+            OciError::TooLarge { .. } => Some("reply_too_large"),
+            OciError::Refused { kind, .. } => Some(kind),
+            OciError::Stalled { .. } => Some("stall"),
+            OciError::ProofFailed { .. } => Some("proof"),
+            _ => None,
+        }
+    }
+}
+
+/// Count and log a refusal where it is made (once): `mounthost_registry_refusals_total{kind}`,
+/// and a warning carrying `refusal=<kind>` an operator can alert on.
+pub(super) fn note_refusal(e: &OciError) {
+    if let Some(kind) = e.refusal() {
+        crate::metrics::global().registry_refusal(kind);
+        tracing::warn!(refusal = kind, error = %e, "a registry's reply was refused");
     }
 }
 
@@ -300,6 +354,56 @@ impl Ctx {
         }
     }
 
+    /// The authentication failure, missing or refused as credentials were given or not.
+    pub fn auth_error(&self) -> OciError {
+        self.auth()
+    }
+
+    pub(super) fn tls_error(&self, cause: TlsCause) -> OciError {
+        self.tls(cause)
+    }
+
+    /// An error reply: `status` and the start of its body (an OCI error document, or text).
+    pub fn of_reply(&self, status: u16, body: &str, what: What<'_>) -> OciError {
+        #[derive(serde::Deserialize)]
+        struct Envelope {
+            errors: Vec<Entry>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Entry {
+            code: String,
+            #[serde(default)]
+            message: String,
+        }
+        let Ok(envelope) = serde_json::from_str::<Envelope>(body) else { return self.status(status, body, what) };
+        let detail = envelope
+            .errors
+            .iter()
+            .map(|e| format!("{}: {}", e.code, redact(&e.message)))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let detail: String = detail.chars().take(300).collect();
+        match envelope.errors.first().map(|e| e.code.to_ascii_uppercase()).as_deref() {
+            Some("UNAUTHORIZED" | "DENIED") => self.auth(),
+            Some("BLOB_UNKNOWN" | "MANIFEST_UNKNOWN" | "NAME_UNKNOWN" | "NOT_FOUND") => self.not_found(what),
+            Some("TOOMANYREQUESTS") => OciError::Registry {
+                registry: self.registry.clone(),
+                reference: self.reference.clone(),
+                status: Some(status),
+                detail,
+                transient: true,
+            },
+            _ if matches!(status, 401 | 403 | 404) => self.status(status, "", what),
+            _ => OciError::Registry {
+                registry: self.registry.clone(),
+                reference: self.reference.clone(),
+                status: Some(status),
+                detail,
+                transient: status == 408 || status == 429 || status >= 500,
+            },
+        }
+    }
+
     fn auth(&self) -> OciError {
         let (registry, reference) = (self.registry.clone(), self.reference.clone());
         if self.given {
@@ -343,14 +447,14 @@ enum TlsKind {
     Other,
 }
 
-struct TlsCause {
+pub(super) struct TlsCause {
     kind: TlsKind,
     detail: String,
 }
 
 /// Every error of the chain below `e`, including the ones `io::Error::source` skips (the
 /// error it wraps).
-fn causes<'a>(e: &'a (dyn StdError + 'static)) -> Vec<&'a (dyn StdError + 'static)> {
+pub(super) fn causes<'a>(e: &'a (dyn StdError + 'static)) -> Vec<&'a (dyn StdError + 'static)> {
     let mut out = Vec::new();
     let mut next = Some(e);
     while let Some(cur) = next {
@@ -469,6 +573,10 @@ fn redact_pairs(text: &str) -> String {
 }
 
 /// The rustls failure in `e`'s chain, if the request failed in the TLS handshake.
+pub(super) fn tls_cause_of(e: &(dyn StdError + 'static)) -> Option<TlsCause> {
+    tls_cause(e)
+}
+
 fn tls_cause(e: &(dyn StdError + 'static)) -> Option<TlsCause> {
     for c in causes(e) {
         if let Some(r) = c.downcast_ref::<rustls::Error>() {

@@ -125,7 +125,7 @@ impl Core {
                 },
             );
             tracing::info!(volume.id = %volume, registry = %ep.ctx.registry, digest = %b.digest, bytes = b.size, "pulling a blob");
-            handle.spawn(self.clone().fly(ep, blob, live, false));
+            handle.spawn(self.clone().fly(ep, blob, live, false, volume.to_string()));
             sights.push((hex.clone(), Sight::Started));
         }
         let metrics = crate::metrics::global();
@@ -228,6 +228,11 @@ impl Core {
         }
     }
 
+    /// Does no volume wait for the download of `hex` any more?
+    fn unwanted(&self, hex: &str) -> bool {
+        self.inner().flights.get(hex).is_some_and(|f| f.waiters.is_empty())
+    }
+
     /// Whose credentials the running download of `hex` uses, if one runs.
     pub(super) fn flight_scope(&self, hex: &str) -> Option<Scope> {
         self.inner().flights.get(hex).filter(|f| matches!(f.state, State::Running)).map(|f| f.scope.clone())
@@ -235,24 +240,42 @@ impl Core {
 
     /// One flight: download (retrying a transient failure that made progress), then record the
     /// outcome in the map.
-    pub(super) async fn fly(self: Arc<Self>, ep: Arc<Endpoint>, blob: Blob, live: Arc<Live>, lazy: bool) {
+    /// `starter`: the volume whose call started it, whose share of the node's slots it takes.
+    pub(super) async fn fly(
+        self: Arc<Self>,
+        ep: Arc<Endpoint>,
+        blob: Blob,
+        live: Arc<Live>,
+        lazy: bool,
+        starter: String,
+    ) {
         let mut retries = 0;
         // Blob bytes received, by registry contacted.
         let counted = crate::metrics::global().oci_fetched(&ep.ctx.registry);
         let outcome = loop {
-            // Its turn among the node's downloads, for this attempt (the semaphore is never
-            // closed); given back before a retry's pause. A lazy volume's download takes no
-            // turn: its readers wait for it, and its fill runs one layer at a time per volume.
-            let turn = if lazy { None } else { self.downloads.acquire().await.ok() };
+            // Its turn among the node's downloads, for this attempt, from its starter's share;
+            // given back before a retry's pause. A lazy volume's download takes no turn: its
+            // readers wait for it, and its fill runs one layer at a time per volume.
+            let turn = if lazy { None } else { Some(self.downloads.acquire(&starter).await) };
+            // Its turn came after every volume that waited for it stopped waiting (unstaged):
+            // it does not start, and leaves the slot to downloads someone waits for. (One that
+            // started goes on to its end.)
+            if !lazy && retries == 0 && self.unwanted(&blob.hex) {
+                drop(turn);
+                self.inner().flights.remove(&blob.hex);
+                tracing::info!(registry = %ep.ctx.registry, digest = %blob.digest, "a queued download no volume waits for any more was dropped before it started");
+                return;
+            }
             let before = live.covered.load(Ordering::Relaxed);
             // A task of its own, so that a bug panicking in it ends this flight with an error
             // instead of leaving it "running" forever.
             let attempt = {
                 let (core, ep, blob, live, counted) =
                     (self.clone(), ep.clone(), blob.clone(), live.clone(), counted.clone());
-                tokio::spawn(
-                    async move { download(&ep, &core.store, &blob, &live, lazy, &core.fetched, &counted).await },
-                )
+                tokio::spawn(async move {
+                    let stall = core.registries.config().stall;
+                    download(&ep, &core.store, &blob, &live, lazy, &core.fetched, &counted, stall).await
+                })
             };
             let result = attempt.await.unwrap_or_else(|e| {
                 Err(OciError::Local {
@@ -264,8 +287,11 @@ impl Core {
             drop(turn);
             match result.map_err(OciError::redacted) {
                 Ok(()) => break Ok(()),
+                // A stalled registry is not asked again at once: the slot goes to others, and
+                // the volume's next call resumes.
                 Err(e)
                     if e.is_transient()
+                        && !matches!(e, OciError::Stalled { .. })
                         && retries < RETRIES
                         && live.covered.load(Ordering::Relaxed) > before
                         && !live.cancel.load(Ordering::Relaxed) =>

@@ -142,20 +142,20 @@ impl Artifacts {
                     detail: format!("chunk index {digest} is {size} bytes; at most {MAX_INDEX_BYTES} are read"),
                 });
             }
-            let bytes = ep.small_blob(digest, size).await?;
-            Ok(Some((digest.to_string(), bytes)))
+            // Streamed to the cache, never held whole on its way (a registry may claim any
+            // size up to the cap, and send less or more).
+            ep.blob_to_store(&self.core.store, digest, size).await?;
+            Ok(Some(digest.to_string()))
         };
-        let Some((digest, bytes)) = found.await.map_err(OciError::redacted)? else { return Ok(None) };
-        parse_index(&bytes, blobs).map_err(|e| OciError::Protocol {
-            registry: ep.ctx.registry.clone(),
-            reference: ep.ctx.reference.clone(),
-            detail: format!("the chunk index {digest} of manifest {manifest_digest} is unusable: {e}"),
+        let Some(digest) = found.await.map_err(OciError::redacted)? else { return Ok(None) };
+        self.load_index(&digest, blobs).map_err(|e| match e {
+            OciError::Protocol { detail, .. } => OciError::Protocol {
+                registry: ep.ctx.registry.clone(),
+                reference: ep.ctx.reference.clone(),
+                detail: format!("the chunk index {digest} of manifest {manifest_digest} is unusable: {detail}"),
+            },
+            other => other,
         })?;
-        let hex = hex_of(&digest)?.to_string();
-        self.core
-            .store
-            .put_verified(&hex, &bytes)
-            .map_err(|e| OciError::local(&self.core.store.blob(&hex), &e, &ep.ctx.reference, &digest))?;
         Ok(Some(digest))
     }
 

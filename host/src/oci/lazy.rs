@@ -206,7 +206,7 @@ impl Artifacts {
         );
         tracing::info!(volume.id = %volume, registry = %ep.ctx.registry, digest = %b.digest, bytes = b.size, fill, "reading a blob lazily");
         let blob = Blob { digest: b.digest.clone(), hex, size: b.size };
-        handle.spawn(self.core.clone().fly(ep, blob, live, true));
+        handle.spawn(self.core.clone().fly(ep, blob, live, true, volume.to_string()));
         Ok(())
     }
 

@@ -23,6 +23,7 @@ mod download;
 mod error;
 mod flight;
 mod follower;
+mod guard;
 mod index;
 mod lazy;
 mod live;
@@ -31,8 +32,10 @@ mod pulls;
 mod push;
 mod registry;
 mod segments;
+mod slots;
 mod store;
 mod table;
+mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -59,7 +62,7 @@ pub use push::{PushedPlugin, push_plugin};
 pub use store::{Store, hex_of, remove_tree};
 
 /// The node's registry settings (from the daemon's configuration).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct RegistryConfig {
     /// PEM file of CAs trusted for registries, besides the system's roots, or a directory whose
     /// `*.crt` and `*.pem` files are such bundles (an empty directory adds none).
@@ -72,6 +75,34 @@ pub struct RegistryConfig {
     /// The node's mirrors: registry `host[:port]` → the `host[:port]` pulled from instead, for a
     /// source that names no mirror of its own ([`RegistryConfig::mirror_for`]).
     pub mirrors: BTreeMap<String, String>,
+    /// Registry `host[:port]` → the hosts its token realm and redirects may name besides itself
+    /// (`--registry-endpoint`); [`RegistryConfig::endpoints_for`] adds the built-in ones.
+    pub endpoints: BTreeMap<String, BTreeSet<String>>,
+    /// A download receiving less than [`STALL_BYTES`] in this window fails retriably.
+    pub stall: std::time::Duration,
+}
+
+/// What a download must receive in each stall window (`--download-stall-secs`).
+pub const STALL_BYTES: u64 = 64 << 10;
+
+/// Hosts a registry's token realm is known to live on: Docker Hub's.
+const BUILT_IN_ENDPOINTS: &[(&str, &str)] = &[
+    ("docker.io", "auth.docker.io"),
+    ("index.docker.io", "auth.docker.io"),
+    ("registry-1.docker.io", "auth.docker.io"),
+];
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        RegistryConfig {
+            ca_bundle: None,
+            insecure: BTreeSet::new(),
+            proxy: None,
+            mirrors: BTreeMap::new(),
+            endpoints: BTreeMap::new(),
+            stall: std::time::Duration::from_secs(crate::config::DEFAULT_DOWNLOAD_STALL_SECS),
+        }
+    }
 }
 
 impl RegistryConfig {
@@ -82,7 +113,18 @@ impl RegistryConfig {
             insecure: r.insecure.clone(),
             proxy: r.proxy.clone(),
             mirrors: r.mirrors.clone(),
+            endpoints: r.endpoints.clone(),
+            stall: r.download_stall,
         }
+    }
+
+    /// The hosts `registry`'s realm and redirects may name besides itself: the node's and the
+    /// built-in ones.
+    pub fn endpoints_for(&self, registry: &str) -> Vec<String> {
+        let mut out: Vec<String> =
+            self.endpoints.get(registry).map(|s| s.iter().cloned().collect()).unwrap_or_default();
+        out.extend(BUILT_IN_ENDPOINTS.iter().filter(|(r, _)| *r == registry).map(|(_, h)| h.to_string()));
+        out
     }
 
     /// The mirror a source of `registry` is pulled through: its own when it names one (a

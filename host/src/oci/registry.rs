@@ -10,19 +10,23 @@
 //! otherwise the request is refused before any connection is made.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use oci_client::client::{BlobResponse, Certificate, CertificateEncoding, ClientConfig, ClientProtocol, SizedStream};
+use bytes::Bytes;
+use futures_util::Stream;
+use oci_client::Client;
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::manifest::{
     IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE,
 };
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
+use reqwest::StatusCode;
 use sha2::Digest as _;
 
 use super::error::{Ctx, OciError, What, chain};
+use super::guard::{Listed, Origin, Places};
+use super::wire::{Call, MAX_MANIFEST_BYTES, Settings, Window, Wire};
 use super::{RegistryConfig, Resolved, Source};
 
 /// The largest config blob [`Endpoint::resolve`] reads.
@@ -34,8 +38,11 @@ const MAX_CLIENTS: usize = 64;
 /// The node's registry settings, and the clients made from them.
 pub(super) struct Registries {
     cfg: RegistryConfig,
+    /// The CA bundle's PEM files, for oci-client (pushes).
     ca: Vec<Certificate>,
-    clients: Mutex<HashMap<ClientKey, Arc<Client>>>,
+    /// The same, for the pull clients.
+    roots: Vec<reqwest::Certificate>,
+    clients: Mutex<HashMap<ClientKey, Arc<Wire>>>,
 }
 
 /// Host, plain HTTP or not, digest of the credentials.
@@ -53,17 +60,21 @@ pub(super) struct Scope {
 
 /// One source, ready to be talked to.
 pub(super) struct Endpoint {
-    client: Arc<Client>,
-    /// The reference as the contacted host sees it (the mirror's host when there is one).
-    reference: Reference,
-    auth: RegistryAuth,
+    wire: Arc<Wire>,
+    /// The repository as the contacted host knows it.
+    repository: String,
+    /// The tag or digest asked for.
+    reference: String,
     pub ctx: Ctx,
     pub scope: Scope,
 }
 
+/// The bytes of a blob range as they arrive.
+pub(super) type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, reqwest::Error>> + Send>>;
+
 /// A blob range being received.
 pub(super) struct Body {
-    pub stream: SizedStream,
+    pub stream: ByteStream,
     /// The registry ignored the range and sends the whole blob from byte 0.
     pub full: bool,
 }
@@ -72,7 +83,7 @@ impl Registries {
     /// Read the CA bundle (a file, or every `*.crt` and `*.pem` file of a directory); nothing is
     /// contacted yet.
     pub fn new(cfg: RegistryConfig) -> Result<Registries, OciError> {
-        let mut ca = Vec::new();
+        let (mut ca, mut roots) = (Vec::new(), Vec::new());
         if let Some(path) = &cfg.ca_bundle {
             for file in ca_files(path)? {
                 let pem = std::fs::read(&file)
@@ -88,10 +99,15 @@ impl Registries {
                         file.display()
                     )));
                 }
+                for der in certs {
+                    roots.push(reqwest::Certificate::from_der(der.as_ref()).map_err(|e| {
+                        OciError::Config(format!("the registry CA bundle {}: {}", file.display(), chain(&e)))
+                    })?);
+                }
                 ca.push(Certificate { encoding: CertificateEncoding::Pem, data: pem });
             }
         }
-        Ok(Registries { cfg, ca, clients: Mutex::new(HashMap::new()) })
+        Ok(Registries { cfg, ca, roots, clients: Mutex::new(HashMap::new()) })
     }
 
     /// Whose proofs `src`'s requests would give (see [`Scope`]); contacts nothing.
@@ -116,7 +132,7 @@ impl Registries {
         let shown = display(src);
         let scope = self.scope(src);
         let key = (host.clone(), src.insecure, scope.credentials);
-        let client = {
+        let wire = {
             let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
             match clients.get(&key) {
                 Some(c) => c.clone(),
@@ -124,23 +140,51 @@ impl Registries {
                     if clients.len() >= MAX_CLIENTS {
                         clients.clear();
                     }
-                    let c = Arc::new(self.client(&host, src.insecure, false)?);
+                    let c = Arc::new(self.wire(src, &host)?);
                     clients.insert(key, c.clone());
                     c
                 }
             }
         };
-        let reference = if src.reference.starts_with("sha256:") {
-            Reference::with_digest(host.clone(), src.repository.clone(), src.reference.clone())
+        let repository = if matches!(contacted(&host), "registry-1.docker.io") && !src.repository.contains('/') {
+            format!("library/{}", src.repository)
         } else {
-            Reference::with_tag(host.clone(), src.repository.clone(), src.reference.clone())
+            src.repository.clone()
         };
         Ok(Endpoint {
-            client,
-            reference,
-            auth: src.credentials.to_registry_auth(),
+            wire,
+            repository,
+            reference: src.reference.clone(),
             scope,
             ctx: Ctx { registry: host, reference: shown, given: src.credentials.given() },
+        })
+    }
+
+    /// The pull client of `host` for `src`: its places (the host as contacted, the hosts the
+    /// node lists for the registry and for the host contacted), TLS and proxy.
+    fn wire(&self, src: &Source, host: &str) -> Result<Wire, OciError> {
+        let https = !src.insecure;
+        let scheme = if https { "https" } else { "http" };
+        let base = reqwest::Url::parse(&format!("{scheme}://{}/", contacted(host)))
+            .map_err(|_| OciError::Config(format!("{host:?} is not a registry host (host or host:port)")))?;
+        let origin = Origin::of(&base)
+            .ok_or_else(|| OciError::Config(format!("{host:?} is not a registry host (host or host:port)")))?;
+        let mut listed = Vec::new();
+        for key in [src.registry.to_ascii_lowercase(), host.to_string()] {
+            for h in self.cfg.endpoints_for(&key) {
+                if let Some(l) = Listed::parse(&h) {
+                    listed.push(l);
+                }
+            }
+        }
+        let places = Places { origin, listed, insecure: self.cfg.insecure.clone() };
+        Wire::new(Settings {
+            base,
+            places,
+            credentials: src.credentials.clone(),
+            ca: &self.roots,
+            proxy: self.cfg.proxy.as_deref(),
+            stall: self.cfg.stall,
         })
     }
 
@@ -214,6 +258,14 @@ fn display(src: &Source) -> String {
     s
 }
 
+/// The host a pull contacts for `host`: Docker Hub's registry for `docker.io`.
+fn contacted(host: &str) -> &str {
+    match host {
+        "docker.io" | "index.docker.io" => "registry-1.docker.io",
+        other => other,
+    }
+}
+
 const ACCEPT: &[&str] =
     &[OCI_IMAGE_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE, IMAGE_MANIFEST_LIST_MEDIA_TYPE];
 
@@ -224,6 +276,10 @@ impl Endpoint {
             reference: self.ctx.reference.clone(),
             detail: detail.into(),
         }
+    }
+
+    fn call<'a>(&'a self, what: What<'a>, reply: &'a str) -> Call<'a> {
+        Call { ctx: &self.ctx, repository: &self.repository, what, reply }
     }
 
     /// The manifest the reference names (an index: its first manifest) and its config.
@@ -239,7 +295,7 @@ impl Endpoint {
                 .and_then(|m| m.get("digest"))
                 .and_then(|d| d.as_str())
                 .ok_or_else(|| self.protocol("the image index lists no manifest"))?;
-            let (body, digest) = self.manifest(&self.reference.clone_with_digest(first.to_string())).await?;
+            let (body, digest) = self.manifest(first).await?;
             let doc: serde_json::Value = serde_json::from_slice(&body)
                 .map_err(|e| self.protocol(format!("manifest {first} is not JSON: {e}")))?;
             if is_index(&doc) {
@@ -272,37 +328,47 @@ impl Endpoint {
         Ok(Resolved { manifest_digest: digest, manifest, config })
     }
 
-    async fn manifest(&self, reference: &Reference) -> Result<(Vec<u8>, String), OciError> {
-        self.client
-            .pull_manifest_raw(reference, &self.auth, ACCEPT)
-            .await
-            .map(|(body, digest)| (body.to_vec(), digest))
-            .map_err(|e| self.ctx.classify(&e, What::Manifest))
+    /// The manifest `reference` (a tag or a digest) names, read under [`MAX_MANIFEST_BYTES`],
+    /// and its digest (computed here; a digest reference must match it).
+    async fn manifest(&self, reference: &str) -> Result<(Vec<u8>, String), OciError> {
+        let path = format!("/v2/{}/manifests/{reference}", self.repository);
+        let call = self.call(What::Manifest, "the manifest");
+        let body = self.wire.get_capped(&call, &path, &[], &ACCEPT.join(", "), MAX_MANIFEST_BYTES).await?;
+        let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&body)));
+        if reference.starts_with("sha256:") && reference != digest {
+            return Err(OciError::DigestMismatch {
+                registry: self.ctx.registry.clone(),
+                reference: self.ctx.reference.clone(),
+                digest: reference.to_string(),
+                actual: digest,
+            });
+        }
+        Ok((body, digest))
     }
 
     /// A small blob (a config, a chunk index), read whole and verified against `size` and
-    /// `digest`.
+    /// `digest`. Memory grows with what arrives, never more than `size`.
     pub async fn small_blob(&self, digest: &str, size: u64) -> Result<Vec<u8>, OciError> {
         let hex = super::store::hex_of(digest)?;
         let mut body = self.range(digest, 0, None).await?;
-        let mut out = Vec::with_capacity(size as usize);
-        while let Some(chunk) = body.stream.next().await {
+        let mut out = Vec::with_capacity(size.min(1 << 20) as usize);
+        let mut window = Window::new(self.wire.stall);
+        while let Some(chunk) = window.next(&mut body.stream, &self.ctx, digest).await? {
             let chunk = chunk.map_err(|e| OciError::Unreachable {
                 registry: self.ctx.registry.clone(),
                 reference: self.ctx.reference.clone(),
-                detail: format!("reading the config: {}", chain(&e)),
+                detail: format!("reading {digest}: {}", chain(&e)),
             })?;
             if out.len() as u64 + chunk.len() as u64 > size {
-                return Err(
-                    self.size_mismatch(digest, format!("the config is larger than the {size} bytes the manifest says"))
-                );
+                return Err(self.size_mismatch(digest, format!("it is larger than the {size} bytes the manifest says")));
             }
             out.extend_from_slice(&chunk);
+            if !window.got(chunk.len() as u64) {
+                return Err(window.stalled(&self.ctx, digest));
+            }
         }
         if (out.len() as u64) < size {
-            return Err(
-                self.size_mismatch(digest, format!("the config is smaller than the {size} bytes the manifest says"))
-            );
+            return Err(self.size_mismatch(digest, format!("it is smaller than the {size} bytes the manifest says")));
         }
         let actual = hex::encode(sha2::Sha256::digest(&out));
         if actual != hex {
@@ -316,36 +382,110 @@ impl Endpoint {
         Ok(out)
     }
 
+    /// The blob `digest` of `size` bytes streamed into `store` (a temporary file, hashed as it
+    /// arrives, renamed into place once verified): memory holds one chunk at a time, whatever
+    /// size the registry claims.
+    pub async fn blob_to_store(&self, store: &super::store::Store, digest: &str, size: u64) -> Result<(), OciError> {
+        use std::io::Write as _;
+        let hex = super::store::hex_of(digest)?;
+        if store.present(hex, size) {
+            return Ok(());
+        }
+        let local = |e: std::io::Error, p: &std::path::Path| OciError::local(p, &e, &self.ctx.reference, digest);
+        let (file, tmp) = store.begin_put(hex).map_err(|e| local(e, &store.blob(hex)))?;
+        let result = async {
+            let mut out = std::io::BufWriter::new(file);
+            let mut body = self.range(digest, 0, None).await?;
+            let mut hash = sha2::Sha256::new();
+            let mut got = 0u64;
+            let mut window = Window::new(self.wire.stall);
+            while let Some(chunk) = window.next(&mut body.stream, &self.ctx, digest).await? {
+                let chunk = chunk.map_err(|e| OciError::Unreachable {
+                    registry: self.ctx.registry.clone(),
+                    reference: self.ctx.reference.clone(),
+                    detail: format!("reading {digest}: {}", chain(&e)),
+                })?;
+                got += chunk.len() as u64;
+                if got > size {
+                    return Err(
+                        self.size_mismatch(digest, format!("it is larger than the {size} bytes the manifest says"))
+                    );
+                }
+                hash.update(&chunk);
+                out.write_all(&chunk).map_err(|e| local(e, &tmp))?;
+                if !window.got(chunk.len() as u64) {
+                    return Err(window.stalled(&self.ctx, digest));
+                }
+            }
+            if got < size {
+                return Err(
+                    self.size_mismatch(digest, format!("it is smaller than the {size} bytes the manifest says"))
+                );
+            }
+            let actual = hex::encode(hash.finalize());
+            if actual != hex {
+                return Err(OciError::DigestMismatch {
+                    registry: self.ctx.registry.clone(),
+                    reference: self.ctx.reference.clone(),
+                    digest: digest.to_string(),
+                    actual: format!("sha256:{actual}"),
+                });
+            }
+            let file = out.into_inner().map_err(|e| local(e.into_error(), &tmp))?;
+            store.finish_put(file, &tmp, hex).map_err(|e| local(e, &store.blob(hex)))
+        }
+        .await;
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
     /// The digests of the manifests that refer to `subject` (a manifest digest of this
     /// repository) with artifact type `artifact_type`: the OCI 1.1 referrers API, or, on a
     /// registry without it, the referrers tag schema (`sha256-<hex>`, an index). None: empty.
     pub async fn referrers(&self, subject: &str, artifact_type: &str) -> Result<Vec<String>, OciError> {
-        self.client.store_auth_if_needed(self.reference.resolve_registry(), &self.auth).await;
-        let at = self.reference.clone_with_digest(subject.to_string());
-        let index = self
-            .client
-            .pull_referrers(&at, Some(artifact_type))
+        let path = format!("/v2/{}/referrers/{subject}", self.repository);
+        let call = self.call(What::Manifest, "the referrers list");
+        let index = match self
+            .wire
+            .get_capped(
+                &call,
+                &path,
+                &[("artifactType", artifact_type)],
+                OCI_IMAGE_INDEX_MEDIA_TYPE,
+                MAX_MANIFEST_BYTES,
+            )
             .await
-            .map_err(|e| self.ctx.classify(&e, What::Manifest))?;
-        Ok(index
-            .manifests
+        {
+            Ok(body) => body,
+            Err(OciError::ManifestNotFound { .. }) => {
+                let tag = subject.replacen(':', "-", 1);
+                let path = format!("/v2/{}/manifests/{tag}", self.repository);
+                match self.wire.get_capped(&call, &path, &[], OCI_IMAGE_INDEX_MEDIA_TYPE, MAX_MANIFEST_BYTES).await {
+                    Ok(body) => body,
+                    Err(OciError::ManifestNotFound { .. }) => return Ok(Vec::new()),
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        let doc: serde_json::Value = serde_json::from_slice(&index)
+            .map_err(|e| self.protocol(format!("the referrers list is not JSON: {e}")))?;
+        Ok(doc
+            .get("manifests")
+            .and_then(|m| m.as_array())
+            .map(|m| m.as_slice())
+            .unwrap_or_default()
             .iter()
-            .filter(|m| m.artifact_type.as_deref() == Some(artifact_type))
-            .map(|m| m.digest.clone())
+            .filter(|m| m.get("artifactType").and_then(|a| a.as_str()) == Some(artifact_type))
+            .filter_map(|m| m.get("digest").and_then(|d| d.as_str()).map(str::to_string))
             .collect())
     }
 
     /// The manifest `digest` of this repository, as JSON, checked against its digest.
     pub async fn manifest_by_digest(&self, digest: &str) -> Result<serde_json::Value, OciError> {
-        let (body, got) = self.manifest(&self.reference.clone_with_digest(digest.to_string())).await?;
-        if got != digest {
-            return Err(OciError::DigestMismatch {
-                registry: self.ctx.registry.clone(),
-                reference: self.ctx.reference.clone(),
-                digest: digest.to_string(),
-                actual: got,
-            });
-        }
+        let (body, _) = self.manifest(digest).await?;
         serde_json::from_slice(&body).map_err(|e| self.protocol(format!("manifest {digest} is not JSON: {e}")))
     }
 
@@ -358,40 +498,20 @@ impl Endpoint {
         }
     }
 
-    /// Prove that this source may read the blob `digest`: a `HEAD` of it with this source's
-    /// credentials (oci-client's `blob_exists`). 401/403: the auth errors; 404: not found.
-    pub async fn check_blob(&self, digest: &str) -> Result<(), OciError> {
-        self.client.store_auth_if_needed(self.reference.resolve_registry(), &self.auth).await;
-        match self.client.blob_exists(&self.reference, digest).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(OciError::BlobNotFound {
-                registry: self.ctx.registry.clone(),
-                reference: self.ctx.reference.clone(),
-                digest: digest.to_string(),
-            }),
-            Err(e) => Err(self.ctx.classify(&e, What::Blob(digest))),
-        }
-    }
-
     /// Open `len` bytes (or the rest) of the blob `digest` from `start`. Nothing is verified
     /// here: the caller hashes what it writes.
     pub async fn range(&self, digest: &str, start: u64, len: Option<u64>) -> Result<Body, OciError> {
-        self.client.store_auth_if_needed(self.reference.resolve_registry(), &self.auth).await;
-        let response =
-            self.client.pull_blob_stream_partial(&self.reference, digest, start, len).await.map_err(|e| match self
-                .ctx
-                .classify(&e, What::Blob(digest))
-            {
-                OciError::Registry { status: Some(416), .. } => self.size_mismatch(
-                    digest,
-                    format!("the registry has no byte {start} of it (HTTP 416): it is smaller than the manifest says"),
-                ),
-                other => other,
-            })?;
-        Ok(match response {
-            BlobResponse::Full(stream) => Body { stream, full: true },
-            BlobResponse::Partial(stream) => Body { stream, full: false },
-        })
+        let path = format!("/v2/{}/blobs/{digest}", self.repository);
+        let call = self.call(What::Blob(digest), "the blob");
+        let resp = self.wire.range(&call, &path, start, len).await.map_err(|e| match e {
+            OciError::Registry { status: Some(416), .. } => self.size_mismatch(
+                digest,
+                format!("the registry has no byte {start} of it (HTTP 416): it is smaller than the manifest says"),
+            ),
+            other => other,
+        })?;
+        let full = resp.status() != StatusCode::PARTIAL_CONTENT;
+        Ok(Body { stream: Box::pin(resp.bytes_stream()), full })
     }
 }
 

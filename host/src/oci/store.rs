@@ -280,21 +280,30 @@ impl Store {
         if self.present(hex, bytes.len() as u64) {
             return Ok(());
         }
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let tmp =
-            self.blob_dir().join(format!(".{hex}.put.{}.{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
-        let written = (|| {
-            use std::os::unix::fs::OpenOptionsExt;
-            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-            f.write_all(bytes)?;
-            f.sync_all()?;
-            f.set_permissions(std::fs::Permissions::from_mode(0o444))?;
-            std::fs::rename(&tmp, self.blob(hex))
-        })();
+        let (mut f, tmp) = self.begin_put(hex)?;
+        let written = f.write_all(bytes).and_then(|()| self.finish_put(f, &tmp, hex));
         if written.is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
         written
+    }
+
+    /// A new temporary file in the blob directory, for bytes that become blob `hex` by
+    /// [`Store::finish_put`] once verified (removed by the caller otherwise).
+    pub fn begin_put(&self, hex: &str) -> io::Result<(std::fs::File, PathBuf)> {
+        use std::os::unix::fs::OpenOptionsExt;
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let tmp =
+            self.blob_dir().join(format!(".{hex}.put.{}.{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        let f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+        Ok((f, tmp))
+    }
+
+    /// Make the verified bytes written to `tmp` blob `hex`: synced, read-only, renamed.
+    pub fn finish_put(&self, f: std::fs::File, tmp: &Path, hex: &str) -> io::Result<()> {
+        f.sync_all()?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o444))?;
+        std::fs::rename(tmp, self.blob(hex))
     }
 
     /// Remove an interrupted download's files.

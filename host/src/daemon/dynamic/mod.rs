@@ -113,7 +113,26 @@ pub struct Dynamic {
     /// Connections served at once on all sockets of the node.
     connections: Arc<tokio::sync::Semaphore>,
     sweeper: std::sync::OnceLock<tokio::task::AbortHandle>,
+    /// Mounts found pending at start (volume, id): planned again once the daemon is ready
+    /// ([`Node::resume_dynamic`]).
+    resume: Mutex<Vec<(String, String)>>,
 }
+
+/// The pause before attempt `attempt + 1` of `attempts` after a failure of `kind`: none when
+/// the failure is not retriable (only UNAVAILABLE is) or the budget is spent; else
+/// [`RESUME_FIRST`] doubled for each attempt before, at most [`RESUME_MAX`].
+fn retry_after(kind: ErrorKind, attempt: u32, attempts: u32) -> Option<std::time::Duration> {
+    if kind != ErrorKind::Unavailable || attempt >= attempts {
+        return None;
+    }
+    Some(RESUME_FIRST.saturating_mul(1 << (attempt - 1).min(16)).min(RESUME_MAX))
+}
+
+/// Attempts a mount pending at start gets, when each fails retriably, before it is failed.
+pub const RESUME_ATTEMPTS: u32 = 5;
+/// The pause after its first failed attempt; doubled after each, at most [`RESUME_MAX`].
+const RESUME_FIRST: std::time::Duration = std::time::Duration::from_secs(2);
+const RESUME_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Default for Dynamic {
     fn default() -> Self {
@@ -125,6 +144,7 @@ impl Default for Dynamic {
             settled: Default::default(),
             connections: Arc::new(tokio::sync::Semaphore::new(server::MAX_NODE_CONNECTIONS)),
             sweeper: Default::default(),
+            resume: Default::default(),
         }
     }
 }
@@ -460,12 +480,25 @@ impl Node {
                             warn!(volume.id = %st.volume_id, mount = %id, error = %e.message, "mounting a dynamic mount again");
                         }
                     }
-                    MountPhase::Pending => self.start_mount(&st.volume_id, id, None),
+                    // Planned again once the daemon is ready (a registry is not asked before).
+                    MountPhase::Pending => lock(&self.inner.dynamic.resume).push((st.volume_id.clone(), id.clone())),
                     MountPhase::Failed => {}
                 }
             }
         }
         served
+    }
+
+    /// Plan again, pull and mount every mount [`Node::restore_dynamic`] found pending: called
+    /// once the daemon is ready. Each gets [`RESUME_ATTEMPTS`] attempts with a growing pause
+    /// while it fails retriably (a registry down, stalled), then is `failed` naming why; a
+    /// permanent failure (a reply refused, a cap) fails it at once.
+    pub fn resume_dynamic(&self) -> usize {
+        let pending = std::mem::take(&mut *lock(&self.inner.dynamic.resume));
+        for (volume, id) in &pending {
+            self.spawn_mount(volume, id, None, RESUME_ATTEMPTS);
+        }
+        pending.len()
     }
 
     /// A dynamic publication's recorded steps applied again at `target` (restore at start).
@@ -609,7 +642,7 @@ impl Node {
             st.dynamic.insert(id.clone(), record);
             self.inner.store.save(&st).map_err(Error::from)?;
             info!(volume.id = %volume, mount = %id, "dynamic mount accepted");
-            self.start_mount(volume, &id, Some(plan));
+            self.spawn_mount(volume, &id, Some(plan), 1);
         }
         // A mount of files already in the cache is ready in milliseconds: answer with it.
         let deadline = tokio::time::Instant::now() + CREATE_WAIT;
@@ -806,14 +839,36 @@ impl Node {
     }
 
     /// Start (or start again) the task that plans (unless `planned`), pulls and mounts a
-    /// recorded mount.
-    fn start_mount(&self, volume: &str, id: &str, planned: Option<Plan>) {
+    /// recorded mount, in up to `attempts` attempts while it fails retriably.
+    fn spawn_mount(&self, volume: &str, id: &str, planned: Option<Plan>, attempts: u32) {
         let key = waiter(volume, id);
         let (this, volume, id) = (self.clone(), volume.to_string(), id.to_string());
         // Registered before the task can end (its end forgets its own handle only).
         let mut tasks = self.inner.dynamic.tasks.lock().unwrap_or_else(|p| p.into_inner());
         let task = tokio::runtime::Handle::current().spawn(async move {
-            let outcome = this.mount_now(&volume, &id, planned).await;
+            let mut planned = planned;
+            let mut attempt = 1;
+            let outcome = loop {
+                let outcome = this.mount_now(&volume, &id, planned.take()).await;
+                match outcome {
+                    Err(e) => match retry_after(e.kind, attempt, attempts) {
+                        Some(pause) => {
+                            warn!(volume.id = %volume, mount = %id, attempt, error = %e.message, "a dynamic mount pending at start failed; trying again");
+                            this.inner.artifacts.forget(&waiter(&volume, &id));
+                            tokio::time::sleep(pause).await;
+                            attempt += 1;
+                        }
+                        None if attempts > 1 => {
+                            break Err(Error::new(
+                                e.kind,
+                                format!("after {attempt} attempt(s) since the host daemon started: {}", e.message),
+                            ));
+                        }
+                        None => break Err(e),
+                    },
+                    ok => break ok,
+                }
+            };
             this.settle(&volume, &id, outcome).await;
         });
         if let Some(old) = tasks.insert(key, task.abort_handle()) {
@@ -1268,6 +1323,21 @@ mod tests {
         let lazy = crate::plan::lazy::lower(plan, std::path::Path::new("/m")).unwrap();
         assert!(!lazy.steps.iter().any(|s| matches!(s, Step::FetchBlob { .. })), "nothing is fetched before");
         assert_eq!(fetched_bytes(&lazy), pulled);
+    }
+
+    #[test]
+    fn a_mount_pending_at_start_is_retried_with_growing_pauses_then_given_up() {
+        use std::time::Duration;
+        let pauses: Vec<Option<Duration>> =
+            (1..=RESUME_ATTEMPTS).map(|a| retry_after(ErrorKind::Unavailable, a, RESUME_ATTEMPTS)).collect();
+        let s = Duration::from_secs;
+        assert_eq!(pauses, vec![Some(s(2)), Some(s(4)), Some(s(8)), Some(s(16)), None]);
+        // A permanent failure (a refused reply, a cap) is not retried; a POST's one attempt is all.
+        for kind in [ErrorKind::FailedPrecondition, ErrorKind::ResourceExhausted, ErrorKind::InvalidArgument] {
+            assert_eq!(retry_after(kind, 1, RESUME_ATTEMPTS), None);
+        }
+        assert_eq!(retry_after(ErrorKind::Unavailable, 1, 1), None);
+        assert_eq!(retry_after(ErrorKind::Unavailable, 30, 40), Some(RESUME_MAX));
     }
 
     #[test]

@@ -1,10 +1,16 @@
-//! `authorize`: a source must show the registry it may read a blob the shared cache holds.
+//! `authorize`: a source must prove it holds a blob the shared cache has, by its bytes.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use super::super::authorize::PROOF_RANGES;
 use super::super::{Artifacts, BlobRef, Credentials, Ensure, OciError, RegistryConfig};
 use super::pull::{Env, env, random};
+
+/// Proofs the fake received (each asks [`PROOF_RANGES`] ranges).
+fn proofs(e: &Env) -> usize {
+    e.fake.state.probes.load(Ordering::SeqCst).div_ceil(PROOF_RANGES)
+}
 
 fn basic(user: &str, password: &str) -> Credentials {
     Credentials::Basic { username: user.into(), password: password.into() }
@@ -36,9 +42,9 @@ async fn a_cached_blob_is_refused_to_a_source_without_the_right_credentials() {
     assert!(matches!(err, OciError::AuthRefused { .. }), "{err:?}");
     assert!(!format!("{err} {err:?}").contains("wrong"), "{err:?}");
     // Refusals are not remembered: each call asks again.
-    let heads = e.fake.state.heads.load(Ordering::SeqCst);
+    let asked = e.fake.state.probes_asked.load(Ordering::SeqCst);
     assert!(e.a.authorize(&src, one).await.is_err());
-    assert!(e.fake.state.heads.load(Ordering::SeqCst) > heads);
+    assert!(e.fake.state.probes_asked.load(Ordering::SeqCst) > asked);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -49,19 +55,19 @@ async fn a_proof_is_asked_once_and_remembered_per_credentials() {
     src.credentials = basic("u", "p");
     // The download itself was the proof.
     e.a.authorize(&src, one).await.unwrap();
-    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 0);
+    assert_eq!(proofs(&e), 0);
 
-    // A restarted daemon (a new cache on the same directory) remembers nothing: one HEAD, then
-    // none.
+    // A restarted daemon (a new cache on the same directory) remembers nothing: one proof,
+    // then none.
     let again = Artifacts::new(
         e.root.join("cache"),
         RegistryConfig { insecure: [e.fake.host.clone()].into(), ..Default::default() },
     )
     .unwrap();
     again.authorize(&src, one).await.unwrap();
-    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 1);
+    assert_eq!(e.fake.state.probes.load(Ordering::SeqCst), PROOF_RANGES);
     again.authorize(&src, one).await.unwrap();
-    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 1, "remembered");
+    assert_eq!(e.fake.state.probes.load(Ordering::SeqCst), PROOF_RANGES, "remembered");
     // Other credentials, other proof.
     src.credentials = basic("u", "wrong");
     assert!(again.authorize(&src, one).await.is_err());
@@ -70,7 +76,8 @@ async fn a_proof_is_asked_once_and_remembered_per_credentials() {
     elsewhere.repository = "org/other".into();
     elsewhere.credentials = basic("u", "p");
     again.authorize(&elsewhere, one).await.unwrap();
-    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 3);
+    // One proof each: the first and this one (the refused one was served nothing).
+    assert_eq!(e.fake.state.probes.load(Ordering::SeqCst), 2 * PROOF_RANGES);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,7 +102,7 @@ async fn blobs_not_in_the_cache_need_no_request() {
     let e = env().await;
     let blobs: Vec<BlobRef> = (0..5).map(|i| e.blob(random(1000, 30 + i))).collect();
     e.a.authorize(&e.src("v1"), &blobs).await.unwrap();
-    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 0);
+    assert_eq!(e.fake.state.probes.load(Ordering::SeqCst), 0);
     assert_eq!(e.fake.state.connections.load(Ordering::SeqCst), 0);
     // Many cached ones: each checked, all at once.
     let fresh = |e: &Env| {
@@ -108,7 +115,8 @@ async fn blobs_not_in_the_cache_need_no_request() {
     assert_eq!(e.settle("vol-1", &blobs).await, Ensure::Ready);
     let other = fresh(&e);
     other.authorize(&e.src("v1"), &blobs).await.unwrap();
-    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 5);
+    assert_eq!(e.fake.state.probes.load(Ordering::SeqCst), 5 * PROOF_RANGES);
+    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 0, "a HEAD proves nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,22 +130,61 @@ async fn a_blob_downloading_with_other_credentials_is_checked() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     // The same credentials: the download is the proof to come.
     e.a.authorize(&owner, one).await.unwrap();
-    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 0);
-    // Others: asked.
+    assert_eq!(proofs(&e), 0);
+    // Others: asked for bytes the download wrote.
     let mut other = e.src("v1");
     other.credentials = basic("someone", "else");
     e.a.authorize(&other, one).await.unwrap();
-    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 1);
+    assert_eq!(e.fake.state.probes.load(Ordering::SeqCst), PROOF_RANGES);
     assert!(!e.path(&b).exists(), "checked while it was still downloading");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partial_file_left_by_others_is_checked() {
+async fn a_partial_file_left_by_others_is_checked_against_its_bytes() {
     let e = env().await;
-    let b = e.blob(random(2000, 41));
+    let data = random(200_000, 41);
+    let b = e.blob(data.clone());
+    let one = std::slice::from_ref(&b);
+    // An empty one holds nothing to hand over: nothing to prove.
     std::fs::write(e.partial(&b), b"").unwrap();
-    e.a.authorize(&e.src("v1"), std::slice::from_ref(&b)).await.unwrap();
-    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 1);
+    e.a.authorize(&e.src("v1"), one).await.unwrap();
+    assert_eq!(e.fake.state.probes.load(Ordering::SeqCst), 0);
+    // Its first 100 000 bytes written (as a download leaves them): every range asked for lies
+    // there.
+    std::fs::write(e.partial(&b), &data[..100_000]).unwrap();
+    std::fs::write(e.partial(&b).with_extension("partial.json"), r#"{"version":1,"size":200000,"have":[[0,100000]]}"#)
+        .unwrap();
+    e.a.authorize(&e.src("v1"), one).await.unwrap();
+    assert_eq!(e.fake.state.probes.load(Ordering::SeqCst), PROOF_RANGES);
+}
+
+/// The attack: a registry that answers every `HEAD` with 200 but cannot send the bytes (here:
+/// sends others) gets nothing of a blob another tenant cached; one that ignores `Range` must
+/// send the whole blob, hashing to its digest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_must_send_the_bytes_not_say_it_has_them() {
+    let (e, b) = cached_behind_auth().await;
+    let one = std::slice::from_ref(&b);
+    let fresh = || {
+        Artifacts::new(
+            e.root.join("cache"),
+            RegistryConfig { insecure: [e.fake.host.clone()].into(), ..Default::default() },
+        )
+        .unwrap()
+    };
+    let mut src = e.src("v1");
+    src.credentials = basic("u", "p");
+    let truth = e.fake.state.blobs.lock().unwrap().insert(b.digest.clone(), random(3000, 99)).unwrap();
+    let err = fresh().authorize(&src, one).await.unwrap_err();
+    assert!(matches!(err, OciError::ProofFailed { .. }), "{err:?}");
+    assert!(err.to_string().contains("did not prove it holds") && err.to_string().contains(&b.digest), "{err}");
+    assert_eq!(e.fake.state.heads.load(Ordering::SeqCst), 0);
+    // The whole blob, flipped: refused; the true one: proven.
+    e.fake.state.ignore_range.store(true, Ordering::SeqCst);
+    let err = fresh().authorize(&src, one).await.unwrap_err();
+    assert!(err.to_string().contains("ignores Range"), "{err}");
+    e.fake.state.blobs.lock().unwrap().insert(b.digest.clone(), truth);
+    fresh().authorize(&src, one).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,6 +44,10 @@ pub struct State {
     pub basic: Mutex<Option<String>>,
     /// `HEAD` requests for blobs received.
     pub heads: AtomicUsize,
+    /// Blob `GET`s of at most 64 bytes (`Range`) served past authentication: the proofs of
+    /// `authorize`; and all of them, refused ones included.
+    pub probes: AtomicUsize,
+    pub probes_asked: AtomicUsize,
     /// Answer blob GETs with `307`, `Location` this with `{digest}` replaced.
     pub redirect: Mutex<Option<String>>,
     /// `/storage/…` answers 500 with an S3-like XML body that echoes a signature.
@@ -93,6 +97,16 @@ impl Fake {
         m.insert(digest.clone(), (media_type.to_string(), json.as_bytes().to_vec()));
         digest
     }
+}
+
+/// A `Range` of at most 64 bytes.
+fn small_range(headers: &HashMap<String, String>) -> bool {
+    headers
+        .get("range")
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.split_once('-'))
+        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+        .is_some_and(|(a, b)| b + 1 - a <= 64)
 }
 
 async fn serve(mut conn: TcpStream, s: Arc<State>) {
@@ -164,6 +178,9 @@ async fn serve(mut conn: TcpStream, s: Arc<State>) {
             s.served.fetch_add(body.len() as u64, Ordering::SeqCst);
             continue;
         }
+        if first.starts_with("GET ") && path.contains("/blobs/") && small_range(&headers) {
+            s.probes_asked.fetch_add(1, Ordering::SeqCst);
+        }
         let wanted = s.basic.lock().unwrap().clone();
         if let Some(want) = wanted
             && headers.get("authorization") != Some(&format!("Basic {want}"))
@@ -178,6 +195,9 @@ async fn serve(mut conn: TcpStream, s: Arc<State>) {
                 return;
             }
             continue;
+        }
+        if first.starts_with("GET ") && path.contains("/blobs/") && small_range(&headers) {
+            s.probes.fetch_add(1, Ordering::SeqCst);
         }
         let upload = s.upload_location.lock().unwrap().clone();
         if let Some(location) = upload.filter(|_| first.starts_with("POST ") && path.ends_with("/blobs/uploads/")) {

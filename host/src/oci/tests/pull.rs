@@ -206,17 +206,36 @@ async fn downloads_take_turns_and_all_land() {
     let e = env().await;
     // Slow enough that the downloads overlap.
     e.fake.state.delay_ms.store(20, Ordering::SeqCst);
-    let n = super::super::cache::MAX_DOWNLOADS * 2 + 1;
+    let n = super::super::slots::MAX_DOWNLOADS * 2 + 1;
     let blobs: Vec<BlobRef> = (0..n).map(|i| e.blob(random(256 << 10, 100 + i as u64))).collect();
     assert_eq!(e.settle("vol-1", &blobs).await, Ensure::Ready);
     for b in &blobs {
         assert!(e.path(b).exists(), "{} did not land", b.digest);
     }
     // One more at most: a body counts until its server task ends, which may be just after the
-    // download that read it gave its turn to the next one. Without turns, all 17 at once.
+    // download that read it gave its turn to the next one. Without turns, all 17 at once; one
+    // volume gets half the node's slots.
     let most = e.fake.state.blobs_sending_max.load(Ordering::SeqCst);
-    let turns = super::super::cache::MAX_DOWNLOADS;
+    let turns = super::super::slots::PER_VOLUME;
     assert!((turns..=turns + 1).contains(&most), "{most} blob bodies sent at once");
+}
+
+/// A volume takes half the node's slots; the downloads it queued beyond them and no longer
+/// waits for (it was unstaged) never start, and leave the slots to others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_downloads_nobody_waits_for_do_not_start() {
+    let e = env().await;
+    e.fake.state.delay_ms.store(40, Ordering::SeqCst);
+    let share = super::super::slots::PER_VOLUME;
+    let blobs: Vec<BlobRef> = (0..2 * share).map(|i| e.blob(random(512 << 10, 300 + i as u64))).collect();
+    assert!(matches!(e.a.ensure("vol-1", &e.src("v1"), &blobs), Ensure::Pulling(_)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    e.a.forget("vol-1");
+    // The running ones end (8 pieces of 64 KiB, 40 ms apart); the queued ones never start.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let landed = blobs.iter().filter(|b| e.path(b).exists()).count();
+    assert_eq!(landed, share, "the downloads running went on to their end, no other started");
+    assert_eq!(e.fake.state.blob_requests.load(Ordering::SeqCst), share);
 }
 
 /// Cut the registry after `cut` bytes, wait for the pull to stop, let it go on, and check it

@@ -45,7 +45,7 @@ async fn a_blob_redirected_to_storage_is_pulled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_presigned_url_never_reaches_an_error() {
     let e = env().await;
-    // A redirect reqwest refuses to follow: its error names the URL it was sent to.
+    // A redirect the guard refuses to follow: its error names the host it was sent to.
     *e.fake.state.redirect.lock().unwrap() = Some(
         "ftp://deploy:pa55word@storage.example/blobs/{digest}?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=STORAGE-SIGNATURE-SECRET"
             .to_string(),
@@ -54,21 +54,41 @@ async fn a_presigned_url_never_reaches_an_error() {
     let got = e.settle("vol-1", std::slice::from_ref(&b)).await;
     let Ensure::Failed(err) = got else { panic!("{got:?}") };
     let shown = format!("{err} | {err:?}");
-    assert!(matches!(err, super::super::OciError::Protocol { .. }), "{err:?}");
-    assert!(shown.contains("redirected to ftp://storage.example/blobs/sha256:"), "the URL is named: {shown}");
+    assert!(matches!(err, super::super::OciError::Refused { kind: "redirect", .. }), "{err:?}");
+    assert!(
+        shown.contains("a redirect points to storage.example: ftp:// is not HTTP(S)"),
+        "the host is named: {shown}"
+    );
     for secret in ["STORAGE-SIGNATURE-SECRET", "AKIAEXAMPLE", "pa55word", "X-Amz"] {
         assert!(!shown.contains(secret), "{secret} in {shown}");
     }
 
-    // Storage that cannot be reached.
-    *e.fake.state.redirect.lock().unwrap() = Some(
-        "http://deploy:pa55word@127.0.0.1:9/storage/{digest}?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=STORAGE-SIGNATURE-SECRET"
-            .to_string(),
-    );
+    // Storage the guard refuses (another port of loopback), and storage that cannot be reached
+    // (the same, listed for the registry): neither error shows the URL's secrets.
+    let redirect = "http://deploy:pa55word@127.0.0.1:9/storage/{digest}?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=STORAGE-SIGNATURE-SECRET";
+    *e.fake.state.redirect.lock().unwrap() = Some(redirect.to_string());
     let b = e.blob(random(1000, 54));
     let one = std::slice::from_ref(&b);
-    assert!(matches!(e.a.ensure("vol-1", &e.src("v1"), one), Ensure::Pulling(_)));
-    let why = e.stopped(&b).await;
+    let Ensure::Failed(err) = e.settle("vol-1", one).await else { panic!("not refused") };
+    let shown = format!("{err} | {err:?}");
+    assert!(shown.contains("a redirect points to 127.0.0.1:9"), "{shown}");
+    let listed = super::super::Artifacts::new(
+        e.root.join("cache-2"),
+        super::super::RegistryConfig {
+            insecure: [e.fake.host.clone(), "127.0.0.1:9".into()].into(),
+            endpoints: [(e.fake.host.clone(), ["127.0.0.1:9".to_string()].into())].into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(matches!(listed.ensure("vol-1", &e.src("v1"), one), Ensure::Pulling(_)));
+    let why = loop {
+        if let Some(w) = listed.last_errors().get(&b.digest) {
+            break format!("{w} | {shown}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(why.contains("unreachable"), "{why}");
     for secret in ["STORAGE-SIGNATURE-SECRET", "AKIAEXAMPLE", "pa55word", "X-Amz"] {
         assert!(!why.contains(secret), "{secret} in {why}");
     }
