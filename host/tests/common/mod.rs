@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use mounthost::proto::csi;
 
 pub mod dynamic;
+pub mod hostile;
 pub mod model;
 pub mod registry;
 pub mod sshd;
