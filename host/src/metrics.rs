@@ -536,12 +536,12 @@ impl Metrics {
         }
     }
 
-    /// A plan was refused by `program`'s rule `rule`.
     /// A registry's reply was refused (`kind`: reply_too_large, stall, realm, redirect, proof).
     pub fn registry_refusal(&self, kind: &str) {
         self.registry_refusals.get_or_create(&RefusalKind { kind: kind.into() }).inc();
     }
 
+    /// A plan was refused by `program`'s rule `rule`.
     pub fn policy_refusal(&self, program: &str, rule: &str) {
         self.policy_refusals.get_or_create(&ProgramRule { program: program.into(), rule: rule.into() }).inc();
     }
@@ -721,6 +721,7 @@ mod tests {
         m.csi_request("Probe", tonic::Code::Ok, Duration::ZERO);
         m.fuse_restart("p", 1);
         m.policy_refusal("weed", "subcommand");
+        m.registry_refusal("stall");
         m.plugin_call("p", "stage", CallOutcome::Ok, Duration::ZERO);
         m.plugin_loaded("p", true);
         m.set_volumes(&[LiveVolume { plugin: "p".into(), phase: "staged".into(), healthy: true }]);
@@ -746,7 +747,7 @@ mod tests {
                 (format!("mounthost_{}", cells[0].trim_end_matches('`')), cells[1].to_string())
             })
             .collect();
-        assert_eq!(registered.len(), 19, "{registered:?}");
+        assert_eq!(registered.len(), 20, "{registered:?}");
         assert_eq!(documented, registered);
     }
 

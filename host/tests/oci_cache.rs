@@ -376,14 +376,17 @@ fn a_cached_private_blob_is_handed_only_to_sources_the_registry_lets_read_it() {
     rt.block_on(c.a.authorize(&owner, &blobs)).unwrap();
     assert_eq!(settled_count(|| blob_heads(&reg)), heads, "a download counts as proof");
 
-    // After a restart (a new cache on the same directory): one HEAD per blob, then none.
+    // After a restart (a new cache on the same directory): each blob proven by a few of its
+    // bytes (4 ranges of 64 bytes, or the whole blob when that small), then never again; no
+    // HEAD, which proves nothing.
     let served = reg.served_bytes();
     let again = Artifacts::new(c.root.join("cache"), plain(&reg)).unwrap();
     rt.block_on(again.authorize(&owner, &blobs)).unwrap();
-    assert_eq!(settled_count(|| blob_heads(&reg)), heads + blobs.len(), "{}", reg.log());
+    let proof = settled_count(|| reg.served_bytes() as usize) - served as usize;
+    assert!(proof > 0 && proof <= blobs.len() * 256, "{proof} bytes served to prove {} blobs", blobs.len());
     rt.block_on(again.authorize(&owner, &blobs)).unwrap();
-    assert_eq!(settled_count(|| blob_heads(&reg)), heads + blobs.len(), "the second call asked again");
-    assert_eq!(reg.served_bytes(), served, "no blob byte was fetched to prove it");
+    assert_eq!(settled_count(|| reg.served_bytes() as usize), served as usize + proof, "the second call asked again");
+    assert_eq!(settled_count(|| blob_heads(&reg)), heads);
     assert_eq!(again.ensure("vol-owner-2", &owner, &blobs), Ensure::Ready);
 }
 

@@ -140,6 +140,8 @@ pub(super) async fn download(
         }
         local(e, &store.partial(&blob.hex))
     })?;
+    // Whose download writes it now: the same source resumes it after a restart unasked.
+    let _ = std::fs::write(store.writer(&blob.hex), ep.scope.tag());
     live.covered.store(segs.covered(), Ordering::Relaxed);
     *lock(&live.segs) = segs.clone();
     let shared = Arc::new(Shared {
@@ -332,6 +334,7 @@ fn finish(store: &Store, blob: &Blob, file: &File) -> io::Result<()> {
     std::fs::rename(store.partial(&blob.hex), store.blob(&blob.hex))?;
     File::open(store.blob_dir())?.sync_all()?;
     let _ = std::fs::remove_file(store.sidecar(&blob.hex));
+    let _ = std::fs::remove_file(store.writer(&blob.hex));
     Ok(())
 }
 

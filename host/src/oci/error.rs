@@ -241,7 +241,7 @@ impl OciError {
 pub(super) fn note_refusal(e: &OciError) {
     if let Some(kind) = e.refusal() {
         crate::metrics::global().registry_refusal(kind);
-        tracing::warn!(refusal = kind, error = %e, "a registry's reply was refused");
+        tracing::warn!(refusal = kind, error = %e.clone().redacted(), "a registry's reply was refused");
     }
 }
 
@@ -354,15 +354,6 @@ impl Ctx {
         }
     }
 
-    /// The authentication failure, missing or refused as credentials were given or not.
-    pub fn auth_error(&self) -> OciError {
-        self.auth()
-    }
-
-    pub(super) fn tls_error(&self, cause: TlsCause) -> OciError {
-        self.tls(cause)
-    }
-
     /// An error reply: `status` and the start of its body (an OCI error document, or text).
     pub fn of_reply(&self, status: u16, body: &str, what: What<'_>) -> OciError {
         #[derive(serde::Deserialize)]
@@ -404,7 +395,8 @@ impl Ctx {
         }
     }
 
-    fn auth(&self) -> OciError {
+    /// The authentication failure, missing or refused as credentials were given or not.
+    pub fn auth(&self) -> OciError {
         let (registry, reference) = (self.registry.clone(), self.reference.clone());
         if self.given {
             OciError::AuthRefused { registry, reference }
@@ -413,7 +405,7 @@ impl Ctx {
         }
     }
 
-    fn tls(&self, cause: TlsCause) -> OciError {
+    pub(super) fn tls(&self, cause: TlsCause) -> OciError {
         let hint = match cause.kind {
             TlsKind::UnknownIssuer => {
                 "; the certificate is signed by an authority this node does not trust: configure the registry's CA (the CA bundle of the node's registry configuration)"
@@ -573,11 +565,7 @@ fn redact_pairs(text: &str) -> String {
 }
 
 /// The rustls failure in `e`'s chain, if the request failed in the TLS handshake.
-pub(super) fn tls_cause_of(e: &(dyn StdError + 'static)) -> Option<TlsCause> {
-    tls_cause(e)
-}
-
-fn tls_cause(e: &(dyn StdError + 'static)) -> Option<TlsCause> {
+pub(super) fn tls_cause(e: &(dyn StdError + 'static)) -> Option<TlsCause> {
     for c in causes(e) {
         if let Some(r) = c.downcast_ref::<rustls::Error>() {
             use rustls::CertificateError as C;

@@ -228,9 +228,15 @@ impl Core {
         }
     }
 
-    /// Does no volume wait for the download of `hex` any more?
-    fn unwanted(&self, hex: &str) -> bool {
-        self.inner().flights.get(hex).is_some_and(|f| f.waiters.is_empty())
+    /// If no volume waits for the download of `hex` any more, forget it (under one lock: a
+    /// volume joining now finds no flight and starts one).
+    fn drop_unwanted(&self, hex: &str) -> bool {
+        let mut inner = self.inner();
+        let unwanted = inner.flights.get(hex).is_some_and(|f| f.waiters.is_empty());
+        if unwanted {
+            inner.flights.remove(hex);
+        }
+        unwanted
     }
 
     /// Whose credentials the running download of `hex` uses, if one runs.
@@ -260,9 +266,9 @@ impl Core {
             // Its turn came after every volume that waited for it stopped waiting (unstaged):
             // it does not start, and leaves the slot to downloads someone waits for. (One that
             // started goes on to its end.)
-            if !lazy && retries == 0 && self.unwanted(&blob.hex) {
+            if !lazy && retries == 0 && self.drop_unwanted(&blob.hex) {
                 drop(turn);
-                self.inner().flights.remove(&blob.hex);
+                live.bump();
                 tracing::info!(registry = %ep.ctx.registry, digest = %blob.digest, "a queued download no volume waits for any more was dropped before it started");
                 return;
             }

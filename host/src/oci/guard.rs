@@ -77,7 +77,7 @@ impl Origin {
             "http" => false,
             _ => return None,
         };
-        let host = url.host_str()?.to_ascii_lowercase();
+        let host = url.host_str()?.trim_end_matches('.').to_ascii_lowercase();
         let port = url.port_or_known_default()?;
         Some(Origin { https, host, port })
     }
@@ -126,6 +126,9 @@ impl Listed {
 pub struct Places {
     /// The registry as contacted.
     pub origin: Origin,
+    /// The registry as the reference names it (`host[:port]`, lower case): the key of
+    /// `--registry-endpoint` a refusal suggests.
+    pub registry: String,
     /// `--registry-endpoint` entries for it.
     pub listed: Vec<Listed>,
     /// `--insecure-registry` entries (`host[:port]` as written, lower case).
@@ -165,7 +168,7 @@ impl Places {
                 &format!(
                     "another host than the registry's ({}), which receives the credentials; a node allows it with --registry-endpoint {}={}",
                     self.origin.authority(),
-                    self.origin.host,
+                    self.registry,
                     to.authority()
                 ),
             )),
@@ -207,21 +210,28 @@ pub fn is_public(ip: IpAddr) -> bool {
                 || a == 0
                 || (a == 100 && (64..128).contains(&b))
                 || (a == 192 && b == 0 && v4.octets()[2] == 0)
+                || (a == 198 && (18..20).contains(&b))
                 || a >= 240)
         }
         IpAddr::V6(v6) => {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return is_public(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let seg = v6.segments();
+            // IPv4-compatible (::a.b.c.d), deprecated but routed by some stacks to the v4 host.
+            if seg[..6] == [0; 6] && !v6.is_loopback() && !v6.is_unspecified() {
+                return false;
+            }
+            let first = seg[0];
             !(v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || (first & 0xfe00) == 0xfc00
                 || (first & 0xffc0) == 0xfe80
                 || (first & 0xffc0) == 0xfec0
-                || first == 0x2001 && v6.segments()[1] == 0x0db8
-                || first == 0x0064 && v6.segments()[1] == 0xff9b)
+                || first == 0x2001 && seg[1] == 0x0db8
+                || first == 0x2002
+                || first == 0x0064 && (seg[1] == 0xff9b))
         }
     }
 }
@@ -244,7 +254,7 @@ pub struct Resolver {
 impl Resolve for Resolver {
     fn resolve(&self, name: Name) -> Resolving {
         let name = name.as_str().to_ascii_lowercase();
-        let trusted = self.trusted.contains(&name);
+        let trusted = self.trusted.contains(name.trim_end_matches('.'));
         Box::pin(async move {
             let addrs: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
             let kept: Vec<SocketAddr> = addrs.into_iter().filter(|a| trusted || is_public(a.ip())).collect();
@@ -283,6 +293,7 @@ mod tests {
     fn places(origin: &str, https: bool, listed: &[&str], insecure: &[&str]) -> Places {
         Places {
             origin: Origin::of_host(origin, https).unwrap(),
+            registry: origin.to_string(),
             listed: listed.iter().map(|l| Listed::parse(l).unwrap()).collect(),
             insecure: insecure.iter().map(|s| s.to_string()).collect(),
         }
@@ -301,6 +312,10 @@ mod tests {
         let e = p.check(&url("https://evil.example.net/token"), Pointer::Realm, true).unwrap_err();
         assert_eq!(e.target, "evil.example.net:443");
         assert!(e.to_string().contains("--registry-endpoint registry.example.com=evil.example.net:443"), "{e}");
+        // The flag named is keyed as the reference names the registry, port included.
+        let p = places("127.0.0.1:5000", true, &[], &[]);
+        let e = p.check(&url("https://127.0.0.1:5001/token"), Pointer::Realm, true).unwrap_err();
+        assert!(e.to_string().contains("--registry-endpoint 127.0.0.1:5000=127.0.0.1:5001"), "{e}");
         // Another port of the registry's own host is another host.
         let e = p.check(&url("https://registry.example.com:5001/token"), Pointer::Realm, true).unwrap_err();
         assert_eq!(e.target, "registry.example.com:5001");
@@ -339,10 +354,19 @@ mod tests {
             "https://[::ffff:127.0.0.1]/x",
             "https://100.64.0.1/x",
             "https://0.0.0.0/x",
+            "https://2130706433/x",
+            "https://0x7f000001/x",
+            "https://127.1/x",
+            "https://[::127.0.0.1]/x",
+            "https://[2002:7f00:1::]/x",
+            "https://[64:ff9b::7f00:1]/x",
+            "https://198.18.0.1/x",
         ] {
             assert!(p.check(&url(bad), Pointer::Redirect, true).is_err(), "{bad}");
         }
         assert!(p.check(&url("https://registry.example.com:444/x"), Pointer::Redirect, true).is_err());
+        assert!(p.check(&url("https://registry.example.com.:444/x"), Pointer::Redirect, true).is_err());
+        assert!(p.check(&url("https://registry.example.com./v2/x"), Pointer::Redirect, true).is_ok());
         assert!(p.check(&url("ftp://cdn.example.net/x"), Pointer::Redirect, true).is_err());
     }
 

@@ -45,8 +45,9 @@ pub(super) struct Registries {
     clients: Mutex<HashMap<ClientKey, Arc<Wire>>>,
 }
 
-/// Host, plain HTTP or not, digest of the credentials.
-type ClientKey = (String, bool, [u8; 32]);
+/// Host contacted, registry named (whose listed hosts the client allows), plain HTTP or not,
+/// digest of the credentials.
+type ClientKey = (String, String, bool, [u8; 32]);
 
 /// Who asks whom: the host contacted (the mirror when there is one), the repository and a
 /// sha256 of the credentials (never the credentials). What [`Endpoint::check_blob`] proves is
@@ -56,6 +57,18 @@ pub(super) struct Scope {
     pub host: String,
     pub repository: String,
     pub credentials: [u8; 32],
+}
+
+impl Scope {
+    /// A sha256 of the scope, in hex: what a partial file's writer file holds.
+    pub fn tag(&self) -> String {
+        let mut h = sha2::Sha256::new();
+        for part in [self.host.as_bytes(), self.repository.as_bytes(), &self.credentials] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+        hex::encode(h.finalize())
+    }
 }
 
 /// One source, ready to be talked to.
@@ -131,7 +144,7 @@ impl Registries {
         }
         let shown = display(src);
         let scope = self.scope(src);
-        let key = (host.clone(), src.insecure, scope.credentials);
+        let key = (host.clone(), src.registry.to_ascii_lowercase(), src.insecure, scope.credentials);
         let wire = {
             let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
             match clients.get(&key) {
@@ -146,7 +159,7 @@ impl Registries {
                 }
             }
         };
-        let repository = if matches!(contacted(&host), "registry-1.docker.io") && !src.repository.contains('/') {
+        let repository = if contacted(&host) == "registry-1.docker.io" && !src.repository.contains('/') {
             format!("library/{}", src.repository)
         } else {
             src.repository.clone()
@@ -177,7 +190,8 @@ impl Registries {
                 }
             }
         }
-        let places = Places { origin, listed, insecure: self.cfg.insecure.clone() };
+        let places =
+            Places { origin, registry: src.registry.to_ascii_lowercase(), listed, insecure: self.cfg.insecure.clone() };
         Wire::new(Settings {
             base,
             places,
@@ -278,6 +292,11 @@ impl Endpoint {
         }
     }
 
+    /// The stall window of this source's replies.
+    pub fn stall(&self) -> std::time::Duration {
+        self.wire.stall
+    }
+
     fn call<'a>(&'a self, what: What<'a>, reply: &'a str) -> Call<'a> {
         Call { ctx: &self.ctx, repository: &self.repository, what, reply }
     }
@@ -295,6 +314,7 @@ impl Endpoint {
                 .and_then(|m| m.get("digest"))
                 .and_then(|d| d.as_str())
                 .ok_or_else(|| self.protocol("the image index lists no manifest"))?;
+            super::store::hex_of(first)?;
             let (body, digest) = self.manifest(first).await?;
             let doc: serde_json::Value = serde_json::from_slice(&body)
                 .map_err(|e| self.protocol(format!("manifest {first} is not JSON: {e}")))?;
@@ -393,6 +413,14 @@ impl Endpoint {
         }
         let local = |e: std::io::Error, p: &std::path::Path| OciError::local(p, &e, &self.ctx.reference, digest);
         let (file, tmp) = store.begin_put(hex).map_err(|e| local(e, &store.blob(hex)))?;
+        // Removed however this ends before the rename (an error, or the future dropped).
+        struct Tmp<'a>(&'a std::path::Path);
+        impl Drop for Tmp<'_> {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(self.0);
+            }
+        }
+        let _tmp = Tmp(&tmp);
         let result = async {
             let mut out = std::io::BufWriter::new(file);
             let mut body = self.range(digest, 0, None).await?;
@@ -435,9 +463,6 @@ impl Endpoint {
             store.finish_put(file, &tmp, hex).map_err(|e| local(e, &store.blob(hex)))
         }
         .await;
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
         result
     }
 
@@ -479,12 +504,16 @@ impl Endpoint {
             .unwrap_or_default()
             .iter()
             .filter(|m| m.get("artifactType").and_then(|a| a.as_str()) == Some(artifact_type))
-            .filter_map(|m| m.get("digest").and_then(|d| d.as_str()).map(str::to_string))
+            .filter_map(|m| m.get("digest").and_then(|d| d.as_str()))
+            .filter(|d| super::store::hex_of(d).is_ok())
+            .map(str::to_string)
             .collect())
     }
 
-    /// The manifest `digest` of this repository, as JSON, checked against its digest.
+    /// The manifest `digest` (`sha256:<64 hex>`) of this repository, as JSON, checked against
+    /// its digest.
     pub async fn manifest_by_digest(&self, digest: &str) -> Result<serde_json::Value, OciError> {
+        super::store::hex_of(digest)?;
         let (body, _) = self.manifest(digest).await?;
         serde_json::from_slice(&body).map_err(|e| self.protocol(format!("manifest {digest} is not JSON: {e}")))
     }
@@ -519,5 +548,38 @@ fn is_index(doc: &serde_json::Value) -> bool {
     match doc.get("mediaType").and_then(|m| m.as_str()) {
         Some(m) => m == OCI_IMAGE_INDEX_MEDIA_TYPE || m == IMAGE_MANIFEST_LIST_MEDIA_TYPE,
         None => doc.get("manifests").is_some() && doc.get("layers").is_none(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(registry: &str, repository: &str) -> Source {
+        Source {
+            registry: registry.into(),
+            repository: repository.into(),
+            reference: "latest".into(),
+            mirror: None,
+            credentials: Default::default(),
+            insecure: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn docker_hub_is_asked_at_its_registry_and_its_library() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let r = Registries::new(RegistryConfig::default()).unwrap();
+        let ep = r.endpoint(&source("docker.io", "ubuntu")).unwrap();
+        assert_eq!(ep.repository, "library/ubuntu");
+        assert_eq!(ep.ctx.registry, "docker.io");
+        let ep = r.endpoint(&source("docker.io", "bitnami/redis")).unwrap();
+        assert_eq!(ep.repository, "bitnami/redis");
+        let ep = r.endpoint(&source("ghcr.io", "ubuntu")).unwrap();
+        assert_eq!(ep.repository, "ubuntu");
+        assert_eq!(contacted("docker.io"), "registry-1.docker.io");
+        assert_eq!(contacted("ghcr.io"), "ghcr.io");
+        // Its token service's host is listed for it out of the box.
+        assert_eq!(RegistryConfig::default().endpoints_for("docker.io"), vec!["auth.docker.io".to_string()]);
     }
 }

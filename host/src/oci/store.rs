@@ -4,6 +4,7 @@
 //! <cache>/blobs/sha256/<hex>               a verified blob, mode 0444
 //! <cache>/blobs/sha256/<hex>.partial       a download in progress (or interrupted), 0600
 //! <cache>/blobs/sha256/<hex>.partial.json  which ranges of it are written
+//! <cache>/blobs/sha256/<hex>.partial.writer who wrote it last (a digest of the source)
 //! <cache>/trees/sha256/<hex>/              the blob unpacked (files 0444, directories 0555)
 //! <cache>/trees/sha256/.<hex>.tmp.<pid>.<n> an unpack in progress (flock'd while it runs)
 //! ```
@@ -116,13 +117,16 @@ impl Store {
         Ok(())
     }
 
-    /// Remove ranges files (and their temporary names) no partial file goes with, or whose blob
-    /// is complete. A partial file is left: a later `ensure` resumes it.
+    /// Remove ranges and writer files (and their temporary names) no partial file goes with, or
+    /// whose blob is complete. A partial file is left: a later `ensure` resumes it.
     fn sweep_sidecars(&self) -> io::Result<()> {
         for entry in std::fs::read_dir(self.blob_dir())? {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(hex) = name.strip_suffix(".partial.json").or_else(|| name.strip_suffix(".partial.json.tmp"))
+            let Some(hex) = name
+                .strip_suffix(".partial.json")
+                .or_else(|| name.strip_suffix(".partial.json.tmp"))
+                .or_else(|| name.strip_suffix(".partial.writer"))
             else {
                 continue;
             };
@@ -161,6 +165,13 @@ impl Store {
 
     pub fn sidecar(&self, hex: &str) -> PathBuf {
         self.blob_dir().join(format!("{hex}.partial.json"))
+    }
+
+    /// Who downloaded into the partial file of `hex` last: a sha256 of the host contacted, the
+    /// repository and the credentials' digest (`Scope::tag`), so that the same source resumes
+    /// it after a restart without proving anything (its download is the proof).
+    pub fn writer(&self, hex: &str) -> PathBuf {
+        self.blob_dir().join(format!("{hex}.partial.writer"))
     }
 
     pub fn tree(&self, hex: &str) -> PathBuf {
@@ -309,6 +320,7 @@ impl Store {
     /// Remove an interrupted download's files.
     pub fn drop_partial(&self, hex: &str) {
         let _ = std::fs::remove_file(self.partial(hex));
+        let _ = std::fs::remove_file(self.writer(hex));
         let _ = std::fs::remove_file(self.sidecar(hex));
         let _ = std::fs::remove_file(self.sidecar(hex).with_extension("json.tmp"));
     }

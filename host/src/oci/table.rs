@@ -20,7 +20,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::registry::Endpoint;
@@ -112,7 +111,8 @@ impl Source_<'_> {
                 let mut body = ep.range(digest, offset, Some(len)).await?;
                 let mut out = Vec::with_capacity(len as usize);
                 let mut skip = if body.full { offset } else { 0 };
-                while let Some(chunk) = body.stream.next().await {
+                let mut window = super::wire::Window::new(ep.stall());
+                while let Some(chunk) = window.next(&mut body.stream, &ep.ctx, digest).await? {
                     let chunk = chunk.map_err(|e| OciError::Unreachable {
                         registry: ep.ctx.registry.clone(),
                         reference: ep.ctx.reference.clone(),
@@ -128,6 +128,9 @@ impl Source_<'_> {
                     out.extend_from_slice(&data[..data.len().min(room)]);
                     if out.len() as u64 >= len {
                         break;
+                    }
+                    if !window.got(chunk.len() as u64) {
+                        return Err(window.stalled(&ep.ctx, digest));
                     }
                 }
                 Ok(out)

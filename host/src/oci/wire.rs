@@ -18,7 +18,7 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, HeaderMap, HeaderValue, RANGE, WWW_
 use reqwest::{Method, StatusCode, Url};
 
 use super::Credentials;
-use super::error::{Ctx, OciError, What, chain, note_refusal, tls_cause_of};
+use super::error::{Ctx, OciError, What, chain, note_refusal, tls_cause};
 use super::guard::{Places, Pointer, PrivateName, Refused, Resolver, redirect_policy};
 
 /// The largest manifest, index or referrers list read (registries cap manifests at 4 MiB).
@@ -126,6 +126,13 @@ impl Wire {
             .user_agent(concat!("mounthost/", env!("CARGO_PKG_VERSION")))
             .tls_certs_merge(s.ca.iter().cloned())
             .referer(false);
+        // A proxy is connected to through this client's resolver too: its name may resolve to a
+        // private address (the environment's proxies apply when no proxy is configured).
+        for var in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"] {
+            if let Some(host) = std::env::var(var).ok().as_deref().and_then(proxy_host) {
+                trusted.insert(host);
+            }
+        }
         if let Some(proxy) = s.proxy {
             let p = reqwest::Proxy::all(proxy).map_err(|e| {
                 OciError::Config(format!(
@@ -133,7 +140,7 @@ impl Wire {
                     chain(&e)
                 ))
             })?;
-            if let Some(host) = Url::parse(proxy).ok().and_then(|u| u.host_str().map(str::to_ascii_lowercase)) {
+            if let Some(host) = proxy_host(proxy) {
                 trusted.insert(host);
             }
             builder = builder.proxy(p);
@@ -180,45 +187,59 @@ impl Wire {
             if !query.is_empty() {
                 req = req.query(query);
             }
-            if let Some(auth) = self.authorization(call.repository) {
-                req = req.header(AUTHORIZATION, auth);
-            }
-            let resp = req.send().await.map_err(|e| self.transport(call.ctx, &e, Pointer::Redirect))?;
+            req = match self.authorization(call.repository) {
+                Some(Auth::Header(v)) => req.header(AUTHORIZATION, v),
+                Some(Auth::Basic(user, password)) => req.basic_auth(user, Some(password)),
+                None => req,
+            };
+            let resp = self.reply(call.ctx, req, Pointer::Redirect, "the reply's headers").await?;
             if resp.status() != StatusCode::UNAUTHORIZED || challenged {
                 return Ok(resp);
             }
             challenged = true;
             let challenge = resp.headers().get(WWW_AUTHENTICATE).and_then(|h| h.to_str().ok()).map(str::to_string);
             drop(resp);
-            let Some(challenge) = challenge else { return Err(call.ctx.auth_error()) };
+            let Some(challenge) = challenge else { return Err(call.ctx.auth()) };
             self.answer(call, &challenge).await?;
         }
     }
 
-    /// The `Authorization` header for `repository`, if any is known.
-    fn authorization(&self, repository: &str) -> Option<HeaderValue> {
+    /// Send `req`, waiting for its reply's headers at most one stall window (a redirect's and
+    /// a token round trip included).
+    async fn reply(
+        &self,
+        ctx: &Ctx,
+        req: reqwest::RequestBuilder,
+        pointer: Pointer,
+        what: &str,
+    ) -> Result<reqwest::Response, OciError> {
+        match tokio::time::timeout(self.stall, req.send()).await {
+            Ok(sent) => sent.map_err(|e| self.transport(ctx, &e, pointer)),
+            Err(_) => Err(Window::new(self.stall).stalled(ctx, what)),
+        }
+    }
+
+    /// What authenticates a request for `repository`, if anything is known.
+    fn authorization(&self, repository: &str) -> Option<Auth<'_>> {
         if let Credentials::Bearer(t) = &self.credentials {
-            return HeaderValue::from_str(&format!("Bearer {t}")).ok().map(sensitive);
+            return bearer(t).map(Auth::Header);
         }
         let tokens = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((token, until)) = tokens.get(repository)
             && Instant::now() < *until
         {
-            return HeaderValue::from_str(&format!("Bearer {token}")).ok().map(sensitive);
+            return bearer(token).map(Auth::Header);
         }
         drop(tokens);
         if self.basic.load(Ordering::Relaxed) {
-            return self.basic_header();
+            return self.basic();
         }
         None
     }
 
-    fn basic_header(&self) -> Option<HeaderValue> {
+    fn basic(&self) -> Option<Auth<'_>> {
         match &self.credentials {
-            Credentials::Basic { username, password } => {
-                let raw = format!("{username}:{password}");
-                HeaderValue::from_str(&format!("Basic {}", base64_encode(raw.as_bytes()))).ok().map(sensitive)
-            }
+            Credentials::Basic { username, password } => Some(Auth::Basic(username, password)),
             _ => None,
         }
     }
@@ -234,11 +255,11 @@ impl Wire {
                 self.basic.store(true, Ordering::Relaxed);
                 return Ok(());
             }
-            return Err(call.ctx.auth_error());
+            return Err(call.ctx.auth());
         };
         if matches!(self.credentials, Credentials::Bearer(_)) {
             // The token given was refused.
-            return Err(call.ctx.auth_error());
+            return Err(call.ctx.auth());
         }
         let realm = Url::parse(&bearer.realm).map_err(|_| {
             let e = OciError::Refused {
@@ -260,17 +281,26 @@ impl Wire {
         if let Some(s) = &bearer.service {
             query.push(("service", s));
         }
+        let realm_host = realm.host_str().unwrap_or_default().to_string();
         let mut req = self.http.get(realm).query(&query);
-        if let Some(basic) = self.basic_header() {
-            req = req.header(AUTHORIZATION, basic);
+        if let Some(Auth::Basic(user, password)) = self.basic() {
+            req = req.basic_auth(user, Some(password));
         }
-        let resp = req.send().await.map_err(|e| self.transport(call.ctx, &e, Pointer::Realm))?;
+        let resp = self.reply(call.ctx, req, Pointer::Realm, "the token reply's headers").await?;
         let status = resp.status();
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-            return Err(call.ctx.auth_error());
+            return Err(call.ctx.auth());
         }
         if !status.is_success() {
-            return Err(self.fail(call, resp).await);
+            // The token service's own error, not the artifact's: never "not found".
+            let code = status.as_u16();
+            return Err(OciError::Registry {
+                registry: call.ctx.registry.clone(),
+                reference: call.ctx.reference.clone(),
+                status: Some(code),
+                detail: format!("from its token service at {realm_host}"),
+                transient: code == 408 || code == 429 || code >= 500,
+            });
         }
         let body = read_capped(call.ctx, resp, MAX_TOKEN_BYTES, "the token reply", self.stall).await?;
         #[derive(serde::Deserialize)]
@@ -319,8 +349,8 @@ impl Wire {
                 return err;
             }
         }
-        if let Some(tls) = tls_cause_of(e) {
-            return ctx.tls_error(tls);
+        if let Some(tls) = tls_cause(e) {
+            return ctx.tls(tls);
         }
         OciError::Unreachable { registry: ctx.registry.clone(), reference: ctx.reference.clone(), detail: chain(e) }
     }
@@ -363,8 +393,7 @@ impl Wire {
     ) -> Result<reqwest::Response, OciError> {
         let mut headers = HeaderMap::new();
         let range = match len {
-            Some(0) => format!("bytes={start}-{start}"),
-            Some(n) => format!("bytes={start}-{}", start + n - 1),
+            Some(n) => format!("bytes={start}-{}", start + n.max(1) - 1),
             None => format!("bytes={start}-"),
         };
         if start > 0 || len.is_some() {
@@ -387,10 +416,24 @@ impl Wire {
     }
 }
 
-/// A header value marked sensitive (never printed by the HTTP stack's debug output).
-fn sensitive(mut v: HeaderValue) -> HeaderValue {
+/// The host of a proxy URL (`http://proxy:3128`, or `proxy:3128` without a scheme).
+fn proxy_host(url: &str) -> Option<String> {
+    let url = url.trim();
+    let parsed = if url.contains("://") { Url::parse(url) } else { Url::parse(&format!("http://{url}")) };
+    parsed.ok()?.host_str().map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+}
+
+/// How a request authenticates.
+enum Auth<'a> {
+    Header(HeaderValue),
+    Basic(&'a str, &'a str),
+}
+
+/// `Bearer <token>`, marked sensitive (never printed by the HTTP stack's debug output).
+fn bearer(token: &str) -> Option<HeaderValue> {
+    let mut v = HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
     v.set_sensitive(true);
-    v
+    Some(v)
 }
 
 fn refused(ctx: &Ctx, r: Refused) -> OciError {
@@ -487,24 +530,6 @@ pub(super) fn parse_challenge(value: &str) -> Option<Bearer> {
     None
 }
 
-/// Standard base64 with padding.
-fn base64_encode(data: &[u8]) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ABC[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -523,14 +548,5 @@ mod tests {
         assert_eq!(parse_challenge("Bearer service=\"x\""), None);
         let two = r#"Basic realm="x", Bearer realm="https://a/t""#;
         assert_eq!(parse_challenge(two).map(|b| b.realm), Some("https://a/t".to_string()));
-    }
-
-    #[test]
-    fn base64_round_trips() {
-        for s in ["", "a", "ab", "abc", "user:pa:ss", "ünïcode:ß"] {
-            let enc = base64_encode(s.as_bytes());
-            assert_eq!(super::super::auth::base64_for_test(&enc).unwrap(), s.as_bytes(), "{s} → {enc}");
-        }
-        assert_eq!(base64_encode(b"user:pass"), "dXNlcjpwYXNz");
     }
 }

@@ -131,31 +131,63 @@ async fn a_blob_downloading_with_other_credentials_is_checked() {
     // The same credentials: the download is the proof to come.
     e.a.authorize(&owner, one).await.unwrap();
     assert_eq!(proofs(&e), 0);
-    // Others: asked for bytes the download wrote.
+    // Others: asked for ranges over the whole blob, compared once the download wrote them.
     let mut other = e.src("v1");
     other.credentials = basic("someone", "else");
     e.a.authorize(&other, one).await.unwrap();
     assert_eq!(e.fake.state.probes.load(Ordering::SeqCst), PROOF_RANGES);
-    assert!(!e.path(&b).exists(), "checked while it was still downloading");
+    // Bytes not verified yet prove nothing for good: once the blob is complete, asked again.
+    assert_eq!(e.settle("vol-owner", one).await, Ensure::Ready);
+    e.a.authorize(&other, one).await.unwrap();
+    e.a.authorize(&other, one).await.unwrap();
+    assert_eq!(e.fake.state.probes.load(Ordering::SeqCst), 2 * PROOF_RANGES, "asked again, then remembered");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partial_file_left_by_others_is_checked_against_its_bytes() {
+async fn a_partial_file_left_by_others_is_checked_against_its_bytes_or_dropped() {
     let e = env().await;
     let data = random(200_000, 41);
     let b = e.blob(data.clone());
     let one = std::slice::from_ref(&b);
+    let sidecar = |have: &str| {
+        let text = format!(r#"{{"version":1,"size":200000,"have":[{have}]}}"#);
+        std::fs::write(e.partial(&b).with_extension("partial.json"), text).unwrap();
+    };
     // An empty one holds nothing to hand over: nothing to prove.
     std::fs::write(e.partial(&b), b"").unwrap();
     e.a.authorize(&e.src("v1"), one).await.unwrap();
     assert_eq!(e.fake.state.probes.load(Ordering::SeqCst), 0);
-    // Its first 100 000 bytes written (as a download leaves them): every range asked for lies
-    // there.
-    std::fs::write(e.partial(&b), &data[..100_000]).unwrap();
-    std::fs::write(e.partial(&b).with_extension("partial.json"), r#"{"version":1,"size":200000,"have":[[0,100000]]}"#)
-        .unwrap();
+    // Every byte written (as a download leaves them before its check): compared, not
+    // remembered (nothing verified them).
+    std::fs::write(e.partial(&b), &data).unwrap();
+    sidecar("[0,200000]");
     e.a.authorize(&e.src("v1"), one).await.unwrap();
-    assert_eq!(e.fake.state.probes.load(Ordering::SeqCst), PROOF_RANGES);
+    e.a.authorize(&e.src("v1"), one).await.unwrap();
+    assert_eq!(e.fake.state.probes.load(Ordering::SeqCst), 2 * PROOF_RANGES);
+    assert!(e.partial(&b).exists(), "bytes the source agrees with are kept");
+    // Other bytes, no download writing them: one of the two is wrong; the partial file,
+    // unverified and unused, goes (this source then downloads with its own credentials).
+    let mut wrong = data.clone();
+    wrong.iter_mut().for_each(|x| *x ^= 0x55);
+    std::fs::write(e.partial(&b), &wrong).unwrap();
+    e.a.authorize(&e.src("v1"), one).await.unwrap();
+    assert!(!e.partial(&b).exists(), "the contradicted partial file is dropped");
+    // Half of it written: the ranges asked for are not all there; nothing writes more: dropped
+    // without a request.
+    std::fs::write(e.partial(&b), &data[..100_000]).unwrap();
+    sidecar("[0,100000]");
+    let asked = e.fake.state.probes.load(Ordering::SeqCst);
+    let mut dropped = false;
+    for _ in 0..20 {
+        e.a.authorize(&e.src("v1"), one).await.unwrap();
+        if !e.partial(&b).exists() {
+            dropped = true;
+            break;
+        }
+        // All four ranges fell in the written half (1 in 16): compared; draw again.
+    }
+    assert!(dropped, "a half-written partial file no download writes was kept");
+    assert!(e.fake.state.probes.load(Ordering::SeqCst) - asked < 20 * PROOF_RANGES);
 }
 
 /// The attack: a registry that answers every `HEAD` with 200 but cannot send the bytes (here:
