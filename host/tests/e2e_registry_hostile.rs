@@ -583,8 +583,9 @@ fn a_dynamic_mount_pending_at_start_fails_at_the_cap_and_the_daemon_lives() {
         }
     });
     let (insecure, grant) = (insecure(&hostile.host()), format!("--grant=model:host={}", hostile.host()));
-    let node = DynNode::start_with(&registry, &[&insecure, &grant]);
+    // Dropped last: after the node's daemons are dead.
     let cage = MemoryCage::new(CAGE);
+    let node = DynNode::start_with(&registry, &[&insecure, &grant]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     guarded(&node.dirs, || {
         rt.block_on(async {

@@ -2208,8 +2208,11 @@ fn after_a_reboot_the_host_container_cleans_up_and_kubelet_rebuilds() {
         let (hash, _) = common::registry::sha256_file(&vols.model.local_target.join("model.safetensors"));
         assert_eq!(Some(hash.as_str()), node.model.file("model.safetensors").map(|(h, _)| h));
         std::thread::sleep(Duration::from_millis(500));
+        // The new daemon proves the cached layers by a few of their bytes (4 ranges of 64 bytes
+        // each, docs/model-cache.md): no more came from the registry.
         let again = layer_bytes_served(&node.registry, &node.model) - served;
-        assert_eq!(again, 0, "the model's layers came from the blob cache, not the registry");
+        let proofs = 256 * node.model.layers.len() as u64;
+        assert!(again <= proofs, "the model's layers came from the blob cache, not the registry: {again} bytes served");
         println!(
             "checked: reboot: records rewritten {rewritten:?}; the new host daemon: {report}; client list empty; \
              cleaned in the state directory {:?}; cleaned below kubelet's directory {kubelet_cleaned:?}; \

@@ -27,8 +27,8 @@ use sha2::Digest as _;
 use super::cache::Core;
 use super::error::{OciError, chain, note_refusal};
 use super::registry::{Endpoint, Scope};
+use super::stall::Window;
 use super::store::hex_of;
-use super::wire::Window;
 use super::{BlobRef, Source};
 
 /// Blobs proven at once for one call.

@@ -38,8 +38,8 @@ use super::follower::{Watched, follow};
 use super::live::{Live, lock};
 use super::registry::Endpoint;
 use super::segments::{Segments, chunks};
+use super::stall::Window;
 use super::store::Store;
-use super::wire::Window;
 
 /// Parallel streams for a large blob. On a 2-core machine pulling 1 GiB over loopback, 2 beat
 /// 1 (~1.4–1.8 s against ~1.5–2.7 s) and 3 (~1.6–1.8 s); each stream is also one connection

@@ -34,6 +34,7 @@ pub enum Pointer {
 }
 
 impl Pointer {
+    /// Its `kind` in `mounthost_registry_refusals_total`.
     pub fn label(self) -> &'static str {
         match self {
             Pointer::Realm => "realm",
@@ -71,6 +72,7 @@ pub struct Origin {
 }
 
 impl Origin {
+    /// An HTTP(S) URL's place; None for another scheme or no host.
     pub fn of(url: &Url) -> Option<Origin> {
         let https = match url.scheme() {
             "https" => true,
@@ -88,6 +90,7 @@ impl Origin {
         Origin::of(&Url::parse(&format!("{scheme}://{host_port}/")).ok()?)
     }
 
+    /// `host:port`.
     pub fn authority(&self) -> String {
         format!("{}:{}", self.host, self.port)
     }
@@ -110,6 +113,7 @@ pub struct Listed {
 }
 
 impl Listed {
+    /// `host` or `host:port`, as `--registry-endpoint` gives it; None: not a host.
     pub fn parse(s: &str) -> Option<Listed> {
         let o = Origin::of_host(s.trim(), true)?;
         let port = s.trim().rsplit_once(':').filter(|(h, p)| !h.ends_with(':') && p.parse::<u16>().is_ok());

@@ -33,6 +33,7 @@ mod push;
 mod registry;
 mod segments;
 mod slots;
+mod stall;
 mod store;
 mod table;
 mod wire;

@@ -26,7 +26,8 @@ use sha2::Digest as _;
 
 use super::error::{Ctx, OciError, What, chain};
 use super::guard::{Listed, Origin, Places};
-use super::wire::{Call, MAX_MANIFEST_BYTES, Settings, Window, Wire};
+use super::stall::Window;
+use super::wire::{Call, MAX_MANIFEST_BYTES, Settings, Wire};
 use super::{RegistryConfig, Resolved, Source};
 
 /// The largest config blob [`Endpoint::resolve`] reads.
@@ -421,7 +422,7 @@ impl Endpoint {
             }
         }
         let _tmp = Tmp(&tmp);
-        let result = async {
+        async {
             let mut out = std::io::BufWriter::new(file);
             let mut body = self.range(digest, 0, None).await?;
             let mut hash = sha2::Sha256::new();
@@ -462,8 +463,7 @@ impl Endpoint {
             let file = out.into_inner().map_err(|e| local(e.into_error(), &tmp))?;
             store.finish_put(file, &tmp, hex).map_err(|e| local(e, &store.blob(hex)))
         }
-        .await;
-        result
+        .await
     }
 
     /// The digests of the manifests that refer to `subject` (a manifest digest of this

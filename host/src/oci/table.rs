@@ -111,7 +111,7 @@ impl Source_<'_> {
                 let mut body = ep.range(digest, offset, Some(len)).await?;
                 let mut out = Vec::with_capacity(len as usize);
                 let mut skip = if body.full { offset } else { 0 };
-                let mut window = super::wire::Window::new(ep.stall());
+                let mut window = super::stall::Window::new(ep.stall());
                 while let Some(chunk) = window.next(&mut body.stream, &ep.ctx, digest).await? {
                     let chunk = chunk.map_err(|e| OciError::Unreachable {
                         registry: ep.ctx.registry.clone(),

@@ -20,6 +20,7 @@ use reqwest::{Method, StatusCode, Url};
 use super::Credentials;
 use super::error::{Ctx, OciError, What, chain, note_refusal, tls_cause};
 use super::guard::{Places, Pointer, PrivateName, Refused, Resolver, redirect_policy};
+use super::stall::Window;
 
 /// The largest manifest, index or referrers list read (registries cap manifests at 4 MiB).
 pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
@@ -27,58 +28,6 @@ pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
 pub const MAX_TOKEN_BYTES: u64 = 1 << 20;
 /// Of an error reply, only this much is read (its code and message are at its start).
 pub const MAX_ERROR_BYTES: u64 = 64 << 10;
-/// The stall rule (`--download-stall-secs`): each window must bring [`super::STALL_BYTES`] or
-/// the end of the body.
-pub(super) struct Window {
-    stall: Duration,
-    opened: tokio::time::Instant,
-    received: u64,
-}
-
-impl Window {
-    pub fn new(stall: Duration) -> Window {
-        Window { stall, opened: tokio::time::Instant::now(), received: 0 }
-    }
-
-    /// When the current window closes.
-    pub fn deadline(&self) -> tokio::time::Instant {
-        self.opened + self.stall
-    }
-
-    /// `n` bytes arrived; false: the window closed with less than its due.
-    pub fn got(&mut self, n: u64) -> bool {
-        self.received += n;
-        if self.received >= super::STALL_BYTES {
-            (self.opened, self.received) = (tokio::time::Instant::now(), 0);
-            return true;
-        }
-        self.opened.elapsed() < self.stall
-    }
-
-    /// The stall error for `what`, counted and logged.
-    pub fn stalled(&self, ctx: &Ctx, what: &str) -> OciError {
-        let e = OciError::Stalled {
-            registry: ctx.registry.clone(),
-            reference: ctx.reference.clone(),
-            what: what.to_string(),
-            received: self.received,
-            secs: self.stall.as_secs(),
-        };
-        note_refusal(&e);
-        e
-    }
-
-    /// The next item of `stream`, or the stall error if the window closes first.
-    pub async fn next<S: futures_util::Stream + Unpin>(
-        &mut self,
-        stream: &mut S,
-        ctx: &Ctx,
-        what: &str,
-    ) -> Result<Option<S::Item>, OciError> {
-        tokio::time::timeout_at(self.deadline(), stream.next()).await.map_err(|_| self.stalled(ctx, what))
-    }
-}
-
 /// A token without `expires_in` is kept this long (the distribution spec's default is 60 s).
 const DEFAULT_TOKEN_SECS: u64 = 60;
 
@@ -106,6 +55,8 @@ pub(super) struct Call<'a> {
     pub reply: &'a str,
 }
 
+/// What a [`Wire`] is made of: the registry's base URL and places, credentials, the node's CA
+/// bundle, proxy and stall window.
 pub(super) struct Settings<'a> {
     pub base: Url,
     pub places: Places,
@@ -116,6 +67,7 @@ pub(super) struct Settings<'a> {
 }
 
 impl Wire {
+    /// The client for one registry as contacted; nothing is contacted yet.
     pub fn new(s: Settings<'_>) -> Result<Wire, OciError> {
         let places = Arc::new(s.places);
         let mut trusted = places.trusted_names();

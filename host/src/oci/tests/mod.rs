@@ -7,6 +7,7 @@ mod pull;
 mod redact;
 mod segments;
 mod store;
+mod wire;
 
 use std::path::Path;
 
