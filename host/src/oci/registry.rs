@@ -367,40 +367,23 @@ impl Endpoint {
         Ok((body, digest))
     }
 
-    /// A small blob (a config, a chunk index), read whole and verified against `size` and
-    /// `digest`. Memory grows with what arrives, never more than `size`.
+    /// A small blob (a config), read whole and verified against `size` and `digest`. Memory
+    /// grows with what arrives, never more than `size`.
     pub async fn small_blob(&self, digest: &str, size: u64) -> Result<Vec<u8>, OciError> {
-        let hex = super::store::hex_of(digest)?;
-        let mut body = self.range(digest, 0, None).await?;
         let mut out = Vec::with_capacity(size.min(1 << 20) as usize);
-        let mut window = Window::new(self.wire.stall);
-        while let Some(chunk) = window.next(&mut body.stream, &self.ctx, digest).await? {
-            let chunk = chunk.map_err(|e| OciError::Unreachable {
-                registry: self.ctx.registry.clone(),
-                reference: self.ctx.reference.clone(),
-                detail: format!("reading {digest}: {}", chain(&e)),
-            })?;
-            if out.len() as u64 + chunk.len() as u64 > size {
-                return Err(self.size_mismatch(digest, format!("it is larger than the {size} bytes the manifest says")));
-            }
-            out.extend_from_slice(&chunk);
-            if !window.got(chunk.len() as u64) {
-                return Err(window.stalled(&self.ctx, digest));
+        let received = self
+            .verified(digest, size, |chunk| {
+                out.extend_from_slice(chunk);
+                Ok(())
+            })
+            .await;
+        match received {
+            Ok(()) => Ok(out),
+            Err(Sink::Registry(e)) => Err(e),
+            Err(Sink::Local(e)) => {
+                Err(OciError::local(std::path::Path::new("memory"), &e, &self.ctx.reference, digest))
             }
         }
-        if (out.len() as u64) < size {
-            return Err(self.size_mismatch(digest, format!("it is smaller than the {size} bytes the manifest says")));
-        }
-        let actual = hex::encode(sha2::Sha256::digest(&out));
-        if actual != hex {
-            return Err(OciError::DigestMismatch {
-                registry: self.ctx.registry.clone(),
-                reference: self.ctx.reference.clone(),
-                digest: digest.to_string(),
-                actual: format!("sha256:{actual}"),
-            });
-        }
-        Ok(out)
     }
 
     /// The blob `digest` of `size` bytes streamed into `store` (a temporary file, hashed as it
@@ -422,48 +405,62 @@ impl Endpoint {
             }
         }
         let _tmp = Tmp(&tmp);
-        async {
-            let mut out = std::io::BufWriter::new(file);
-            let mut body = self.range(digest, 0, None).await?;
-            let mut hash = sha2::Sha256::new();
-            let mut got = 0u64;
-            let mut window = Window::new(self.wire.stall);
-            while let Some(chunk) = window.next(&mut body.stream, &self.ctx, digest).await? {
-                let chunk = chunk.map_err(|e| OciError::Unreachable {
-                    registry: self.ctx.registry.clone(),
-                    reference: self.ctx.reference.clone(),
-                    detail: format!("reading {digest}: {}", chain(&e)),
-                })?;
-                got += chunk.len() as u64;
-                if got > size {
-                    return Err(
-                        self.size_mismatch(digest, format!("it is larger than the {size} bytes the manifest says"))
-                    );
-                }
-                hash.update(&chunk);
-                out.write_all(&chunk).map_err(|e| local(e, &tmp))?;
-                if !window.got(chunk.len() as u64) {
-                    return Err(window.stalled(&self.ctx, digest));
-                }
+        let mut out = std::io::BufWriter::new(file);
+        self.verified(digest, size, |chunk| out.write_all(chunk)).await.map_err(|e| match e {
+            Sink::Registry(e) => e,
+            Sink::Local(e) => local(e, &tmp),
+        })?;
+        let file = out.into_inner().map_err(|e| local(e.into_error(), &tmp))?;
+        store.finish_put(file, &tmp, hex).map_err(|e| local(e, &store.blob(hex)))
+    }
+
+    /// Receive the blob `digest`, handing each piece to `sink`, under the stall rule, checked
+    /// against `size` as it arrives and against `digest` at its end.
+    async fn verified(
+        &self,
+        digest: &str,
+        size: u64,
+        mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<(), Sink> {
+        let hex = super::store::hex_of(digest)?;
+        let mut body = self.range(digest, 0, None).await?;
+        let mut hash = sha2::Sha256::new();
+        let mut got = 0u64;
+        let mut window = Window::new(self.wire.stall);
+        while let Some(chunk) = window.next(&mut body.stream, &self.ctx, digest).await? {
+            let chunk = chunk.map_err(|e| OciError::Unreachable {
+                registry: self.ctx.registry.clone(),
+                reference: self.ctx.reference.clone(),
+                detail: format!("reading {digest}: {}", chain(&e)),
+            })?;
+            got += chunk.len() as u64;
+            if got > size {
+                return Err(self
+                    .size_mismatch(digest, format!("it is larger than the {size} bytes the manifest says"))
+                    .into());
             }
-            if got < size {
-                return Err(
-                    self.size_mismatch(digest, format!("it is smaller than the {size} bytes the manifest says"))
-                );
+            hash.update(&chunk);
+            sink(&chunk).map_err(Sink::Local)?;
+            if !window.got(chunk.len() as u64) {
+                return Err(window.stalled(&self.ctx, digest).into());
             }
-            let actual = hex::encode(hash.finalize());
-            if actual != hex {
-                return Err(OciError::DigestMismatch {
-                    registry: self.ctx.registry.clone(),
-                    reference: self.ctx.reference.clone(),
-                    digest: digest.to_string(),
-                    actual: format!("sha256:{actual}"),
-                });
-            }
-            let file = out.into_inner().map_err(|e| local(e.into_error(), &tmp))?;
-            store.finish_put(file, &tmp, hex).map_err(|e| local(e, &store.blob(hex)))
         }
-        .await
+        if got < size {
+            return Err(self
+                .size_mismatch(digest, format!("it is smaller than the {size} bytes the manifest says"))
+                .into());
+        }
+        let actual = hex::encode(hash.finalize());
+        if actual != hex {
+            return Err(OciError::DigestMismatch {
+                registry: self.ctx.registry.clone(),
+                reference: self.ctx.reference.clone(),
+                digest: digest.to_string(),
+                actual: format!("sha256:{actual}"),
+            }
+            .into());
+        }
+        Ok(())
     }
 
     /// The digests of the manifests that refer to `subject` (a manifest digest of this
@@ -541,6 +538,18 @@ impl Endpoint {
         })?;
         let full = resp.status() != StatusCode::PARTIAL_CONTENT;
         Ok(Body { stream: Box::pin(resp.bytes_stream()), full })
+    }
+}
+
+/// Why [`Endpoint::verified`] stopped: the registry, or the sink's own write.
+enum Sink {
+    Registry(OciError),
+    Local(std::io::Error),
+}
+
+impl From<OciError> for Sink {
+    fn from(e: OciError) -> Sink {
+        Sink::Registry(e)
     }
 }
 

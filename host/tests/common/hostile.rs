@@ -27,7 +27,6 @@ use std::convert::Infallible;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::process::Command;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -40,7 +39,7 @@ use tokio::sync::mpsc;
 
 use super::registry::{
     Class, Descriptor, FILEPATH_ANNOTATION, MODEL_ARTIFACT_TYPE, MODEL_CONFIG, OCI_MANIFEST, Packing, PushedLayer,
-    PushedModel, layer_media_type, sha256_digest,
+    PushedModel, layer_media_type, make_tls, sha256_digest,
 };
 
 /// How a manifest is answered.
@@ -676,40 +675,6 @@ fn tls_acceptor(dir: &Path) -> tokio_rustls::TlsAcceptor {
         .unwrap();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     tokio_rustls::TlsAcceptor::from(Arc::new(config))
-}
-
-/// A test CA (`ca.pem`) and a server certificate for IP 127.0.0.1 signed by it (`server.pem`,
-/// `server.key`), P-256 keys, in `dir` (as `common::registry` makes its own).
-fn make_tls(dir: &Path) {
-    let openssl = |args: &[&str]| {
-        let out = Command::new("openssl").args(args).current_dir(dir).output().expect("running openssl");
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-    let subject = format!("/CN=mounthost hostile test CA {}", dir.file_name().unwrap().to_string_lossy());
-    openssl(
-        &[
-            &["req", "-x509"][..],
-            &ec,
-            &["-keyout", "ca.key", "-out", "ca.pem", "-days", "7", "-subj", &subject],
-            &["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
-        ]
-        .concat(),
-    );
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName = IP:127.0.0.1\nbasicConstraints = critical, CA:FALSE\n\
-         keyUsage = critical, digitalSignature\nextendedKeyUsage = serverAuth\n",
-    )
-    .unwrap();
-    openssl(
-        &[&["req", "-new"][..], &ec, &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"]]
-            .concat(),
-    );
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-    let serial = format!("0x{:016x}", nanos ^ (u64::from(std::process::id()) << 40));
-    let sign = "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -days 7 -extfile server.ext -out server.pem";
-    openssl(&[sign.split_whitespace().collect::<Vec<_>>(), vec!["-set_serial", &serial]].concat());
 }
 
 /// A plain TCP listener on 127.0.0.1 that answers anything with a token JSON (`200`,

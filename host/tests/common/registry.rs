@@ -507,7 +507,7 @@ impl Drop for Registry {
 
 /// A test CA (`ca.pem`, `ca.key`) and a server certificate for IP 127.0.0.1 signed by it
 /// (`server.pem`, `server.key`), P-256 keys, in `dir`.
-fn make_tls(dir: &Path) {
+pub fn make_tls(dir: &Path) {
     let openssl = |args: &[&str]| {
         let out = Command::new("openssl").args(args).current_dir(dir).output().expect("running openssl");
         assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
