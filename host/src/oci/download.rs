@@ -129,8 +129,13 @@ pub(super) async fn download(
 ) -> Result<(), OciError> {
     let local = |e: io::Error, path: &std::path::Path| OciError::local(path, &e, &ep.ctx.reference, &blob.digest);
     let (file, segs) = {
-        let (store, blob) = (store.clone(), blob.clone());
-        tokio::task::spawn_blocking(move || prepare(&store, &blob, lazy))
+        let (store, blob, writer) = (store.clone(), blob.clone(), ep.scope.tag());
+        tokio::task::spawn_blocking(move || {
+            let prepared = prepare(&store, &blob, lazy)?;
+            // Whose download writes it now: the same source resumes it after a restart unasked.
+            let _ = std::fs::write(store.writer(&blob.hex), writer);
+            Ok::<_, io::Error>(prepared)
+        })
     }
     .await
     .map_err(|e| local(io::Error::other(e), &store.partial(&blob.hex)))?
@@ -140,8 +145,6 @@ pub(super) async fn download(
         }
         local(e, &store.partial(&blob.hex))
     })?;
-    // Whose download writes it now: the same source resumes it after a restart unasked.
-    let _ = std::fs::write(store.writer(&blob.hex), ep.scope.tag());
     live.covered.store(segs.covered(), Ordering::Relaxed);
     *lock(&live.segs) = segs.clone();
     let shared = Arc::new(Shared {

@@ -38,8 +38,8 @@ use http_body::{Frame, SizeHint};
 use tokio::sync::mpsc;
 
 use super::registry::{
-    Class, Descriptor, FILEPATH_ANNOTATION, MODEL_ARTIFACT_TYPE, MODEL_CONFIG, OCI_MANIFEST, Packing, PushedLayer,
-    PushedModel, layer_media_type, make_tls, sha256_digest,
+    Class, Descriptor, OCI_MANIFEST, Packing, PushedLayer, PushedModel, layer_media_type, make_tls, model_manifest,
+    sha256_digest,
 };
 
 /// How a manifest is answered.
@@ -380,23 +380,6 @@ impl Drop for Hostile {
             rt.shutdown_background();
         }
     }
-}
-
-/// The manifest of a ModelPack model with `config` and `layers`.
-pub fn model_manifest(config: &Descriptor, layers: &[PushedLayer]) -> String {
-    let manifest = serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST,
-        "artifactType": MODEL_ARTIFACT_TYPE,
-        "config": { "mediaType": MODEL_CONFIG, "digest": config.digest, "size": config.size },
-        "layers": layers.iter().map(|l| serde_json::json!({
-            "mediaType": l.media_type,
-            "digest": l.descriptor.digest,
-            "size": l.descriptor.size,
-            "annotations": { FILEPATH_ANNOTATION: l.filepath },
-        })).collect::<Vec<_>>(),
-    });
-    serde_json::to_string_pretty(&manifest).unwrap()
 }
 
 /// A tar of the one file `bytes` at `path`.

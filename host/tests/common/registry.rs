@@ -756,19 +756,7 @@ impl ModelBuilder {
             "modelfs": { "type": "layers", "diffIds": layers.iter().map(|l| l.diff_id.clone()).collect::<Vec<_>>() },
         });
         let config = registry.push_blob(repo, serde_json::to_vec(&config).unwrap());
-        let manifest = serde_json::json!({
-            "schemaVersion": 2,
-            "mediaType": OCI_MANIFEST,
-            "artifactType": MODEL_ARTIFACT_TYPE,
-            "config": { "mediaType": MODEL_CONFIG, "digest": config.digest, "size": config.size },
-            "layers": layers.iter().map(|l| serde_json::json!({
-                "mediaType": l.media_type,
-                "digest": l.descriptor.digest,
-                "size": l.descriptor.size,
-                "annotations": { FILEPATH_ANNOTATION: l.filepath },
-            })).collect::<Vec<_>>(),
-        });
-        let manifest = serde_json::to_string_pretty(&manifest).unwrap();
+        let manifest = model_manifest(&config, &layers);
         let manifest_digest = registry.push_manifest(repo, tag, &manifest);
         PushedModel {
             reference: registry.reference(repo, tag),
@@ -876,4 +864,21 @@ fn pack_tar(out: &Path, path: &str, content: &Content, packing: Packing) -> (Des
     let (mut buffered, blob) = file.finish();
     buffered.flush().unwrap();
     (blob, diff.digest, sha, size)
+}
+
+/// The manifest of a ModelPack model with `config` and `layers`.
+pub fn model_manifest(config: &Descriptor, layers: &[PushedLayer]) -> String {
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "artifactType": MODEL_ARTIFACT_TYPE,
+        "config": { "mediaType": MODEL_CONFIG, "digest": config.digest, "size": config.size },
+        "layers": layers.iter().map(|l| serde_json::json!({
+            "mediaType": l.media_type,
+            "digest": l.descriptor.digest,
+            "size": l.descriptor.size,
+            "annotations": { FILEPATH_ANNOTATION: l.filepath },
+        })).collect::<Vec<_>>(),
+    });
+    serde_json::to_string_pretty(&manifest).unwrap()
 }
