@@ -25,11 +25,15 @@
 //! |---|---|---|
 //! | 1 | mounthost 0.1.0 | first |
 //! | 2 | an earlier release | `cgroup`: the volume's cgroup, recorded, so each daemon owns the groups its records name (schema 1 volumes keep `<cgroup-parent>/<key>`, where every earlier release put them) |
-//! | 3 | this release | lazy volumes (docs/lazy.md): a `spawn-fuse` step's `lazy` (the host's own server and the layers it serves), a dynamic mount's `process`; a schema 2 record has neither and reads as it is |
+//! | 3 | an earlier release | lazy volumes (docs/lazy.md): a `spawn-fuse` step's `lazy` (the host's own server and the layers it serves), a dynamic mount's `process`; a schema 2 record has neither and reads as it is |
+//! | 4 | this release | a dynamic volume's limits: a publication's `dynamicLimits` (what its attributes lowered) and a dynamic mount's `bytes` (what it counts against the byte cap); a schema 3 record has neither and reads as it is (no limit lowered, mounts counted as 0 until planned again) |
 //!
 //! A record is written in the oldest schema that holds it ([`VolumeState::oldest_schema`]):
-//! this release writes schema 3 only for lazy volumes, so a daemon of the release before reads
-//! every other volume this one saved.
+//! this release writes schema 4 only for dynamic volumes whose attributes lower a limit or
+//! whose mounts count bytes, 3 for other lazy volumes, 2 for the rest, so a daemon of an
+//! earlier release reads every volume that uses nothing newer, and refuses (FAILED_PRECONDITION,
+//! naming both versions) one whose limits it would drop at its next save. Records that daemons
+//! between schemas 3 and 4 wrote with these fields under an older version still read here.
 //!
 //! Every read and write goes through the executor's [`Files`] (paths resolved below the state
 //! directory without following links), so the recording executor sees them in unit tests.
@@ -47,7 +51,7 @@ use crate::exec::process::ProcessId;
 use crate::plan::Plan;
 
 /// The schema version this daemon writes (and the newest it reads).
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// The oldest schema version this daemon reads, migrating it to [`SCHEMA_VERSION`].
 pub const OLDEST_SCHEMA_VERSION: u32 = 1;
@@ -246,11 +250,16 @@ fn is_zero(n: &u32) -> bool {
 }
 
 impl VolumeState {
-    /// The oldest schema that holds this record: 3 for a lazy volume, or a volume with a lazy
-    /// dynamic mount (what schema 3 added), else 2.
+    /// The oldest schema that holds this record: 4 for a dynamic volume whose publication
+    /// lowers a limit or one of whose mounts counts bytes (what schema 4 added), 3 for a lazy
+    /// volume, or a volume with a lazy dynamic mount (what schema 3 added), else 2.
     pub fn oldest_schema(&self) -> u32 {
         let lazy = |steps: &[crate::plan::Step]| crate::plan::lazy::layers_of(steps).is_some();
-        if lazy(&self.plan.steps) || self.dynamic.values().any(|d| d.process.is_some() || lazy(&d.steps)) {
+        let limits = self.published.values().any(|p| !p.dynamic_limits.is_default())
+            || self.dynamic.values().any(|d| d.bytes != 0);
+        if limits {
+            4
+        } else if lazy(&self.plan.steps) || self.dynamic.values().any(|d| d.process.is_some() || lazy(&d.steps)) {
             3
         } else {
             2
@@ -929,6 +938,96 @@ mod tests {
         assert!(old_daemon.load("plain").unwrap().is_some());
         let err = old_daemon.load("lazy").unwrap_err();
         assert!(err.is_schema() && err.to_string().contains("has schema version 3"), "{err}");
+    }
+
+    /// A dynamic volume's limits (schema 4): a daemon built with schema 3 refuses such a record
+    /// by its version, naming both, instead of reading it and dropping the limits at its next
+    /// save; this daemon reads schema 3 records, and the records daemons between the two wrote
+    /// with these fields under version 2 or 3.
+    #[test]
+    fn a_dynamic_volumes_limits_are_schema_4_and_an_older_daemon_refuses_them() {
+        let (rec, store) = store();
+        let dynamic = |id: &str, lowered: bool, bytes: u64| {
+            let mut st = state(id);
+            st.phase = Phase::Staged;
+            let dynamic_limits = crate::volume::request::DynamicLimits {
+                max_bytes: lowered.then_some(1 << 20),
+                ..Default::default()
+            };
+            st.published.insert(
+                "/pods/u/mount".into(),
+                Publication { readonly: true, steps: Vec::new(), dynamic: Some(vec!["model".into()]), dynamic_limits },
+            );
+            st.dynamic.insert(
+                "m".into(),
+                DynamicMount {
+                    plugin: "model".into(),
+                    parameters: BTreeMap::new(),
+                    phase: MountPhase::Ready,
+                    reason: None,
+                    steps: Vec::new(),
+                    bytes,
+                    process: None,
+                },
+            );
+            st
+        };
+        let written = |id: &str| -> serde_json::Value {
+            serde_json::from_slice(&rec.read_file(&store.path(id)).unwrap().unwrap()).unwrap()
+        };
+        for (id, lowered, bytes) in [("lowered", true, 0), ("counted", false, 4096), ("both", true, 4096)] {
+            let st = dynamic(id, lowered, bytes);
+            store.save(&st).unwrap();
+            assert_eq!(written(id)["version"], 4, "{id}");
+            assert_eq!(store.load(id).unwrap(), Some(st), "{id} reads back whole");
+        }
+        store.save(&dynamic("plain", false, 0)).unwrap();
+        assert_eq!(written("plain")["version"], 2, "no limit lowered, nothing counted: nothing of schema 4");
+
+        // A daemon of the release before (schema 3) refuses the limits by version, names both
+        // versions, and leaves the file as it is; it still reads the plain dynamic volume.
+        let older = Schema { newest: 3, legacy_cgroup_parent: "mounthost".into() };
+        let old_daemon = StateStore::open(Path::new(DIR), rec.clone(), older).unwrap();
+        let before = rec.read_file(&store.path("both")).unwrap().unwrap();
+        let err = old_daemon.load("both").unwrap_err();
+        assert!(err.is_schema(), "{err}");
+        assert!(
+            err.to_string()
+                .contains("has schema version 4, written by a newer mounthost; this daemon reads versions 1 to 3"),
+            "{err}"
+        );
+        let err: crate::error::Error = err.into();
+        assert_eq!(err.kind, crate::error::ErrorKind::FailedPrecondition);
+        assert_eq!(rec.read_file(&store.path("both")).unwrap().unwrap(), before, "never rewritten");
+        assert!(old_daemon.load("plain").unwrap().is_some());
+
+        // This daemon reads what earlier ones wrote: the fields under version 2 or 3 (daemons
+        // between the two schemas), and a schema 3 record without them.
+        for version in [2, 3] {
+            let mut doc = written("both");
+            doc["version"] = version.into();
+            let id = format!("v{version}");
+            doc["volumeId"] = id.clone().into();
+            doc["cgroup"] = format!("mounthost-0123456789abcdef/{}", volume_key(&id)).into();
+            rec.add_file(&store.path(&id), doc.to_string().as_bytes(), None);
+        }
+        let mut doc = written("plain");
+        doc["version"] = 3.into();
+        doc["volumeId"] = "v3plain".into();
+        doc["cgroup"] = format!("mounthost-0123456789abcdef/{}", volume_key("v3plain")).into();
+        rec.add_file(&store.path("v3plain"), doc.to_string().as_bytes(), None);
+        let again = StateStore::open(Path::new(DIR), rec.clone(), Schema::current("mounthost")).unwrap();
+        for id in ["v2", "v3"] {
+            let st = again.load(id).unwrap().unwrap();
+            assert_eq!(st.version, SCHEMA_VERSION, "{id} migrated");
+            assert_eq!(st.published["/pods/u/mount".as_ref() as &Path].dynamic_limits.max_bytes, Some(1 << 20), "{id}");
+            assert_eq!(st.dynamic["m"].bytes, 4096, "{id}");
+            // Its next save says schema 4.
+            again.save(&st).unwrap();
+            assert_eq!(written(id)["version"], 4, "{id}");
+        }
+        let plain = again.load("v3plain").unwrap().unwrap();
+        assert!(plain.published.values().all(|p| p.dynamic_limits.is_default()) && plain.dynamic["m"].bytes == 0);
     }
 
     #[test]
