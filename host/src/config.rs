@@ -84,6 +84,18 @@ impl DynamicCaps {
         )
     }
 
+    /// Does the volume's attribute `key` (one of [`crate::volume::request::DYNAMIC_LIMIT_KEYS`])
+    /// set its limit, rather than the node's cap? Only when it asked for no more than the node
+    /// allows (a cap lowered since its publish is the node's).
+    pub fn set_by_volume(&self, asked: &crate::volume::request::DynamicLimits, key: &str) -> bool {
+        use crate::volume::request as r;
+        match key {
+            r::DYNAMIC_MAX_MOUNTS_KEY => asked.max_mounts.is_some_and(|a| a <= self.max_mounts),
+            r::DYNAMIC_MAX_MIB_KEY => asked.max_bytes.is_some_and(|a| self.max_bytes.is_none_or(|c| a <= c)),
+            _ => asked.requests_per_minute.is_some_and(|a| a <= self.requests_per_minute),
+        }
+    }
+
     /// The limits a volume with `asked` gets: the lower of each.
     pub fn effective(&self, asked: &crate::volume::request::DynamicLimits) -> DynamicCaps {
         let lower = |a: Option<u64>, c: Option<u64>| match (a, c) {

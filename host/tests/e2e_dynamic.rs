@@ -712,6 +712,73 @@ fn a_dynamic_volume_past_its_rate_gets_429_with_retry_after() {
     );
 }
 
+/// The node lowers its caps under a published dynamic volume (the host daemon restarted with
+/// lower `--dynamic-max-*` flags than the volume's attributes): kubelet's next
+/// NodePublishVolume of it succeeds, with a warning in the host's log, and the volume gets the
+/// lower caps; a new publication above them is still INVALID_ARGUMENT.
+#[test]
+fn a_published_volume_stays_published_when_the_node_lowers_its_caps() {
+    with_pod_a_ctx(
+        "a_published_volume_stays_published_when_the_node_lowers_its_caps",
+        &["--dynamic-max-mounts=8", "--dynamic-max-mib=64"],
+        &[("dynamicMaxMounts", "6"), ("dynamicMaxMiB", "32")],
+        async |p| {
+            let a = p.dir.clone();
+            mount(&a, "one", &p.base.reference);
+            p.node.restart_host_instead(&["--dynamic-max-mounts=2", "--dynamic-max-mib=16"]);
+            let staging = p.node.dirs.staging(PV_A);
+            let mut ctx = dynamic_ctx(&p.base.reference);
+            ctx.extend([("dynamicMaxMounts", "6"), ("dynamicMaxMiB", "32")].map(|(k, v)| (k.to_string(), v.to_string())));
+            let republish = common::publish_req(PV_A, &staging, &a, true, &ctx);
+            let until = std::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                match p.csi.node_publish_volume(republish.clone()).await {
+                    Ok(_) => break,
+                    Err(s) if s.code() == tonic::Code::Unavailable && std::time::Instant::now() < until => {
+                        tokio::time::sleep(Duration::from_millis(100)).await
+                    }
+                    Err(s) => panic!("the republish under lower caps: {s:?}\n{}", p.node.dirs.logs()),
+                }
+            }
+            // Twice: kubelet publishes again whenever it syncs the pod.
+            p.csi.node_publish_volume(republish).await.unwrap();
+            let log = common::strip_ansi(&std::fs::read_to_string(p.node.dirs.root.path().join("host.log")).unwrap());
+            let warned: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ") && l.contains("lowered since it was published")).collect();
+            assert_eq!(warned.len(), 2, "one warning per publish:\n{log}");
+            assert!(
+                warned[0].contains("volume attribute dynamicMaxMounts is 6, above this node's cap of 2 (--dynamic-max-mounts)"),
+                "{}",
+                warned[0]
+            );
+            // The mount is still there, and the node's lower cap holds: 2 mounts, not 6.
+            assert_eq!(call(&a, "GET", "/mounts/one", None).1["state"], "ready");
+            mount(&a, "two", &p.base.reference);
+            let (status, v) =
+                call(&a, "POST", "/mounts", Some(json!({"id": "three", "parameters": {"reference": p.base.reference}})));
+            assert_eq!((status, v["code"].as_str()), (409, Some("too_many_mounts")), "{v}");
+            assert!(v["message"].as_str().unwrap().contains("the node's --dynamic-max-mounts 2"), "{v}");
+            // A volume published for the first time above the node's caps is still refused.
+            let staging_b = p.node.dirs.staging(PV_B);
+            p.csi.node_stage_volume(common::stage_req(PV_B, &staging_b, &ctx)).await.unwrap();
+            let target_b = p.node.dirs.target(POD_B, PV_B);
+            let err = p
+                .csi
+                .node_publish_volume(common::publish_req(PV_B, &staging_b, &target_b, true, &ctx))
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+            p.csi
+                .node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                    volume_id: PV_B.into(),
+                    staging_target_path: staging_b.display().to_string(),
+                })
+                .await
+                .unwrap();
+            println!("checked: republished under lowered caps with a warning, the lower cap applied; a new publish above it refused");
+        },
+    );
+}
+
 /// A POST whose registry never answers plans and resolves without the volume's lock: the
 /// pod's other requests (a mount of another model, a delete) are answered meanwhile.
 #[test]

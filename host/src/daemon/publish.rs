@@ -196,7 +196,25 @@ impl Node {
         // A dynamic volume's own files go below the host's tmpfs at the target (dynamic.rs).
         let dynamic = request::dynamic_plugins(&req.volume_context, &state.plugin)?;
         let dynamic_limits = request::dynamic_limits(&req.volume_context)?;
-        self.config().dynamic.check(&dynamic_limits)?;
+        if let Err(above) = self.config().dynamic.check(&dynamic_limits) {
+            // Already published here with these attributes: the node's caps were lowered since
+            // (a restart with lower --dynamic-max-* flags). The pod keeps its volume, under the
+            // lower of each (`DynamicCaps::effective`); a new publication is still refused.
+            let republish = state
+                .published
+                .get(&target)
+                .is_some_and(|p| p.dynamic.is_some() && p.dynamic_limits == dynamic_limits);
+            if !republish {
+                return Err(above);
+            }
+            tracing::warn!(
+                volume.id = %id,
+                target = %target.display(),
+                reason = %above.message,
+                "a dynamic volume's attributes are above this node's caps, lowered since it was published; \
+                 it keeps its publication under the node's caps"
+            );
+        }
         let content = if dynamic.is_some() { target.join(super::dynamic::VOLUME_DIR) } else { target.clone() };
         if dynamic.is_some() && !self.inner.exec.atomic_read_only_binds() {
             return Err(Error::precondition(format!(

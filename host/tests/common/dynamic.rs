@@ -170,6 +170,17 @@ impl DynNode {
         *self.host.lock().unwrap() = Some(self.dirs.start_host(&self.args));
     }
 
+    /// Kill the host daemon (-9) and start it again with `more` instead of the arguments it was
+    /// started with (the registry stays insecure).
+    pub fn restart_host_instead(&self, more: &[&str]) {
+        if let Some(mut h) = self.host.lock().unwrap().take() {
+            h.kill9();
+        }
+        let mut args = vec![self.args[0].clone()];
+        args.extend(more.iter().map(|a| a.to_string()));
+        *self.host.lock().unwrap() = Some(self.dirs.start_host(&args));
+    }
+
     /// The host daemon's pid.
     pub fn host_pid(&self) -> u32 {
         self.host.lock().unwrap().as_ref().expect("the host daemon runs").child.id()

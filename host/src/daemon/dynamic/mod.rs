@@ -702,7 +702,12 @@ impl Node {
                 format!(
                     "the volume holds {} mounts, the most it may ({} {max}); delete one first",
                     st.dynamic.len(),
-                    limit_source(st, crate::volume::request::DYNAMIC_MAX_MOUNTS_KEY, "--dynamic-max-mounts")
+                    limit_source(
+                        &self.config().dynamic,
+                        st,
+                        crate::volume::request::DYNAMIC_MAX_MOUNTS_KEY,
+                        "--dynamic-max-mounts"
+                    )
                 ),
             ));
         }
@@ -724,7 +729,7 @@ impl Node {
                 format!(
                     "mount {id} fetches {} bytes and the volume's other mounts {others}, more than its cap of {max} bytes ({} {} MiB); delete a mount first",
                     record.bytes,
-                    limit_source(st, crate::volume::request::DYNAMIC_MAX_MIB_KEY, "--dynamic-max-mib"),
+                    limit_source(&self.config().dynamic, st, crate::volume::request::DYNAMIC_MAX_MIB_KEY, "--dynamic-max-mib"),
                     max >> 20
                 ),
             ));
@@ -756,7 +761,12 @@ impl Node {
                 let said = format!(
                     "this volume takes {} POST and DELETE requests a minute ({})",
                     limits.requests_per_minute,
-                    limit_source(&st, crate::volume::request::DYNAMIC_RATE_KEY, "--dynamic-requests-per-minute")
+                    limit_source(
+                        &self.config().dynamic,
+                        &st,
+                        crate::volume::request::DYNAMIC_RATE_KEY,
+                        "--dynamic-requests-per-minute"
+                    )
                 );
                 let mut buckets = lock(&self.inner.dynamic.buckets);
                 let (bucket, said) = buckets
@@ -1228,15 +1238,11 @@ fn mount_lazy(st: &VolumeState, m: &DynamicMount) -> Result<bool, Error> {
     }
 }
 
-/// Where a volume's limit comes from: its attribute `key` when it set one, else the node's `flag`.
-fn limit_source(st: &VolumeState, key: &str, flag: &str) -> String {
+/// Where a volume's limit comes from: its attribute `key` when it set one at or below the
+/// node's `node` (caps lowered since its publish win), else the node's `flag`.
+fn limit_source(node: &crate::config::DynamicCaps, st: &VolumeState, key: &str, flag: &str) -> String {
     let set = st.published.values().find(|p| p.dynamic.is_some()).map(|p| p.dynamic_limits).unwrap_or_default();
-    let by_volume = match key {
-        crate::volume::request::DYNAMIC_MAX_MOUNTS_KEY => set.max_mounts.is_some(),
-        crate::volume::request::DYNAMIC_MAX_MIB_KEY => set.max_bytes.is_some(),
-        _ => set.requests_per_minute.is_some(),
-    };
-    if by_volume { format!("volume attribute {key}") } else { format!("the node's {flag}") }
+    if node.set_by_volume(&set, key) { format!("volume attribute {key}") } else { format!("the node's {flag}") }
 }
 
 fn not_found(id: &str) -> ApiErr {
