@@ -618,6 +618,74 @@ fn a_dynamic_volume_holds_only_what_its_caps_allow() {
     );
 }
 
+/// A pod floods its socket (8 connections at once, each sending GET and DELETE in turn as fast
+/// as the answers come) for at least 3 s, while volume B's pod mounts a model: every request is
+/// answered, with a status of its kind (200 for a read, 404 for a DELETE that got a token, 429
+/// past the bucket), at most as many as the pace lets through (a burst of 200, then 100 a
+/// second: `dynamic::limits::Pacer`), the DELETEs at most as many as the bucket holds (20, then
+/// 2 a second) and the rest 429, and B's mount is ready meanwhile. The benchmark with timings
+/// is `flood_benchmark` (`bench/dynamic-flood.sh`).
+#[test]
+fn a_pod_flooding_its_socket_is_paced_and_another_volume_still_mounts() {
+    with_pod_a("a_pod_flooding_its_socket_is_paced_and_another_volume_still_mounts", &[], async |p| {
+        let b = p.node.dynamic_volume(&mut p.csi, PV_B, POD_B, &dynamic_ctx(&p.base.reference)).await;
+        let other = tiny_model(p.registry, "models/other", "v1", &vec![3u8; 1 << 20]);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let started = std::time::Instant::now();
+        // Each answer with when it came (since `started`).
+        let flooders: Vec<_> = (0..8)
+            .map(|_| {
+                let (dir, stop) = (p.dir.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut answers: Vec<(&'static str, Option<u16>, Duration)> = Vec::new();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        for (kind, method, path) in [("read", "GET", "/mounts"), ("delete", "DELETE", "/mounts/none")] {
+                            let status = try_call(&dir, method, path, None).map(|(s, _)| s);
+                            answers.push((kind, status, started.elapsed()));
+                        }
+                    }
+                    answers
+                })
+            })
+            .collect();
+        // B's pod mounts a model meanwhile.
+        let v = mount(&b, "other", &other.reference);
+        let b_ready = started.elapsed();
+        assert_eq!(v["state"], "ready");
+        assert_eq!(regular_files(&snapshot(&b.join("mounts/other"))), files_of(&other));
+        while started.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let flood_ended = started.elapsed();
+        let answers: Vec<_> = flooders.into_iter().flat_map(|t| t.join().unwrap()).collect();
+        assert!(b_ready < flood_ended, "B's mount was ready while A flooded");
+        let mut by = std::collections::BTreeMap::<(&str, Option<u16>), usize>::new();
+        for (kind, status, _) in &answers {
+            *by.entry((*kind, *status)).or_default() += 1;
+        }
+        let unexpected: Vec<_> = by
+            .iter()
+            .filter(|((kind, status), _)| !matches!((*kind, *status), ("read", Some(200)) | ("delete", Some(404 | 429))))
+            .collect();
+        assert!(unexpected.is_empty(), "every request answered by its kind: {by:?}");
+        // What was answered while the flood ran: at most the pace's burst plus its rate.
+        let window = flood_ended.as_secs_f64();
+        let within = answers.iter().filter(|(_, _, at)| *at <= flood_ended).count();
+        let paced = 200 + (100.0 * (window + 0.1)) as usize + 2;
+        assert!((200..=paced).contains(&within), "{within} answers in {window:.2} s (the pace allows {paced}): {by:?}");
+        // DELETEs: the bucket's 20, then 2 a second; the rest 429.
+        let tokens = by.get(&("delete", Some(404))).copied().unwrap_or(0);
+        let refused = by.get(&("delete", Some(429))).copied().unwrap_or(0);
+        let bucket = 20 + (2.0 * (answers.iter().map(|a| a.2).max().unwrap().as_secs_f64() + 0.1)) as usize + 1;
+        assert!((20..=bucket).contains(&tokens), "{tokens} DELETEs took a token (the bucket allows {bucket}): {by:?}");
+        assert!(refused > 0, "DELETEs past the bucket are 429: {by:?}");
+        println!(
+            "checked: {within} answers in {window:.2} s (pace allows {paced}), {tokens} DELETEs took a token and {refused} got 429; B's mount ready after {b_ready:?}"
+        );
+    });
+}
+
 /// The whole answer to one request, head and body.
 fn whole_answer(dir: &Path, method: &str, path: &str) -> String {
     let mut s = connect(dir).unwrap();
@@ -728,7 +796,9 @@ fn a_published_volume_stays_published_when_the_node_lowers_its_caps() {
             p.node.restart_host_instead(&["--dynamic-max-mounts=2", "--dynamic-max-mib=16"]);
             let staging = p.node.dirs.staging(PV_A);
             let mut ctx = dynamic_ctx(&p.base.reference);
-            ctx.extend([("dynamicMaxMounts", "6"), ("dynamicMaxMiB", "32")].map(|(k, v)| (k.to_string(), v.to_string())));
+            ctx.extend(
+                [("dynamicMaxMounts", "6"), ("dynamicMaxMiB", "32")].map(|(k, v)| (k.to_string(), v.to_string())),
+            );
             let republish = common::publish_req(PV_A, &staging, &a, true, &ctx);
             let until = std::time::Instant::now() + Duration::from_secs(30);
             loop {
@@ -743,18 +813,25 @@ fn a_published_volume_stays_published_when_the_node_lowers_its_caps() {
             // Twice: kubelet publishes again whenever it syncs the pod.
             p.csi.node_publish_volume(republish).await.unwrap();
             let log = common::strip_ansi(&std::fs::read_to_string(p.node.dirs.root.path().join("host.log")).unwrap());
-            let warned: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ") && l.contains("lowered since it was published")).collect();
+            let warned: Vec<&str> =
+                log.lines().filter(|l| l.contains(" WARN ") && l.contains("lowered since it was published")).collect();
             assert_eq!(warned.len(), 2, "one warning per publish:\n{log}");
             assert!(
-                warned[0].contains("volume attribute dynamicMaxMounts is 6, above this node's cap of 2 (--dynamic-max-mounts)"),
+                warned[0].contains(
+                    "volume attribute dynamicMaxMounts is 6, above this node's cap of 2 (--dynamic-max-mounts)"
+                ),
                 "{}",
                 warned[0]
             );
             // The mount is still there, and the node's lower cap holds: 2 mounts, not 6.
             assert_eq!(call(&a, "GET", "/mounts/one", None).1["state"], "ready");
             mount(&a, "two", &p.base.reference);
-            let (status, v) =
-                call(&a, "POST", "/mounts", Some(json!({"id": "three", "parameters": {"reference": p.base.reference}})));
+            let (status, v) = call(
+                &a,
+                "POST",
+                "/mounts",
+                Some(json!({"id": "three", "parameters": {"reference": p.base.reference}})),
+            );
             assert_eq!((status, v["code"].as_str()), (409, Some("too_many_mounts")), "{v}");
             assert!(v["message"].as_str().unwrap().contains("the node's --dynamic-max-mounts 2"), "{v}");
             // A volume published for the first time above the node's caps is still refused.
@@ -774,7 +851,9 @@ fn a_published_volume_stays_published_when_the_node_lowers_its_caps() {
                 })
                 .await
                 .unwrap();
-            println!("checked: republished under lowered caps with a warning, the lower cap applied; a new publish above it refused");
+            println!(
+                "checked: republished under lowered caps with a warning, the lower cap applied; a new publish above it refused"
+            );
         },
     );
 }
