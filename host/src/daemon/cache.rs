@@ -143,9 +143,9 @@ impl Node {
     }
 }
 
-/// The credentials a warm-up carries, as a model volume's secrets: `username` and
-/// `password`, `token`, or `.dockerconfigjson`, one kind at most.
-fn pull_auth(secrets: &Secrets) -> Result<RegistryAuth, Error> {
+/// The credentials a warm-up (and a dynamic mount, `dynamic/credentials.rs`) carries, as a model
+/// volume's secrets: `username` and `password`, `token`, or `.dockerconfigjson`, one kind at most.
+pub(super) fn pull_auth(secrets: &Secrets) -> Result<RegistryAuth, Error> {
     let has = |k: &str| secrets.get(k).is_some();
     let kinds = [has("username") || has("password"), has("token"), has(".dockerconfigjson")];
     match kinds {

@@ -441,14 +441,18 @@ impl Node {
         };
         let id = volume;
         let resolve = steps.iter().find(|s| matches!(s, Step::Resolve { .. })).cloned();
-        // A dynamic mount pulls anonymously; a volume with the secrets kept for it.
-        let secrets: crate::secrets::Secrets = match mount {
-            None => self.inner.store.load_secrets(id)?.into_iter().collect(),
-            Some(_) => crate::secrets::Secrets::default(),
-        };
-        let source = match &resolve {
-            Some(r) => self.source(r, &secrets)?,
-            None => return Err(Error::internal("a lazy volume's plan has no resolve step")),
+        // A volume with the secrets kept for it; a dynamic mount with its volume's kept
+        // credentials, for the registries its StorageClass names (dynamic/credentials.rs).
+        let source = match (&resolve, mount) {
+            (None, _) => return Err(Error::internal("a lazy volume's plan has no resolve step")),
+            (Some(r), None) => {
+                let secrets: crate::secrets::Secrets = self.inner.store.load_secrets(id)?.into_iter().collect();
+                self.source(r, &secrets)?
+            }
+            (Some(r), Some(m)) => {
+                let plugin = st.dynamic.get(m).map(|d| d.plugin.clone()).unwrap_or_default();
+                self.dynamic_mount_source(&st, &plugin, r).await?
+            }
         };
         let blobs: Vec<BlobRef> = lazy.layers.iter().map(blob_of).collect();
         // Its blobs are in use, and readable, for as long as it is staged (a restarted daemon

@@ -34,6 +34,7 @@ use std::path::{Path, PathBuf};
 
 use super::Node;
 use super::diff::{Desired, Root};
+use super::dynamic::credentials::Given;
 use super::pipeline::{Job, Persist, Undo};
 use super::stage::StageAsk;
 use crate::error::Error;
@@ -271,6 +272,12 @@ impl Node {
         }
         single_writer(&state, &capability, &target, readonly)?;
         let unchanged = state.published.get(&target) == Some(&publication);
+        if publication.dynamic.is_some() {
+            // Its mounts' registry credentials (dynamic/credentials.rs): this publish's secrets,
+            // in place of an earlier publish's (a rotated Secret), kept before the socket serves.
+            let (v, eph, s) = (id.clone(), state.ephemeral, secrets.clone());
+            self.blocking(move |n| n.keep_dynamic_secrets(&v, eph, Given::Publish, &s)).await?;
+        }
         let below = target.parent().unwrap_or(&target).to_path_buf();
         let job = Job {
             id: id.clone(),
@@ -381,6 +388,8 @@ impl Node {
         if dynamic {
             let dir = self.dynamic_cache(&id);
             self.blocking(move |n| n.remove_host_dirs(vec![dir])).await?;
+            let v = id.clone();
+            self.blocking(move |n| n.forget_dynamic_secrets(&v, Some(Given::Publish))).await?;
             // Their downloads no other volume wants stop, and their partial files go.
             for key in lazy {
                 self.inner.artifacts.lazy_forget(&key).await;

@@ -68,6 +68,7 @@ impl Node {
         }
         // The keys of the records that survived the pass (read from the directory's names).
         let claimed = self.inner.store.keys()?;
+        report.cleaned += self.sweep_dynamic_secrets(&claimed)?;
         report.orphans = self.sweep_orphans(&claimed)?;
         report.orphan_processes = self.sweep_orphan_groups(&claimed)?;
         info!(?report, "reconciled volume state");

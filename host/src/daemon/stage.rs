@@ -18,6 +18,7 @@ use tracing::{info, warn};
 
 use super::Node;
 use super::diff::{Desired, Root};
+use super::dynamic::credentials::Given;
 use super::pipeline::{Job, Persist, Undo};
 use crate::error::Error;
 use crate::plan::secret_refs;
@@ -66,9 +67,17 @@ impl Node {
         let secrets = request::secrets(&req.secrets)?;
         let _guard = self.inner.locks.try_lock(&id)?;
         let staging_below = staging.parent().unwrap_or(&staging).to_path_buf();
+        // A dynamic volume's mounts pull with these when its publish brings none
+        // (dynamic/credentials.rs); also a stage of a volume staged already brings them anew.
+        let dynamic = req.volume_context.get(request::DYNAMIC_KEY).is_some_and(|v| v == "true");
+        let kept = dynamic.then(|| (id.clone(), secrets.clone()));
         let ask =
             StageAsk { id, staging, staging_below, capability, context: req.volume_context, secrets, ephemeral: false };
-        self.stage_locked(ask).await
+        self.stage_locked(ask).await?;
+        if let Some((v, s)) = kept {
+            self.blocking(move |n| n.keep_dynamic_secrets(&v, false, Given::Stage, &s)).await?;
+        }
+        Ok(())
     }
 
     /// Stage under the volume's lock (also the first publish of an ephemeral volume).

@@ -167,6 +167,8 @@ impl Node {
             undo: Undo::Nothing,
         };
         self.blocking(move |n| n.run_job(job)).await?;
+        let v = id.to_string();
+        self.blocking(move |n| n.forget_dynamic_secrets(&v, None)).await?;
         self.inner.backoff.clear(id);
         info!(volume.id = %id, "unstaged");
         Ok(())

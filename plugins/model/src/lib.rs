@@ -44,7 +44,8 @@ impl Plugin for Model {
                           datasets). Registry credentials come from CSI secrets, by key. Pods of a \
                           dynamic volume may mount further models read-only at mounts/<id>/, naming \
                           reference, include, exclude, weights and types (the volume's mirror and \
-                          insecure apply; no credentials: pulls are anonymous)."
+                          insecure apply, and its CSI secrets go to the registries its \
+                          StorageClass names, never to others)."
                 .into(),
             parameters: mounthost_plugin_sdk::params::param_docs(params::SPECS),
             programs: Vec::new(),

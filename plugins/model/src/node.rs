@@ -16,7 +16,8 @@
 //! A dynamic mount plans the same two rounds with the same steps (one code path,
 //! `plan_model`), with three differences: the model and its filters come from the pod's
 //! request and only `mirror` and `insecure` from the volume ([`Settings::dynamic`]); the
-//! `resolve` step is always anonymous (a dynamic mount has no CSI secrets); and the bind goes
+//! `resolve` step names no secret (the plugin gets none: the host gives the mount the volume's
+//! own credentials for the registries its StorageClass names); and the bind goes
 //! onto `target`, which the host maps to the mount's own directory, its `cache` being a
 //! directory of that mount alone. The resolution reaches the second round in `recorded`, under
 //! the SDK's reserved keys ([`resolved_from_recorded`]), because the contract's
@@ -72,8 +73,9 @@ pub fn stage(req: &StageRequest) -> Result<Staged, BackendError> {
 }
 
 /// Plan a pod's dynamic mount (both rounds): the model the pod names, with the filters it
-/// gives and the volume's `mirror` and `insecure`, pulled anonymously, lands read-only on the
-/// mount's own directory (`target`), laid out in the mount's own cache directory as a stage
+/// gives and the volume's `mirror` and `insecure`, its `resolve` step naming no secret (the
+/// host adds the volume's credentials where they belong), lands read-only on the mount's own
+/// directory (`target`), laid out in the mount's own cache directory as a stage
 /// lays it out in the volume's. The resolution of the second round arrives in `recorded`
 /// ([`resolved_from_recorded`]); some of its keys without the others is a host bug, refused
 /// as an internal error rather than taken for a first round.

@@ -132,8 +132,8 @@ impl Settings {
 }
 
 /// The keys a pod's dynamic-mount request may hold, in the order `SPECS` lists them: the model
-/// and its filters. The registry settings (`mirror`, `insecure`) are the volume's, and a
-/// dynamic mount has no secrets.
+/// and its filters. The registry settings (`mirror`, `insecure`) are the volume's, and so are
+/// the credentials, which the host adds (the plan's `resolve` step names none).
 pub const DYNAMIC: &[&str] = &["reference", "include", "exclude", "weights", "types"];
 
 /// Open a pod's dynamic-mount request and refuse any key but [`DYNAMIC`] ones. Strict: unlike
@@ -144,7 +144,9 @@ fn open_dynamic(request: &[Kv]) -> Result<Params<'_>, BackendError> {
         let mut accepted = DYNAMIC.to_vec();
         accepted.sort_unstable();
         let why = match SPECS.iter().find(|s| s.name == kv.key).map(|s| s.source) {
-            Some(ParamSource::Secret) => " (a dynamic mount takes no credentials: it pulls anonymously)",
+            Some(ParamSource::Secret) => {
+                " (a pod's request carries no credentials: the host gives the mount the volume's own, for the registries its StorageClass names)"
+            }
             Some(_) => " (the volume's registry settings apply: mirror and insecure come from its StorageClass)",
             None => "",
         };

@@ -26,6 +26,7 @@
 //! when a pod replaces them.
 
 pub mod api;
+pub(super) mod credentials;
 mod limits;
 mod server;
 
@@ -160,6 +161,8 @@ struct Planning {
     recorded: Vec<wit::Kv>,
     dirs: VolumeDirs,
     ephemeral: bool,
+    /// The volume's registry credentials, for the registries its StorageClass names.
+    credentials: credentials::MountCredentials,
 }
 
 /// One volume's server.
@@ -926,6 +929,7 @@ impl Node {
         } else {
             self.inner.runtime.resolve(&m.plugin, None).await?
         };
+        let credentials = self.mount_credentials(st, &plugin, own)?;
         // Another plugin sees none of the volume's attributes (and they grant it nothing).
         Ok(Planning {
             plugin,
@@ -941,6 +945,7 @@ impl Node {
                 fuse_files: None,
             },
             ephemeral: st.ephemeral,
+            credentials,
         })
     }
 
@@ -986,8 +991,7 @@ impl Node {
             }
             return Ok(plan);
         };
-        let none = Secrets::default();
-        let source = self.source(&first, &none)?;
+        let source = self.mount_source(&first, &p.credentials)?;
         let Step::Resolve { reference, .. } = &first else { unreachable!("matched above") };
         let found = self.inner.artifacts.resolve(&source).await.map_err(|e| super::pull::oci_error(e, reference))?;
         let resolved = vec![
@@ -1035,7 +1039,7 @@ impl Node {
         if let Some(first) = plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. }))
             && !lazy
         {
-            let source = self.source(first, &Secrets::default())?;
+            let source = self.mount_source(first, &self.mount_credentials_of(&st, &m.plugin).await?)?;
             let Step::Resolve { reference, .. } = first else { unreachable!("matched above") };
             self.pull(volume, id, &source, &plan, reference).await?;
         }
