@@ -162,8 +162,11 @@ impl Node {
     /// Forget what `given` kept for `volume` (`None`: everything).
     pub(in crate::daemon) fn forget_dynamic_secrets(&self, volume: &str, given: Option<Given>) -> Result<(), Error> {
         let path = self.dynamic_secrets_path(volume);
+        let io = |e| super::super::pipeline::io_error(e, &path);
         match given {
-            None => self.inner.exec.remove_entry(&path).map_err(|e| super::super::pipeline::io_error(e, &path)),
+            // Most volumes have none: nothing is done for them.
+            None if self.inner.exec.exists(&path).map_err(io)? => self.inner.exec.remove_entry(&path).map_err(io),
+            None => Ok(()),
             Some(g) => self.keep_dynamic_secrets(volume, false, g, &Secrets::default()),
         }
     }
