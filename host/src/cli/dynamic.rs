@@ -66,6 +66,8 @@ pub enum DynamicCommand {
     },
     /// List the volume's mounts (GET /mounts).
     List,
+    /// Show what counts against the volume's byte cap now (GET /usage).
+    Usage,
     /// Show one mount (GET /mounts/ID).
     Get {
         /// The mount's name.
@@ -140,6 +142,22 @@ pub async fn run(args: DynamicArgs) -> Result<String, DynamicError> {
                 } else {
                     list.mounts.iter().map(|m| api.summary(m)).collect::<Vec<_>>().join("\n")
                 }
+            })
+        }
+        DynamicCommand::Usage => {
+            let answer = api.call(Method::GET, api::USAGE_PATH, None::<&()>).await?;
+            api.show(&answer, human, |_, u: &api::Usage| {
+                let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
+                format!(
+                    "{} of {} (mounts {}, ending downloads {}, being admitted {}); {} of {} mounts",
+                    mib(u.level_bytes),
+                    u.max_bytes.map_or("no cap".to_string(), mib),
+                    mib(u.held_bytes),
+                    mib(u.ending_bytes),
+                    mib(u.reserved_bytes),
+                    u.mounts,
+                    u.max_mounts
+                )
             })
         }
         DynamicCommand::Get { id } => {

@@ -165,6 +165,7 @@ impl Node {
         reference: &str,
         manifest_digest: &str,
         control: String,
+        admit: &(dyn Fn(u64) -> Result<(), Error> + Sync),
     ) -> Result<Plan, Error> {
         let id = key.replace('\n', "/mounts/");
         let mut plan = crate::plan::lazy::lower(plan, &self.inner.config.lazy.server)
@@ -172,11 +173,18 @@ impl Node {
         let lazy = crate::plan::lazy::layers(&plan).cloned().expect("lowered");
         let blobs: Vec<BlobRef> = lazy.layers.iter().map(blob_of).collect();
         let artifacts = &self.inner.artifacts;
-        artifacts.authorize(source, &blobs).await.map_err(|e| super::pull::oci_error(e, reference))?;
-        let index = artifacts
-            .find_index(source, manifest_digest, &blobs)
-            .await
-            .map_err(|e| super::pull::oci_error(e, reference))?;
+        let oci = |e| super::pull::oci_error(e, reference);
+        // What the manifest and its index's say is fetched, judged before any of it is.
+        let found = artifacts.index_descriptor(source, manifest_digest).await.map_err(oci)?;
+        admit(found.as_ref().map_or(0, |(_, size)| *size))?;
+        artifacts.authorize(source, &blobs).await.map_err(oci)?;
+        let index = match found {
+            Some((digest, size)) => {
+                artifacts.fetch_index(source, manifest_digest, &digest, size, &blobs).await.map_err(oci)?;
+                Some(digest)
+            }
+            None => None,
+        };
         // The whole table goes to the server in one frame: a model of more files than fit is
         // refused here, not at the server's start.
         let mut table_bytes = 0usize;

@@ -83,7 +83,8 @@ impl Node {
         if lazy {
             // Nothing waits for the blobs: the host's server reads them as its readers ask.
             let control = crate::plan::lazy::STAGE_CONTROL.to_string();
-            let plan = self.lazy_plan(&ask.id, plan, &source, &reference, &manifest_digest, control).await?;
+            let plan =
+                self.lazy_plan(&ask.id, plan, &source, &reference, &manifest_digest, control, &|_| Ok(())).await?;
             self.lazy_register(&ask.id, &plan);
             return Ok(plan);
         }

@@ -197,8 +197,7 @@ impl Core {
             match &mut f.state {
                 State::Running => {
                     if f.lazy && f.waiters.is_empty() {
-                        f.live.cancel.store(true, Ordering::Relaxed);
-                        f.live.wake.notify_waiters();
+                        f.live.stop();
                     }
                     true
                 }
@@ -226,6 +225,37 @@ impl Core {
                 tracing::info!(volume.id = %volume, digest = %b.digest, "removed the unfinished blob of a lazy volume no volume uses");
             }
         }
+    }
+
+    /// A dynamic mount's end (deleted, failed): `waiter` stops waiting as [`Core::forget`] says,
+    /// and the downloads nobody else waits for stop too, eager ones included (a queued one
+    /// at once, a running one at its next read). Returns the blobs it waited for, whose
+    /// downloads may still be ending ([`Core::remaining`]).
+    pub fn abandon(&self, waiter: &str) -> Vec<BlobRef> {
+        let mut inner = self.inner();
+        let had = inner.volumes.get(waiter).cloned().unwrap_or_default();
+        for f in inner.flights.values_mut() {
+            if matches!(f.state, State::Running) && f.waiters.remove(waiter) && f.waiters.is_empty() {
+                f.live.stop();
+            }
+        }
+        drop(inner);
+        self.forget(waiter);
+        had
+    }
+
+    /// The bytes still to come in the running downloads of `blobs` (queued ones included).
+    pub fn remaining(&self, blobs: &[BlobRef]) -> u64 {
+        let inner = self.inner();
+        let mut seen = BTreeSet::new();
+        blobs
+            .iter()
+            .filter_map(|b| hex_of(&b.digest).ok().filter(|hex| seen.insert(*hex)).map(|hex| (hex, b.size)))
+            .filter_map(|(hex, size)| {
+                let f = inner.flights.get(hex).filter(|f| matches!(f.state, State::Running))?;
+                Some(size.saturating_sub(f.live.covered.load(Ordering::Relaxed)))
+            })
+            .fold(0, u64::saturating_add)
     }
 
     /// If no volume waits for the download of `hex` any more, forget it (under one lock: a
@@ -262,7 +292,14 @@ impl Core {
             // Its turn among the node's downloads, for this attempt, from its starter's share;
             // given back before a retry's pause. A lazy volume's download takes no turn: its
             // readers wait for it, and its fill runs one layer at a time per volume.
-            let turn = if lazy { None } else { Some(self.downloads.acquire(&starter).await) };
+            let turn = match lazy {
+                true => None,
+                false => tokio::select! {
+                    turn = self.downloads.acquire(&starter) => Some(turn),
+                    // Stopped while queued: it ends now, not when its turn comes.
+                    () = live.stopped() => break Err(OciError::Cancelled { digest: blob.digest.clone() }),
+                },
+            };
             // Its turn came after every volume that waited for it stopped waiting (unstaged):
             // it does not start, and leaves the slot to downloads someone waits for. (One that
             // started goes on to its end.)

@@ -13,7 +13,7 @@
 //! [`push_index`] (`mounthost model index REF`) reads every layer once, pushes the index,
 //! the manifest under its digest, and the referrers tag schema's index (`sha256-<hex>` of the
 //! subject), which registries without the referrers API serve and those with it ignore.
-//! [`Artifacts::find_index`] looks it up when a lazy volume is staged (the referrers API, else
+//! [`Artifacts::index_descriptor`] looks it up when a lazy volume is staged (the referrers API, else
 //! the tag), keeps it in the cache like any blob, and checks that it covers the volume's
 //! layers.
 
@@ -105,16 +105,15 @@ pub fn index_of(chunk: u64, layers: &[(String, Vec<u8>)]) -> IndexDoc {
 }
 
 impl Artifacts {
-    /// The chunk index of manifest `manifest_digest` (of `src`'s repository) for `blobs`, if it
-    /// has one: looked up as a referrer, read and verified, kept in the cache. Its digest, for
-    /// [`Artifacts::load_index`]. An index that does not cover `blobs` is an error (the
-    /// artifact says its chunks are indexed; serving them unchecked would not be what it says).
-    pub async fn find_index(
+    /// The chunk index of manifest `manifest_digest` (of `src`'s repository), if it has one:
+    /// looked up as a referrer (the referrers reply and the index's manifest; no blob), its
+    /// digest and size. An index larger than [`MAX_INDEX_BYTES`] is refused. Then
+    /// [`Artifacts::fetch_index`].
+    pub async fn index_descriptor(
         &self,
         src: &Source,
         manifest_digest: &str,
-        blobs: &[BlobRef],
-    ) -> Result<Option<String>, OciError> {
+    ) -> Result<Option<(String, u64)>, OciError> {
         let ep = self.core.registries.endpoint(src)?;
         let found = async {
             let referrers = ep.referrers(manifest_digest, INDEX_ARTIFACT_TYPE).await?;
@@ -142,13 +141,28 @@ impl Artifacts {
                     detail: format!("chunk index {digest} is {size} bytes; at most {MAX_INDEX_BYTES} are read"),
                 });
             }
-            // Streamed to the cache, never held whole on its way (a registry may claim any
-            // size up to the cap, and send less or more).
-            ep.blob_to_store(&self.core.store, digest, size).await?;
-            Ok(Some(digest.to_string()))
+            Ok(Some((digest.to_string(), size)))
         };
-        let Some(digest) = found.await.map_err(OciError::redacted)? else { return Ok(None) };
-        self.load_index(&digest, blobs).map_err(|e| match e {
+        found.await.map_err(OciError::redacted)
+    }
+
+    /// The chunk index `digest` of `size` bytes ([`Artifacts::index_descriptor`]) for
+    /// `blobs`: read and verified, kept in the cache. An index that does not cover `blobs` is
+    /// an error (the artifact says its chunks are indexed; serving them unchecked would not be
+    /// what it says).
+    pub async fn fetch_index(
+        &self,
+        src: &Source,
+        manifest_digest: &str,
+        digest: &str,
+        size: u64,
+        blobs: &[BlobRef],
+    ) -> Result<(), OciError> {
+        let ep = self.core.registries.endpoint(src)?;
+        // Streamed to the cache, never held whole on its way (a registry may claim any size up
+        // to the cap, and send less or more).
+        ep.blob_to_store(&self.core.store, digest, size).await.map_err(OciError::redacted)?;
+        self.load_index(digest, blobs).map_err(|e| match e {
             OciError::Protocol { detail, .. } => OciError::Protocol {
                 registry: ep.ctx.registry.clone(),
                 reference: ep.ctx.reference.clone(),
@@ -156,7 +170,7 @@ impl Artifacts {
             },
             other => other,
         })?;
-        Ok(Some(digest))
+        Ok(())
     }
 
     /// The indexes of `blobs` from the index `digest` kept in the cache.

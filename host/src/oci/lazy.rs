@@ -89,6 +89,17 @@ impl Artifacts {
                 .unwrap_or_default()
         };
         self.forget(volume);
+        self.wait_stopped(&digests).await;
+    }
+
+    /// Wait (at most a few seconds) until the downloads of `blobs` asked to stop
+    /// ([`Artifacts::abandon`]) have ended.
+    pub async fn stopping(&self, blobs: &[BlobRef]) {
+        let digests: Vec<String> = blobs.iter().filter_map(|b| hex_of(&b.digest).ok().map(str::to_string)).collect();
+        self.wait_stopped(&digests).await;
+    }
+
+    async fn wait_stopped(&self, digests: &[String]) {
         let until = Instant::now() + Duration::from_secs(5);
         while Instant::now() < until {
             let stopping = {

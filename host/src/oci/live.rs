@@ -152,6 +152,19 @@ impl Live {
         }
     }
 
+    /// Ask the download to stop (no volume wants the blob any more).
+    pub fn stop(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+        self.wake.notify_waiters();
+    }
+
+    /// Resolves once [`Live::stop`] was called (looked at on each wake-up, and every 100 ms).
+    pub async fn stopped(&self) {
+        while !self.cancel.load(Ordering::Relaxed) {
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(100), self.wake.notified()).await;
+        }
+    }
+
     /// Tell the sessions something changed.
     pub fn bump(&self) {
         if let Some(c) = &self.changed {

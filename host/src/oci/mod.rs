@@ -310,6 +310,16 @@ impl Artifacts {
         self.core.forget(volume)
     }
 
+    /// A dynamic mount's end: see [`cache::Core::abandon`].
+    pub fn abandon(&self, waiter: &str) -> Vec<BlobRef> {
+        self.core.abandon(waiter)
+    }
+
+    /// The bytes still to come in the running downloads of `blobs`.
+    pub fn remaining(&self, blobs: &[BlobRef]) -> u64 {
+        self.core.remaining(blobs)
+    }
+
     /// The store on disk, for the executor's unpacking and linking (`exec::artifacts`), which
     /// holds [`Artifacts::digest_lock`] while it writes a digest's tree.
     pub fn store(&self) -> &Store {

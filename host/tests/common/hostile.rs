@@ -8,7 +8,8 @@
 //!
 //! - a manifest reply of N bytes generated on the fly, or one that never ends
 //!   ([`ManifestReply`]): never held in memory, counted as it is sent;
-//! - blob GETs trickled (one byte per interval) for chosen digests;
+//! - blob GETs trickled (one byte per interval) for chosen digests, or every blob reply sent at
+//!   a steady rate ([`Behaviour::rate`]);
 //! - `200` to every blob `HEAD`, with `GET`s of blobs it only claims answering 404 or wrong
 //!   bytes ([`Lie`]);
 //! - `401` with a `WWW-Authenticate: Bearer realm=…` naming another listener to any request
@@ -82,6 +83,9 @@ pub struct Behaviour {
     pub bearer_realm: Option<String>,
     /// Answer blob `GET`s with a 307 to `<this>/<digest>`.
     pub redirect_blobs: Option<String>,
+    /// Send every blob `GET`'s body at this many bytes a second (each reply on its own), in
+    /// pieces of 16 KiB; a reply stops when its client goes.
+    pub rate: Option<u64>,
 }
 
 /// One request the server received.
@@ -105,6 +109,10 @@ struct State {
     manifest_bytes: AtomicU64,
     /// Bytes of blob bodies handed to the connection (ranges and lies included).
     blob_bytes: AtomicU64,
+    /// Blob `GET`s answered with a body.
+    blob_gets: AtomicU64,
+    /// Bytes the replies sent at a rate still have to send (their clients still there).
+    pending: AtomicU64,
     /// Trickled replies whose client is still there.
     trickling: AtomicUsize,
     /// Trickled replies started.
@@ -355,6 +363,17 @@ impl Hostile {
         self.state.trickles.load(Ordering::SeqCst)
     }
 
+    /// Bytes the replies sent at [`Behaviour::rate`] still have to send, their clients still
+    /// there: what the node's running downloads from here still expect.
+    pub fn pending_bytes(&self) -> u64 {
+        self.state.pending.load(Ordering::SeqCst)
+    }
+
+    /// Blob `GET`s answered with a body so far.
+    pub fn blob_gets(&self) -> u64 {
+        self.state.blob_gets.load(Ordering::SeqCst)
+    }
+
     /// Bytes of trickled replies handed to connections so far.
     pub fn trickled_bytes(&self) -> u64 {
         self.state.trickled.load(Ordering::SeqCst)
@@ -495,12 +514,14 @@ fn handle(state: &Arc<State>, req: Request<hyper::body::Incoming>) -> Response<R
         let blob = state.blobs.lock().unwrap().get(digest).cloned();
         let range = range_of(&req);
         return match blob {
-            Some(Blob::Bytes(bytes)) => blob_reply(state, head, digest, bytes, range, behaviour.trickle.get(digest)),
+            Some(Blob::Bytes(bytes)) => {
+                blob_reply(state, head, digest, bytes, range, behaviour.trickle.get(digest), behaviour.rate)
+            }
             Some(Blob::Claimed { size, .. }) if head => head_reply(digest, size),
             Some(Blob::Claimed { lie: Lie::NotFound, .. }) => error(StatusCode::NOT_FOUND, "BLOB_UNKNOWN"),
             Some(Blob::Claimed { size, lie: Lie::WrongBytes }) => {
                 let wrong = Bytes::from(vec![0x5a; size as usize]);
-                blob_reply(state, head, digest, wrong, range, behaviour.trickle.get(digest))
+                blob_reply(state, head, digest, wrong, range, behaviour.trickle.get(digest), behaviour.rate)
             }
             None if head && behaviour.heads_lie => head_reply(digest, 0),
             None => error(StatusCode::NOT_FOUND, "BLOB_UNKNOWN"),
@@ -529,6 +550,7 @@ fn blob_reply(
     bytes: Bytes,
     range: Option<(u64, Option<u64>)>,
     trickle: Option<&Duration>,
+    rate: Option<u64>,
 ) -> Response<Reply> {
     let len = bytes.len() as u64;
     if head {
@@ -552,12 +574,41 @@ fn blob_reply(
             (StatusCode::PARTIAL_CONTENT, bytes.slice(a as usize..=end as usize))
         }
     };
-    match trickle {
-        None => {
+    state.blob_gets.fetch_add(1, Ordering::SeqCst);
+    match (trickle, rate) {
+        (None, Some(rate)) => {
+            headers.push(("content-length", body.len().to_string()));
+            let (tx, rx) = mpsc::channel(1);
+            let state = state.clone();
+            state.pending.fetch_add(body.len() as u64, Ordering::SeqCst);
+            tokio::spawn(async move {
+                const PIECE: usize = 16 << 10;
+                let started = Instant::now();
+                let mut sent = 0;
+                while sent < body.len() {
+                    let piece = body.slice(sent..(sent + PIECE).min(body.len()));
+                    let n = piece.len();
+                    if tx.send(piece).await.is_err() {
+                        break;
+                    }
+                    sent += n;
+                    state.blob_bytes.fetch_add(n as u64, Ordering::SeqCst);
+                    state.pending.fetch_sub(n as u64, Ordering::SeqCst);
+                    let due = started + Duration::from_secs_f64(sent as f64 / rate as f64);
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(due.into()) => {}
+                        _ = tx.closed() => break,
+                    }
+                }
+                state.pending.fetch_sub((body.len() - sent) as u64, Ordering::SeqCst);
+            });
+            reply(status, &headers, Reply::Stream(rx))
+        }
+        (None, None) => {
             state.blob_bytes.fetch_add(body.len() as u64, Ordering::SeqCst);
             reply(status, &headers, Reply::Full(Some(body)))
         }
-        Some(every) => {
+        (Some(every), _) => {
             headers.push(("content-length", body.len().to_string()));
             let (tx, rx) = mpsc::channel(1);
             let (state, every) = (state.clone(), *every);

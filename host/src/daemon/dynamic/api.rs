@@ -9,6 +9,7 @@
 //! | `GET /mounts` | 200 [`MountList`] |
 //! | `GET /mounts/{id}` | 200 [`MountView`] |
 //! | `DELETE /mounts/{id}` | 200 [`MountView`] with state `deleted` |
+//! | `GET /usage` | 200 [`Usage`]: the volume's byte level and caps |
 //!
 //! Every error is a 4xx (the client's mistake) or 5xx (the host's) with an [`ApiError`] body.
 
@@ -18,6 +19,8 @@ use serde::{Deserialize, Serialize};
 
 /// Path of the collection.
 pub const MOUNTS_PATH: &str = "/mounts";
+/// Path of the volume's byte level.
+pub const USAGE_PATH: &str = "/usage";
 /// Name of the socket in the published directory.
 pub const SOCKET_NAME: &str = "csi.sock";
 /// Name of the folder the mounts land in.
@@ -45,6 +48,25 @@ pub struct CreateMount {
     /// `weights`, `types`).
     #[serde(default)]
     pub parameters: BTreeMap<String, String>,
+}
+
+/// `GET /usage`: what counts against the volume's byte cap now (docs/dynamic-mounts.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    /// `heldBytes + endingBytes + reservedBytes`: at most `maxBytes`.
+    pub level_bytes: u64,
+    /// What the volume's mounts fetch (pending and ready; a failed one's nothing).
+    pub held_bytes: u64,
+    /// Still to come in the downloads of deleted or failed mounts, until they end.
+    pub ending_bytes: u64,
+    /// Of requests admitted and not recorded yet.
+    pub reserved_bytes: u64,
+    /// The cap; absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    pub mounts: u64,
+    pub max_mounts: u64,
 }
 
 /// Where a mount is in its life.

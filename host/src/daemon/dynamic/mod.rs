@@ -27,8 +27,11 @@
 
 pub mod api;
 pub(super) mod credentials;
+mod ledger;
 mod limits;
 mod server;
+
+pub use ledger::Level;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -109,6 +112,8 @@ pub struct Dynamic {
     tasks: Mutex<HashMap<String, tokio::task::AbortHandle>>,
     /// Each volume's bucket of POST and DELETE requests, with what a refusal says of its rate.
     buckets: Mutex<HashMap<String, (limits::Bucket, String)>>,
+    /// Each volume's byte level beyond its record ([`ledger`]).
+    ledger: ledger::Ledger,
     /// Signalled when a mount reaches a final phase.
     settled: tokio::sync::Notify,
     /// Connections served at once on all sockets of the node.
@@ -142,6 +147,7 @@ impl Default for Dynamic {
             unserved: Default::default(),
             tasks: Default::default(),
             buckets: Default::default(),
+            ledger: Default::default(),
             settled: Default::default(),
             connections: Arc::new(tokio::sync::Semaphore::new(server::MAX_NODE_CONNECTIONS)),
             sweeper: Default::default(),
@@ -163,6 +169,13 @@ struct Planning {
     ephemeral: bool,
     /// The volume's registry credentials, for the registries its StorageClass names.
     credentials: credentials::MountCredentials,
+}
+
+/// A mount's plan, the bytes it fetches, and those bytes reserved in its volume's level.
+struct Planned {
+    plan: Plan,
+    bytes: u64,
+    reservation: ledger::Reservation,
 }
 
 /// One volume's server.
@@ -422,9 +435,11 @@ impl Node {
         let mut tasks = d.tasks.lock().unwrap_or_else(|p| p.into_inner());
         for (key, task) in tasks.iter().filter(|(k, _)| k.starts_with(&prefix)) {
             task.abort();
-            self.inner.artifacts.forget(key);
+            // Its downloads nobody else waits for stop.
+            self.inner.artifacts.abandon(key);
         }
         tasks.retain(|k, _| !k.starts_with(&prefix));
+        d.ledger.forget(volume);
     }
 
     /// After reconciliation at start: serve every dynamic volume's socket again, mount again
@@ -619,8 +634,9 @@ impl Node {
         // The plugin's plans, the policy's check and the resolution answer a bad request at
         // once, and leave nothing recorded.
         let p = self.planning(&st, &id, &record).await?;
-        let plan =
-            tokio::time::timeout(RESOLVE_WAIT, self.full_plan(&p, volume, &id, &record)).await.map_err(|_| {
+        let planned = tokio::time::timeout(RESOLVE_WAIT, self.full_plan(&p, volume, &id, &record, false))
+            .await
+            .map_err(|_| {
                 ApiErr::new(
                     503,
                     "unavailable",
@@ -629,21 +645,22 @@ impl Node {
                     ),
                 )
             })??;
-        record.bytes = fetched_bytes(&plan);
-        self.check_bytes(&st, &id, &record)?;
+        let Planned { plan, bytes, reservation } = planned;
+        record.bytes = bytes;
         {
             let _guard = self.lock_volume(volume, false).await?;
             let mut st = self.dynamic_state(volume)?;
             if let Some(again) = self.admit(&st, &id, &record)? {
                 return Ok(again);
             }
-            self.check_bytes(&st, &id, &record)?;
             // Whatever an earlier mount of this id left in its cache directory goes first.
             let cache = self.dynamic_cache(volume).join(&id);
             self.blocking(move |n| n.inner.exec.remove_tree(&cache).map_err(|e| super::pipeline::io_error(e, &cache)))
                 .await?;
             st.dynamic.insert(id.clone(), record);
             self.inner.store.save(&st).map_err(Error::from)?;
+            // Its record counts its bytes from now on.
+            drop(reservation);
             info!(volume.id = %volume, mount = %id, "dynamic mount accepted");
             self.spawn_mount(volume, &id, Some(plan), 1);
         }
@@ -717,27 +734,52 @@ impl Node {
         Ok(None)
     }
 
-    /// Would `record` take the bytes of the volume's mounts past its cap? 507, naming it.
-    fn check_bytes(&self, st: &VolumeState, id: &str, record: &DynamicMount) -> Result<(), ApiErr> {
-        let Some(max) = self.limits_of(st).max_bytes else { return Ok(()) };
-        let others: u64 = st
-            .dynamic
-            .iter()
-            .filter(|(other, m)| other.as_str() != id && m.phase != MountPhase::Failed)
-            .fold(0u64, |sum, (_, m)| sum.saturating_add(m.bytes));
-        if others.saturating_add(record.bytes) > max {
-            return Err(ApiErr::new(
-                507,
-                "resource_exhausted",
-                format!(
-                    "mount {id} fetches {} bytes and the volume's other mounts {others}, more than its cap of {max} bytes ({} {} MiB); delete a mount first",
-                    record.bytes,
-                    limit_source(&self.config().dynamic, st, crate::volume::request::DYNAMIC_MAX_MIB_KEY, "--dynamic-max-mib"),
-                    max >> 20
+    /// Reserve the `bytes` mount `id` fetches in its volume's level ([`ledger`]), or 507 naming
+    /// the level and the cap. `again`: the mount is recorded (planned again after a restart);
+    /// its record's bytes are left out, the reservation stands for them.
+    fn reserve_bytes(&self, volume: &str, id: &str, again: bool, bytes: u64) -> Result<ledger::Reservation, ApiErr> {
+        let st = self.dynamic_state(volume)?;
+        let Some(max) = self.limits_of(&st).max_bytes else { return Ok(ledger::Reservation::none()) };
+        let d = &self.inner.dynamic;
+        let load = || self.dynamic_state(volume);
+        let level = match d.ledger.reserve(load, id, again, bytes, max, &self.inner.artifacts)? {
+            Ok(reservation) => return Ok(reservation),
+            Err(level) => level,
+        };
+        Err(ApiErr::new(
+            507,
+            "resource_exhausted",
+            format!(
+                "mount {id} fetches {bytes} bytes and the volume holds {} (its mounts {}, downloads of deleted or failed mounts still ending {}, other requests being admitted {}), more than its cap of {max} bytes ({} {} MiB); delete a mount first",
+                level.total(),
+                level.held,
+                level.ending,
+                level.reserved,
+                limit_source(
+                    &self.config().dynamic,
+                    &st,
+                    crate::volume::request::DYNAMIC_MAX_MIB_KEY,
+                    "--dynamic-max-mib"
                 ),
-            ));
-        }
-        Ok(())
+                max >> 20
+            ),
+        ))
+    }
+
+    /// `GET /usage`: the volume's byte level and its caps.
+    pub fn dynamic_usage(&self, volume: &str) -> Result<api::Usage, ApiErr> {
+        let st = self.dynamic_state(volume)?;
+        let level = self.inner.dynamic.ledger.level(&st, None, &self.inner.artifacts);
+        let limits = self.limits_of(&st);
+        Ok(api::Usage {
+            level_bytes: level.total(),
+            held_bytes: level.held,
+            ending_bytes: level.ending,
+            reserved_bytes: level.reserved,
+            max_bytes: limits.max_bytes,
+            mounts: st.dynamic.len() as u64,
+            max_mounts: limits.max_mounts,
+        })
     }
 
     /// The limits of a dynamic volume: the node's, lowered by its attributes.
@@ -799,7 +841,10 @@ impl Node {
                 task.abort();
             }
             this.lazy_detach(&key);
-            this.inner.artifacts.lazy_forget(&key).await;
+            // Its downloads nobody else waits for stop; until they have, they count.
+            let blobs = this.inner.artifacts.abandon(&key);
+            this.inner.dynamic.ledger.ending(&volume, blobs.clone());
+            this.inner.artifacts.stopping(&blobs).await;
             let (v2, id2) = (volume.clone(), id.clone());
             this.blocking(move |n| n.remove_mount(&v2, &id2)).await?;
             let mut v = view(&id, &m, None);
@@ -894,7 +939,11 @@ impl Node {
         let key = waiter(volume, id);
         // A lazy mount reads its blobs for as long as it exists: its session keeps them
         // registered (DELETE forgets them).
-        if outcome.is_err() || !self.lazy_attached(&key) {
+        if outcome.is_err() {
+            // Its downloads nobody else waits for stop; until they have, they count.
+            let blobs = self.inner.artifacts.abandon(&key);
+            self.inner.dynamic.ledger.ending(volume, blobs);
+        } else if !self.lazy_attached(&key) {
             self.inner.artifacts.forget(&key);
         }
         if let Err(e) = &outcome {
@@ -979,7 +1028,22 @@ impl Node {
 
     /// A mount's whole plan: the plugin's first, and when it resolves an OCI reference, the
     /// second with what the host resolved (registry I/O; never with the volume's lock held).
-    async fn full_plan(&self, p: &Planning, volume: &str, id: &str, m: &DynamicMount) -> Result<Plan, Error> {
+    ///
+    /// What it fetches is reserved in the volume's level (`again`: the mount is recorded)
+    /// before anything beyond its manifest is fetched: a 507 otherwise.
+    async fn full_plan(
+        &self,
+        p: &Planning,
+        volume: &str,
+        id: &str,
+        m: &DynamicMount,
+        again: bool,
+    ) -> Result<Planned, Error> {
+        // A refusal of the cap, or the volume going meanwhile.
+        let exhausted = |e: ApiErr| match e.status {
+            507 => Error::new(ErrorKind::ResourceExhausted, e.message),
+            _ => Error::unavailable(e.message),
+        };
         let plan = self.plan_round(p, volume, m, Vec::new()).await?;
         let Some(first) = plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. })).cloned() else {
             if p.lazy && p.lazy_asked {
@@ -989,7 +1053,9 @@ impl Node {
                     p.plugin.info.name
                 )));
             }
-            return Ok(plan);
+            let bytes = fetched_bytes(&plan);
+            let reservation = self.reserve_bytes(volume, id, again, bytes).map_err(exhausted)?;
+            return Ok(Planned { plan, bytes, reservation });
         };
         let source = self.mount_source(&first, &p.credentials)?;
         let Step::Resolve { reference, .. } = &first else { unreachable!("matched above") };
@@ -1007,28 +1073,40 @@ impl Node {
                 p.plugin.info.name
             )));
         }
+        let layers = fetched_bytes(&plan);
         if p.lazy {
-            // Served by a lazy server of its own while its blobs download (docs/lazy.md).
+            // Served by a lazy server of its own while its blobs download (docs/lazy.md); its
+            // chunk index counts like a blob, reserved before it is fetched.
             let control = crate::plan::lazy::mount_control(id);
             let key = waiter(volume, id);
-            return self.lazy_plan(&key, plan, &source, reference, &found.manifest_digest, control).await;
+            let reserved = Mutex::new(None);
+            let admit = |index: u64| {
+                let r = self.reserve_bytes(volume, id, again, layers.saturating_add(index)).map_err(exhausted)?;
+                *lock(&reserved) = Some((r, layers.saturating_add(index)));
+                Ok(())
+            };
+            let plan = self.lazy_plan(&key, plan, &source, reference, &found.manifest_digest, control, &admit).await?;
+            let (reservation, bytes) = lock(&reserved)
+                .take()
+                .ok_or_else(|| Error::internal("a lazy mount was planned without its bytes reserved"))?;
+            return Ok(Planned { plan, bytes, reservation });
         }
-        Ok(plan)
+        let reservation = self.reserve_bytes(volume, id, again, layers).map_err(exhausted)?;
+        Ok(Planned { plan, bytes: layers, reservation })
     }
 
     /// Plan (unless `planned`: what the POST planned), pull and mount one recorded mount.
     async fn mount_now(&self, volume: &str, id: &str, planned: Option<Plan>) -> Result<(), Error> {
         let st = self.inner.store.load(volume)?.ok_or_else(|| Error::unavailable("the volume is gone"))?;
         let Some(m) = st.dynamic.get(id).cloned() else { return Ok(()) };
-        let plan = match planned {
-            Some(plan) => plan,
+        // Planned again (a restarted daemon): the tag may name a larger artifact now; its bytes
+        // stay reserved until this attempt ends.
+        let (plan, _reserved) = match planned {
+            Some(plan) => (plan, None),
             None => {
-                // Planned again (a restarted daemon): the tag may name a larger artifact now.
                 let p = self.planning(&st, id, &m).await?;
-                let plan = self.full_plan(&p, volume, id, &m).await?;
-                let again = DynamicMount { bytes: fetched_bytes(&plan), ..m.clone() };
-                self.check_bytes(&st, id, &again).map_err(|e| Error::new(ErrorKind::ResourceExhausted, e.message))?;
-                plan
+                let Planned { plan, reservation, .. } = self.full_plan(&p, volume, id, &m, true).await?;
+                (plan, Some(reservation))
             }
         };
         let lazy = crate::plan::lazy::layers(&plan).is_some();

@@ -107,11 +107,16 @@ async fn route(node: &Node, volume: &str, req: Request<Incoming>) -> Answer {
             Method::DELETE => node.dynamic_delete(volume, id).await.map(|v| json(StatusCode::OK, &v)),
             _ => Err(not_allowed("GET, DELETE")),
         }
+    } else if path == api::USAGE_PATH {
+        match method {
+            Method::GET => node.dynamic_usage(volume).map(|u| json(StatusCode::OK, &u)),
+            _ => Err(not_allowed("GET")),
+        }
     } else {
         Err(ApiErr::new(
             404,
             "not_found",
-            format!("no such path; the API is {} and {}/<id>", api::MOUNTS_PATH, api::MOUNTS_PATH),
+            format!("no such path; the API is {}, {}/<id> and {}", api::MOUNTS_PATH, api::MOUNTS_PATH, api::USAGE_PATH),
         ))
     };
     result.unwrap_or_else(error)

@@ -1,0 +1,183 @@
+//! A dynamic volume's byte level: what its cap (`--dynamic-max-mib`, the attribute
+//! `dynamicMaxMiB`) is checked against.
+//!
+//! At any instant a volume's level is the sum of
+//!
+//! - **held**: the bytes every mount of its record fetches (a pending one's as much as a ready
+//!   one's; a failed one's nothing: its downloads count as ending);
+//! - **reserved**: the bytes of requests admitted but not recorded yet (a POST between the check
+//!   of what its manifest says and its record; a mount planned again after a restart);
+//! - **ending**: the bytes still to come in the downloads of mounts that are gone (deleted,
+//!   failed), until those downloads have ended. A gone mount's downloads nobody else waits for
+//!   are stopped at once ([`crate::oci::Artifacts::abandon`]): a queued one ends then, a
+//!   running one at its next read.
+//!
+//! A request is admitted only if the level plus what it fetches stays within the cap, under
+//! one lock: concurrent requests that together pass the cap are refused past it. The ledger is
+//! in memory; a restarted daemon starts with nothing reserved or ending (no download of the old
+//! process survives it).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use crate::oci::{Artifacts, BlobRef};
+use crate::volume::state::{MountPhase, VolumeState};
+
+/// A volume's level, by part.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Level {
+    pub held: u64,
+    pub reserved: u64,
+    pub ending: u64,
+}
+
+impl Level {
+    pub fn total(&self) -> u64 {
+        self.held.saturating_add(self.reserved).saturating_add(self.ending)
+    }
+}
+
+/// Every dynamic volume's reservations and ending downloads.
+#[derive(Default, Clone)]
+pub(super) struct Ledger(Arc<Mutex<HashMap<String, Book>>>);
+
+#[derive(Default)]
+struct Book {
+    next: u64,
+    /// Token → (the mount it is for, its bytes).
+    reserved: BTreeMap<u64, (String, u64)>,
+    /// The blobs of gone mounts whose downloads may still run.
+    ending: Vec<Vec<BlobRef>>,
+}
+
+/// Bytes reserved in a volume's level until dropped (the mount is recorded, or the request
+/// ended without it).
+pub struct Reservation {
+    ledger: Option<Ledger>,
+    volume: String,
+    token: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(l) = &self.ledger
+            && let Some(book) = l.lock().get_mut(&self.volume)
+        {
+            book.reserved.remove(&self.token);
+        }
+    }
+}
+
+impl Reservation {
+    /// Nothing reserved (a volume without a byte cap).
+    pub fn none() -> Reservation {
+        Reservation { ledger: None, volume: String::new(), token: 0 }
+    }
+}
+
+impl Ledger {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Book>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The level of `st`'s volume, leaving out mount `except` (planned again: its reservation
+    /// stands for it). Ending downloads that have ended are dropped.
+    pub fn level(&self, st: &VolumeState, except: Option<&str>, artifacts: &Artifacts) -> Level {
+        let mut books = self.lock();
+        level_of(books.get_mut(&st.volume_id), held(st, except), artifacts)
+    }
+
+    /// Reserve `bytes` for mount `id` of the volume `load` reads (under the ledger's lock, so
+    /// a record saved before counts), if the level stays within `cap`; else the level it has.
+    pub fn reserve<E>(
+        &self,
+        load: impl FnOnce() -> Result<VolumeState, E>,
+        id: &str,
+        again: bool,
+        bytes: u64,
+        cap: u64,
+        artifacts: &Artifacts,
+    ) -> Result<Result<Reservation, Level>, E> {
+        let mut books = self.lock();
+        let st = load()?;
+        let level = level_of(books.get_mut(&st.volume_id), held(&st, again.then_some(id)), artifacts);
+        if level.total().saturating_add(bytes) > cap {
+            return Ok(Err(level));
+        }
+        let book = books.entry(st.volume_id.clone()).or_default();
+        let token = book.next;
+        book.next += 1;
+        book.reserved.insert(token, (id.to_string(), bytes));
+        Ok(Ok(Reservation { ledger: Some(self.clone()), volume: st.volume_id, token }))
+    }
+
+    /// A gone mount of `volume` waited for `blobs`: their downloads count until they end.
+    pub fn ending(&self, volume: &str, blobs: Vec<BlobRef>) {
+        if !blobs.is_empty() {
+            self.lock().entry(volume.to_string()).or_default().ending.push(blobs);
+        }
+    }
+
+    /// The volume is unpublished: nothing of it counts any more.
+    pub fn forget(&self, volume: &str) {
+        self.lock().remove(volume);
+    }
+}
+
+/// What the mounts of `st` fetch, but mount `except` and failed ones.
+fn held(st: &VolumeState, except: Option<&str>) -> u64 {
+    st.dynamic
+        .iter()
+        .filter(|(id, m)| Some(id.as_str()) != except && m.phase != MountPhase::Failed)
+        .fold(0u64, |sum, (_, m)| sum.saturating_add(m.bytes))
+}
+
+fn level_of(book: Option<&mut Book>, held: u64, artifacts: &Artifacts) -> Level {
+    let Some(book) = book else { return Level { held, ..Level::default() } };
+    let reserved = book.reserved.values().fold(0u64, |sum, (_, b)| sum.saturating_add(*b));
+    let mut ending = 0u64;
+    book.ending.retain(|blobs| {
+        let left = artifacts.remaining(blobs);
+        ending = ending.saturating_add(left);
+        left > 0
+    });
+    Level { held, reserved, ending }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn book(l: &Ledger, volume: &str) -> Option<(usize, usize)> {
+        l.lock().get(volume).map(|b| (b.reserved.len(), b.ending.len()))
+    }
+
+    #[test]
+    fn reservations_count_until_dropped_and_ended_downloads_stop_counting() {
+        let dir = tempfile::tempdir().unwrap();
+        let artifacts = Artifacts::new(dir.path().join("cache"), Default::default()).unwrap();
+        let l = Ledger::default();
+        let mut b = Book::default();
+        b.reserved.insert(0, ("a".into(), 10));
+        b.reserved.insert(1, ("b".into(), 5));
+        // A gone mount's blob with no download running: it counts nothing, and is dropped.
+        let blob = BlobRef { digest: format!("sha256:{}", "ab".repeat(32)), size: 100, media_type: String::new() };
+        b.ending.push(vec![blob.clone()]);
+        l.lock().insert("v".into(), b);
+        let level = level_of(l.lock().get_mut("v"), 7, &artifacts);
+        assert_eq!(level, Level { held: 7, reserved: 15, ending: 0 });
+        assert_eq!(level.total(), 22);
+        assert_eq!(book(&l, "v"), Some((2, 0)), "an ended download is forgotten");
+        // A reservation counts until it is dropped; `none` reserves nothing.
+        let r = Reservation { ledger: Some(l.clone()), volume: "v".into(), token: 0 };
+        drop(r);
+        assert_eq!(level_of(l.lock().get_mut("v"), 0, &artifacts).reserved, 5);
+        drop(Reservation::none());
+        l.ending("v", vec![]);
+        assert_eq!(book(&l, "v"), Some((1, 0)), "nothing ending is not recorded");
+        l.forget("v");
+        assert_eq!(book(&l, "v"), None);
+        // A volume the ledger never saw holds what its records hold.
+        assert_eq!(level_of(None, 3, &artifacts), Level { held: 3, reserved: 0, ending: 0 });
+    }
+}
