@@ -113,6 +113,64 @@ impl DynamicCaps {
     }
 }
 
+/// A byte cap as the command line gives it: a size, none at all, or the default, measured from
+/// the state directory's filesystem when the host daemon starts ([`Config::resolve_byte_caps`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ByteCap {
+    /// Not given: the default, measured at start.
+    #[default]
+    Measured,
+    /// `0`: no cap.
+    Unlimited,
+    /// This many bytes.
+    Bytes(u64),
+}
+
+impl ByteCap {
+    /// A flag in MiB: absent is the default, `0` no cap.
+    pub fn from_mib(flag: Option<u64>) -> ByteCap {
+        match flag {
+            None => ByteCap::Measured,
+            Some(0) => ByteCap::Unlimited,
+            Some(mib) => ByteCap::Bytes(mib.saturating_mul(1 << 20)),
+        }
+    }
+}
+
+/// The default node cache cap: this share of the state directory's filesystem (its size, as
+/// statvfs gives it at the host daemon's start), as `numerator / denominator`.
+pub const DEFAULT_CACHE_SHARE: (u64, u64) = (1, 2);
+/// The default dynamic byte cap: this share of the node's cache cap (of the state directory's
+/// filesystem when the cache has none).
+pub const DEFAULT_DYNAMIC_SHARE: (u64, u64) = (1, 2);
+
+/// The node's byte caps as the flags give them (`--cache-max-mib`, `--dynamic-max-mib`), until
+/// [`Config::resolve_byte_caps`] turns them into `registries.cache_max_bytes` and
+/// `dynamic.max_bytes`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ByteCaps {
+    pub cache: ByteCap,
+    pub dynamic: ByteCap,
+}
+
+/// What [`Config::resolve_byte_caps`] chose, and why (for the start-up log).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedCaps {
+    /// The node cache's cap.
+    pub cache: Option<u64>,
+    /// Where it came from.
+    pub cache_from: String,
+    /// Each dynamic volume's byte cap.
+    pub dynamic: Option<u64>,
+    /// Where it came from.
+    pub dynamic_from: String,
+}
+
+/// `bytes` as `N MiB`, or `none`.
+pub fn show_cap(bytes: Option<u64>) -> String {
+    bytes.map_or("none".to_string(), |b| format!("{} MiB", b >> 20))
+}
+
 /// Where the stock seaweedfs plugin's `weed` is looked for unless configured.
 pub const DEFAULT_WEED: &str = "/usr/local/bin/weed";
 
@@ -183,6 +241,8 @@ pub struct Config {
     pub stock_plugins: std::collections::BTreeSet<String>,
     /// Lazy volumes (docs/lazy.md).
     pub lazy: LazyConfig,
+    /// The byte caps as asked (resolved at the host daemon's start).
+    pub byte_caps: ByteCaps,
 }
 
 /// How lazy volumes are served.
@@ -195,12 +255,17 @@ pub struct LazyConfig {
     pub read_wait: std::time::Duration,
     /// The unit a reader's request is rounded to, and the read-ahead's.
     pub chunk_bytes: u64,
+    /// The memory each lazy server may use: its volume's cgroup gets this much per lazy server
+    /// it runs (`None`: no limit).
+    pub memory_limit: Option<u64>,
 }
 
 /// A lazy read's wait for its bytes, by default.
 pub const DEFAULT_LAZY_READ_WAIT_SECS: u64 = 30;
 /// A lazy reader's chunk, by default (MiB).
 pub const DEFAULT_LAZY_CHUNK_MIB: u64 = 4;
+/// The memory of one lazy server, by default (MiB): its cgroup's limit (docs/lazy.md, "Sizing").
+pub const DEFAULT_LAZY_MEMORY_MIB: u64 = 256;
 
 impl Default for LazyConfig {
     fn default() -> Self {
@@ -208,6 +273,7 @@ impl Default for LazyConfig {
             server: PathBuf::from("/usr/local/bin/mounthost"),
             read_wait: std::time::Duration::from_secs(DEFAULT_LAZY_READ_WAIT_SECS),
             chunk_bytes: DEFAULT_LAZY_CHUNK_MIB << 20,
+            memory_limit: Some(DEFAULT_LAZY_MEMORY_MIB << 20),
         }
     }
 }
@@ -360,7 +426,40 @@ impl Config {
             allow_plugin_tags: false,
             stock_plugins: crate::stock::names().into_iter().map(String::from).collect(),
             lazy: LazyConfig::default(),
+            byte_caps: ByteCaps::default(),
         }
+    }
+
+    /// Turn the byte caps as asked into the node cache's cap (`registries.cache_max_bytes`) and
+    /// each dynamic volume's (`dynamic.max_bytes`), given the size of the state directory's
+    /// filesystem (`None`: it could not be measured). Defaults: the cache half that size, a
+    /// dynamic volume half the cache's cap (a quarter of the filesystem), each rounded down to a
+    /// MiB and at least 1 MiB. What was not measured has no default cap.
+    pub fn resolve_byte_caps(&mut self, state_fs_bytes: Option<u64>) -> ResolvedCaps {
+        let share = |bytes: u64, (n, d): (u64, u64)| ((bytes / d).saturating_mul(n) >> 20).max(1) << 20;
+        let fs = |what: &str| match state_fs_bytes {
+            Some(total) => format!("{what} the state directory's filesystem ({} MiB), measured at start", total >> 20),
+            None => "the state directory's filesystem could not be measured at start: none".to_string(),
+        };
+        let (cache, cache_from) = match self.byte_caps.cache {
+            ByteCap::Bytes(b) => (Some(b), "--cache-max-mib".to_string()),
+            ByteCap::Unlimited => (None, "--cache-max-mib=0".to_string()),
+            ByteCap::Measured => (state_fs_bytes.map(|t| share(t, DEFAULT_CACHE_SHARE)), fs("half of")),
+        };
+        let (dynamic, dynamic_from) = match (self.byte_caps.dynamic, cache) {
+            (ByteCap::Bytes(b), _) => (Some(b), "--dynamic-max-mib".to_string()),
+            (ByteCap::Unlimited, _) => (None, "--dynamic-max-mib=0".to_string()),
+            (ByteCap::Measured, Some(c)) => {
+                (Some(share(c, DEFAULT_DYNAMIC_SHARE)), "half of the cache's cap".to_string())
+            }
+            (ByteCap::Measured, None) => (
+                state_fs_bytes.map(|t| share(share(t, DEFAULT_CACHE_SHARE), DEFAULT_DYNAMIC_SHARE)),
+                fs("a quarter of"),
+            ),
+        };
+        self.registries.cache_max_bytes = cache;
+        self.dynamic.max_bytes = dynamic;
+        ResolvedCaps { cache, cache_from, dynamic, dynamic_from }
     }
 
     /// Compiled plugin artifacts are cached here.
@@ -493,6 +592,41 @@ mod tests {
         assert!(a.to_string_lossy().starts_with("/run/mounthost/fuse-") && a.to_string_lossy().len() == 36, "{a:?}");
         let set = Config { fuse_files_dir: Some("/x".into()), ..Config::new("/tmp/a".into()) };
         assert_eq!(set.fuse_files(), PathBuf::from("/x"));
+    }
+
+    #[test]
+    fn byte_caps_default_to_shares_of_the_state_filesystem_and_flags_override_them() {
+        let gib = 1u64 << 30;
+        let resolve = |cache: Option<u64>, dynamic: Option<u64>, fs: Option<u64>| {
+            let mut cfg = Config::default();
+            cfg.byte_caps = ByteCaps { cache: ByteCap::from_mib(cache), dynamic: ByteCap::from_mib(dynamic) };
+            let r = cfg.resolve_byte_caps(fs);
+            assert_eq!((cfg.registries.cache_max_bytes, cfg.dynamic.max_bytes), (r.cache, r.dynamic));
+            r
+        };
+        let r = resolve(None, None, Some(100 * gib));
+        assert_eq!((r.cache, r.dynamic), (Some(50 * gib), Some(25 * gib)));
+        assert_eq!(r.cache_from, "half of the state directory's filesystem (102400 MiB), measured at start");
+        assert_eq!(r.dynamic_from, "half of the cache's cap");
+        // Rounded down to a MiB, never 0.
+        let r = resolve(None, None, Some((3 << 20) + 5));
+        assert_eq!((r.cache, r.dynamic), (Some(1 << 20), Some(1 << 20)));
+        let r = resolve(Some(4096), None, Some(100 * gib));
+        assert_eq!((r.cache, r.dynamic), (Some(4 * gib), Some(2 * gib)));
+        assert_eq!(r.cache_from, "--cache-max-mib");
+        // No cache cap: a dynamic volume still gets a quarter of the filesystem.
+        let r = resolve(Some(0), None, Some(100 * gib));
+        assert_eq!((r.cache, r.dynamic), (None, Some(25 * gib)));
+        assert!(r.dynamic_from.starts_with("a quarter of the state directory's filesystem"), "{}", r.dynamic_from);
+        let r = resolve(Some(0), Some(0), Some(100 * gib));
+        assert_eq!((r.cache, r.dynamic), (None, None));
+        assert_eq!(r.dynamic_from, "--dynamic-max-mib=0");
+        let r = resolve(None, Some(64), None);
+        assert_eq!((r.cache, r.dynamic), (None, Some(64 << 20)));
+        assert!(r.cache_from.contains("could not be measured"), "{}", r.cache_from);
+        // A Config built directly (tests) keeps no cap until resolved.
+        let cfg = Config::default();
+        assert_eq!((cfg.registries.cache_max_bytes, cfg.dynamic.max_bytes), (None, None));
     }
 
     #[test]

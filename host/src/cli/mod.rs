@@ -148,8 +148,10 @@ pub struct GlobalArgs {
     #[arg(long, env = "MOUNTHOST_DYNAMIC_MAX_MOUNTS", default_value_t = crate::config::DEFAULT_DYNAMIC_MAX_MOUNTS, value_parser = clap::value_parser!(u64).range(1..=1024), global = true)]
     pub dynamic_max_mounts: u64,
     /// MiB all of one dynamic volume's mounts may fetch together; a mount that would pass it is
-    /// refused before any byte is fetched (a volume's dynamicMaxMiB may lower it) [default: no cap].
-    #[arg(long, env = "MOUNTHOST_DYNAMIC_MAX_MIB", value_parser = clap::value_parser!(u64).range(1..=1 << 30), global = true)]
+    /// refused before any byte is fetched (a volume's dynamicMaxMiB may lower it); 0: no cap
+    /// [default: half the cache's cap, measured at start; a quarter of the state directory's
+    /// filesystem when the cache has none].
+    #[arg(long, env = "MOUNTHOST_DYNAMIC_MAX_MIB", value_parser = clap::value_parser!(u64).range(0..=1 << 30), global = true)]
     pub dynamic_max_mib: Option<u64>,
     /// POST and DELETE requests a minute one dynamic volume's socket takes (a token bucket; more
     /// are answered 429 with Retry-After; a volume's dynamicRequestsPerMinute may lower it).
@@ -186,7 +188,8 @@ pub struct GlobalArgs {
     #[arg(long, env = "MOUNTHOST_REGISTRY_PROXY", global = true)]
     pub registry_proxy: Option<String>,
     /// Evict cached OCI blobs that no staged volume uses, least recently used first, once the
-    /// cache is larger than this many MiB [default: no limit].
+    /// cache is larger than this many MiB; 0: no limit [default: half the size of the state
+    /// directory's filesystem, measured at the host daemon's start].
     #[arg(long, env = "MOUNTHOST_CACHE_MAX_MIB", global = true)]
     pub cache_max_mib: Option<u64>,
     /// Let a `plugin: oci://...` value name a tag without a digest (resolved to its digest once,
@@ -205,6 +208,11 @@ pub struct GlobalArgs {
     /// read-ahead; a power of two from 1 to 64.
     #[arg(long, env = "MOUNTHOST_LAZY_CHUNK_MIB", default_value_t = crate::config::DEFAULT_LAZY_CHUNK_MIB, value_parser = parse_chunk_mib, global = true)]
     pub lazy_chunk_mib: u64,
+    /// The memory (MiB) one lazy volume's FUSE server may use: its volume's cgroup gets this
+    /// much per lazy server it runs (memory.max, or v1's memory.limit_in_bytes; page cache
+    /// included, reclaimed first); 0: no limit.
+    #[arg(long, env = "MOUNTHOST_LAZY_MEMORY_MIB", default_value_t = crate::config::DEFAULT_LAZY_MEMORY_MIB, value_parser = clap::value_parser!(u64).range(0..=1 << 20), global = true)]
+    pub lazy_memory_mib: u64,
     /// The executable started as lazy volumes' FUSE server (`mounthost lazyfs`) [default: this
     /// binary].
     #[arg(long, env = "MOUNTHOST_LAZY_SERVER", global = true)]
@@ -328,7 +336,8 @@ impl GlobalArgs {
         cfg.fuse_max_file_bytes = (self.fuse_max_file_mib > 0).then(|| self.fuse_max_file_mib.saturating_mul(1 << 20));
         cfg.dynamic = crate::config::DynamicCaps {
             max_mounts: self.dynamic_max_mounts,
-            max_bytes: self.dynamic_max_mib.map(|m| m << 20),
+            // Resolved at the host daemon's start (`Config::resolve_byte_caps`).
+            max_bytes: None,
             requests_per_minute: self.dynamic_requests_per_minute,
             burst: self.dynamic_burst,
         };
@@ -343,7 +352,7 @@ impl GlobalArgs {
             insecure: self.insecure_registries.iter().filter(|h| !h.is_empty()).cloned().collect(),
             proxy: self.registry_proxy.clone(),
             mirrors: self.registry_mirrors.iter().filter(|(r, _)| !r.is_empty()).cloned().collect(),
-            cache_max_bytes: self.cache_max_mib.map(|m| m << 20),
+            cache_max_bytes: None,
             endpoints: {
                 let mut m = std::collections::BTreeMap::<String, std::collections::BTreeSet<String>>::new();
                 for (r, h) in self.registry_endpoints.iter().filter(|(r, _)| !r.is_empty()) {
@@ -353,6 +362,10 @@ impl GlobalArgs {
             },
             download_stall: Duration::from_secs(self.download_stall_secs),
         };
+        cfg.byte_caps = crate::config::ByteCaps {
+            cache: crate::config::ByteCap::from_mib(self.cache_max_mib),
+            dynamic: crate::config::ByteCap::from_mib(self.dynamic_max_mib),
+        };
         cfg.allow_plugin_tags = self.allow_plugin_tags;
         cfg.lazy = crate::config::LazyConfig {
             server: match &self.lazy_server {
@@ -361,6 +374,7 @@ impl GlobalArgs {
             },
             read_wait: Duration::from_secs(self.lazy_read_wait_secs),
             chunk_bytes: self.lazy_chunk_mib << 20,
+            memory_limit: (self.lazy_memory_mib > 0).then(|| self.lazy_memory_mib << 20),
         };
         Ok(cfg)
     }

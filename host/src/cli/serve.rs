@@ -135,6 +135,28 @@ fn claim_state_dir_now(cfg: &mut Config) -> anyhow::Result<StateDirLock> {
 /// made canonical in `cfg`: below them every path is resolved without following links, so a
 /// node whose `/var/lib/kubelet` is itself a link is resolved here, once.
 fn linux(cfg: &mut Config) -> anyhow::Result<(Arc<Linux>, Vec<PathBuf>)> {
+/// The node cache's and each dynamic volume's byte cap, from the flags or measured from the
+/// state directory's filesystem now (`Config::resolve_byte_caps`), logged with where each came
+/// from.
+fn byte_caps(cfg: &mut Config, exec: &Linux) {
+    use crate::exec::Mounts;
+    let total = match exec.usage(&cfg.state_dir) {
+        Ok(u) => Some(u.total_bytes),
+        Err(e) => {
+            tracing::warn!(path = %cfg.state_dir.display(), error = %e, "the state directory's filesystem could not be measured");
+            None
+        }
+    };
+    let r = cfg.resolve_byte_caps(total);
+    tracing::info!(
+        cache_max = %crate::config::show_cap(r.cache),
+        cache_max_from = %r.cache_from,
+        dynamic_max = %crate::config::show_cap(r.dynamic),
+        dynamic_max_from = %r.dynamic_from,
+        "byte caps: the node's blob cache, and each dynamic volume's mounts"
+    );
+}
+
     cfg.kubelet_dir = Linux::make_root(&cfg.kubelet_dir)?;
     // A confined program's own mount reaches the node through the directory of its mount point
     // being on a shared mount (exec::confine): kubelet's, as kubelet makes it, and the state
@@ -186,9 +208,15 @@ fn linux(cfg: &mut Config) -> anyhow::Result<(Arc<Linux>, Vec<PathBuf>)> {
     }
     match (cgroups.version(), cgroups.parent_dir()) {
         (Some(v), Some(dir)) => tracing::info!(version = ?v, parent = %dir.display(), "per-volume cgroups"),
-        _ => tracing::warn!(
-            "no memory cgroup controller found: FUSE processes run without per-volume cgroups, and plans with a memory limit are refused"
-        ),
+        _ => {
+            tracing::warn!(
+                "no memory cgroup controller found: FUSE processes run without per-volume cgroups, and plans with a memory limit are refused"
+            );
+            // The host's own lazy servers run without their --lazy-memory-mib then.
+            if cfg.lazy.memory_limit.take().is_some() {
+                tracing::warn!("lazy volumes' servers run without a memory limit (--lazy-memory-mib)");
+            }
+        }
     }
     let mut anchors = vec![cfg.state_dir.clone(), cfg.kubelet_dir.clone()];
     // Unprivileged FUSE programs' files (derived from the canonical state directory unless
@@ -250,6 +278,7 @@ pub async fn host(mut cfg: Config) -> anyhow::Result<()> {
     hold_until_exit(lock);
     let (exec, bound) = linux(&mut cfg)?;
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
+    byte_caps(&mut cfg, &exec);
     let socket = cfg.host_socket.clone();
     let node = Node::new(cfg.clone(), runtime, exec)?;
     let served = crate::daemon::service::serve(node, &socket, stop_signal()).await;
@@ -297,6 +326,7 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
     let (exec, bound) = linux(&mut cfg)?;
     let csi_socket = match &args.endpoint {
         Some(e) => crate::unpriv::grpc::socket_path(e).map_err(anyhow::Error::msg)?,
+    byte_caps(&mut cfg, &exec);
         None => cfg.state_dir.join("csi.sock"),
     };
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);

@@ -282,6 +282,46 @@ impl Node {
         })
     }
 
+    /// The memory limit of volume `id`'s cgroup as a program starts in it: what every program
+    /// the group runs may use together. A plan's program brings its own limit (none: the group
+    /// has none), and each of the host's lazy servers `--lazy-memory-mib` (0: none): the
+    /// stage's, and one per lazy dynamic mount the record holds, the one starting (`lazy`)
+    /// included. So a lazy volume's lone server gets exactly `--lazy-memory-mib`.
+    fn group_memory_limit(
+        &self,
+        id: &str,
+        own: Option<u64>,
+        lazy: Option<&crate::plan::Lazy>,
+    ) -> Result<Option<u64>, Error> {
+        let per_server = self.inner.config.lazy.memory_limit;
+        let state = self.inner.store.load(id)?;
+        let steps =
+            state.iter().flat_map(|st| st.plan.steps.iter().chain(st.dynamic.values().flat_map(|m| m.steps.iter())));
+        let mut servers = std::collections::BTreeSet::new();
+        let mut program: Option<Option<u64>> = None;
+        for step in steps {
+            if let Step::SpawnFuse { lazy: l, memory_limit_bytes, .. } = step {
+                match l {
+                    Some(l) => _ = servers.insert(l.control.as_str()),
+                    None => program = Some(*memory_limit_bytes),
+                }
+            }
+        }
+        match lazy {
+            Some(l) => _ = servers.insert(l.control.as_str()),
+            None => program = Some(own),
+        }
+        let programs = match program {
+            Some(None) => return Ok(None),
+            Some(Some(bytes)) => bytes,
+            None => 0,
+        };
+        if servers.is_empty() {
+            return Ok(Some(programs));
+        }
+        Ok(per_server.map(|each| programs.saturating_add(each.saturating_mul(servers.len() as u64))))
+    }
+
     /// Unmount the top mount at `path`: lazily when it is busy (a pod holds it) or its FUSE
     /// server is dead; one already gone is fine.
     fn unmount(&self, path: &Path) -> Result<(), Error> {
@@ -367,7 +407,7 @@ impl Node {
                     fstype,
                     ready_timeout: std::time::Duration::from_millis(u64::from(*ready_timeout_ms)),
                     group: &self.group_of(id)?,
-                    memory_limit: *memory_limit_bytes,
+                    memory_limit: self.group_memory_limit(id, *memory_limit_bytes, lazy.as_deref())?,
                     host_mount,
                     control,
                     confine,
