@@ -19,9 +19,9 @@
 //! mount planned after a host daemon restart, and a lazy mount's fetches, need them later, so
 //! they are kept as lazy volumes keep theirs: `<state-dir>/secrets/<key>.dynamic.json`, 0600 in
 //! a 0700 directory, written by the executor (a fresh file, fsync'd, renamed in place; no copy
-//! of an earlier content stays). A publish replaces the publish part (a rotated Secret reaches
-//! the next mount), an unpublish forgets it, an unstage forgets the file; at start, a file no
-//! volume record claims goes.
+//! of an earlier content stays). A publish replaces the publish part and a stage the stage part
+//! (a rotated Secret reaches the next mount), an unpublish forgets the publish part, an unstage
+//! the file; at start, a file no volume record claims goes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
