@@ -13,6 +13,8 @@
 //! 5. When `weed mount` exits before mounting, the error quotes its cause, not its usage text.
 //! 6. ValidateVolumeCapabilities confirms only what was checked: the host's own keys included.
 //! 7. ValidateVolumeCapabilities of an id that names no volume of this driver is NOT_FOUND.
+//! 8. ListVolumes lists what this controller created with a StorageClass of only `plugin` and
+//!    `filer` (no grant), and no longer what it deleted, before and after the front restarts.
 
 mod common;
 
@@ -21,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{
-    NodeDirs, Seaweed, in_private_namespace, mounts_below, multi_writer, pids_of, stage_req, weed_binary,
+    NodeDirs, Seaweed, guarded, in_private_namespace, mounts_below, multi_writer, pids_of, stage_req, weed_binary,
     with_seaweed_node,
 };
 use mounthost::proto::csi;
@@ -643,4 +645,131 @@ fn validate_volume_capabilities_of_a_volume_that_does_not_exist_is_not_found() {
             unknown.len()
         );
     });
+}
+
+/// Every volume id ListVolumes answers, page by page with `max_entries`, and the number of pages.
+async fn list_ids(c: &mut ControllerClient<UnixChannel>, max: i32) -> (Vec<String>, usize) {
+    let (mut ids, mut pages, mut token) = (Vec::new(), 0, String::new());
+    loop {
+        let page = c
+            .list_volumes(csi::ListVolumesRequest { max_entries: max, starting_token: token.clone() })
+            .await
+            .unwrap_or_else(|e| panic!("ListVolumes max_entries={max} token={token:?}: {e:?}"))
+            .into_inner();
+        pages += 1;
+        if max > 0 {
+            assert!(page.entries.len() <= max as usize, "a page holds at most max_entries");
+        }
+        ids.extend(page.entries.into_iter().map(|e| e.volume.unwrap().volume_id));
+        if page.next_token.is_empty() {
+            ids.sort();
+            return (ids, pages);
+        }
+        token = page.next_token;
+        assert!(pages < 100, "ListVolumes never ended");
+    }
+}
+
+/// csi-sanity v5.5.0's "ListVolumes check the presence of new volumes and absence of deleted
+/// ones in the volume list", step by step: list, create, list (one more, the new one among
+/// them), delete, list (as before, the deleted one gone). `ListVolumesRequest {}` as it sends.
+async fn sanity_presence_and_absence(c: &mut ControllerClient<UnixChannel>, weed: &Seaweed, name: &str) {
+    let (before, _) = list_ids(c, 0).await;
+    let vol = c.create_volume(create_req(weed, name, 0)).await.unwrap().into_inner().volume.unwrap();
+    let (listed, _) = list_ids(c, 0).await;
+    assert_eq!(listed.len(), before.len() + 1, "one volume more than before: {listed:?}");
+    assert!(listed.contains(&vol.volume_id), "the new volume {} is listed: {listed:?}", vol.volume_id);
+    c.delete_volume(delete_req(&vol.volume_id)).await.unwrap();
+    let (after, _) = list_ids(c, 0).await;
+    assert_eq!(after, before, "as before the create");
+    assert!(!after.contains(&vol.volume_id), "the deleted volume is not listed");
+}
+
+/// 8. ListVolumes on a default configuration (no `--grant seaweedfs:host=`), StorageClasses of
+///    only `plugin` and `filer`: csi-sanity's presence and absence spec on a fresh front; then
+///    a volume on each of two filers, listed page by page (`max_entries` 1) across both; the
+///    front killed (-9) and started again on the same state directory lists the same; the spec
+///    again; once every volume is deleted nothing is listed, before and after another restart.
+///    The controller's record of the backends it provisioned on is a small file it rewrote
+///    atomically, naming no backend it no longer holds a volume on.
+#[test]
+fn list_volumes_lists_what_this_controller_created_without_a_grant() {
+    if !in_private_namespace("list_volumes_lists_what_this_controller_created_without_a_grant") {
+        return;
+    }
+    let (weed, other) = (Seaweed::start(), Seaweed::start());
+    let dirs = NodeDirs::new();
+    // The front's flags: a program for the node side, no grant of any filer.
+    let args = [format!("--program=weed={}", common::weed_binary().display())];
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _host = dirs.start_host(&args);
+    let mut front = dirs.start_front(&args);
+    let record = dirs.state.join("controller/backends.json");
+    guarded(&dirs, || {
+        rt.block_on(async {
+            let connect = async || {
+                let ch = mounthost::unpriv::grpc::channel(&dirs.csi_sock);
+                common::wait_ready(&ch).await;
+                ControllerClient::new(ch)
+            };
+            let mut c = connect().await;
+            let (none, _) = list_ids(&mut c, 0).await;
+            assert!(none.is_empty(), "a new controller lists nothing: {none:?}");
+            sanity_presence_and_absence(&mut c, &weed, "sanity-presence-1").await;
+            println!("checked: csi-sanity's presence and absence spec, no grant");
+
+            let a =
+                c.create_volume(create_req(&weed, "pvc-list-on-a", GIB)).await.unwrap().into_inner().volume.unwrap();
+            let b = c.create_volume(create_req(&other, "pvc-list-on-b", 0)).await.unwrap().into_inner().volume.unwrap();
+            let mut both = vec![a.volume_id.clone(), b.volume_id.clone()];
+            both.sort();
+            for max in [1, 0] {
+                let (ids, pages) = list_ids(&mut c, max).await;
+                assert_eq!(ids, both, "max_entries {max}");
+                if max == 1 {
+                    assert!(pages >= 2, "one volume a page: {pages} pages");
+                }
+            }
+            let text = std::fs::read_to_string(&record).unwrap();
+            assert!(text.contains(&weed.filer) && text.contains(&other.filer), "both filers recorded: {text}");
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&record).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o644, "no secret in it: 0644");
+            println!("checked: two volumes on two filers listed, one a page and all at once");
+
+            // A controller process restarted (killed) on the same state lists the same.
+            front.kill9();
+            front = dirs.start_front(&args);
+            let mut c = connect().await;
+            for max in [1, 0] {
+                assert_eq!(list_ids(&mut c, max).await.0, both, "after the restart, max_entries {max}");
+            }
+            // "Invalid starting_token": ABORTED, after a restart as before.
+            let e = c
+                .list_volumes(csi::ListVolumesRequest { max_entries: 0, starting_token: "seaweedfs:x".into() })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::Aborted, "{e:?}");
+            sanity_presence_and_absence(&mut c, &other, "sanity-presence-2").await;
+            println!("checked: after a restart both volumes listed, and csi-sanity's spec again");
+
+            c.delete_volume(delete_req(&a.volume_id)).await.unwrap();
+            assert_eq!(list_ids(&mut c, 0).await.0, vec![b.volume_id.clone()], "a deleted volume is not listed");
+            let text = std::fs::read_to_string(&record).unwrap();
+            assert!(
+                !text.contains(&weed.filer) && text.contains(&other.filer),
+                "a filer with no volume left goes: {text}"
+            );
+            c.delete_volume(delete_req(&b.volume_id)).await.unwrap();
+            assert!(list_ids(&mut c, 0).await.0.is_empty(), "nothing left");
+            front.kill9();
+            front = dirs.start_front(&args);
+            let mut c = connect().await;
+            assert!(list_ids(&mut c, 0).await.0.is_empty(), "nothing listed after another restart");
+            let text = std::fs::read_to_string(&record).unwrap();
+            assert!(!text.contains(&weed.filer) && !text.contains(&other.filer), "{text}");
+            println!("checked: deleted volumes not listed, before and after another restart");
+        })
+    });
+    drop(front);
 }

@@ -10,6 +10,7 @@ use crate::daemon::Node;
 use crate::exec::Linux;
 use crate::exec::cgroup::Cgroups;
 use crate::exec::instance::{self, Claim, StateDirLock};
+use crate::front::backends::Backends;
 use crate::front::provision::Controller;
 use crate::front::{self, Mode};
 use crate::oci::{Artifacts, PluginPull, RegistryConfig};
@@ -134,7 +135,6 @@ fn claim_state_dir_now(cfg: &mut Config) -> anyhow::Result<StateDirLock> {
 /// anchored at the state directory and kubelet's directory. kubelet's is created if missing and
 /// made canonical in `cfg`: below them every path is resolved without following links, so a
 /// node whose `/var/lib/kubelet` is itself a link is resolved here, once.
-fn linux(cfg: &mut Config) -> anyhow::Result<(Arc<Linux>, Vec<PathBuf>)> {
 /// The node cache's and each dynamic volume's byte cap, from the flags or measured from the
 /// state directory's filesystem now (`Config::resolve_byte_caps`), logged with where each came
 /// from.
@@ -157,6 +157,7 @@ fn byte_caps(cfg: &mut Config, exec: &Linux) {
     );
 }
 
+fn linux(cfg: &mut Config) -> anyhow::Result<(Arc<Linux>, Vec<PathBuf>)> {
     cfg.kubelet_dir = Linux::make_root(&cfg.kubelet_dir)?;
     // A confined program's own mount reaches the node through the directory of its mount point
     // being on a shared mount (exec::confine): kubelet's, as kubelet makes it, and the state
@@ -277,8 +278,8 @@ pub async fn host(mut cfg: Config) -> anyhow::Result<()> {
     let Some(lock) = claim_state_dir(&mut cfg, stop_signal()).await? else { return Ok(()) };
     hold_until_exit(lock);
     let (exec, bound) = linux(&mut cfg)?;
-    let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
     byte_caps(&mut cfg, &exec);
+    let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
     let socket = cfg.host_socket.clone();
     let node = Node::new(cfg.clone(), runtime, exec)?;
     let served = crate::daemon::service::serve(node, &socket, stop_signal()).await;
@@ -294,7 +295,8 @@ pub async fn csi(cfg: Config, args: CsiArgs) -> anyhow::Result<()> {
     let host = matches!(args.mode, Mode::Node | Mode::All)
         .then(|| front::Host::new(crate::unpriv::grpc::channel(&cfg.host_socket)));
     let controller = if matches!(args.mode, Mode::Controller | Mode::All) {
-        let controller = Controller::new(cfg.clone(), Arc::new(PluginRuntime::new(cfg.runtime())?));
+        let controller = Controller::new(cfg.clone(), Arc::new(PluginRuntime::new(cfg.runtime())?))
+            .with_backends(Backends::in_state_dir(&cfg.state_dir));
         Some(match front_puller(&cfg) {
             Ok(puller) => controller.with_puller(puller),
             Err(e) => {
@@ -324,9 +326,9 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
     hold_until_exit(claim_state_dir_now(&mut cfg)?);
     super::first_volume::provide_weed(&mut cfg, &args.first_volume)?;
     let (exec, bound) = linux(&mut cfg)?;
+    byte_caps(&mut cfg, &exec);
     let csi_socket = match &args.endpoint {
         Some(e) => crate::unpriv::grpc::socket_path(e).map_err(anyhow::Error::msg)?,
-    byte_caps(&mut cfg, &exec);
         None => cfg.state_dir.join("csi.sock"),
     };
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
@@ -344,7 +346,9 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
         .await
     });
     let host = front::Host::new(crate::unpriv::grpc::channel(&cfg.host_socket));
-    let controller = Controller::new(cfg.clone(), runtime).with_puller(Arc::new(puller));
+    let controller = Controller::new(cfg.clone(), runtime)
+        .with_puller(Arc::new(puller))
+        .with_backends(Backends::in_state_dir(&cfg.state_dir));
     println!(
         "mounthost local: CSI socket {} (host daemon {}, kubelet dir {})",
         csi_socket.display(),

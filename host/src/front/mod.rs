@@ -1,8 +1,11 @@
-//! `mounthost csi`: the CSI front on kubelet's `csi.sock`. Stateless: node calls are forwarded
-//! to the host daemon over its socket (a restarted front answers from the host's state at
-//! once), controller calls run the plugins' provision planners here. It can be restarted or
-//! upgraded at any time without touching a mount.
+//! `mounthost csi`: the CSI front on kubelet's `csi.sock`. Node calls are forwarded to the host
+//! daemon over its socket, statelessly (a restarted front answers from the host's state at
+//! once); controller calls run the plugins' provision planners here, and the controller keeps
+//! only what ListVolumes and DeleteVolume cannot ask a backend for ([`backends`], and the
+//! notes of plugins pulled by reference). It can be restarted or upgraded at any time without
+//! touching a mount.
 
+pub mod backends;
 pub mod controller;
 pub mod identity;
 pub mod metered;

@@ -33,12 +33,17 @@
 //!   DeleteVolume answers OK.
 //! - One operation per volume id at a time in this process (a second is ABORTED), so two
 //!   CreateVolume calls for one name cannot interleave their check and their write.
+//! - ListVolumes carries no StorageClass: before CreateVolume answers, the backends the new
+//!   volume is on (the hosts of its id its StorageClass granted) are recorded
+//!   ([`super::backends`]), and after DeleteVolume a recorded one that lists no volume left is
+//!   forgotten.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use tracing::{info, warn};
 
+use super::backends::Backends;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
 use crate::plan::policy::{self, Context, Operation};
@@ -69,12 +74,28 @@ pub struct Controller {
     pub(super) locks: Arc<VolumeLocks>,
     /// Where plugins selected by OCI reference come from (none: such a StorageClass is refused).
     puller: Option<Arc<dyn PluginPuller>>,
+    /// The backends CreateVolume provisioned on, which ListVolumes lists besides the granted
+    /// hosts (none: only the granted hosts).
+    pub(super) backends: Option<Arc<Backends>>,
 }
 
 impl Controller {
     /// A controller over `runtime`.
     pub fn new(config: Config, runtime: Arc<PluginRuntime>) -> Self {
-        Controller { config, runtime, http: HttpClient::default(), locks: VolumeLocks::new(), puller: None }
+        Controller {
+            config,
+            runtime,
+            http: HttpClient::default(),
+            locks: VolumeLocks::new(),
+            puller: None,
+            backends: None,
+        }
+    }
+
+    /// Record the backends CreateVolume provisioned on in `backends`, for ListVolumes.
+    pub fn with_backends(mut self, backends: Backends) -> Self {
+        self.backends = Some(Arc::new(backends));
+        self
     }
 
     /// Let StorageClasses select plugins by OCI reference (`plugin: oci://…`), pulled by `puller`.
@@ -164,6 +185,9 @@ impl Controller {
             )),
             Failure::Other(e) => e,
         })?;
+        // ListVolumes carries no StorageClass: record the backend the volume is on, before
+        // answering (a crash before this makes the CO retry, which records it).
+        self.record_backends(&plugin.info.name, &out.volume_id, &hosts).await?;
         // DeleteVolume gets only the id: note, for this very volume, where its plugin came from.
         // Before answering, so a volume the CO knows of always has its note (a crash before
         // this makes the CO retry, which creates nothing new and writes the note).
@@ -257,6 +281,7 @@ impl Controller {
         if matches!(note, VolumeNote::Source(_)) {
             self.puller()?.deleted(&id)?;
         }
+        self.forget_backends(&plugin, inner).await;
         Ok(())
     }
 

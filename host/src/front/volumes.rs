@@ -12,16 +12,17 @@
 //!   asks about volumes CreateVolume would refuse, whose capacity is 0. A plugin that cannot
 //!   tell is UNIMPLEMENTED, naming it (CSI: "If the plugin is unable to complete the
 //!   GetCapacity call successfully, it MUST return a non-ok gRPC code").
-//! - **ListVolumes.** Every loaded plugin, by name, lists what its granted hosts hold, a page
-//!   at a time: the CSI token is `<plugin>:<the plugin's own token>`; one that does not parse
+//! - **ListVolumes.** Every loaded plugin, by name, lists what its granted hosts and the
+//!   backends this controller provisioned on ([`super::backends`]) hold, a page at a time: the CSI token is `<plugin>:<the plugin's own token>`; one that does not parse
 //!   or names a plugin not loaded is ABORTED (CSI: "Invalid starting_token"). mounthost never
 //!   controller-publishes a volume (it has no PUBLISH_UNPUBLISH_VOLUME), so every entry's
 //!   `published_node_ids` is empty, as the spec defines them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
-use tracing::info;
+use tracing::{debug, info, warn};
 
+use super::backends;
 use super::provision::{Controller, Failure, hosts_in_id, split_id};
 use crate::error::{Error, ErrorKind};
 use crate::plan::policy::{self, Operation};
@@ -175,11 +176,18 @@ impl Controller {
             ));
         }
         let max = if req.max_entries == 0 { usize::MAX } else { req.max_entries as usize };
+        // Read once per call: every page of one call sees the same hosts.
+        let recorded = match &self.backends {
+            Some(b) => b.read()?,
+            None => Vec::new(),
+        };
         let mut entries = Vec::new();
         while at < plugins.len() && entries.len() < max {
             let plugin = &plugins[at];
             let left = u32::try_from(max - entries.len()).unwrap_or(u32::MAX).min(1000);
-            let (volumes, next) = self.list_page(plugin, &token, left).await?;
+            let mine = recorded.iter().filter(|b| b.plugin == plugin.info.name).map(|b| b.host.clone()).collect();
+            let hosts = backends::listed_hosts(&self.config.grant(&plugin.info.name).hosts, mine);
+            let (volumes, next) = self.list_page(plugin, &hosts, &token, left).await?;
             entries.extend(volumes.into_iter().map(|v| entry(&plugin.info.name, v)));
             if !next.is_empty() {
                 return Ok(csi::ListVolumesResponse { entries, next_token: format!("{}:{next}", plugin.info.name) });
@@ -195,20 +203,21 @@ impl Controller {
         Ok(csi::ListVolumesResponse { entries, next_token })
     }
 
-    /// One page of `plugin`'s volumes from `token`, at most `max`.
+    /// One page of `plugin`'s volumes on `hosts` from `token`, at most `max`.
     async fn list_page(
         &self,
         plugin: &LoadedPlugin,
+        hosts: &[String],
         token: &str,
         max: u32,
     ) -> Result<(Vec<wit::ListedVolume>, String), Error> {
-        let grant = self.config.grant(&plugin.info.name);
-        let hosts: Vec<String> = grant.hosts.iter().cloned().collect();
+        // The recorded hosts are reached as the StorageClass that made them granted them.
+        let reached: BTreeSet<String> = hosts.iter().cloned().collect();
         let secrets = Secrets::default();
         let mut rounds = Rounds::default();
         let out = loop {
             let wreq = wit::ListRequest {
-                hosts: hosts.clone(),
+                hosts: hosts.to_vec(),
                 starting_token: token.to_string(),
                 max_entries: max,
                 looked_up: rounds.looked_up(),
@@ -222,7 +231,7 @@ impl Controller {
                 Err(e) => return Err(e.into()),
             };
             let steps = std::mem::take(&mut out.steps);
-            let mut plan = self.check(plugin, Operation::List, Default::default(), &secrets, as_plan(steps))?;
+            let mut plan = self.check(plugin, Operation::List, reached.clone(), &secrets, as_plan(steps))?;
             if rounds.settle(&self.http, &secrets, &plugin.info.name, &mut plan).await? {
                 break out;
             }
@@ -247,6 +256,63 @@ impl Controller {
                 .map_err(|e| Error::internal(format!("plugin {name} listed an unusable volume id: {}", e.message)))?;
         }
         Ok((out.volumes, out.next_token))
+    }
+
+    /// Record, for ListVolumes, the backends a volume just made (`inner`, the plugin's part of
+    /// its id) is on: the `host:port` parts of its id that the StorageClass's endpoint
+    /// parameters granted (`endpoints`) and the configuration does not.
+    pub(super) async fn record_backends(
+        &self,
+        plugin: &str,
+        inner: &str,
+        endpoints: &BTreeSet<String>,
+    ) -> Result<(), Error> {
+        let Some(record) = &self.backends else { return Ok(()) };
+        let hosts = backends::new_volume_backends(inner, endpoints, &self.config.grant(plugin).hosts);
+        if hosts.is_empty() {
+            return Ok(());
+        }
+        for host in record.lock().await.record(plugin, &hosts)? {
+            warn!(
+                plugin,
+                %host,
+                max = backends::MAX_BACKENDS,
+                "this controller records no more backends: ListVolumes does not list this host's volumes \
+                 unless the configuration grants it (--grant {plugin}:host={host})"
+            );
+        }
+        Ok(())
+    }
+
+    /// After DeleteVolume of `inner` (the plugin's part of the id): forget each recorded host
+    /// the id names that now lists no volume of `plugin` at all. A host that cannot be listed
+    /// is kept; nothing here fails the delete.
+    pub(super) async fn forget_backends(&self, plugin: &LoadedPlugin, inner: &str) {
+        let Some(record) = &self.backends else { return };
+        let name = &plugin.info.name;
+        // Held while listing: a CreateVolume on one of these hosts records it after this.
+        let writer = record.lock().await;
+        let recorded = match record.hosts(name) {
+            Ok(h) => backends::named_in(inner, &h),
+            Err(e) => return warn!(%e, "the backend record could not be read after DeleteVolume"),
+        };
+        let mut empty = Vec::new();
+        for host in recorded {
+            match self.list_page(plugin, std::slice::from_ref(&host), "", 1).await {
+                Ok((volumes, next)) if volumes.is_empty() && next.is_empty() => empty.push(host),
+                Ok(_) => {}
+                Err(e) => debug!(plugin = %name, %host, %e, "a recorded backend could not be listed: kept"),
+            }
+        }
+        if empty.is_empty() {
+            return;
+        }
+        match writer.forget(name, &empty) {
+            Ok(()) => {
+                info!(plugin = %name, hosts = %empty.join(","), "no volume left on these backends: no longer recorded")
+            }
+            Err(e) => warn!(%e, "a backend with no volume left could not be forgotten"),
+        }
     }
 
     /// Whether the backend holds volume `id` (`<plugin>~<inner>`), as its plugin says.

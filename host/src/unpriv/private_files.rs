@@ -3,7 +3,7 @@
 //! its executor instead ([`crate::exec::beneath`]).
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
@@ -42,6 +42,22 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     result
 }
 
+/// Read `path` whole, if it is at most `max` bytes: `None` when it does not exist, an
+/// `InvalidData` error when it is longer (nothing past `max + 1` bytes is read).
+pub fn read_capped(path: &Path, max: u64) -> io::Result<Option<Vec<u8>>> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut bytes = Vec::new();
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("longer than {max} bytes")));
+    }
+    Ok(Some(bytes))
+}
+
 /// The kernel's hostname, if it has one.
 pub fn hostname() -> Option<String> {
     fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).ok().filter(|s| !s.is_empty())
@@ -71,6 +87,17 @@ mod tests {
         remove_file(&p).unwrap();
         remove_file(&p).expect("already gone is fine");
         assert!(!p.exists());
+    }
+
+    #[test]
+    fn capped_reads_stop_past_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        assert!(read_capped(&p, 4).unwrap().is_none(), "missing: None");
+        fs::write(&p, b"four").unwrap();
+        assert_eq!(read_capped(&p, 4).unwrap().as_deref(), Some(&b"four"[..]));
+        fs::write(&p, b"fives").unwrap();
+        assert_eq!(read_capped(&p, 4).unwrap_err().kind(), io::ErrorKind::InvalidData);
     }
 
     #[test]
