@@ -15,7 +15,8 @@
 //!   `bench/dynamic-cap.sh`);
 //! - concurrent POSTs that together pass the cap: those past it are answered 507;
 //! - a lazy mount past the cap is answered 507 with no blob fetched (the registry's log: the
-//!   manifest, its config, the referrers query; no layer, no chunk index).
+//!   manifest, its config, the referrers query; no layer, no chunk index); its chunk index's
+//!   size counts like a blob, before it is read.
 
 mod common;
 
@@ -82,15 +83,15 @@ struct Samples {
     /// The highest level the volume reported, and the most the registry still had to send.
     max_level: u64,
     max_pending: u64,
-    /// The longest a mount's end (its DELETE answered, its failure seen) took to reach the
-    /// registry: until no reply was sending any more.
+    /// The longest a mount's end (from its DELETE sent, or its failure seen) took to reach
+    /// the registry: until no reply was sending any more.
     max_stop: Duration,
 }
 
 impl Samples {
-    /// Wait until the registry sends nothing (at most 5 s), and remember how long it took.
-    fn stopped(&mut self, hostile: &Hostile) {
-        let t0 = Instant::now();
+    /// Wait until the registry sends nothing (at most 5 s after `t0`), and remember how long it
+    /// took.
+    fn stopped(&mut self, hostile: &Hostile, t0: Instant) {
         while hostile.pending_bytes() > 0 {
             assert!(
                 t0.elapsed() < Duration::from_secs(5),
@@ -208,7 +209,7 @@ fn looping(dir: &Path, hostile: &Hostile, kind: Kind, secs: u64, samples: &mut S
                 let (_, v) = call(dir, "GET", &format!("/mounts/{id}"), None);
                 samples.take(dir, hostile);
                 if v["state"] == "failed" {
-                    samples.stopped(hostile);
+                    samples.stopped(hostile, Instant::now());
                     break;
                 }
                 assert!(Instant::now() < until && v["state"] != "ready", "{id} never failed: {v}");
@@ -233,8 +234,9 @@ fn looping(dir: &Path, hostile: &Hostile, kind: Kind, secs: u64, samples: &mut S
             samples.take(dir, hostile);
             posts.push(posting);
         }
+        let t0 = Instant::now();
         assert_eq!(delete(dir, &id), 200, "DELETE {id}");
-        samples.stopped(hostile);
+        samples.stopped(hostile, t0);
         samples.take(dir, hostile);
         cycles += 1;
     }
@@ -271,6 +273,8 @@ fn a_pod_looping_post_and_delete_stays_within_its_byte_cap() {
                 samples.max_stop,
             );
             assert!(cycles >= 2, "{kind:?}: the loop made {cycles} cycles");
+            // Each cycle's weights were asked for (with its config): every kind downloaded.
+            assert!(gets >= 2 * cycles as u64, "{kind:?}: {gets} blob GETs in {cycles} cycles");
             assert!(
                 served <= CAP_MIB * MIB,
                 "{kind:?}: the registry served {served} bytes over the loop, past the cap"
@@ -333,5 +337,64 @@ fn a_lazy_mount_past_the_cap_fetches_no_blob() {
         assert_eq!(call(dir, "GET", "/mounts/huge", None).0, 404, "nothing is recorded");
         let (_, u) = call(dir, "GET", "/usage", None);
         assert_eq!(u["levelBytes"], 0, "{u}");
+    });
+}
+
+/// The referrer of `model` (at `host/repo`) that says it has a chunk index of `size` bytes,
+/// which the registry only claims (its bytes would be wrong): the referrers tag schema's index,
+/// and the index artifact's manifest.
+fn claim_index(hostile: &Hostile, model: &PushedModel, seed: &str, size: u64) -> String {
+    let index = format!("sha256:{}", hex::encode(Sha256::digest(seed.as_bytes())));
+    hostile.claim_blob(&index, size, Lie::WrongBytes);
+    let artifact = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "artifactType": mounthost::oci::INDEX_ARTIFACT_TYPE,
+        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a", "size": 2},
+        "layers": [{"mediaType": mounthost::oci::INDEX_ARTIFACT_TYPE, "digest": index, "size": size}],
+    })
+    .to_string();
+    let artifact_digest = hostile.put_manifest(&model.repo, "chunk-index", &artifact);
+    let referrers = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": artifact_digest,
+            "size": artifact.len(),
+            "artifactType": mounthost::oci::INDEX_ARTIFACT_TYPE,
+        }],
+    })
+    .to_string();
+    hostile.put_manifest(&model.repo, &model.manifest_digest.replacen(':', "-", 1), &referrers);
+    index
+}
+
+#[test]
+fn a_lazy_mount_counts_its_chunk_index_before_reading_it() {
+    with_volume("a_lazy_mount_counts_its_chunk_index_before_reading_it", async |dir, hostile| {
+        // Three weights files of 8 MiB (24 MiB, within the cap of 32) and an index of 9 MiB.
+        let files: Vec<(String, Vec<u8>)> =
+            (0..3).map(|i| (format!("part-{i}.safetensors"), noise(&format!("indexed/{i}"), WEIGHTS))).collect();
+        let listed: Vec<(&str, &[u8], Class, Packing)> =
+            files.iter().map(|(p, w)| (p.as_str(), w.as_slice(), Class::Weight, Packing::Raw)).collect();
+        let over = hostile.put_model("models/indexed", "v1", &listed);
+        let index = claim_index(hostile, &over, "index/over", 9 * MIB);
+        let ask = json!({"id": "indexed", "parameters": {"reference": over.reference, "lazy": "true"}});
+        let (status, v) = call(dir, "POST", "/mounts", Some(ask.clone()));
+        let asked = |digest: &str| hostile.seen().iter().filter(|s| s.method == "GET" && s.path.ends_with(digest)).count();
+        println!("checked: a lazy mount of 24 MiB of layers with a 9 MiB chunk index, cap {CAP_MIB} MiB: {status} {v}");
+        assert_eq!(status, 507, "{v}");
+        assert!(v["message"].as_str().unwrap_or_default().contains(&(33 * MIB).to_string()), "layers and index: {v}");
+        assert_eq!(asked(&index), 0, "the index was read before the cap's check: {}", hostile.log());
+        // The same layers with an index of 1 MiB pass the check (the index is read then, and
+        // its wrong bytes fail the mount: not the cap).
+        let under = hostile.put_model("models/indexed-small", "v1", &listed);
+        let index = claim_index(hostile, &under, "index/under", MIB);
+        let ask = json!({"id": "indexed", "parameters": {"reference": under.reference, "lazy": "true"}});
+        let (status, v) = call(dir, "POST", "/mounts", Some(ask));
+        println!("checked: the same layers with a 1 MiB chunk index: {status} {v}");
+        assert_ne!(status, 507, "{v}");
+        assert_eq!(asked(&index), 1, "past the cap's check, the index is read: {}", hostile.log());
     });
 }

@@ -217,9 +217,14 @@ pub(super) async fn download(
         });
         // A lazy volume's readers keep what is on disk unless it is wrong: its server reads this
         // very file, and the next attempt writes into it.
-        // Cancelled: no volume wants the blob (its last lazy volume was unstaged); nothing is kept.
+        // Cancelled: no volume waits for the blob (its last lazy volume was unstaged, its
+        // dynamic mount deleted); nothing is kept, unless a lazy server reads this very file.
         if matches!(err, OciError::Cancelled { .. }) {
-            store.drop_partial(&blob.hex);
+            if live.served.load(Ordering::Relaxed) {
+                let _ = save(store, blob, &shared);
+            } else {
+                store.drop_partial(&blob.hex);
+            }
         } else if err.is_transient() || (kept(lazy, live) && !err.is_integrity()) {
             let _ = save(store, blob, &shared);
         } else {
@@ -549,10 +554,22 @@ impl Stream<'_> {
         let mut writing: Option<Write> = None;
         let mut window = Window::new(self.stall);
         loop {
+            // Registered before the look at `cancel`: a stop while the registry is silent ends
+            // the read at once, not at the next chunk or the stall window's end.
+            let woken = self.live.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
             if self.live.cancel.load(Ordering::Relaxed) {
                 return self.drain(writing, buf, pos, self.cancelled()).await;
             }
-            let next = match window.next(&mut body.stream, &ep.ctx, &blob.digest).await {
+            let next = tokio::select! {
+                biased;
+                next = window.next(&mut body.stream, &ep.ctx, &blob.digest) => next,
+                // Any change of the blob's state: look at `cancel` again (reading the body is
+                // cancel-safe).
+                () = &mut woken => continue,
+            };
+            let next = match next {
                 Ok(next) => next,
                 Err(e) => return self.drain(writing, buf, pos, e).await,
             };

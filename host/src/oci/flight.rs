@@ -4,7 +4,9 @@
 //!
 //! A download runs to its end (success or failure) once started, whether or not anyone still
 //! waits: a volume that stops waiting (unstaged, or an operator's `cache pull` interrupted) only
-//! leaves the list of waiters, and whoever asks next finds the blob done or still coming.
+//! leaves the list of waiters, and whoever asks next finds the blob done or still coming. Two
+//! kinds of download stop when nobody wants them any more: a lazy volume's, and those of a
+//! dynamic mount that is deleted or failed ([`Core::abandon`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -109,6 +111,8 @@ impl Core {
                 .cloned()
                 .unwrap_or_else(|| Arc::new(Live::new(b.size, Some(self.changed.clone()))));
             live.fill_on();
+            // A new download is wanted: whatever stopped the last one does not stop this one.
+            live.cancel.store(false, Ordering::Relaxed);
             // What the last attempt left on disk, until this one has looked.
             if let Some(t) = inner.transient.get(hex) {
                 live.covered.store(t.kept, Ordering::Relaxed);
@@ -228,20 +232,31 @@ impl Core {
     }
 
     /// A dynamic mount's end (deleted, failed): `waiter` stops waiting as [`Core::forget`] says,
-    /// and the downloads nobody else waits for stop too, eager ones included (a queued one
-    /// at once, a running one at its next read). Returns the blobs it waited for, whose
-    /// downloads may still be ending ([`Core::remaining`]).
+    /// and its downloads no other volume or mount wants stop too, eager ones included (a queued
+    /// one at once, a running one at its next read or pause). Returns the blobs whose downloads
+    /// it stopped: they may still be ending ([`Core::remaining`]).
     pub fn abandon(&self, waiter: &str) -> Vec<BlobRef> {
         let mut inner = self.inner();
-        let had = inner.volumes.get(waiter).cloned().unwrap_or_default();
-        for f in inner.flights.values_mut() {
-            if matches!(f.state, State::Running) && f.waiters.remove(waiter) && f.waiters.is_empty() {
+        let had = inner.volumes.remove(waiter).unwrap_or_default();
+        let mut stopped = Vec::new();
+        for b in had.iter() {
+            let Ok(hex) = hex_of(&b.digest) else { continue };
+            let wanted = inner.volumes.values().flatten().any(|o| o.digest == b.digest);
+            if let Some(f) = inner.flights.get_mut(hex)
+                && matches!(f.state, State::Running)
+                && f.waiters.remove(waiter)
+                && f.waiters.is_empty()
+                && !wanted
+            {
                 f.live.stop();
+                stopped.push(b.clone());
             }
         }
+        // Put back for `forget`, which does the rest (lazy bookkeeping, metrics, failures).
+        inner.volumes.insert(waiter.to_string(), had);
         drop(inner);
         self.forget(waiter);
-        had
+        stopped
     }
 
     /// The bytes still to come in the running downloads of `blobs` (queued ones included).
@@ -302,7 +317,7 @@ impl Core {
             };
             // Its turn came after every volume that waited for it stopped waiting (unstaged):
             // it does not start, and leaves the slot to downloads someone waits for. (One that
-            // started goes on to its end.)
+            // started goes on to its end, unless it is stopped: `Core::abandon`, lazy ones.)
             if !lazy && retries == 0 && self.drop_unwanted(&blob.hex) {
                 drop(turn);
                 live.bump();
@@ -341,7 +356,10 @@ impl Core {
                 {
                     retries += 1;
                     tracing::warn!(registry = %ep.ctx.registry, digest = %blob.digest, error = %e, "blob download interrupted; resuming");
-                    tokio::time::sleep(Duration::from_secs(u64::from(retries))).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_secs(u64::from(retries))) => {}
+                        () = live.stopped() => break Err(OciError::Cancelled { digest: blob.digest.clone() }),
+                    }
                 }
                 Err(e) => break Err(e),
             }
@@ -362,8 +380,8 @@ impl Core {
             Err(OciError::Cancelled { .. }) => {
                 inner.flights.remove(&blob.hex);
                 inner.transient.remove(&blob.hex);
-                // Asked for again meanwhile by a lazy volume: it starts over from the partial
-                // file; otherwise nobody wants what is left.
+                // Asked for again meanwhile: the next download starts over (from the partial
+                // file a lazy server reads, kept); otherwise nobody wants what is left.
                 if !inner.volumes.values().flatten().any(|b| b.digest == blob.digest) {
                     inner.lives.remove(&blob.hex);
                     self.store.drop_partial(&blob.hex);

@@ -18,16 +18,20 @@
 //! process survives it).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::oci::{Artifacts, BlobRef};
 use crate::volume::state::{MountPhase, VolumeState};
 
-/// A volume's level, by part.
+/// A volume's level, by part (the module's doc says what each is).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Level {
+    /// What its mounts fetch.
     pub held: u64,
+    /// Of requests admitted and not recorded yet.
     pub reserved: u64,
+    /// Still to come in the downloads of its gone mounts.
     pub ending: u64,
 }
 
@@ -41,11 +45,14 @@ impl Level {
 #[derive(Default, Clone)]
 pub(super) struct Ledger(Arc<Mutex<HashMap<String, Book>>>);
 
+/// Reservation tokens, unique in the process (a volume published again after an unpublish
+/// never meets a token of its earlier publication).
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
 #[derive(Default)]
 struct Book {
-    next: u64,
-    /// Token → (the mount it is for, its bytes).
-    reserved: BTreeMap<u64, (String, u64)>,
+    /// Token → bytes.
+    reserved: BTreeMap<u64, u64>,
     /// The blobs of gone mounts whose downloads may still run.
     ending: Vec<Vec<BlobRef>>,
 }
@@ -80,15 +87,18 @@ impl Ledger {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The level of `st`'s volume, leaving out mount `except` (planned again: its reservation
-    /// stands for it). Ending downloads that have ended are dropped.
-    pub fn level(&self, st: &VolumeState, except: Option<&str>, artifacts: &Artifacts) -> Level {
+    /// The level of the volume `load` reads (under the ledger's lock, as [`Ledger::reserve`]
+    /// reads it). Ending downloads that have ended are dropped.
+    pub fn level<E>(&self, load: impl FnOnce() -> Result<VolumeState, E>, artifacts: &Artifacts) -> Result<Level, E> {
         let mut books = self.lock();
-        level_of(books.get_mut(&st.volume_id), held(st, except), artifacts)
+        let st = load()?;
+        Ok(level_of(books.get_mut(&st.volume_id), held(&st, None), artifacts))
     }
 
     /// Reserve `bytes` for mount `id` of the volume `load` reads (under the ledger's lock, so
-    /// a record saved before counts), if the level stays within `cap`; else the level it has.
+    /// a record saved before counts), if the level stays within `cap`: `Ok(Err(level))` when
+    /// it would not; `Err` when `load` fails. `again`: mount `id` is recorded (planned again),
+    /// its record's bytes are left out.
     pub fn reserve<E>(
         &self,
         load: impl FnOnce() -> Result<VolumeState, E>,
@@ -104,16 +114,15 @@ impl Ledger {
         if level.total().saturating_add(bytes) > cap {
             return Ok(Err(level));
         }
-        let book = books.entry(st.volume_id.clone()).or_default();
-        let token = book.next;
-        book.next += 1;
-        book.reserved.insert(token, (id.to_string(), bytes));
+        let token = NEXT.fetch_add(1, Ordering::Relaxed);
+        books.entry(st.volume_id.clone()).or_default().reserved.insert(token, bytes);
         Ok(Ok(Reservation { ledger: Some(self.clone()), volume: st.volume_id, token }))
     }
 
-    /// A gone mount of `volume` waited for `blobs`: their downloads count until they end.
-    pub fn ending(&self, volume: &str, blobs: Vec<BlobRef>) {
-        if !blobs.is_empty() {
+    /// A gone mount of `volume` stopped the downloads of `blobs`: they count until they end.
+    /// (Those that ended already are not kept.)
+    pub fn ending(&self, volume: &str, blobs: Vec<BlobRef>, artifacts: &Artifacts) {
+        if artifacts.remaining(&blobs) > 0 {
             self.lock().entry(volume.to_string()).or_default().ending.push(blobs);
         }
     }
@@ -134,7 +143,7 @@ fn held(st: &VolumeState, except: Option<&str>) -> u64 {
 
 fn level_of(book: Option<&mut Book>, held: u64, artifacts: &Artifacts) -> Level {
     let Some(book) = book else { return Level { held, ..Level::default() } };
-    let reserved = book.reserved.values().fold(0u64, |sum, (_, b)| sum.saturating_add(*b));
+    let reserved = book.reserved.values().fold(0u64, |sum, b| sum.saturating_add(*b));
     let mut ending = 0u64;
     book.ending.retain(|blobs| {
         let left = artifacts.remaining(blobs);
@@ -158,8 +167,8 @@ mod tests {
         let artifacts = Artifacts::new(dir.path().join("cache"), Default::default()).unwrap();
         let l = Ledger::default();
         let mut b = Book::default();
-        b.reserved.insert(0, ("a".into(), 10));
-        b.reserved.insert(1, ("b".into(), 5));
+        b.reserved.insert(u64::MAX - 1, 10);
+        b.reserved.insert(u64::MAX, 5);
         // A gone mount's blob with no download running: it counts nothing, and is dropped.
         let blob = BlobRef { digest: format!("sha256:{}", "ab".repeat(32)), size: 100, media_type: String::new() };
         b.ending.push(vec![blob.clone()]);
@@ -169,11 +178,11 @@ mod tests {
         assert_eq!(level.total(), 22);
         assert_eq!(book(&l, "v"), Some((2, 0)), "an ended download is forgotten");
         // A reservation counts until it is dropped; `none` reserves nothing.
-        let r = Reservation { ledger: Some(l.clone()), volume: "v".into(), token: 0 };
+        let r = Reservation { ledger: Some(l.clone()), volume: "v".into(), token: u64::MAX - 1 };
         drop(r);
         assert_eq!(level_of(l.lock().get_mut("v"), 0, &artifacts).reserved, 5);
         drop(Reservation::none());
-        l.ending("v", vec![]);
+        l.ending("v", vec![blob], &artifacts);
         assert_eq!(book(&l, "v"), Some((1, 0)), "nothing ending is not recorded");
         l.forget("v");
         assert_eq!(book(&l, "v"), None);

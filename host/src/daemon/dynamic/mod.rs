@@ -31,8 +31,6 @@ mod ledger;
 mod limits;
 mod server;
 
-pub use ledger::Level;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -169,6 +167,22 @@ struct Planning {
     ephemeral: bool,
     /// The volume's registry credentials, for the registries its StorageClass names.
     credentials: credentials::MountCredentials,
+}
+
+/// Abandons a mount's blobs when its task is dropped before its end (aborted).
+struct AbortGuard {
+    node: Node,
+    volume: String,
+    id: String,
+    armed: bool,
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.node.abandon_mount(&self.volume, &self.id);
+        }
+    }
 }
 
 /// A mount's plan, the bytes it fetches, and those bytes reserved in its volume's level.
@@ -746,30 +760,42 @@ impl Node {
             Ok(reservation) => return Ok(reservation),
             Err(level) => level,
         };
+        let source = limit_source(&self.config().dynamic, &st, crate::volume::request::DYNAMIC_MAX_MIB_KEY, "--dynamic-max-mib");
+        let cap = format!("its cap of {max} bytes ({source} {} MiB)", max >> 20);
+        if bytes > max {
+            return Err(ApiErr::new(
+                507,
+                "resource_exhausted",
+                format!("mount {id} fetches {bytes} bytes, more than {cap}: it cannot be mounted on this volume"),
+            ));
+        }
+        let held = format!(
+            "the volume holds {} (its mounts {}, downloads of deleted or failed mounts still ending {}, other requests being admitted {})",
+            level.total(),
+            level.held,
+            level.ending,
+            level.reserved
+        );
+        if level.held.saturating_add(bytes) <= max {
+            // It fits once what is ending has ended and what is admitted is recorded or gone.
+            return Err(ApiErr::new(
+                507,
+                "resource_exhausted",
+                format!("mount {id} fetches {bytes} bytes and {held}, more than {cap}; retry in a moment"),
+            )
+            .retry_after(1));
+        }
         Err(ApiErr::new(
             507,
             "resource_exhausted",
-            format!(
-                "mount {id} fetches {bytes} bytes and the volume holds {} (its mounts {}, downloads of deleted or failed mounts still ending {}, other requests being admitted {}), more than its cap of {max} bytes ({} {} MiB); delete a mount first",
-                level.total(),
-                level.held,
-                level.ending,
-                level.reserved,
-                limit_source(
-                    &self.config().dynamic,
-                    &st,
-                    crate::volume::request::DYNAMIC_MAX_MIB_KEY,
-                    "--dynamic-max-mib"
-                ),
-                max >> 20
-            ),
+            format!("mount {id} fetches {bytes} bytes and {held}, more than {cap}; delete a mount first"),
         ))
     }
 
     /// `GET /usage`: the volume's byte level and its caps.
     pub fn dynamic_usage(&self, volume: &str) -> Result<api::Usage, ApiErr> {
         let st = self.dynamic_state(volume)?;
-        let level = self.inner.dynamic.ledger.level(&st, None, &self.inner.artifacts);
+        let level = self.inner.dynamic.ledger.level(|| self.dynamic_state(volume), &self.inner.artifacts)?;
         let limits = self.limits_of(&st);
         Ok(api::Usage {
             level_bytes: level.total(),
@@ -833,24 +859,27 @@ impl Node {
         self.take_request_token(volume)?;
         let (this, volume, id) = (self.clone(), volume.to_string(), id.to_string());
         tokio::spawn(async move {
-            let _guard = this.lock_volume(&volume, false).await?;
-            let st = this.dynamic_state(&volume)?;
-            let m = st.dynamic.get(&id).ok_or_else(|| not_found(&id))?.clone();
-            let key = waiter(&volume, &id);
-            if let Some(task) = this.inner.dynamic.tasks.lock().unwrap_or_else(|p| p.into_inner()).remove(&key) {
-                task.abort();
-            }
-            this.lazy_detach(&key);
-            // Its downloads nobody else waits for stop; until they have, they count.
-            let blobs = this.inner.artifacts.abandon(&key);
-            this.inner.dynamic.ledger.ending(&volume, blobs.clone());
-            this.inner.artifacts.stopping(&blobs).await;
-            let (v2, id2) = (volume.clone(), id.clone());
-            this.blocking(move |n| n.remove_mount(&v2, &id2)).await?;
-            let mut v = view(&id, &m, None);
-            v.state = MountState::Deleted;
-            v.reason = None;
-            Ok(v)
+            let stopped = {
+                let _guard = this.lock_volume(&volume, false).await?;
+                let st = this.dynamic_state(&volume)?;
+                let m = st.dynamic.get(&id).ok_or_else(|| not_found(&id))?.clone();
+                let key = waiter(&volume, &id);
+                if let Some(task) = this.inner.dynamic.tasks.lock().unwrap_or_else(|p| p.into_inner()).remove(&key) {
+                    task.abort();
+                }
+                this.lazy_detach(&key);
+                // Its downloads nobody else wants stop; until they have, they count.
+                let stopped = this.abandon_mount(&volume, &id);
+                let (v2, id2) = (volume.clone(), id.clone());
+                this.blocking(move |n| n.remove_mount(&v2, &id2)).await?;
+                let mut v = view(&id, &m, None);
+                v.state = MountState::Deleted;
+                v.reason = None;
+                (v, stopped)
+            };
+            // Answered once they have stopped (at most a few seconds), without the lock.
+            this.inner.artifacts.stopping(&stopped.1).await;
+            Ok(stopped.0)
         })
         .await
         .map_err(|e| ApiErr::new(500, "internal", format!("a dynamic mount's deletion panicked: {e}")))?
@@ -890,6 +919,16 @@ impl Node {
         Ok(())
     }
 
+    /// Mount `id` of `volume` is gone (deleted, failed): it stops waiting for its blobs, and the
+    /// downloads it stopped count in the volume's level until they end ([`ledger`]). Returns
+    /// their blobs.
+    fn abandon_mount(&self, volume: &str, id: &str) -> Vec<crate::oci::BlobRef> {
+        let artifacts = &self.inner.artifacts;
+        let stopped = artifacts.abandon(&waiter(volume, id));
+        self.inner.dynamic.ledger.ending(volume, stopped.clone(), artifacts);
+        stopped
+    }
+
     /// Is a task working on this mount now?
     fn mount_running(&self, volume: &str, id: &str) -> bool {
         let tasks = self.inner.dynamic.tasks.lock().unwrap_or_else(|p| p.into_inner());
@@ -904,6 +943,9 @@ impl Node {
         // Registered before the task can end (its end forgets its own handle only).
         let mut tasks = self.inner.dynamic.tasks.lock().unwrap_or_else(|p| p.into_inner());
         let task = tokio::runtime::Handle::current().spawn(async move {
+            // Aborted (a DELETE, an unpublish) wherever it is: what it registered meanwhile is
+            // abandoned as the DELETE abandons it.
+            let mut guard = AbortGuard { node: this.clone(), volume: volume.clone(), id: id.clone(), armed: true };
             let mut planned = planned;
             let mut attempt = 1;
             let outcome = loop {
@@ -912,7 +954,7 @@ impl Node {
                     Err(e) => match retry_after(e.kind, attempt, attempts) {
                         Some(pause) => {
                             warn!(volume.id = %volume, mount = %id, attempt, error = %e.message, "a dynamic mount pending at start failed; trying again");
-                            this.inner.artifacts.forget(&waiter(&volume, &id));
+                            this.abandon_mount(&volume, &id);
                             tokio::time::sleep(pause).await;
                             attempt += 1;
                         }
@@ -927,6 +969,7 @@ impl Node {
                     ok => break ok,
                 }
             };
+            guard.armed = false;
             this.settle(&volume, &id, outcome).await;
         });
         if let Some(old) = tasks.insert(key, task.abort_handle()) {
@@ -940,9 +983,8 @@ impl Node {
         // A lazy mount reads its blobs for as long as it exists: its session keeps them
         // registered (DELETE forgets them).
         if outcome.is_err() {
-            // Its downloads nobody else waits for stop; until they have, they count.
-            let blobs = self.inner.artifacts.abandon(&key);
-            self.inner.dynamic.ledger.ending(volume, blobs);
+            // Its downloads nobody else wants stop; until they have, they count.
+            self.abandon_mount(volume, id);
         } else if !self.lazy_attached(&key) {
             self.inner.artifacts.forget(&key);
         }
@@ -1042,7 +1084,8 @@ impl Node {
         // A refusal of the cap, or the volume going meanwhile.
         let exhausted = |e: ApiErr| match e.status {
             507 => Error::new(ErrorKind::ResourceExhausted, e.message),
-            _ => Error::unavailable(e.message),
+            503 => Error::unavailable(e.message),
+            _ => Error::internal(e.message),
         };
         let plan = self.plan_round(p, volume, m, Vec::new()).await?;
         let Some(first) = plan.steps.iter().find(|s| matches!(s, Step::Resolve { .. })).cloned() else {
@@ -1099,14 +1142,22 @@ impl Node {
     async fn mount_now(&self, volume: &str, id: &str, planned: Option<Plan>) -> Result<(), Error> {
         let st = self.inner.store.load(volume)?.ok_or_else(|| Error::unavailable("the volume is gone"))?;
         let Some(m) = st.dynamic.get(id).cloned() else { return Ok(()) };
-        // Planned again (a restarted daemon): the tag may name a larger artifact now; its bytes
-        // stay reserved until this attempt ends.
-        let (plan, _reserved) = match planned {
-            Some(plan) => (plan, None),
+        let plan = match planned {
+            Some(plan) => plan,
             None => {
+                // Planned again (a restarted daemon): the tag may name a larger artifact now.
+                // Its record takes the new bytes before the reservation goes.
                 let p = self.planning(&st, id, &m).await?;
-                let Planned { plan, reservation, .. } = self.full_plan(&p, volume, id, &m, true).await?;
-                (plan, Some(reservation))
+                let Planned { plan, bytes, reservation } = self.full_plan(&p, volume, id, &m, true).await?;
+                let _guard = self.lock_volume(volume, true).await.map_err(|e| Error::unavailable(e.message))?;
+                let Some(mut st) = self.inner.store.load(volume)? else { return Ok(()) };
+                match st.dynamic.get_mut(id) {
+                    Some(m) if m.phase == MountPhase::Pending => m.bytes = bytes,
+                    _ => return Ok(()),
+                }
+                self.inner.store.save(&st)?;
+                drop(reservation);
+                plan
             }
         };
         let lazy = crate::plan::lazy::layers(&plan).is_some();

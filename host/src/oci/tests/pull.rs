@@ -238,6 +238,44 @@ async fn queued_downloads_nobody_waits_for_do_not_start() {
     assert_eq!(e.fake.state.blob_requests.load(Ordering::SeqCst), share);
 }
 
+/// A dynamic mount's end (`abandon`) stops the downloads only it wanted, a queued one at once
+/// and a running one at its next piece, and names them; their bytes to come count until they
+/// have ended (`remaining`); one another volume waits for goes on and lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_mount_stops_only_the_downloads_nobody_else_wants() {
+    let e = env().await;
+    // 1 MiB blobs in 64 KiB pieces 40 ms apart: 640 ms each.
+    e.fake.state.delay_ms.store(40, Ordering::SeqCst);
+    let share = super::super::slots::PER_VOLUME;
+    let blobs: Vec<BlobRef> = (0..2 * share).map(|i| e.blob(random(1 << 20, 500 + i as u64))).collect();
+    let mount = "vol\nm1";
+    assert!(matches!(e.a.ensure(mount, &e.src("v1"), &blobs), Ensure::Pulling(_)));
+    let shared = std::slice::from_ref(&blobs[0]);
+    assert!(matches!(e.a.ensure("vol-2", &e.src("v1"), shared), Ensure::Pulling(_)));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let total = 2 * share as u64 * (1 << 20);
+    let before = e.a.remaining(&blobs);
+    assert!(before > 0 && before <= total, "{before} of {total} bytes still to come");
+    let stopped = e.a.abandon(mount);
+    assert_eq!(stopped.len(), 2 * share - 1, "every download but the shared one stops");
+    assert!(!stopped.contains(&blobs[0]));
+    let t0 = Instant::now();
+    while e.a.remaining(&stopped) > 0 {
+        assert!(t0.elapsed() < Duration::from_secs(1), "the stopped downloads still run after {:?}", t0.elapsed());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(e.settle("vol-2", shared).await, Ensure::Ready, "the shared download goes on");
+    // Only the downloads that had their turn asked the registry (and the shared one, if it was
+    // queued); nothing of the stopped ones is left.
+    let asked = e.fake.state.blob_requests.load(Ordering::SeqCst);
+    assert!((share..=share + 1).contains(&asked), "{asked} blob requests");
+    for b in &stopped {
+        let hex = b.digest.trim_start_matches("sha256:");
+        assert!(!e.path(b).exists() && !e.a.store().partial(hex).exists(), "{} left a file", b.digest);
+    }
+    assert_eq!(e.a.remaining(&blobs), 0);
+}
+
 /// Cut the registry after `cut` bytes, wait for the pull to stop, let it go on, and check it
 /// resumed rather than started over.
 async fn resume(size: usize, cut: u64, seed: u64) {
