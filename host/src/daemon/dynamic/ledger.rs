@@ -21,6 +21,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::{ApiErr, api, limit_source};
+use crate::daemon::Node;
 use crate::oci::{Artifacts, BlobRef};
 use crate::volume::state::{MountPhase, VolumeState};
 
@@ -120,16 +122,83 @@ impl Ledger {
     }
 
     /// A gone mount of `volume` stopped the downloads of `blobs`: they count until they end.
-    /// (Those that ended already are not kept.)
+    /// (Those that ended already are not kept, here or before.)
     pub fn ending(&self, volume: &str, blobs: Vec<BlobRef>, artifacts: &Artifacts) {
+        let mut books = self.lock();
+        if let Some(book) = books.get_mut(volume) {
+            book.ending.retain(|b| artifacts.remaining(b) > 0);
+        }
         if artifacts.remaining(&blobs) > 0 {
-            self.lock().entry(volume.to_string()).or_default().ending.push(blobs);
+            books.entry(volume.to_string()).or_default().ending.push(blobs);
         }
     }
 
     /// The volume is unpublished: nothing of it counts any more.
     pub fn forget(&self, volume: &str) {
         self.lock().remove(volume);
+    }
+}
+
+impl Node {
+    /// Reserve the `bytes` mount `id` fetches in its volume's level (the module's doc), or 507 naming
+    /// the level and the cap. `again`: the mount is recorded (planned again after a restart);
+    /// its record's bytes are left out, the reservation stands for them.
+    pub(super) fn reserve_bytes(&self, volume: &str, id: &str, again: bool, bytes: u64) -> Result<Reservation, ApiErr> {
+        let st = self.dynamic_state(volume)?;
+        let Some(max) = self.limits_of(&st).max_bytes else { return Ok(Reservation::none()) };
+        let d = &self.inner.dynamic;
+        let load = || self.dynamic_state(volume);
+        let level = match d.ledger.reserve(load, id, again, bytes, max, &self.inner.artifacts)? {
+            Ok(reservation) => return Ok(reservation),
+            Err(level) => level,
+        };
+        let source =
+            limit_source(&self.config().dynamic, &st, crate::volume::request::DYNAMIC_MAX_MIB_KEY, "--dynamic-max-mib");
+        let cap = format!("its cap of {max} bytes ({source} {} MiB)", max >> 20);
+        if bytes > max {
+            return Err(ApiErr::new(
+                507,
+                "resource_exhausted",
+                format!("mount {id} fetches {bytes} bytes, more than {cap}: it cannot be mounted on this volume"),
+            ));
+        }
+        let held = format!(
+            "the volume holds {} (its mounts {}, downloads of deleted or failed mounts still ending {}, other requests being admitted {})",
+            level.total(),
+            level.held,
+            level.ending,
+            level.reserved
+        );
+        if level.held.saturating_add(bytes) <= max {
+            // It fits once what is ending has ended and what is admitted is recorded or gone.
+            return Err(ApiErr::new(
+                507,
+                "resource_exhausted",
+                format!("mount {id} fetches {bytes} bytes and {held}, more than {cap}; retry in a moment"),
+            )
+            .retry_after(1));
+        }
+        Err(ApiErr::new(
+            507,
+            "resource_exhausted",
+            format!("mount {id} fetches {bytes} bytes and {held}, more than {cap}; delete a mount first"),
+        ))
+    }
+
+    /// `GET /usage`: the volume's byte level and its caps.
+    pub fn dynamic_usage(&self, volume: &str) -> Result<api::Usage, ApiErr> {
+        let st = self.dynamic_state(volume)?;
+        let level = self.inner.dynamic.ledger.level(|| self.dynamic_state(volume), &self.inner.artifacts)?;
+        let limits = self.limits_of(&st);
+        Ok(api::Usage {
+            level_bytes: level.total(),
+            held_bytes: level.held,
+            ending_bytes: level.ending,
+            reserved_bytes: level.reserved,
+            max_bytes: limits.max_bytes,
+            mounts: st.dynamic.len() as u64,
+            max_mounts: limits.max_mounts,
+        })
     }
 }
 
