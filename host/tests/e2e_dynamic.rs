@@ -429,33 +429,41 @@ fn with_pod_a_ctx(test: &str, host_args: &[&str], attrs: &[(&str, &str)], body: 
 /// under `--cache-max-mib` too: what no volume uses is evicted once the mount is ready.
 #[test]
 fn a_dynamic_mount_keeps_the_cache_under_its_cap() {
-    with_pod_a("a_dynamic_mount_keeps_the_cache_under_its_cap", &["--cache-max-mib=3"], async |p| {
-        let (a, node) = (p.dir.clone(), p.node);
-        let old = tiny_model(p.registry, "models/old", "v1", &vec![1u8; 2 << 20]);
-        let new = tiny_model(p.registry, "models/new", "v1", &vec![2u8; 2 << 20]);
-        let cached = |model: &PushedModel| model.cached(&node.dirs.state, "model.safetensors");
-        // Another volume brings `old` into the cache and goes: its weights are used by nobody.
-        let b = node.dynamic_volume(&mut p.csi, PV_B, POD_B, &dynamic_ctx(&old.reference)).await;
-        let staging = node.dirs.staging(PV_B).display().to_string();
-        p.csi
-            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                volume_id: PV_B.into(),
-                target_path: b.display().to_string(),
-            })
-            .await
-            .unwrap();
-        p.csi
-            .node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: PV_B.into(), staging_target_path: staging })
-            .await
-            .unwrap();
-        assert!(cached(&old), "nothing added to the cache since, so nothing was evicted");
-        // A's pod mounts `new`: 2 MiB more, over the 3 MiB cap.
-        mount(&a, "new", &new.reference);
-        assert_eq!(regular_files(&snapshot(&a.join("mounts/new"))), files_of(&new));
-        assert!(!cached(&old), "the weights no volume uses were evicted");
-        assert!(cached(&new) && cached(p.base), "what A uses stays");
-        println!("checked: a dynamic mount over the cache cap evicted what no volume uses, and only that");
-    });
+    // The volume's own cap is given: by default it is half the cache's, 1 MiB here.
+    with_pod_a(
+        "a_dynamic_mount_keeps_the_cache_under_its_cap",
+        &["--cache-max-mib=3", "--dynamic-max-mib=64"],
+        async |p| {
+            let (a, node) = (p.dir.clone(), p.node);
+            let old = tiny_model(p.registry, "models/old", "v1", &vec![1u8; 2 << 20]);
+            let new = tiny_model(p.registry, "models/new", "v1", &vec![2u8; 2 << 20]);
+            let cached = |model: &PushedModel| model.cached(&node.dirs.state, "model.safetensors");
+            // Another volume brings `old` into the cache and goes: its weights are used by nobody.
+            let b = node.dynamic_volume(&mut p.csi, PV_B, POD_B, &dynamic_ctx(&old.reference)).await;
+            let staging = node.dirs.staging(PV_B).display().to_string();
+            p.csi
+                .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                    volume_id: PV_B.into(),
+                    target_path: b.display().to_string(),
+                })
+                .await
+                .unwrap();
+            p.csi
+                .node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                    volume_id: PV_B.into(),
+                    staging_target_path: staging,
+                })
+                .await
+                .unwrap();
+            assert!(cached(&old), "nothing added to the cache since, so nothing was evicted");
+            // A's pod mounts `new`: 2 MiB more, over the 3 MiB cap.
+            mount(&a, "new", &new.reference);
+            assert_eq!(regular_files(&snapshot(&a.join("mounts/new"))), files_of(&new));
+            assert!(!cached(&old), "the weights no volume uses were evicted");
+            assert!(cached(&new) && cached(p.base), "what A uses stays");
+            println!("checked: a dynamic mount over the cache cap evicted what no volume uses, and only that");
+        },
+    );
 }
 
 /// A pod moves a dynamic mount deeper than PATH_MAX inside its volume (a chain of 255-byte
@@ -666,7 +674,9 @@ fn a_pod_flooding_its_socket_is_paced_and_another_volume_still_mounts() {
         }
         let unexpected: Vec<_> = by
             .iter()
-            .filter(|((kind, status), _)| !matches!((*kind, *status), ("read", Some(200)) | ("delete", Some(404 | 429))))
+            .filter(|((kind, status), _)| {
+                !matches!((*kind, *status), ("read", Some(200)) | ("delete", Some(404 | 429)))
+            })
             .collect();
         assert!(unexpected.is_empty(), "every request answered by its kind: {by:?}");
         // What was answered while the flood ran: at most the pace's burst plus its rate.
