@@ -201,10 +201,8 @@ impl Node {
             // Already published here with these attributes: the node's caps were lowered since
             // (a restart with lower --dynamic-max-* flags). The pod keeps its volume, under the
             // lower of each (`DynamicCaps::effective`); a new publication is still refused.
-            let republish = state
-                .published
-                .get(&target)
-                .is_some_and(|p| p.dynamic.is_some() && p.dynamic_limits == dynamic_limits);
+            let republish =
+                state.published.get(&target).is_some_and(|p| p.dynamic.is_some() && p.dynamic_limits == dynamic_limits);
             if !republish {
                 return Err(above);
             }

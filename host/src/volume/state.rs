@@ -950,10 +950,8 @@ mod tests {
         let dynamic = |id: &str, lowered: bool, bytes: u64| {
             let mut st = state(id);
             st.phase = Phase::Staged;
-            let dynamic_limits = crate::volume::request::DynamicLimits {
-                max_bytes: lowered.then_some(1 << 20),
-                ..Default::default()
-            };
+            let dynamic_limits =
+                crate::volume::request::DynamicLimits { max_bytes: lowered.then_some(1 << 20), ..Default::default() };
             st.published.insert(
                 "/pods/u/mount".into(),
                 Publication { readonly: true, steps: Vec::new(), dynamic: Some(vec!["model".into()]), dynamic_limits },
