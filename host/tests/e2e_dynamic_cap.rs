@@ -311,8 +311,8 @@ fn concurrent_posts_past_the_cap_are_refused_past_it() {
 }
 
 #[test]
-fn a_lazy_mount_past_the_cap_fetches_no_blob() {
-    with_volume("a_lazy_mount_past_the_cap_fetches_no_blob", async |dir, hostile| {
+fn a_lazy_mount_past_the_cap_fetches_no_layer() {
+    with_volume("a_lazy_mount_past_the_cap_fetches_no_layer", async |dir, hostile| {
         // Five weights files of 8 MiB: 40 MiB, past the cap of 32.
         let files: Vec<(String, Vec<u8>)> =
             (0..5).map(|i| (format!("part-{i}.safetensors"), noise(&format!("big/{i}"), WEIGHTS))).collect();
