@@ -176,6 +176,9 @@ pub(super) struct Stopped {
 }
 
 pub(super) struct Flight {
+    /// Which download this is: unique in the process ([`next_flight`]), so a download a gone
+    /// mount stopped is never taken for a later one of the same digest.
+    pub id: u64,
     pub live: Arc<Live>,
     pub state: State,
     /// Volumes waiting for it.
@@ -184,6 +187,12 @@ pub(super) struct Flight {
     pub scope: Scope,
     /// Started for lazy volumes only, and none other joined: stopped once none waits.
     pub lazy: bool,
+}
+
+/// A new download's [`Flight::id`].
+pub(super) fn next_flight() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 pub(super) enum State {

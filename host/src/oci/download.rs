@@ -536,7 +536,12 @@ impl Stream<'_> {
         let (ep, blob) = (self.ep, self.blob);
         let whole = range.start == 0 && range.end == blob.size;
         let len = if whole { None } else { Some(range.end - range.start) };
-        let mut body = ep.range(&blob.digest, range.start, len).await?;
+        // A stop while the registry has not answered yet (a mirror fetching upstream, a token
+        // round trip) ends the request at once: the stop's "within a second" holds here too.
+        let mut body = tokio::select! {
+            body = ep.range(&blob.digest, range.start, len) => body?,
+            () = self.live.stopped() => return Err(self.cancelled()),
+        };
         let mut end = range.end;
         // Bytes to drop before `range.start` (a registry that ignores Range sends from 0).
         let mut skip = 0;

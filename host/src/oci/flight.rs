@@ -13,14 +13,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::cache::{Core, Flight, Inner, State, Stopped};
+use super::cache::{Core, Flight, Inner, State, Stopped, next_flight};
 use super::download::{Blob, download};
 use super::error::OciError;
 use super::live::Live;
 use super::pulls::Sight;
 use super::registry::{Endpoint, Scope, host_of};
 use super::store::hex_of;
-use super::{BlobProgress, BlobRef, Ensure, Progress, Source};
+use super::{BlobProgress, BlobRef, Ensure, Progress, Source, Stopping};
 
 /// Retries within one flight after a transient failure that made progress (a connection that
 /// broke mid-blob); a failure without progress ends the flight at once.
@@ -70,6 +70,9 @@ impl Core {
                     // its fill runs now, and it runs to its end.
                     live.fill_on();
                     *lazy = false;
+                    // Stopped a moment ago (a gone mount's, `abandon`) and wanted again: it goes
+                    // on, if it has not ended yet (else this volume's next call starts it again).
+                    live.cancel.store(false, Ordering::Relaxed);
                     // Joined, unless this waiter started it (its first sight said so).
                     let joined = !waiters.contains(volume);
                     waiters.insert(volume.to_string());
@@ -121,6 +124,7 @@ impl Core {
             inner.flights.insert(
                 hex.clone(),
                 Flight {
+                    id: next_flight(),
                     live: live.clone(),
                     state: State::Running,
                     waiters: BTreeSet::from([volume.to_string()]),
@@ -235,7 +239,7 @@ impl Core {
     /// and its downloads no other volume or mount wants stop too, eager ones included (a queued
     /// one at once, a running one at its next read or pause). Returns the blobs whose downloads
     /// it stopped: they may still be ending ([`Core::remaining`]).
-    pub fn abandon(&self, waiter: &str) -> Vec<BlobRef> {
+    pub fn abandon(&self, waiter: &str) -> Vec<Stopping> {
         let mut inner = self.inner();
         let had = inner.volumes.remove(waiter).unwrap_or_default();
         let mut stopped = Vec::new();
@@ -249,7 +253,7 @@ impl Core {
                 && !wanted
             {
                 f.live.stop();
-                stopped.push(b.clone());
+                stopped.push(Stopping { blob: b.clone(), flight: f.id });
             }
         }
         // Put back for `forget`, which does the rest (lazy bookkeeping, metrics, failures).
@@ -259,16 +263,18 @@ impl Core {
         stopped
     }
 
-    /// The bytes still to come in the running downloads of `blobs` (queued ones included).
-    pub fn remaining(&self, blobs: &[BlobRef]) -> u64 {
+    /// The bytes still to come in the downloads `stopping` names (queued ones included), while
+    /// each is the one running: a later download of the same digest is not counted.
+    pub fn remaining(&self, stopping: &[Stopping]) -> u64 {
         let inner = self.inner();
         let mut seen = BTreeSet::new();
-        blobs
+        stopping
             .iter()
-            .filter_map(|b| hex_of(&b.digest).ok().filter(|hex| seen.insert(*hex)).map(|hex| (hex, b.size)))
-            .filter_map(|(hex, size)| {
-                let f = inner.flights.get(hex).filter(|f| matches!(f.state, State::Running))?;
-                Some(size.saturating_sub(f.live.covered.load(Ordering::Relaxed)))
+            .filter(|s| seen.insert(s.flight))
+            .filter_map(|s| {
+                let hex = hex_of(&s.blob.digest).ok()?;
+                let f = inner.flights.get(hex).filter(|f| f.id == s.flight && matches!(f.state, State::Running))?;
+                Some(s.blob.size.saturating_sub(f.live.covered.load(Ordering::Relaxed)))
             })
             .fold(0, u64::saturating_add)
     }

@@ -80,12 +80,12 @@ impl Artifacts {
     /// it wanted stop, and this waits (at most a few seconds) until they have, so nothing they
     /// wrote is left behind.
     pub async fn lazy_forget(&self, volume: &str) {
-        let digests: Vec<String> = {
+        let digests: Vec<(String, Option<u64>)> = {
             let inner = self.core.inner();
             inner
                 .volumes
                 .get(volume)
-                .map(|b| b.iter().filter_map(|b| hex_of(&b.digest).ok().map(str::to_string)).collect())
+                .map(|b| b.iter().filter_map(|b| hex_of(&b.digest).ok().map(|h| (h.to_string(), None))).collect())
                 .unwrap_or_default()
         };
         self.forget(volume);
@@ -94,17 +94,26 @@ impl Artifacts {
 
     /// Wait (at most a few seconds) until the downloads of `blobs` asked to stop
     /// ([`Artifacts::abandon`]) have ended.
-    pub async fn stopping(&self, blobs: &[BlobRef]) {
-        let digests: Vec<String> = blobs.iter().filter_map(|b| hex_of(&b.digest).ok().map(str::to_string)).collect();
-        self.wait_stopped(&digests).await;
+    pub async fn stopping(&self, stopping: &[super::Stopping]) {
+        let flights: Vec<(String, Option<u64>)> = stopping
+            .iter()
+            .filter_map(|s| hex_of(&s.blob.digest).ok().map(|h| (h.to_string(), Some(s.flight))))
+            .collect();
+        self.wait_stopped(&flights).await;
     }
 
-    async fn wait_stopped(&self, digests: &[String]) {
+    /// Wait until no download of these digests (of this flight, when one is named) is stopping.
+    async fn wait_stopped(&self, flights: &[(String, Option<u64>)]) {
         let until = Instant::now() + Duration::from_secs(5);
         while Instant::now() < until {
             let stopping = {
                 let inner = self.core.inner();
-                digests.iter().any(|h| inner.flights.get(h).is_some_and(|f| f.live.cancel.load(Ordering::Relaxed)))
+                flights.iter().any(|(h, id)| {
+                    inner
+                        .flights
+                        .get(h)
+                        .is_some_and(|f| id.is_none_or(|id| id == f.id) && f.live.cancel.load(Ordering::Relaxed))
+                })
             };
             if !stopping {
                 return;
@@ -159,6 +168,8 @@ impl Artifacts {
         match inner.flights.get_mut(&hex) {
             Some(Flight { state: State::Running, waiters, live, .. }) => {
                 waiters.insert(volume.to_string());
+                // Stopped a moment ago and wanted again: it goes on, if it has not ended yet.
+                live.cancel.store(false, Ordering::Relaxed);
                 if fill {
                     live.fill_on();
                 }
@@ -208,6 +219,7 @@ impl Artifacts {
         inner.flights.insert(
             hex.clone(),
             Flight {
+                id: super::cache::next_flight(),
                 live: live.clone(),
                 state: State::Running,
                 waiters: BTreeSet::from([volume.to_string()]),

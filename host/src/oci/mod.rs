@@ -186,6 +186,23 @@ pub struct BlobRef {
     pub media_type: String,
 }
 
+/// A download a gone dynamic mount stopped ([`Artifacts::abandon`]): its blob, and which
+/// download it was. A later download of the same digest (another volume asking for it) is
+/// another one, and is not taken for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stopping {
+    pub blob: BlobRef,
+    flight: u64,
+}
+
+impl Stopping {
+    /// A download of `blob` that is no download of this process (never running).
+    #[cfg(test)]
+    pub fn unknown(blob: BlobRef) -> Stopping {
+        Stopping { blob, flight: 0 }
+    }
+}
+
 /// How far a volume's blobs are.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Progress {
@@ -311,13 +328,14 @@ impl Artifacts {
     }
 
     /// A dynamic mount's end: see [`cache::Core::abandon`].
-    pub fn abandon(&self, waiter: &str) -> Vec<BlobRef> {
+    pub fn abandon(&self, waiter: &str) -> Vec<Stopping> {
         self.core.abandon(waiter)
     }
 
-    /// The bytes still to come in the running downloads of `blobs`.
-    pub fn remaining(&self, blobs: &[BlobRef]) -> u64 {
-        self.core.remaining(blobs)
+    /// The bytes still to come in the downloads `stopping` names, while each runs (not in a
+    /// later download of the same blob).
+    pub fn remaining(&self, stopping: &[Stopping]) -> u64 {
+        self.core.remaining(stopping)
     }
 
     /// The store on disk, for the executor's unpacking and linking (`exec::artifacts`), which

@@ -666,12 +666,12 @@ impl From<StateError> for crate::error::Error {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::exec::recording::Recording;
     use crate::plan::{EnvVar, Step, Value};
 
-    fn state(id: &str) -> VolumeState {
+    pub(crate) fn state(id: &str) -> VolumeState {
         VolumeState {
             version: SCHEMA_VERSION,
             volume_id: id.into(),

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use super::{ApiErr, api, limit_source};
 use crate::daemon::Node;
-use crate::oci::{Artifacts, BlobRef};
+use crate::oci::{Artifacts, Stopping};
 use crate::volume::state::{MountPhase, VolumeState};
 
 /// A volume's level, by part (the module's doc says what each is).
@@ -55,8 +55,8 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 struct Book {
     /// Token → bytes.
     reserved: BTreeMap<u64, u64>,
-    /// The blobs of gone mounts whose downloads may still run.
-    ending: Vec<Vec<BlobRef>>,
+    /// The downloads gone mounts stopped, which may still run.
+    ending: Vec<Vec<Stopping>>,
 }
 
 /// Bytes reserved in a volume's level until dropped (the mount is recorded, or the request
@@ -121,9 +121,10 @@ impl Ledger {
         Ok(Ok(Reservation { ledger: Some(self.clone()), volume: st.volume_id, token }))
     }
 
-    /// A gone mount of `volume` stopped the downloads of `blobs`: they count until they end.
-    /// (Those that ended already are not kept, here or before.)
-    pub fn ending(&self, volume: &str, blobs: Vec<BlobRef>, artifacts: &Artifacts) {
+    /// A gone mount of `volume` stopped the downloads `blobs`: they count until they end (a
+    /// later download of the same blob, for another volume, is not theirs). Those that ended
+    /// already are not kept, here or before.
+    pub fn ending(&self, volume: &str, blobs: Vec<Stopping>, artifacts: &Artifacts) {
         let mut books = self.lock();
         if let Some(book) = books.get_mut(volume) {
             book.ending.retain(|b| artifacts.remaining(b) > 0);
@@ -202,12 +203,13 @@ impl Node {
     }
 }
 
-/// What the mounts of `st` fetch, but mount `except` and failed ones.
+/// What the mounts of `st` fetch, but mount `except` and failed ones. A record of schema 3
+/// has no bytes: what its plan's steps fetch counts.
 fn held(st: &VolumeState, except: Option<&str>) -> u64 {
     st.dynamic
         .iter()
         .filter(|(id, m)| Some(id.as_str()) != except && m.phase != MountPhase::Failed)
-        .fold(0u64, |sum, (_, m)| sum.saturating_add(m.bytes))
+        .fold(0u64, |sum, (_, m)| sum.saturating_add(m.bytes.max(super::steps_bytes(&m.steps))))
 }
 
 fn level_of(book: Option<&mut Book>, held: u64, artifacts: &Artifacts) -> Level {
@@ -239,7 +241,9 @@ mod tests {
         b.reserved.insert(u64::MAX - 1, 10);
         b.reserved.insert(u64::MAX, 5);
         // A gone mount's blob with no download running: it counts nothing, and is dropped.
-        let blob = BlobRef { digest: format!("sha256:{}", "ab".repeat(32)), size: 100, media_type: String::new() };
+        let blob =
+            crate::oci::BlobRef { digest: format!("sha256:{}", "ab".repeat(32)), size: 100, media_type: String::new() };
+        let blob = Stopping::unknown(blob);
         b.ending.push(vec![blob.clone()]);
         l.lock().insert("v".into(), b);
         let level = level_of(l.lock().get_mut("v"), 7, &artifacts);
@@ -257,5 +261,30 @@ mod tests {
         assert_eq!(book(&l, "v"), None);
         // A volume the ledger never saw holds what its records hold.
         assert_eq!(level_of(None, 3, &artifacts), Level { held: 3, reserved: 0, ending: 0 });
+    }
+
+    #[test]
+    fn a_mount_holds_its_recorded_bytes_or_what_its_steps_fetch() {
+        use crate::plan::Step;
+        use crate::volume::state::DynamicMount;
+        let mut st = crate::volume::state::tests::state("v");
+        let fetch =
+            |size| Step::FetchBlob { digest: format!("sha256:{}", "cd".repeat(32)), size, media_type: String::new() };
+        let mount = |phase, bytes, steps| DynamicMount {
+            plugin: "model".into(),
+            parameters: Default::default(),
+            phase,
+            reason: None,
+            steps,
+            bytes,
+            process: None,
+        };
+        st.dynamic.insert("a".into(), mount(MountPhase::Ready, 10, vec![fetch(10)]));
+        // A ready mount recorded under schema 3: no bytes, its steps count.
+        st.dynamic.insert("b".into(), mount(MountPhase::Ready, 0, vec![fetch(7), fetch(5)]));
+        st.dynamic.insert("c".into(), mount(MountPhase::Failed, 100, vec![fetch(100)]));
+        st.dynamic.insert("d".into(), mount(MountPhase::Pending, 3, Vec::new()));
+        assert_eq!(held(&st, None), 10 + 12 + 3, "a failed mount holds nothing");
+        assert_eq!(held(&st, Some("b")), 13);
     }
 }

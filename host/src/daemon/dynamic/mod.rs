@@ -862,7 +862,7 @@ impl Node {
     /// Mount `id` of `volume` is gone (deleted, failed): it stops waiting for its blobs, and the
     /// downloads it stopped count in the volume's level until they end ([`ledger`]). Returns
     /// their blobs.
-    fn abandon_mount(&self, volume: &str, id: &str) -> Vec<crate::oci::BlobRef> {
+    fn abandon_mount(&self, volume: &str, id: &str) -> Vec<crate::oci::Stopping> {
         let artifacts = &self.inner.artifacts;
         let stopped = artifacts.abandon(&waiter(volume, id));
         self.inner.dynamic.ledger.ending(volume, stopped.clone(), artifacts);
@@ -894,7 +894,9 @@ impl Node {
                     Err(e) => match retry_after(e.kind, attempt, attempts) {
                         Some(pause) => {
                             warn!(volume.id = %volume, mount = %id, attempt, error = %e.message, "a dynamic mount pending at start failed; trying again");
-                            this.abandon_mount(&volume, &id);
+                            // Its stopped downloads end before it plans again (they count till then).
+                            let stopped = this.abandon_mount(&volume, &id);
+                            this.inner.artifacts.stopping(&stopped).await;
                             tokio::time::sleep(pause).await;
                             attempt += 1;
                         }
@@ -1288,8 +1290,13 @@ fn moved_mounts(
 
 /// The bytes a plan fetches (a lazy mount's: its layers').
 fn fetched_bytes(plan: &Plan) -> u64 {
-    let lazy = crate::plan::lazy::layers(plan).into_iter().flat_map(|l| l.layers.iter().map(|l| l.size));
-    plan.steps
+    steps_bytes(&plan.steps)
+}
+
+/// What `steps` fetch: their `fetch-blob` steps' sizes, and a lazy server's layers.
+fn steps_bytes(steps: &[Step]) -> u64 {
+    let lazy = crate::plan::lazy::layers_of(steps).into_iter().flat_map(|l| l.layers.iter().map(|l| l.size));
+    steps
         .iter()
         .map(|s| if let Step::FetchBlob { size, .. } = s { *size } else { 0 })
         .chain(lazy)

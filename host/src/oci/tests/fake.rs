@@ -36,6 +36,8 @@ pub struct State {
     pub blobs_sending_max: AtomicUsize,
     /// Pause between two 64 KiB pieces of a blob (milliseconds).
     pub delay_ms: AtomicU64,
+    /// Pause before the headers of a blob's answer (milliseconds): a mirror fetching upstream.
+    pub head_delay_ms: AtomicU64,
     /// Requests received in proxy form (absolute URL).
     pub proxied: AtomicUsize,
     /// Connections accepted.
@@ -314,6 +316,10 @@ async fn serve(mut conn: TcpStream, s: Arc<State>) {
             "HTTP/1.1 {status}\r\nContent-Type: {media_type}\r\nContent-Length: {}\r\n{extra}{digest_header}\r\n",
             slice.len()
         );
+        let head_delay = s.head_delay_ms.load(Ordering::SeqCst);
+        if head_delay > 0 && kind == "blobs" {
+            tokio::time::sleep(std::time::Duration::from_millis(head_delay)).await;
+        }
         if conn.write_all(head.as_bytes()).await.is_err() {
             return;
         }
