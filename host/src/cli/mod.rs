@@ -374,7 +374,7 @@ impl GlobalArgs {
             },
             read_wait: Duration::from_secs(self.lazy_read_wait_secs),
             chunk_bytes: self.lazy_chunk_mib << 20,
-            memory_limit: (self.lazy_memory_mib > 0).then(|| self.lazy_memory_mib << 20),
+            memory_limit: (self.lazy_memory_mib > 0).then_some(self.lazy_memory_mib << 20),
         };
         Ok(cfg)
     }

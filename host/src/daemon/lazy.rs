@@ -157,6 +157,7 @@ impl Node {
     /// once the plan is its volume's or mount's.
     /// `key` is the volume's id, or a dynamic mount's waiter key (its session's name); `control`
     /// the name of its server's control socket.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn lazy_plan(
         &self,
         key: &str,
