@@ -24,7 +24,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::dynamic::{DynNode, call, dynamic_ctx, tiny_model};
-use common::hostile::{Hostile, Lie};
+use common::hostile::{Hostile, Lie, noise};
 use common::registry::{Class, Packing, PushedModel, Registry, RegistryOptions};
 use common::{guarded, in_private_namespace};
 use serde_json::{Value, json};
@@ -42,17 +42,6 @@ const PIECE: u64 = 16 << 10;
 
 fn loop_secs() -> u64 {
     std::env::var("CAP_LOOP_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(8)
-}
-
-fn noise(seed: &str, len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 32);
-    let mut block = Sha256::digest(seed.as_bytes());
-    while out.len() < len {
-        block = Sha256::digest(block);
-        out.extend_from_slice(&block);
-    }
-    out.truncate(len);
-    out
 }
 
 /// A model of `WEIGHTS` bytes of weights of its own at `repo:v1`; with `broken`, a second small
@@ -355,17 +344,7 @@ fn claim_index(hostile: &Hostile, model: &PushedModel, seed: &str, size: u64) ->
     })
     .to_string();
     let artifact_digest = hostile.put_manifest(&model.repo, "chunk-index", &artifact);
-    let referrers = json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": artifact_digest,
-            "size": artifact.len(),
-            "artifactType": mounthost::oci::INDEX_ARTIFACT_TYPE,
-        }],
-    })
-    .to_string();
+    let referrers = common::registry::chunk_index_referrers(&artifact_digest, &artifact);
     hostile.put_manifest(&model.repo, &model.manifest_digest.replacen(':', "-", 1), &referrers);
     index
 }
@@ -382,7 +361,8 @@ fn a_lazy_mount_counts_its_chunk_index_before_reading_it() {
         let index = claim_index(hostile, &over, "index/over", 9 * MIB);
         let ask = json!({"id": "indexed", "parameters": {"reference": over.reference, "lazy": "true"}});
         let (status, v) = call(dir, "POST", "/mounts", Some(ask.clone()));
-        let asked = |digest: &str| hostile.seen().iter().filter(|s| s.method == "GET" && s.path.ends_with(digest)).count();
+        let asked =
+            |digest: &str| hostile.seen().iter().filter(|s| s.method == "GET" && s.path.ends_with(digest)).count();
         println!("checked: a lazy mount of 24 MiB of layers with a 9 MiB chunk index, cap {CAP_MIB} MiB: {status} {v}");
         assert_eq!(status, 507, "{v}");
         assert!(v["message"].as_str().unwrap_or_default().contains(&(33 * MIB).to_string()), "layers and index: {v}");

@@ -19,7 +19,6 @@ use common::registry::{PushedModel, Registry, RegistryOptions};
 use common::{guarded, in_private_namespace};
 use mounthost::volume::dirs::volume_key;
 use serde_json::json;
-use tonic::Code;
 
 const POD_A: &str = "3c1e0a52-6f7b-4d2e-9a1c-5b4d3e2f1a0b";
 const POD_B: &str = "8f7e6d5c-4b3a-4c2d-9e1f-0a9b8c7d6e5f";
@@ -224,36 +223,6 @@ fn holds(bytes: &[u8], needle: &str) -> bool {
     bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
 }
 
-/// Stage (until its pull is done) and publish a dynamic volume with these secrets.
-async fn publish(
-    node: &DynNode,
-    csi: &mut Node,
-    pv: &str,
-    pod: &str,
-    ctx: &HashMap<String, String>,
-    stage_secrets: HashMap<String, String>,
-    publish_secrets: HashMap<String, String>,
-) -> PathBuf {
-    let staging = node.dirs.staging(pv);
-    let mut req = common::stage_req(pv, &staging, ctx);
-    req.secrets = stage_secrets;
-    let until = Instant::now() + Duration::from_secs(60);
-    loop {
-        match csi.node_stage_volume(req.clone()).await {
-            Ok(_) => break,
-            Err(s) if s.code() == Code::Unavailable && Instant::now() < until => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            Err(s) => panic!("staging {pv}: {s:?}"),
-        }
-    }
-    let target = node.dirs.target(pod, pv);
-    let mut req = common::publish_req(pv, &staging, &target, true, ctx);
-    req.secrets = publish_secrets;
-    csi.node_publish_volume(req).await.unwrap();
-    target
-}
-
 fn create(dir: &Path, id: &str, reference: &str, lazy: bool) -> serde_json::Value {
     let mut parameters = json!({"reference": reference});
     if lazy {
@@ -374,7 +343,9 @@ async fn body(node: &DynNode, rp: &Recorder, rq: &Recorder, ro: &Recorder, m: Mo
     let mut csi = node.node().await;
     let ctx = dynamic_ctx(&m.base);
     // The volume's own model is private too: its stage pulls with the stage secrets.
-    let a = publish(node, &mut csi, PV_A, POD_A, &ctx, secrets(STAGER.0, STAGER.1), secrets(ALICE.0, ALICE.1)).await;
+    let a = node
+        .dynamic_volume_with(&mut csi, PV_A, POD_A, &ctx, secrets(STAGER.0, STAGER.1), secrets(ALICE.0, ALICE.1))
+        .await;
     assert_eq!(rp.auths("models/base/manifests"), ["-", "basic:stager"], "{}", rp.log());
 
     // A private model from the StorageClass's registry: with the publish secrets.
@@ -480,7 +451,7 @@ async fn body(node: &DynNode, rp: &Recorder, rq: &Recorder, ro: &Recorder, m: Mo
     println!("checked: a republish with rotated secrets succeeds; the next mount carried {seen:?}");
 
     // A second volume with stage secrets only: its mounts carry those.
-    let b = publish(node, &mut csi, PV_B, POD_B, &ctx, secrets(STAGER.0, STAGER.1), HashMap::new()).await;
+    let b = node.dynamic_volume_with(&mut csi, PV_B, POD_B, &ctx, secrets(STAGER.0, STAGER.1), HashMap::new()).await;
     create(&b, "staged", &m.staged_ref, false);
     let v = settled(&b, "staged");
     assert_eq!(v["state"], "ready", "{v}");

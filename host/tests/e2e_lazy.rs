@@ -734,17 +734,7 @@ fn push_index_doc(registry: &Registry, model: &PushedModel, doc: &mounthost::oci
     .to_string();
     let artifact_digest = common::registry::sha256_digest(artifact.as_bytes());
     registry.push_manifest(repo, &artifact_digest, &artifact);
-    let list = serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": artifact_digest,
-            "size": artifact.len(),
-            "artifactType": mounthost::oci::INDEX_ARTIFACT_TYPE,
-        }],
-    })
-    .to_string();
+    let list = common::registry::chunk_index_referrers(&artifact_digest, &artifact);
     registry.push_manifest(repo, &model.manifest_digest.replace(':', "-"), &list);
 }
 

@@ -33,14 +33,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::dynamic::{DynNode, call, dynamic_ctx, tiny_model};
-use common::hostile::{Bystander, Hostile, Lie, ManifestReply, MemoryCage, file_hashes};
+use common::hostile::{Bystander, Hostile, Lie, ManifestReply, MemoryCage, file_hashes, noise};
 use common::model::{
     ModelNode, Node, Relay, expected, model_ctx, small_model, small_model_with_weights, stage_until_done, tail, tree,
 };
 use common::registry::{Class, Packing, PushedModel, Registry, RegistryOptions};
 use common::{guarded, in_private_namespace, mounts_below};
 use mounthost::proto::csi;
-use sha2::{Digest, Sha256};
 use tonic::Code;
 
 const MIB: u64 = 1 << 20;
@@ -78,18 +77,6 @@ fn endpoint(registry: &str, host: &str) -> String {
 /// NodeStageVolume of a model volume `pv` of `reference`, with extra volume attributes.
 fn stage(node: &ModelNode, pv: &str, reference: &str, extra: &[(&str, &str)]) -> csi::NodeStageVolumeRequest {
     common::model::stage_req(pv, &node.dirs.staging(pv), &model_ctx(reference, extra))
-}
-
-/// `len` pseudo-random bytes, the same for the same `seed`.
-fn noise(seed: &str, len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 32);
-    let mut block = Sha256::digest(seed.as_bytes());
-    while out.len() < len {
-        block = Sha256::digest(block);
-        out.extend_from_slice(&block);
-    }
-    out.truncate(len);
-    out
 }
 
 /// A small, well-formed model held by `server` at `repo:v1`: a config (tar), a README

@@ -198,8 +198,22 @@ impl DynNode {
 
     /// Stage (until the pull is done) and publish a dynamic model volume; its target.
     pub async fn dynamic_volume(&self, csi: &mut Node, pv: &str, pod: &str, ctx: &HashMap<String, String>) -> PathBuf {
+        self.dynamic_volume_with(csi, pv, pod, ctx, HashMap::new(), HashMap::new()).await
+    }
+
+    /// [`DynNode::dynamic_volume`] with these stage and publish secrets.
+    pub async fn dynamic_volume_with(
+        &self,
+        csi: &mut Node,
+        pv: &str,
+        pod: &str,
+        ctx: &HashMap<String, String>,
+        stage_secrets: HashMap<String, String>,
+        publish_secrets: HashMap<String, String>,
+    ) -> PathBuf {
         let staging = self.dirs.staging(pv);
-        let req = stage_req(pv, &staging, ctx);
+        let mut req = stage_req(pv, &staging, ctx);
+        req.secrets = stage_secrets;
         let until = Instant::now() + Duration::from_secs(60);
         loop {
             match csi.node_stage_volume(req.clone()).await {
@@ -211,7 +225,9 @@ impl DynNode {
             }
         }
         let target = self.dirs.target(pod, pv);
-        csi.node_publish_volume(super::publish_req(pv, &staging, &target, true, ctx)).await.unwrap();
+        let mut req = super::publish_req(pv, &staging, &target, true, ctx);
+        req.secrets = publish_secrets;
+        csi.node_publish_volume(req).await.unwrap();
         target
     }
 }

@@ -903,3 +903,16 @@ pub fn vm_hwm(pid: u32) -> Option<u64> {
 pub fn file_hashes(model: &PushedModel) -> HashSet<String> {
     model.files.iter().map(|(_, h, _)| h.clone()).collect()
 }
+
+/// `len` pseudo-random bytes, the same for the same `seed`.
+pub fn noise(seed: &str, len: usize) -> Vec<u8> {
+    use sha2::Digest as _;
+    let mut out = Vec::with_capacity(len + 32);
+    let mut block = sha2::Sha256::digest(seed.as_bytes());
+    while out.len() < len {
+        block = sha2::Sha256::digest(block);
+        out.extend_from_slice(&block);
+    }
+    out.truncate(len);
+    out
+}

@@ -164,6 +164,22 @@ pub fn run_curl(cmd: &mut Command) -> Result<Response, CurlError> {
 }
 
 /// `sha256:<hex>` of bytes.
+/// The referrers tag schema's index (at tag `sha256-<hex>` of the subject) listing one chunk
+/// index artifact, whose manifest `artifact` is at `artifact_digest`.
+pub fn chunk_index_referrers(artifact_digest: &str, artifact: &str) -> String {
+    serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": artifact_digest,
+            "size": artifact.len(),
+            "artifactType": mounthost::oci::INDEX_ARTIFACT_TYPE,
+        }],
+    })
+    .to_string()
+}
+
 pub fn sha256_digest(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
 }
