@@ -21,7 +21,7 @@ use crate::exec::{Confinement, Control, Fuse, FuseError, HostFuse};
 use crate::plan::{Step, resolve_env_at};
 use crate::secrets::Secrets;
 use crate::volume::dirs::volume_key;
-use crate::volume::state::VolumeState;
+use crate::volume::state::{MountPhase, VolumeState};
 
 /// What one RPC asks of the driver.
 pub(super) struct Job {
@@ -282,44 +282,15 @@ impl Node {
         })
     }
 
-    /// The memory limit of volume `id`'s cgroup as a program starts in it: what every program
-    /// the group runs may use together. A plan's program brings its own limit (none: the group
-    /// has none), and each of the host's lazy servers `--lazy-memory-mib` (0: none): the
-    /// stage's, and one per lazy dynamic mount the record holds, the one starting (`lazy`)
-    /// included. So a lazy volume's lone server gets exactly `--lazy-memory-mib`.
-    fn group_memory_limit(
-        &self,
-        id: &str,
-        own: Option<u64>,
-        lazy: Option<&crate::plan::Lazy>,
-    ) -> Result<Option<u64>, Error> {
-        let per_server = self.inner.config.lazy.memory_limit;
+    /// The memory limit of volume `id`'s cgroup as the program of `starting` (a `spawn-fuse`
+    /// step) starts in it: [`group_limit`] over the steps its record runs.
+    fn group_memory_limit(&self, id: &str, starting: &Step) -> Result<Option<u64>, Error> {
         let state = self.inner.store.load(id)?;
-        let steps =
-            state.iter().flat_map(|st| st.plan.steps.iter().chain(st.dynamic.values().flat_map(|m| m.steps.iter())));
-        let mut servers = std::collections::BTreeSet::new();
-        let mut program: Option<Option<u64>> = None;
-        for step in steps {
-            if let Step::SpawnFuse { lazy: l, memory_limit_bytes, .. } = step {
-                match l {
-                    Some(l) => _ = servers.insert(l.control.as_str()),
-                    None => program = Some(*memory_limit_bytes),
-                }
-            }
-        }
-        match lazy {
-            Some(l) => _ = servers.insert(l.control.as_str()),
-            None => program = Some(own),
-        }
-        let programs = match program {
-            Some(None) => return Ok(None),
-            Some(Some(bytes)) => bytes,
-            None => 0,
-        };
-        if servers.is_empty() {
-            return Ok(Some(programs));
-        }
-        Ok(per_server.map(|each| programs.saturating_add(each.saturating_mul(servers.len() as u64))))
+        let steps = state.iter().flat_map(|st| {
+            let mounts = st.dynamic.values().filter(|m| m.phase != MountPhase::Failed);
+            st.plan.steps.iter().chain(mounts.flat_map(|m| m.steps.iter()))
+        });
+        Ok(group_limit(steps, starting, self.inner.config.lazy.memory_limit))
     }
 
     /// Unmount the top mount at `path`: lazily when it is busy (a pod holds it) or its FUSE
@@ -347,7 +318,7 @@ impl Node {
                 mountpoint,
                 fstype,
                 ready_timeout_ms,
-                memory_limit_bytes,
+                memory_limit_bytes: _,
                 host_mount,
                 lazy,
             } => {
@@ -407,7 +378,7 @@ impl Node {
                     fstype,
                     ready_timeout: std::time::Duration::from_millis(u64::from(*ready_timeout_ms)),
                     group: &self.group_of(id)?,
-                    memory_limit: self.group_memory_limit(id, *memory_limit_bytes, lazy.as_deref())?,
+                    memory_limit: self.group_memory_limit(id, step)?,
                     host_mount,
                     control,
                     confine,
@@ -510,9 +481,78 @@ fn fuse_error(e: FuseError, secrets: &Secrets) -> Error {
     }
 }
 
+/// What every process of a volume's group may use together, once `starting` runs beside the
+/// `spawn-fuse` steps of `recorded` (the one starting may be among them, found by its mount
+/// point): the sum of each plan program's own limit (one without a limit: none for the group),
+/// plus `per_server` (`--lazy-memory-mib`; none: none for the group) for each of the host's
+/// lazy servers (the stage's, and one per lazy dynamic mount). So a lazy volume's lone server
+/// gets exactly `--lazy-memory-mib`.
+fn group_limit<'a>(
+    recorded: impl Iterator<Item = &'a Step>,
+    starting: &'a Step,
+    per_server: Option<u64>,
+) -> Option<u64> {
+    let mut servers = std::collections::BTreeSet::new();
+    let mut programs: BTreeMap<&Path, Option<u64>> = BTreeMap::new();
+    for step in recorded.chain(std::iter::once(starting)) {
+        if let Step::SpawnFuse { lazy, memory_limit_bytes, mountpoint, .. } = step {
+            match lazy {
+                Some(l) => _ = servers.insert(l.control.as_str()),
+                None => _ = programs.insert(mountpoint.as_path(), *memory_limit_bytes),
+            }
+        }
+    }
+    let programs = programs.into_values().try_fold(0u64, |sum, limit| limit.map(|l| sum.saturating_add(l)))?;
+    if servers.is_empty() {
+        return Some(programs);
+    }
+    per_server.map(|each| programs.saturating_add(each.saturating_mul(servers.len() as u64)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_groups_limit_adds_every_program_and_lazy_server_and_none_is_none() {
+        let program = |at: &str, limit: Option<u64>| Step::SpawnFuse {
+            program: "weed".into(),
+            executable: "/usr/bin/weed".into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            mountpoint: at.into(),
+            fstype: "fuse.seaweedfs".into(),
+            ready_timeout_ms: 1000,
+            memory_limit_bytes: limit,
+            host_mount: None,
+            lazy: None,
+        };
+        let server = |at: &str, control: &str| {
+            let plan = crate::plan::lazy::tests::model_plan();
+            let plan = crate::plan::lazy::lower(plan, Path::new("/usr/bin/mounthost")).unwrap();
+            let mut s = plan.steps.into_iter().find(|s| matches!(s, Step::SpawnFuse { .. })).unwrap();
+            if let Step::SpawnFuse { lazy: Some(l), mountpoint, .. } = &mut s {
+                l.control = control.into();
+                *mountpoint = at.into();
+            }
+            s
+        };
+        let (a, b) = (program("/v/a", Some(100)), program("/v/b", Some(50)));
+        let (s1, s2) = (server("/v/m1", "m1"), server("/v/m2", "m2"));
+        // Two programs add up; the one starting is counted once, recorded or not.
+        assert_eq!(group_limit([&a, &b].into_iter(), &b, Some(10)), Some(150));
+        assert_eq!(group_limit([&a].into_iter(), &b, Some(10)), Some(150));
+        // Each lazy server adds its share.
+        assert_eq!(group_limit([&a, &s1].into_iter(), &s2, Some(10)), Some(120));
+        assert_eq!(group_limit([&s1].into_iter(), &s1, Some(10)), Some(10));
+        // A program without a limit, wherever it is, leaves the group without one.
+        let free = program("/v/c", None);
+        assert_eq!(group_limit([&free, &a].into_iter(), &b, Some(10)), None);
+        assert_eq!(group_limit([&a].into_iter(), &free, Some(10)), None);
+        // No limit per lazy server: none for a group running one.
+        assert_eq!(group_limit([&a].into_iter(), &s1, None), None);
+        assert_eq!(group_limit([&a].into_iter(), &b, None), Some(150));
+    }
 
     #[test]
     fn a_fuse_programs_log_quote_keeps_no_secret() {

@@ -70,9 +70,9 @@ impl Core {
                     // its fill runs now, and it runs to its end.
                     live.fill_on();
                     *lazy = false;
-                    // Stopped a moment ago (a gone mount's, `abandon`) and wanted again: it goes
-                    // on, if it has not ended yet (else this volume's next call starts it again).
-                    live.cancel.store(false, Ordering::Relaxed);
+                    // Stopped a moment ago (a gone mount's, `abandon`): it still ends as stopped
+                    // (the stop is nobody's failure), and this volume's next call starts it
+                    // again, from what it left on disk.
                     // Joined, unless this waiter started it (its first sight said so).
                     let joined = !waiters.contains(volume);
                     waiters.insert(volume.to_string());

@@ -168,8 +168,6 @@ impl Artifacts {
         match inner.flights.get_mut(&hex) {
             Some(Flight { state: State::Running, waiters, live, .. }) => {
                 waiters.insert(volume.to_string());
-                // Stopped a moment ago and wanted again: it goes on, if it has not ended yet.
-                live.cancel.store(false, Ordering::Relaxed);
                 if fill {
                     live.fill_on();
                 }

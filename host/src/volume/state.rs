@@ -26,7 +26,7 @@
 //! | 1 | mounthost 0.1.0 | first |
 //! | 2 | an earlier release | `cgroup`: the volume's cgroup, recorded, so each daemon owns the groups its records name (schema 1 volumes keep `<cgroup-parent>/<key>`, where every earlier release put them) |
 //! | 3 | an earlier release | lazy volumes (docs/lazy.md): a `spawn-fuse` step's `lazy` (the host's own server and the layers it serves), a dynamic mount's `process`; a schema 2 record has neither and reads as it is |
-//! | 4 | this release | a dynamic volume's limits: a publication's `dynamicLimits` (what its attributes lowered) and a dynamic mount's `bytes` (what it counts against the byte cap); a schema 3 record has neither and reads as it is (no limit lowered, mounts counted as 0 until planned again) |
+//! | 4 | this release | a dynamic volume's limits: a publication's `dynamicLimits` (what its attributes lowered) and a dynamic mount's `bytes` (what it counts against the byte cap); a schema 3 record has neither and reads as it is (no limit lowered; a mount counts what its recorded steps fetch) |
 //!
 //! A record is written in the oldest schema that holds it ([`VolumeState::oldest_schema`]):
 //! this release writes schema 4 only for dynamic volumes whose attributes lower a limit or

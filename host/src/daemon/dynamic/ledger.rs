@@ -215,12 +215,9 @@ fn held(st: &VolumeState, except: Option<&str>) -> u64 {
 fn level_of(book: Option<&mut Book>, held: u64, artifacts: &Artifacts) -> Level {
     let Some(book) = book else { return Level { held, ..Level::default() } };
     let reserved = book.reserved.values().fold(0u64, |sum, b| sum.saturating_add(*b));
-    let mut ending = 0u64;
-    book.ending.retain(|blobs| {
-        let left = artifacts.remaining(blobs);
-        ending = ending.saturating_add(left);
-        left > 0
-    });
+    book.ending.retain(|blobs| artifacts.remaining(blobs) > 0);
+    // A download stopped twice (a mount deleted, posted again, joining it, deleted again) counts once.
+    let ending = artifacts.remaining(&book.ending.concat());
     Level { held, reserved, ending }
 }
 

@@ -894,8 +894,9 @@ impl Node {
                     Err(e) => match retry_after(e.kind, attempt, attempts) {
                         Some(pause) => {
                             warn!(volume.id = %volume, mount = %id, attempt, error = %e.message, "a dynamic mount pending at start failed; trying again");
-                            // Its stopped downloads end before it plans again (they count till then).
-                            let stopped = this.abandon_mount(&volume, &id);
+                            // Its stopped downloads end before it plans again; its record's bytes
+                            // count for them meanwhile (it is still pending).
+                            let stopped = this.inner.artifacts.abandon(&waiter(&volume, &id));
                             this.inner.artifacts.stopping(&stopped).await;
                             tokio::time::sleep(pause).await;
                             attempt += 1;
