@@ -14,8 +14,8 @@
 //!   loop. The loop runs `CAP_LOOP_SECS` seconds a kind (default 8; the measure is 60:
 //!   `bench/dynamic-cap.sh`);
 //! - concurrent POSTs that together pass the cap: those past it are answered 507;
-//! - a lazy mount past the cap is answered 507 with no blob fetched (the registry's log: the
-//!   manifest, its config, the referrers query; no layer, no chunk index); its chunk index's
+//! - a lazy mount past the cap is answered 507 with no layer fetched (the registry's log: the
+//!   manifest, its config blob, the referrers query; no layer, no chunk index); its chunk index's
 //!   size counts like a blob, before it is read.
 
 mod common;

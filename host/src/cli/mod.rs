@@ -148,7 +148,7 @@ pub struct GlobalArgs {
     #[arg(long, env = "MOUNTHOST_DYNAMIC_MAX_MOUNTS", default_value_t = crate::config::DEFAULT_DYNAMIC_MAX_MOUNTS, value_parser = clap::value_parser!(u64).range(1..=1024), global = true)]
     pub dynamic_max_mounts: u64,
     /// MiB all of one dynamic volume's mounts may fetch together; a mount that would pass it is
-    /// refused before any byte is fetched (a volume's dynamicMaxMiB may lower it); 0: no cap
+    /// refused before any of its layers is fetched (a volume's dynamicMaxMiB may lower it); 0: no cap
     /// [default: half the cache's cap, measured at start; a quarter of the state directory's
     /// filesystem when the cache has none].
     #[arg(long, env = "MOUNTHOST_DYNAMIC_MAX_MIB", value_parser = clap::value_parser!(u64).range(0..=1 << 30), global = true)]
