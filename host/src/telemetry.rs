@@ -12,11 +12,14 @@ pub enum LogFormat {
     Json,
 }
 
-/// Install the global subscriber. `directives` like `info,mounthost=debug`.
+/// Install the global subscriber. `directives` like `info,mounthost=debug`. Text is coloured
+/// only on a terminal (and without `NO_COLOR`): a log written to a file or read by a collector
+/// carries no escape codes.
 pub fn init(format: LogFormat, directives: &str) {
     let filter = EnvFilter::try_new(format!("{directives},cranelift=warn,wasmtime=warn"))
         .unwrap_or_else(|_| EnvFilter::new("info,cranelift=warn,wasmtime=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
