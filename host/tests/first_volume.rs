@@ -196,6 +196,12 @@ fn the_run_command_mounts_a_first_volume_and_ctrl_c_takes_it_down() {
     // Nothing mounted below the state directory, the runtime tmpfs included (no volume uses it).
     assert_eq!(all_mounts_below(&state), Vec::<PathBuf>::new(), "{out}");
     assert_eq!(left_running(root), Vec::<String>::new(), "{out}");
+    // Its cgroup parent is gone from every hierarchy: no volume's group was left in it.
+    let groups = common::daemon_cgroups(&state, &cgroup_parent);
+    let dirs = groups.parent_dirs();
+    assert!(!dirs.is_empty(), "this node has cgroups: the daemon made its parent");
+    let left: Vec<&PathBuf> = dirs.iter().filter(|d| d.exists()).collect();
+    assert!(left.is_empty(), "cgroup directories left after the exit: {left:?}\n{out}");
     assert!(http("GET", filer, path, &[], b"").is_err(), "the filer still answers:\n{out}");
     assert!(state.join("seaweedfs/data").is_dir() && state.join("seaweedfs/weed.log").is_file(), "{out}");
     // Its directory for unprivileged FUSE programs' files (under /run/mounthost, outside the

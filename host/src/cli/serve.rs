@@ -281,9 +281,10 @@ pub async fn host(mut cfg: Config) -> anyhow::Result<()> {
     byte_caps(&mut cfg, &exec);
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
     let socket = cfg.host_socket.clone();
-    let node = Node::new(cfg.clone(), runtime, exec)?;
+    let node = Node::new(cfg.clone(), runtime, exec.clone())?;
     let served = crate::daemon::service::serve(node, &socket, stop_signal()).await;
     remove_unused_fuse_files_dir(&cfg);
+    exec.remove_unused_cgroups();
     release_shared(&bound);
     served
 }
@@ -332,7 +333,7 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
         None => cfg.state_dir.join("csi.sock"),
     };
     let runtime = Arc::new(PluginRuntime::new(cfg.runtime())?);
-    let node = Node::new(cfg.clone(), runtime.clone(), exec)?;
+    let node = Node::new(cfg.clone(), runtime.clone(), exec.clone())?;
     // The controller pulls plugins by reference through the node's own blob cache.
     let puller = PluginPull::new(node.artifacts().clone(), Some(pulled_plugin_notes(&cfg)));
     let host_socket = cfg.host_socket.clone();
@@ -367,6 +368,7 @@ pub async fn local(mut cfg: Config, args: LocalArgs) -> anyhow::Result<()> {
     host_task.await??;
     front_task.await??;
     remove_unused_fuse_files_dir(&cfg);
+    exec.remove_unused_cgroups();
     release_shared(&bound);
     served
 }

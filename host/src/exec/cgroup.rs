@@ -247,15 +247,19 @@ impl Cgroups {
         missing
     }
 
-    /// Remove the (empty) parent in every hierarchy, best effort: for tests, benchmarks and
-    /// tools that clean up after a daemon (the daemon itself keeps its parent).
+    /// Remove the parent in every hierarchy where it is empty, best effort: `rmdir` refuses one
+    /// that still holds a group (a staged volume's), which stays for the next start. The
+    /// daemon does it at its exit; tests and tools that clean up after a daemon too.
     pub fn remove_parent(&self) {
-        if let Some(dir) = &self.parent {
+        for dir in self.parent_dirs() {
             let _ = std::fs::remove_dir(dir);
         }
-        for other in &self.others {
-            let _ = std::fs::remove_dir(other.root.join(&self.name));
-        }
+    }
+
+    /// The parent's directory in every hierarchy its groups span.
+    pub fn parent_dirs(&self) -> Vec<PathBuf> {
+        let others = self.others.iter().map(|o| o.root.join(&self.name));
+        self.parent.iter().cloned().chain(others).collect()
     }
 
     /// The mount points of the other hierarchies a v1 group spans (empty on v2).

@@ -84,6 +84,12 @@ impl Linux {
         Ok(rustix::mount::unmount(dir, rustix::mount::UnmountFlags::NOFOLLOW | rustix::mount::UnmountFlags::DETACH)?)
     }
 
+    /// At the daemon's exit: its cgroup parent goes from every hierarchy where no volume's group
+    /// is left in it ([`Cgroups::remove_parent`]).
+    pub fn remove_unused_cgroups(&self) {
+        self.cgroups.remove_parent();
+    }
+
     /// Remove such a root if it is unused: `rmdir` refuses one that holds entries or a mount.
     pub fn remove_unused_root(dir: &Path) -> io::Result<()> {
         std::fs::remove_dir(dir)
