@@ -199,7 +199,7 @@ fn the_run_command_mounts_a_first_volume_and_ctrl_c_takes_it_down() {
     // Its cgroup parent is gone from every hierarchy: no volume's group was left in it.
     let groups = common::daemon_cgroups(&state, &cgroup_parent);
     let dirs = groups.parent_dirs();
-    assert!(!dirs.is_empty(), "this node has cgroups: the daemon made its parent");
+    assert!(groups.version().is_none() || !dirs.is_empty(), "a node with cgroups: the daemon made its parent");
     let left: Vec<&PathBuf> = dirs.iter().filter(|d| d.exists()).collect();
     assert!(left.is_empty(), "cgroup directories left after the exit: {left:?}\n{out}");
     assert!(http("GET", filer, path, &[], b"").is_err(), "the filer still answers:\n{out}");
