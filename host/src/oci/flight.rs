@@ -70,10 +70,9 @@ impl Core {
                     // its fill runs now, and it runs to its end.
                     live.fill_on();
                     *lazy = false;
-                    // Stopped a moment ago (a gone mount's, `abandon`): it still ends as stopped
-                    // (the stop is nobody's failure), and this volume's next call starts it
-                    // again, from what it left on disk.
-                    // Joined, unless this waiter started it (its first sight said so).
+                    // Joined, unless this waiter started it (its first sight said so). One a gone
+                    // mount stopped (`abandon`) still ends as stopped, nobody's failure: this
+                    // volume's next call starts it again from what it left on disk.
                     let joined = !waiters.contains(volume);
                     waiters.insert(volume.to_string());
                     sights.push((hex.clone(), if joined { Sight::Joined } else { Sight::Started }));

@@ -338,6 +338,20 @@ impl Artifacts {
         self.core.remaining(stopping)
     }
 
+    /// The downloads of `blobs` running now, named as [`Artifacts::abandon`] names them (without
+    /// stopping them).
+    #[cfg(test)]
+    pub fn running(&self, blobs: &[BlobRef]) -> Vec<Stopping> {
+        let inner = self.core.inner();
+        blobs
+            .iter()
+            .filter_map(|b| {
+                let f = inner.flights.get(store::hex_of(&b.digest).ok()?)?;
+                Some(Stopping { blob: b.clone(), flight: f.id })
+            })
+            .collect()
+    }
+
     /// The store on disk, for the executor's unpacking and linking (`exec::artifacts`), which
     /// holds [`Artifacts::digest_lock`] while it writes a digest's tree.
     pub fn store(&self) -> &Store {
