@@ -40,7 +40,7 @@ pub fn provision(req: &ProvisionRequest) -> Result<ProvisionPlan, BackendError> 
         .filter(|s| s.source == ParamSource::Parameter)
         .filter_map(|s| p.get(s.name).map(|v| kv(s.name, v)))
         .collect();
-    Ok(ProvisionPlan { volume_id: volume_id(&req.name, &settings), capacity_bytes: 0, context, steps: Vec::new() })
+    Ok(ProvisionPlan::new(volume_id(&req.name, &settings), 0).with_context(context))
 }
 
 /// The plugin's part of the volume id: [`ID_HEX`] lower-case hex digits of SHA-256 over the

@@ -34,23 +34,20 @@ pub struct Model;
 
 impl Plugin for Model {
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "model".into(),
-            version: "0.1.0".into(),
-            description: "Mounts AI models packaged as ModelPack artifacts (CNCF model-spec) from OCI \
-                          registries, read-only. The host resolves the reference, fetches the \
-                          selected layers by digest into its node cache and unpacks them; filters \
-                          choose files by path and by layer class (weights, config, docs, code, \
-                          datasets). Registry credentials come from CSI secrets, by key. Pods of a \
-                          dynamic volume may mount further models read-only at mounts/<id>/, naming \
-                          reference, include, exclude, weights and types (the volume's mirror and \
-                          insecure apply, and its CSI secrets go to the registries its \
-                          StorageClass names, never to others)."
-                .into(),
-            parameters: mounthost_plugin_sdk::params::param_docs(params::SPECS),
-            programs: Vec::new(),
-            fstypes: Vec::new(),
-        }
+        PluginInfo::new(
+            "model",
+            "0.1.0",
+            "Mounts AI models packaged as ModelPack artifacts (CNCF model-spec) from OCI \
+             registries, read-only. The host resolves the reference, fetches the \
+             selected layers by digest into its node cache and unpacks them; filters \
+             choose files by path and by layer class (weights, config, docs, code, \
+             datasets). Registry credentials come from CSI secrets, by key. Pods of a \
+             dynamic volume may mount further models read-only at mounts/<id>/, naming \
+             reference, include, exclude, weights and types (the volume's mirror and \
+             insecure apply, and its CSI secrets go to the registries its \
+             StorageClass names, never to others).",
+        )
+        .with_parameters(mounthost_plugin_sdk::params::param_docs(params::SPECS))
     }
 
     /// ValidateVolumeCapabilities: the host sends the volume's context and parameters in one

@@ -114,17 +114,12 @@ fn plan_model(
     resolved: Option<&Resolved>,
     onto: PathRef,
 ) -> Result<Staged, BackendError> {
-    let resolve = Resolve {
-        reference: settings.reference.canonical(),
-        mirror: settings.mirror.clone(),
-        auth,
-        insecure: settings.insecure,
-    };
+    let resolve = Resolve::new(settings.reference.canonical())
+        .with_mirror(settings.mirror.clone())
+        .with_auth(auth)
+        .with_insecure(settings.insecure);
     let Some(resolved) = resolved else {
-        return Ok(Staged {
-            plan: Plan { steps: vec![Step::Resolve(resolve)], attributes: Vec::new() },
-            notes: Vec::new(),
-        });
+        return Ok(Staged { plan: Plan::new([Step::Resolve(resolve)]), notes: Vec::new() });
     };
     if resolved.reference != resolve.reference {
         return Err(BackendError::Internal(format!(
@@ -150,38 +145,30 @@ fn plan_model(
     // a shared archive once.
     let mut fetched = BTreeSet::new();
     for layer in selected.iter().filter(|l| fetched.insert(l.digest.as_str())) {
-        steps.push(Step::FetchBlob(FetchBlob {
-            digest: layer.digest.clone(),
-            size: layer.size,
-            media_type: layer.media_type.clone(),
-        }));
+        steps.push(Step::FetchBlob(FetchBlob::new(layer.digest.clone(), layer.size, layer.media_type.clone())));
     }
     let mut unpacked = BTreeSet::new();
     for layer in &selected {
         let dest = match layer.format {
             Archive::Raw => format!("{MODEL_DIR}/{}", layer.path),
-            Archive::Tar | Archive::TarGzip | Archive::TarZstd => MODEL_DIR.to_string(),
+            // Tar, TarGzip, TarZstd (the only other formats `manifest::classify` gives): an
+            // archive holding the file under its path, unpacked into the directory.
+            _ => MODEL_DIR.to_string(),
         };
         if unpacked.insert((layer.digest.as_str(), dest.clone())) {
-            steps.push(Step::Unpack(Unpack { digest: layer.digest.clone(), format: layer.format, dest: cache(&dest) }));
+            steps.push(Step::Unpack(Unpack::new(layer.digest.clone(), layer.format, cache(&dest))));
         }
     }
-    steps.push(Step::Bind(Bind {
-        source: cache(MODEL_DIR),
-        target: onto,
-        readonly: true,
-        options: BIND_OPTIONS.map(String::from).to_vec(),
-    }));
+    steps.push(Step::Bind(
+        Bind::new(cache(MODEL_DIR), onto).with_readonly(true).with_options(BIND_OPTIONS.map(String::from)),
+    ));
     let notes = skipped_note(&resolve.reference, &artifact).into_iter().collect();
     Ok(Staged {
-        plan: Plan {
-            steps,
-            attributes: vec![
-                kv("reference", resolve.reference),
-                kv("manifestDigest", resolved.manifest_digest.as_str()),
-                kv("files", selected.len().to_string()),
-            ],
-        },
+        plan: Plan::new(steps).with_attributes([
+            kv("reference", resolve.reference),
+            kv("manifestDigest", resolved.manifest_digest.as_str()),
+            kv("files", selected.len().to_string()),
+        ]),
         notes,
     })
 }
@@ -189,15 +176,9 @@ fn plan_model(
 /// Plan NodePublishVolume: bind the staged files onto the target, always read-only.
 pub fn publish(req: &PublishRequest) -> Result<Plan, BackendError> {
     check_capability(&req.capability)?;
-    Ok(Plan {
-        steps: vec![Step::Bind(Bind {
-            source: staging(""),
-            target: target(""),
-            readonly: true,
-            options: BIND_OPTIONS.map(String::from).to_vec(),
-        })],
-        attributes: Vec::new(),
-    })
+    Ok(Plan::new([Step::Bind(
+        Bind::new(staging(""), target("")).with_readonly(true).with_options(BIND_OPTIONS.map(String::from)),
+    )]))
 }
 
 /// A capability a model volume can serve: no fsType (it is a bind mount of files, not a

@@ -27,16 +27,14 @@ pub const DOCKER_CONFIG: &str = ".dockerconfigjson";
 
 /// Every key the plugin reads, in the order `info()` lists them.
 pub const SPECS: &[ParamSpec] = &[
-    ParamSpec {
-        required: true,
-        ..ParamSpec::parameter(
-            "reference",
-            ParamKind::OciReference,
-            None,
-            "The model: registry[:port]/repository[:tag][@sha256:<hex>]; the tag defaults to \
-             latest, a digest pins the content.",
-        )
-    },
+    ParamSpec::parameter(
+        "reference",
+        ParamKind::OciReference,
+        None,
+        "The model: registry[:port]/repository[:tag][@sha256:<hex>]; the tag defaults to \
+         latest, a digest pins the content.",
+    )
+    .required(),
     ParamSpec::parameter(
         "mirror",
         ParamKind::Endpoint,
@@ -228,7 +226,7 @@ pub fn registry_auth(secrets: &[Kv]) -> Result<RegistryAuth, BackendError> {
         return Ok(RegistryAuth::DockerConfig(DOCKER_CONFIG.into()));
     }
     if user {
-        return Ok(RegistryAuth::Basic(BasicAuth { username_key: USERNAME.into(), password_key: PASSWORD.into() }));
+        return Ok(RegistryAuth::Basic(BasicAuth::new(USERNAME, PASSWORD)));
     }
     if token {
         return Ok(RegistryAuth::Token(TOKEN.into()));

@@ -70,29 +70,20 @@ fn model_layers() -> Vec<Json> {
 }
 
 fn resolved(m: &Json, c: &Json) -> Resolved {
-    Resolved {
-        reference: REF.into(),
-        manifest_digest: MANIFEST_DIGEST.into(),
-        manifest: m.to_string(),
-        config: c.to_string(),
-    }
+    Resolved::new(REF, MANIFEST_DIGEST, m.to_string(), c.to_string())
 }
 
 fn capability(mode: AccessMode) -> VolumeCapability {
-    VolumeCapability { access_mode: mode, fs_type: String::new(), mount_flags: Vec::new() }
+    VolumeCapability::new(mode)
 }
 
 fn stage_req(ctx: &[(&str, &str)], secrets: &[(&str, &str)], resolved: Option<Resolved>) -> StageRequest {
-    StageRequest {
-        volume_id: "model-vol".into(),
-        context: kvs(ctx),
-        secrets: kvs(secrets),
-        capability: capability(AccessMode::SingleNodeWriter),
-        ephemeral: false,
-        resolved,
-        looked_up: vec![],
-        node_id: "node-1".into(),
-    }
+    StageRequest::default()
+        .with_volume_id("model-vol")
+        .with_context(kvs(ctx))
+        .with_secrets(kvs(secrets))
+        .with_resolved(resolved)
+        .with_node_id("node-1")
 }
 
 /// The second round for the standard model, with `extra` context.
@@ -111,24 +102,19 @@ fn message(err: BackendError) -> String {
 }
 
 fn resolve_step(auth: RegistryAuth) -> Step {
-    Step::Resolve(Resolve { reference: REF.into(), mirror: None, auth, insecure: false })
+    Step::Resolve(Resolve::new(REF).with_auth(auth))
 }
 
 fn fetch(c: char, size: u64, class_format: &str) -> Step {
-    Step::FetchBlob(FetchBlob { digest: digest(c), size, media_type: media(class_format) })
+    Step::FetchBlob(FetchBlob::new(digest(c), size, media(class_format)))
 }
 
 fn unpack(c: char, format: Archive, dest: &str) -> Step {
-    Step::Unpack(Unpack { digest: digest(c), format, dest: cache(dest) })
+    Step::Unpack(Unpack::new(digest(c), format, cache(dest)))
 }
 
 fn model_bind() -> Step {
-    Step::Bind(Bind {
-        source: cache("model"),
-        target: staging(""),
-        readonly: true,
-        options: vec!["nosuid".into(), "nodev".into()],
-    })
+    Step::Bind(Bind::new(cache("model"), staging("")).with_readonly(true).with_options(["nosuid", "nodev"]))
 }
 
 /// The digests a plan fetches, in order.
@@ -173,7 +159,7 @@ fn info_documents_every_key() {
 #[test]
 fn first_round_is_one_resolve_step() {
     let plan = Model::stage(stage_req(&[("reference", REF)], &[], None)).unwrap();
-    assert_eq!(plan, Plan { steps: vec![resolve_step(RegistryAuth::Anonymous)], attributes: vec![] });
+    assert_eq!(plan, Plan::new([resolve_step(RegistryAuth::Anonymous)]));
 }
 
 #[test]
@@ -182,17 +168,14 @@ fn resolve_carries_the_canonical_reference_mirror_and_insecure() {
     let plan = Model::stage(stage_req(&ctx, &[], None)).unwrap();
     assert_eq!(
         plan.steps,
-        vec![Step::Resolve(Resolve {
-            reference: "localhost:5000/bert:latest".into(),
-            mirror: Some("[::1]:5001".into()),
-            auth: RegistryAuth::Anonymous,
-            insecure: true,
-        })]
+        vec![Step::Resolve(
+            Resolve::new("localhost:5000/bert:latest").with_mirror("[::1]:5001".to_string()).with_insecure(true)
+        )]
     );
 }
 
 #[rstest]
-#[case(&[("username", "robot-user"), ("password", "s3cr3t-pass")], RegistryAuth::Basic(BasicAuth { username_key: "username".into(), password_key: "password".into() }))]
+#[case(&[("username", "robot-user"), ("password", "s3cr3t-pass")], RegistryAuth::Basic(BasicAuth::new("username", "password")))]
 #[case(&[("token", "s3cr3t-t0k3n")], RegistryAuth::Token("token".into()))]
 #[case(&[(".dockerconfigjson", "{\"auths\":{\"registry.example.com\":{\"auth\":\"dTpw\"}}}")], RegistryAuth::DockerConfig(".dockerconfigjson".into()))]
 #[case(&[(".dockerconfigjson", "{\n  \"auths\": {}\n}\n")], RegistryAuth::DockerConfig(".dockerconfigjson".into()))]
@@ -228,23 +211,21 @@ fn second_round_plans_every_layer() {
     assert!(staged.notes.is_empty());
     assert_eq!(
         staged.plan,
-        Plan {
-            steps: vec![
-                resolve_step(RegistryAuth::Anonymous),
-                fetch('a', 1000, "weight.v1.tar"),
-                fetch('b', 20, "weight.config.v1.raw"),
-                fetch('e', 30, "doc.v1.tar+gzip"),
-                fetch('f', 5000, "dataset.v1.tar+zstd"),
-                fetch('9', 40, "weight.config.v1.tar"),
-                unpack('a', Archive::Tar, "model"),
-                unpack('b', Archive::Raw, "model/config.json"),
-                unpack('e', Archive::TarGzip, "model"),
-                unpack('f', Archive::TarZstd, "model"),
-                unpack('9', Archive::Tar, "model"),
-                model_bind(),
-            ],
-            attributes: vec![kv("reference", REF), kv("manifestDigest", MANIFEST_DIGEST), kv("files", "5")],
-        }
+        Plan::new(vec![
+            resolve_step(RegistryAuth::Anonymous),
+            fetch('a', 1000, "weight.v1.tar"),
+            fetch('b', 20, "weight.config.v1.raw"),
+            fetch('e', 30, "doc.v1.tar+gzip"),
+            fetch('f', 5000, "dataset.v1.tar+zstd"),
+            fetch('9', 40, "weight.config.v1.tar"),
+            unpack('a', Archive::Tar, "model"),
+            unpack('b', Archive::Raw, "model/config.json"),
+            unpack('e', Archive::TarGzip, "model"),
+            unpack('f', Archive::TarZstd, "model"),
+            unpack('9', Archive::Tar, "model"),
+            model_bind(),
+        ])
+        .with_attributes([kv("reference", REF), kv("manifestDigest", MANIFEST_DIGEST), kv("files", "5")])
     );
 }
 
@@ -257,7 +238,7 @@ fn second_round_keeps_the_resolve_step_with_its_auth() {
         Some(resolved(&manifest(&layers), &config(layers.len()))),
     );
     let plan = Model::stage(req).unwrap();
-    let basic = RegistryAuth::Basic(BasicAuth { username_key: "username".into(), password_key: "password".into() });
+    let basic = RegistryAuth::Basic(BasicAuth::new("username", "password"));
     assert_eq!(plan.steps[0], resolve_step(basic));
 }
 
@@ -379,10 +360,9 @@ fn bad_configs(#[case] c: Json, #[case] says: &str) {
 
 #[test]
 fn a_config_that_is_not_json_is_refused() {
-    let req = StageRequest {
-        resolved: Some(Resolved { config: "not json".into(), ..resolved(&manifest(&model_layers()), &config(5)) }),
-        ..stage_req(&[("reference", REF)], &[], None)
-    };
+    let mut bad = resolved(&manifest(&model_layers()), &config(5));
+    bad.config = "not json".into();
+    let req = stage_req(&[("reference", REF)], &[], None).with_resolved(bad);
     assert!(message(node::stage(&req).unwrap_err()).contains("is not a ModelPack model config"));
 }
 
@@ -532,25 +512,16 @@ fn plans_are_deterministic() {
 #[case(AccessMode::MultiNodeMultiWriter, false)]
 #[case(AccessMode::MultiNodeReaderOnly, true)]
 fn publish_is_always_read_only(#[case] mode: AccessMode, #[case] readonly: bool) {
-    let req = PublishRequest {
-        volume_id: "model-vol".into(),
-        context: kvs(&[("reference", REF)]),
-        secrets: Vec::new(),
-        capability: capability(mode),
-        readonly,
-        recorded: Vec::new(),
-    };
+    let req = PublishRequest::default()
+        .with_volume_id("model-vol")
+        .with_context(kvs(&[("reference", REF)]))
+        .with_capability(capability(mode))
+        .with_readonly(readonly);
     assert_eq!(
         Model::publish(req).unwrap(),
-        Plan {
-            steps: vec![Step::Bind(Bind {
-                source: staging(""),
-                target: target(""),
-                readonly: true,
-                options: vec!["nosuid".into(), "nodev".into()],
-            })],
-            attributes: Vec::new(),
-        }
+        Plan::new([Step::Bind(
+            Bind::new(staging(""), target("")).with_readonly(true).with_options(["nosuid", "nodev"]),
+        )])
     );
 }
 
@@ -559,7 +530,9 @@ fn validate(
     secrets: &[(&str, &str)],
     caps: Vec<VolumeCapability>,
 ) -> Result<(), BackendError> {
-    Model::validate(ValidateRequest { parameters: kvs(params), secrets: kvs(secrets), capabilities: caps })
+    Model::validate(
+        ValidateRequest::default().with_parameters(kvs(params)).with_secrets(kvs(secrets)).with_capabilities(caps),
+    )
 }
 
 #[test]
@@ -589,10 +562,7 @@ fn validate_accepts_a_full_storage_class_and_every_access_mode() {
     .map(capability)
     .to_vec();
     validate(&params, &[("token", "t")], caps).unwrap();
-    let ro = VolumeCapability {
-        mount_flags: vec!["ro".into(), "rw,ro".into()],
-        ..capability(AccessMode::MultiNodeReaderOnly)
-    };
+    let ro = capability(AccessMode::MultiNodeReaderOnly).with_mount_flags(["ro", "rw,ro"]);
     validate(&[("reference", REF)], &[], vec![ro]).unwrap();
 }
 
@@ -626,27 +596,21 @@ fn bad_parameters(#[case] params: &[(&str, &str)], #[case] says: &str) {
 #[case("", &["ro,nosuid"], "mount flag \"nosuid\" is not supported")]
 #[case("", &["ro,"], "mount flag \"\" is not supported")]
 fn bad_capabilities(#[case] fs_type: &str, #[case] flags: &[&str], #[case] says: &str) {
-    let cap = VolumeCapability {
-        access_mode: AccessMode::MultiNodeReaderOnly,
-        fs_type: fs_type.into(),
-        mount_flags: flags.iter().map(|f| f.to_string()).collect(),
-    };
+    let cap = VolumeCapability::new(AccessMode::MultiNodeReaderOnly)
+        .with_fs_type(fs_type)
+        .with_mount_flags(flags.iter().map(|f| f.to_string()).collect::<Vec<_>>());
     let m = message(validate(&[("reference", REF)], &[], vec![cap.clone()]).unwrap_err());
     assert!(m.contains(says), "{m}");
-    let req = StageRequest { capability: cap, ..stage_req(&[("reference", REF)], &[], None) };
+    let req = stage_req(&[("reference", REF)], &[], None).with_capability(cap);
     assert!(message(Model::stage(req).unwrap_err()).contains(says));
 }
 
 fn provision_req(name: &str, params: &[(&str, &str)]) -> ProvisionRequest {
-    ProvisionRequest {
-        name: name.into(),
-        parameters: kvs(params),
-        secrets: Vec::new(),
-        capabilities: vec![capability(AccessMode::MultiNodeReaderOnly)],
-        required_bytes: 10 << 30,
-        limit_bytes: 0,
-        looked_up: vec![],
-    }
+    ProvisionRequest::default()
+        .with_name(name)
+        .with_parameters(kvs(params))
+        .with_capabilities(vec![capability(AccessMode::MultiNodeReaderOnly)])
+        .with_required_bytes(10u64 << 30)
 }
 
 #[test]
@@ -709,9 +673,9 @@ fn provision_refuses_bad_secrets_capabilities_and_names() {
 
 #[test]
 fn delete_and_unstage_plan_nothing() {
-    let del = DeleteRequest { volume_id: "0123".into(), secrets: Vec::new() };
+    let del = DeleteRequest::default().with_volume_id("0123");
     assert_eq!(Model::delete(del).unwrap(), Plan::default());
-    let unstage = UnstageRequest { volume_id: "0123".into(), context: Vec::new(), recorded: Vec::new() };
+    let unstage = UnstageRequest::default().with_volume_id("0123");
     assert_eq!(Model::unstage(unstage).unwrap(), Plan::default());
 }
 
@@ -727,13 +691,11 @@ fn volume_ctx(extra: &[(&str, &str)]) -> Vec<Kv> {
 }
 
 fn dynamic_req(ctx: Vec<Kv>, request: &[(&str, &str)], recorded: Vec<Kv>) -> DynamicMountRequest {
-    DynamicMountRequest {
-        volume_id: "model-vol".into(),
-        context: ctx,
-        request: kvs(request),
-        subdir: String::new(),
-        recorded,
-    }
+    DynamicMountRequest::default()
+        .with_volume_id("model-vol")
+        .with_context(ctx)
+        .with_request(kvs(request))
+        .with_recorded(recorded)
 }
 
 /// What the host records for the volume's stage, then the resolution under the reserved keys.
@@ -759,12 +721,7 @@ fn model_recorded() -> Vec<Kv> {
 }
 
 fn dynamic_bind() -> Step {
-    Step::Bind(Bind {
-        source: cache("model"),
-        target: target(""),
-        readonly: true,
-        options: vec!["nosuid".into(), "nodev".into()],
-    })
+    Step::Bind(Bind::new(cache("model"), target("")).with_readonly(true).with_options(["nosuid", "nodev"]))
 }
 
 fn internal(err: BackendError) -> String {
@@ -777,7 +734,7 @@ fn internal(err: BackendError) -> String {
 #[test]
 fn dynamic_first_round_is_one_anonymous_resolve_step() {
     let plan = Model::dynamic_mount(dynamic_req(volume_ctx(&[]), &[("reference", REF)], Vec::new())).unwrap();
-    assert_eq!(plan, Plan { steps: vec![resolve_step(RegistryAuth::Anonymous)], attributes: vec![] });
+    assert_eq!(plan, Plan::new([resolve_step(RegistryAuth::Anonymous)]));
     // The volume's own stage attributes alone are a first round too.
     let stage_only = kvs(&[("reference", "registry.example.com/models/volume:1"), ("files", "1")]);
     let plan = Model::dynamic_mount(dynamic_req(volume_ctx(&[]), &[("reference", REF)], stage_only)).unwrap();
@@ -790,23 +747,21 @@ fn dynamic_second_round_plans_every_layer_onto_the_mount() {
     let plan = Model::dynamic_mount(dynamic_req(volume_ctx(&[]), &[("reference", REF)], model_recorded())).unwrap();
     assert_eq!(
         plan,
-        Plan {
-            steps: vec![
-                resolve_step(RegistryAuth::Anonymous),
-                fetch('a', 1000, "weight.v1.tar"),
-                fetch('b', 20, "weight.config.v1.raw"),
-                fetch('e', 30, "doc.v1.tar+gzip"),
-                fetch('f', 5000, "dataset.v1.tar+zstd"),
-                fetch('9', 40, "weight.config.v1.tar"),
-                unpack('a', Archive::Tar, "model"),
-                unpack('b', Archive::Raw, "model/config.json"),
-                unpack('e', Archive::TarGzip, "model"),
-                unpack('f', Archive::TarZstd, "model"),
-                unpack('9', Archive::Tar, "model"),
-                dynamic_bind(),
-            ],
-            attributes: vec![kv("reference", REF), kv("manifestDigest", MANIFEST_DIGEST), kv("files", "5")],
-        }
+        Plan::new(vec![
+            resolve_step(RegistryAuth::Anonymous),
+            fetch('a', 1000, "weight.v1.tar"),
+            fetch('b', 20, "weight.config.v1.raw"),
+            fetch('e', 30, "doc.v1.tar+gzip"),
+            fetch('f', 5000, "dataset.v1.tar+zstd"),
+            fetch('9', 40, "weight.config.v1.tar"),
+            unpack('a', Archive::Tar, "model"),
+            unpack('b', Archive::Raw, "model/config.json"),
+            unpack('e', Archive::TarGzip, "model"),
+            unpack('f', Archive::TarZstd, "model"),
+            unpack('9', Archive::Tar, "model"),
+            dynamic_bind(),
+        ])
+        .with_attributes([kv("reference", REF), kv("manifestDigest", MANIFEST_DIGEST), kv("files", "5")])
     );
 }
 
@@ -837,19 +792,16 @@ fn dynamic_filters_are_the_pods(#[case] extra: &[(&str, &str)], #[case] kept: &[
 fn dynamic_mounts_use_the_volumes_mirror_and_insecure_and_no_credentials() {
     let ctx = volume_ctx(&[("mirror", "mirror.cluster.local:5000"), ("insecure", "true"), ("include", "*.md")]);
     let request = [("reference", "localhost:5000/bert")];
-    let want = Step::Resolve(Resolve {
-        reference: "localhost:5000/bert:latest".into(),
-        mirror: Some("mirror.cluster.local:5000".into()),
-        auth: RegistryAuth::Anonymous,
-        insecure: true,
-    });
+    let want = Step::Resolve(
+        Resolve::new("localhost:5000/bert:latest")
+            .with_mirror("mirror.cluster.local:5000".to_string())
+            .with_insecure(true),
+    );
     let plan = Model::dynamic_mount(dynamic_req(ctx.clone(), &request, Vec::new())).unwrap();
     assert_eq!(plan.steps, vec![want.clone()]);
     let layers = model_layers();
-    let r = Resolved {
-        reference: "localhost:5000/bert:latest".into(),
-        ..resolved(&manifest(&layers), &config(layers.len()))
-    };
+    let mut r = resolved(&manifest(&layers), &config(layers.len()));
+    r.reference = "localhost:5000/bert:latest".into();
     let plan = Model::dynamic_mount(dynamic_req(ctx, &request, recorded_with(&r))).unwrap();
     assert_eq!(plan.steps[0], want);
     assert_eq!(plan.steps.len(), 12, "the volume's include does not apply");
@@ -882,10 +834,7 @@ fn dynamic_requests_are_checked(#[case] request: &[(&str, &str)], #[case] says: 
 
 #[test]
 fn a_dynamic_mount_into_a_subdir_is_a_contract_mismatch() {
-    let req = DynamicMountRequest {
-        subdir: "models/a".into(),
-        ..dynamic_req(volume_ctx(&[]), &[("reference", REF)], Vec::new())
-    };
+    let req = dynamic_req(volume_ctx(&[]), &[("reference", REF)], Vec::new()).with_subdir("models/a");
     let m = internal(Model::dynamic_mount(req).unwrap_err());
     assert!(m.contains("sub-directory \"models/a\"") && m.contains("disagree on the contract"), "{m}");
 }
@@ -912,10 +861,8 @@ fn a_partial_resolution_is_a_contract_mismatch() {
 #[test]
 fn a_dynamic_resolution_of_another_reference_is_an_internal_error() {
     let layers = model_layers();
-    let other = Resolved {
-        reference: "registry.example.com/models/other:1".into(),
-        ..resolved(&manifest(&layers), &config(layers.len()))
-    };
+    let mut other = resolved(&manifest(&layers), &config(layers.len()));
+    other.reference = "registry.example.com/models/other:1".into();
     let m = internal(
         Model::dynamic_mount(dynamic_req(volume_ctx(&[]), &[("reference", REF)], recorded_with(&other))).unwrap_err(),
     );

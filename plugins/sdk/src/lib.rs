@@ -35,6 +35,7 @@
 //! keys ([`resolved_from_recorded`]); [`dynamic`] also says which directories a dynamic-mount
 //! plan's roots name.
 
+mod construct;
 pub mod dynamic;
 pub mod net;
 pub mod params;
@@ -51,12 +52,76 @@ pub mod bindings {
         export_macro_name: "__export_planner",
         default_bindings_module: "mounthost_plugin_sdk::bindings",
         additional_derives: [PartialEq],
+        // Every type a later contract may grow (a field, a case) is `#[non_exhaustive]`, so
+        // growing it is not a breaking change of the SDK: plugins build records with the
+        // constructors of `construct.rs` and match with a wildcard arm. `kv` and `path-ref` are
+        // complete and stay exhaustive.
+        additional_type_attributes: {
+            "mounthost:plugin/types@0.4.0/backend-error": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/param-kind": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/param-source": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/param-doc": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/plugin-info": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/access-mode": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/volume-capability": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/dir-root": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/arg": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/fuse-fd-arg": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/path-arg": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/secret-file-arg": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/secret-template": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/value": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/env-var": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/header": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/spawn-fuse": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/fuse-mount": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/host-fd-mount": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/mount-source": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/mount": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/bind": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/fetch": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/registry-auth": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/basic-auth": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/resolve": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/resolved": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/fetch-blob": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/archive": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/unpack": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/http-call": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/lookup": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/looked-up": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/socket-call": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/step": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/plan": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/validate-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/provision-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/provision-plan": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/delete-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/stage-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/publish-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/unstage-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/dynamic-mount-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/expand-side": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/expand-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/expand-plan": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/capacity-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/capacity-answer": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/list-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/listed-volume": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/list-answer": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/describe-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/existence": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.4.0/describe-answer": [#[non_exhaustive]],
+            "mounthost:plugin/host@0.4.0/level": [#[non_exhaustive]],
+        },
     });
 }
 
+#[doc(hidden)]
 pub use bindings::exports::mounthost::plugin::planner::Guest as __Guest;
 pub use bindings::mounthost::plugin::host::Level;
 pub use bindings::mounthost::plugin::types::*;
+pub use construct::{DEFAULT_READY_TIMEOUT_MS, DEFAULT_SOCKET_CALL_TIMEOUT_MS};
 pub use dynamic::{
     RESOLVED_CONFIG, RESOLVED_KEYS, RESOLVED_MANIFEST, RESOLVED_MANIFEST_DIGEST, RESOLVED_PREFIX, RESOLVED_REFERENCE,
     resolved_from_recorded,
@@ -99,15 +164,8 @@ pub trait Plugin {
     /// Plan NodePublishVolume. Default: bind the staging directory onto the target,
     /// read-only when the request or the access mode says so.
     fn publish(req: PublishRequest) -> Result<Plan, BackendError> {
-        Ok(Plan {
-            steps: vec![Step::Bind(Bind {
-                source: staging(""),
-                target: target(""),
-                readonly: req.readonly || is_read_only(req.capability.access_mode),
-                options: Vec::new(),
-            })],
-            attributes: Vec::new(),
-        })
+        let readonly = req.readonly || is_read_only(req.capability.access_mode);
+        Ok(Plan::new([Step::Bind(Bind::new(staging(""), target("")).with_readonly(readonly))]))
     }
 
     /// Plan extra clean-up for NodeUnstageVolume. Default: none.
@@ -137,36 +195,23 @@ pub trait Plugin {
 
     /// Answer GetCapacity for a StorageClass's parameters. Default: the plugin cannot tell.
     fn capacity(_req: CapacityRequest) -> Result<CapacityAnswer, BackendError> {
-        Ok(CapacityAnswer {
-            available_bytes: None,
-            maximum_volume_bytes: None,
-            minimum_volume_bytes: None,
-            steps: Vec::new(),
-        })
+        Ok(CapacityAnswer::default())
     }
 
     /// List the volumes the plugin's backends (`req.hosts`) hold. Default: none are listed.
     fn list_volumes(_req: ListRequest) -> Result<ListAnswer, BackendError> {
-        Ok(ListAnswer { volumes: Vec::new(), next_token: String::new(), steps: Vec::new() })
+        Ok(ListAnswer::default())
     }
 
     /// Say whether a volume exists. Default: the plugin cannot tell.
     fn describe(_req: DescribeRequest) -> Result<DescribeAnswer, BackendError> {
-        Ok(DescribeAnswer { existence: Existence::Unknown, steps: Vec::new() })
+        Ok(DescribeAnswer::new(Existence::Unknown))
     }
 }
 
 /// The answer to the lookup named `key` in `looked_up`, if it has one.
 pub fn looked_up<'a>(looked_up: &'a [LookedUp], key: &str) -> Option<&'a LookedUp> {
     looked_up.iter().find(|l| l.key == key)
-}
-
-// `Plan` is generated by wit-bindgen, so it cannot take a `#[derive(Default)]`.
-#[allow(clippy::derivable_impls)]
-impl Default for Plan {
-    fn default() -> Self {
-        Plan { steps: Vec::new(), attributes: Vec::new() }
-    }
 }
 
 /// True for the access modes that never write.

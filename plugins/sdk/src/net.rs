@@ -27,6 +27,7 @@ pub enum Port {
 /// [`fmt::Display`] gives a short reason for messages (`bad port: give 1 to 65535`); a plugin
 /// that words its messages differently matches on the variant instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HostPortError {
     /// The text is empty.
     Empty,

@@ -119,9 +119,10 @@ impl<'a> Params<'a> {
 
 /// One documented key: a row of a plugin's parameter table.
 ///
-/// The constructors are `const`, so a table is a `const` slice; change the other fields with
-/// struct update syntax: `ParamSpec { required: true, ..ParamSpec::parameter(..) }`.
+/// The constructors and setters are `const`, so a table is a `const` slice:
+/// `ParamSpec::parameter("filer", ParamKind::Endpoint, None, "Filer.").required()`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ParamSpec {
     /// The exact key.
     pub name: &'static str,
@@ -151,6 +152,27 @@ impl ParamSpec {
     /// An optional text secret.
     pub const fn secret(name: &'static str, doc: &'static str) -> Self {
         ParamSpec { name, kind: ParamKind::Text, source: ParamSource::Secret, required: false, default: None, doc }
+    }
+
+    /// The same key, required.
+    #[must_use]
+    pub const fn required(mut self) -> Self {
+        self.required = true;
+        self
+    }
+
+    /// The same key, from `source`.
+    #[must_use]
+    pub const fn from_source(mut self, source: ParamSource) -> Self {
+        self.source = source;
+        self
+    }
+
+    /// The same key, holding a `kind`.
+    #[must_use]
+    pub const fn with_kind(mut self, kind: ParamKind) -> Self {
+        self.kind = kind;
+        self
     }
 }
 
@@ -220,11 +242,8 @@ mod tests {
     }
 
     const SPECS: &[ParamSpec] = &[
-        ParamSpec { required: true, ..ParamSpec::parameter("filer", ParamKind::Endpoint, None, "Filer.") },
-        ParamSpec {
-            source: ParamSource::Context,
-            ..ParamSpec::parameter("path", ParamKind::RemotePath, None, "Path.")
-        },
+        ParamSpec::parameter("filer", ParamKind::Endpoint, None, "Filer.").required(),
+        ParamSpec::parameter("path", ParamKind::RemotePath, None, "Path.").from_source(ParamSource::Context),
         ParamSpec::parameter("umask", ParamKind::Text, Some("022"), "Umask."),
         ParamSpec::secret("key", "Key."),
     ];

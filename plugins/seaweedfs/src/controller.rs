@@ -124,15 +124,10 @@ pub fn provision(req: &ProvisionRequest) -> Result<ProvisionPlan, BackendError> 
         settings.filers.iter().map(|f| format!("http://{f}{encoded}{query}")).collect()
     };
     let record = record_path(&dir);
-    let lookup = Step::Lookup(Lookup {
-        key: RECORD_LOOKUP.into(),
-        method: "GET".into(),
-        urls: urls(&record, ""),
-        headers: Vec::new(),
-    });
+    let lookup = Step::Lookup(Lookup::new(RECORD_LOOKUP, "GET", urls(&record, "")));
     let Some(found) = looked_up(&req.looked_up, RECORD_LOOKUP) else {
         // First round: read the record; the answer comes in the next call.
-        return Ok(ProvisionPlan { volume_id, capacity_bytes: 0, context, steps: vec![lookup] });
+        return Ok(ProvisionPlan::new(volume_id, 0).with_context(context).with_steps([lookup]));
     };
     let mut steps = vec![lookup];
     let capacity_bytes = match recorded(found, &record)? {
@@ -188,7 +183,7 @@ pub fn provision(req: &ProvisionRequest) -> Result<ProvisionPlan, BackendError> 
     steps.push(http("POST", urls(&dir, &format!("/?mode={DIR_MODE}")), Vec::new(), "", CREATE_OK));
     // What ListVolumes reads (crate::volumes).
     steps.push(crate::volumes::index_entry(&settings.filers, &volume_id, capacity_bytes));
-    Ok(ProvisionPlan { volume_id, capacity_bytes, context, steps })
+    Ok(ProvisionPlan::new(volume_id, capacity_bytes).with_context(context).with_steps(steps))
 }
 
 /// CSI: "Volume MUST be at least this big" (`required_bytes`), "Volume MUST not be bigger than
@@ -256,14 +251,11 @@ pub fn delete(req: &DeleteRequest) -> Result<Plan, BackendError> {
         let encoded = encode_path(path);
         filers.iter().map(|f| format!("http://{f}{encoded}{query}")).collect()
     };
-    Ok(Plan {
-        steps: vec![
-            http("DELETE", urls(dir, "?recursive=true"), Vec::new(), "", DELETE_OK),
-            http("DELETE", urls(&record_path(dir), ""), Vec::new(), "", DELETE_OK),
-            http("DELETE", urls(&crate::volumes::index_path(&req.volume_id), ""), Vec::new(), "", DELETE_OK),
-        ],
-        attributes: Vec::new(),
-    })
+    Ok(Plan::new([
+        http("DELETE", urls(dir, "?recursive=true"), Vec::new(), "", DELETE_OK),
+        http("DELETE", urls(&record_path(dir), ""), Vec::new(), "", DELETE_OK),
+        http("DELETE", urls(&crate::volumes::index_path(&req.volume_id), ""), Vec::new(), "", DELETE_OK),
+    ]))
 }
 
 /// `<parentDir>/<directory name of the CSI name>`.
@@ -322,17 +314,11 @@ pub fn etag(content: &str) -> String {
 }
 
 pub fn header(name: &str, value: &str) -> Header {
-    Header { name: name.into(), value: Value::Literal(value.into()) }
+    Header::new(name, Value::Literal(value.into()))
 }
 
 pub fn http(method: &str, urls: Vec<String>, headers: Vec<Header>, body: &str, ok: &[u16]) -> Step {
-    Step::Http(HttpCall {
-        method: method.into(),
-        urls,
-        headers,
-        body: body.as_bytes().to_vec(),
-        ok_status: ok.to_vec(),
-    })
+    Step::Http(HttpCall::new(method, urls, ok).with_headers(headers).with_body(body.as_bytes()))
 }
 
 /// A directory name some version of this plugin made: `[A-Za-z0-9._-]`, 1 to 128 bytes, not

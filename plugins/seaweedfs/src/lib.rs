@@ -32,18 +32,17 @@ pub struct Seaweedfs;
 
 impl Plugin for Seaweedfs {
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "seaweedfs".into(),
-            version: "0.1.0".into(),
-            description: "Mounts SeaweedFS filer directories with `weed mount` (FUSE). Provisioning \
-                          creates one directory per volume under parentDir on the filer; static \
-                          volumes mount an existing path. Secrets reach weed only through its \
-                          environment."
-                .into(),
-            parameters: mounthost_plugin_sdk::params::param_docs(params::SPECS),
-            programs: vec![node::PROGRAM.into()],
-            fstypes: vec![node::FSTYPE.into()],
-        }
+        PluginInfo::new(
+            "seaweedfs",
+            "0.1.0",
+            "Mounts SeaweedFS filer directories with `weed mount` (FUSE). Provisioning \
+             creates one directory per volume under parentDir on the filer; static \
+             volumes mount an existing path. Secrets reach weed only through its \
+             environment.",
+        )
+        .with_parameters(mounthost_plugin_sdk::params::param_docs(params::SPECS))
+        .with_programs([node::PROGRAM])
+        .with_fstypes([node::FSTYPE])
     }
 
     /// ValidateVolumeCapabilities: the host sends the volume's context and parameters in one

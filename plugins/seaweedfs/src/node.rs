@@ -9,8 +9,8 @@
 
 use mounthost_plugin_sdk::params::invalid;
 use mounthost_plugin_sdk::{
-    Arg, BackendError, FuseMount, ParamSource, Plan, SpawnFuse, StageRequest, Step, arg, cache, is_read_only, kv,
-    path_arg, runtime, staging,
+    Arg, BackendError, ParamSource, Plan, SpawnFuse, StageRequest, Step, arg, cache, is_read_only, kv, path_arg,
+    runtime, staging,
 };
 
 use crate::mount_options;
@@ -65,7 +65,7 @@ pub fn stage(req: &StageRequest) -> Result<Plan, BackendError> {
         }
     };
     if !reads.is_empty() {
-        return Ok(Plan { steps: reads, attributes: Vec::new() });
+        return Ok(Plan::new(reads));
     }
 
     let mut args: Vec<Arg> = vec![
@@ -109,29 +109,21 @@ pub fn stage(req: &StageRequest) -> Result<Plan, BackendError> {
     }
     args.extend(options.iter().map(|o| arg(o.to_arg())));
 
-    let spawn = SpawnFuse {
-        program: PROGRAM.into(),
-        args,
-        env,
-        mountpoint: staging(""),
-        fstype: FSTYPE.into(),
+    // `weed mount` mounts its filesystem itself (as the host's root): the default
+    // `FuseMount::ByProgram`.
+    let spawn = SpawnFuse::new(PROGRAM, args, staging(""), FSTYPE)
+        .with_env(env)
         // At most 300 s * 1000, well inside u32.
-        ready_timeout_ms: u32::try_from(settings.ready_timeout_sec * 1000).unwrap_or(u32::MAX),
-        memory_limit_bytes: settings.memory_limit_mb.map(|mb| mb * 1024 * 1024),
-        // `weed mount` mounts its filesystem itself (as the host's root).
-        mount: FuseMount::ByProgram,
-    };
-    Ok(Plan {
-        steps: vec![Step::SpawnFuse(spawn)],
-        attributes: vec![
-            kv("filer", settings.filer_list()),
-            kv("path", path),
-            kv("collection", collection.unwrap_or_default()),
-            kv("readOnly", read_only.to_string()),
-            kv("quotaMB", quota.to_string()),
-            // Set by the StorageClass (`mountOptions`), not by the volume's size: expansion
-            // cannot change it (crate::volumes::expand).
-            kv("quotaFixed", explicit.is_some().to_string()),
-        ],
-    })
+        .with_ready_timeout_ms(u32::try_from(settings.ready_timeout_sec * 1000).unwrap_or(u32::MAX))
+        .with_memory_limit_bytes(settings.memory_limit_mb.map(|mb| mb * 1024 * 1024));
+    Ok(Plan::new([Step::SpawnFuse(spawn)]).with_attributes([
+        kv("filer", settings.filer_list()),
+        kv("path", path),
+        kv("collection", collection.unwrap_or_default()),
+        kv("readOnly", read_only.to_string()),
+        kv("quotaMB", quota.to_string()),
+        // Set by the StorageClass (`mountOptions`), not by the volume's size: expansion
+        // cannot change it (crate::volumes::expand).
+        kv("quotaFixed", explicit.is_some().to_string()),
+    ]))
 }

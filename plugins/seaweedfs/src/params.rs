@@ -18,25 +18,21 @@ use crate::values::{
 
 /// Every key the plugin reads, in the order `info()` lists them.
 pub const SPECS: &[ParamSpec] = &[
-    ParamSpec {
-        required: true,
-        ..ParamSpec::parameter(
-            "filer",
-            ParamKind::Endpoint,
-            None,
-            "Filer address(es), comma-separated host:port (DNS name, IPv4 or [IPv6]); -filer=.",
-        )
-    },
-    ParamSpec {
-        source: ParamSource::Context,
-        ..ParamSpec::parameter(
-            "path",
-            ParamKind::RemotePath,
-            None,
-            "Remote directory to mount (-filer.path=): set by provisioning, or in a static PV's \
-             volumeAttributes; absolute, no empty, . or .. components.",
-        )
-    },
+    ParamSpec::parameter(
+        "filer",
+        ParamKind::Endpoint,
+        None,
+        "Filer address(es), comma-separated host:port (DNS name, IPv4 or [IPv6]); -filer=.",
+    )
+    .required(),
+    ParamSpec::parameter(
+        "path",
+        ParamKind::RemotePath,
+        None,
+        "Remote directory to mount (-filer.path=): set by provisioning, or in a static PV's \
+         volumeAttributes; absolute, no empty, . or .. components.",
+    )
+    .from_source(ParamSource::Context),
     ParamSpec::parameter(
         "master",
         ParamKind::Endpoint,
@@ -231,7 +227,7 @@ pub fn secret_env(secrets: &[Kv]) -> Result<Vec<EnvVar>, BackendError> {
         if secrets.text(spec.name)?.is_some()
             && let Some(name) = secret_env_name(spec.name)
         {
-            env.push(EnvVar { name: name.into(), value: Value::Secret(spec.name.into()) });
+            env.push(EnvVar::new(name, Value::Secret(spec.name.into())));
         }
     }
     Ok(env)

@@ -32,11 +32,9 @@ fn context(extra: &[(&str, &str)]) -> Vec<Kv> {
 }
 
 fn capability(mode: AccessMode, fs_type: &str, flags: &[&str]) -> VolumeCapability {
-    VolumeCapability {
-        access_mode: mode,
-        fs_type: fs_type.into(),
-        mount_flags: flags.iter().map(|f| f.to_string()).collect(),
-    }
+    VolumeCapability::new(mode)
+        .with_fs_type(fs_type)
+        .with_mount_flags(flags.iter().map(|f| f.to_string()).collect::<Vec<_>>())
 }
 
 fn rw() -> VolumeCapability {
@@ -44,16 +42,12 @@ fn rw() -> VolumeCapability {
 }
 
 fn stage_req(ctx: Vec<Kv>, secrets: Vec<Kv>, cap: VolumeCapability) -> StageRequest {
-    StageRequest {
-        volume_id: "seaweedfs:vol".into(),
-        context: ctx,
-        secrets,
-        capability: cap,
-        ephemeral: false,
-        resolved: None,
-        looked_up: vec![],
-        node_id: "node-1".into(),
-    }
+    StageRequest::default()
+        .with_volume_id("seaweedfs:vol")
+        .with_context(ctx)
+        .with_secrets(secrets)
+        .with_capability(cap)
+        .with_node_id("node-1")
 }
 
 fn stage(extra: &[(&str, &str)]) -> Result<Plan, BackendError> {
@@ -72,7 +66,7 @@ fn literals(s: &SpawnFuse) -> Vec<String> {
         .iter()
         .filter_map(|a| match a {
             Arg::Literal(t) => Some(t.clone()),
-            Arg::Path(_) | Arg::SecretFile(_) | Arg::FuseFd(_) => None,
+            _ => None,
         })
         .collect()
 }
@@ -350,11 +344,9 @@ fn every_bad_value_names_its_parameter(#[case] key: &str, #[case] value: &str) {
     let err = message(stage(&[(key, value)]).unwrap_err());
     assert!(err.contains(&format!("{key:?}")), "{key}={value:?}: message {err:?} does not name it");
     assert!(
-        Seaweedfs::validate(ValidateRequest {
-            parameters: context(&[(key, value)]).into_iter().filter(|kv| kv.key != "path" || key == "path").collect(),
-            secrets: vec![],
-            capabilities: vec![],
-        })
+        Seaweedfs::validate(ValidateRequest::default().with_parameters(
+            context(&[(key, value)]).into_iter().filter(|kv| kv.key != "path" || key == "path").collect::<Vec<_>>()
+        ))
         .is_err(),
         "validate accepted {key}={value:?}"
     );
@@ -402,10 +394,8 @@ fn secrets_are_env_references_and_never_args() {
     let secrets: Vec<Kv> = SECRETS.iter().rev().map(|(k, _, v)| kv(*k, *v)).collect();
     let plan = Seaweedfs::stage(stage_req(context(&[]), secrets, rw())).unwrap();
     let s = spawn_of(&plan);
-    let expected: Vec<EnvVar> = SECRETS
-        .iter()
-        .map(|(k, env, _)| EnvVar { name: env.to_string(), value: Value::Secret(k.to_string()) })
-        .collect();
+    let expected: Vec<EnvVar> =
+        SECRETS.iter().map(|(k, env, _)| EnvVar::new(*env, Value::Secret(k.to_string()))).collect();
     assert_eq!(s.env, expected);
     let dump = format!("{plan:?}");
     for (key, _, value) in SECRETS {
@@ -417,6 +407,7 @@ fn secrets_are_env_references_and_never_args() {
             Arg::Path(p) => format!("{}{}", p.prefix, p.suffix),
             Arg::SecretFile(f) => format!("{}{}", f.prefix, f.suffix),
             Arg::FuseFd(f) => format!("{}{}", f.prefix, f.suffix),
+            other => format!("{other:?}"),
         };
         assert!(!text.to_lowercase().contains("jwt"), "{text}");
     }
@@ -439,13 +430,12 @@ fn read_only_follows_the_access_mode(#[case] mode: AccessMode, #[case] read_only
 
 #[test]
 fn publish_is_read_only_for_read_only_modes() {
-    let req = |mode, readonly| PublishRequest {
-        volume_id: "v".into(),
-        context: context(&[]),
-        secrets: vec![],
-        capability: capability(mode, "", &[]),
-        readonly,
-        recorded: vec![],
+    let req = |mode: AccessMode, readonly: bool| {
+        PublishRequest::default()
+            .with_volume_id("v")
+            .with_context(context(&[]))
+            .with_capability(capability(mode, "", &[]))
+            .with_readonly(readonly)
     };
     let bind = |plan: Plan| match plan.steps.as_slice() {
         [Step::Bind(b)] => b.clone(),
@@ -548,11 +538,9 @@ fn bad_capabilities_are_refused(#[case] flags: &[&str], #[case] fs_type: &str, #
     let ctx = context(&[("mountOptions", "writebackCache")]);
     let err = message(Seaweedfs::stage(stage_req(ctx, vec![], cap.clone())).unwrap_err());
     assert!(err.contains(why), "{err}");
-    let validate = ValidateRequest {
-        parameters: kvs(&[("filer", "127.0.0.1:8888"), ("mountOptions", "writebackCache")]),
-        secrets: vec![],
-        capabilities: vec![cap],
-    };
+    let validate = ValidateRequest::default()
+        .with_parameters(kvs(&[("filer", "127.0.0.1:8888"), ("mountOptions", "writebackCache")]))
+        .with_capabilities([cap]);
     assert!(Seaweedfs::validate(validate).is_err());
 }
 
@@ -567,18 +555,17 @@ fn accepted_fs_types(#[case] fs_type: &str) {
 
 #[test]
 fn validate_accepts_a_full_storage_class() {
-    let req = ValidateRequest {
-        parameters: kvs(&[
+    let req = ValidateRequest::default()
+        .with_parameters(kvs(&[
             ("filer", "filer-0.seaweedfs:8888,filer-1.seaweedfs:8888"),
             ("parentDir", "/buckets"),
             ("replication", "001"),
             ("cacheDir", "disabled"),
             ("mountOptions", "allowOthers=false"),
             ("csi.storage.k8s.io/provisioner-secret-name", "weed"),
-        ]),
-        secrets: kvs(&[("jwtSigningKey", "k")]),
-        capabilities: vec![capability(AccessMode::MultiNodeMultiWriter, "", &["ro"])],
-    };
+        ]))
+        .with_secrets(kvs(&[("jwtSigningKey", "k")]))
+        .with_capabilities([capability(AccessMode::MultiNodeMultiWriter, "", &["ro"])]);
     Seaweedfs::validate(req).unwrap();
 }
 
@@ -593,30 +580,25 @@ fn path_is_not_a_storage_class_parameter() {
 /// ValidateVolumeCapabilities sends a volume's context (with `path`) and parameters together.
 #[test]
 fn validate_accepts_a_volume_context() {
-    let req = ValidateRequest {
-        parameters: kvs(&[("filer", "127.0.0.1:8888"), ("path", "/buckets/pvc-1"), ("collection", "pvc-1")]),
-        secrets: vec![],
-        capabilities: vec![rw()],
-    };
+    let req = ValidateRequest::default()
+        .with_parameters(kvs(&[("filer", "127.0.0.1:8888"), ("path", "/buckets/pvc-1"), ("collection", "pvc-1")]))
+        .with_capabilities([rw()]);
     Seaweedfs::validate(req).unwrap();
 }
 
 /// What the host answers the capacity record's lookup with.
 fn record_answer(status: u16, body: &str) -> LookedUp {
-    LookedUp { key: crate::controller::RECORD_LOOKUP.into(), status, body: body.as_bytes().to_vec(), truncated: false }
+    LookedUp::new(crate::controller::RECORD_LOOKUP, status, body.as_bytes())
 }
 
 /// CreateVolume of 5 GiB in its second round, the record's lookup answered "no record" (404).
 fn provision_req(name: &str, params: &[(&str, &str)]) -> ProvisionRequest {
-    ProvisionRequest {
-        name: name.into(),
-        parameters: kvs(params),
-        secrets: vec![],
-        capabilities: vec![rw()],
-        required_bytes: 5 << 30,
-        limit_bytes: 0,
-        looked_up: vec![record_answer(404, "")],
-    }
+    ProvisionRequest::default()
+        .with_name(name)
+        .with_parameters(kvs(params))
+        .with_capabilities([rw()])
+        .with_required_bytes(5u64 << 30)
+        .with_looked_up([record_answer(404, "")])
 }
 
 /// The one `POST` that creates the directory, followed by the list entry's `PUT`.
@@ -630,58 +612,41 @@ fn mkdir_of(plan: &ProvisionPlan) -> &HttpCall {
 const RECORD_URL: &str = "http://127.0.0.1:8888/.mounthost/capacity/buckets/pvc-1";
 
 fn record_lookup() -> Step {
-    Step::Lookup(Lookup {
-        key: crate::controller::RECORD_LOOKUP.into(),
-        method: "GET".into(),
-        urls: vec![RECORD_URL.into()],
-        headers: vec![],
-    })
+    Step::Lookup(Lookup::new(crate::controller::RECORD_LOOKUP, "GET", [RECORD_URL.to_string()]))
 }
 
 fn if_match(etag: &str, ok: &[u16]) -> Step {
-    Step::Http(HttpCall {
-        method: "HEAD".into(),
-        urls: vec![RECORD_URL.into()],
-        headers: vec![Header { name: "If-Match".into(), value: Value::Literal(etag.into()) }],
-        body: vec![],
-        ok_status: ok.to_vec(),
-    })
+    Step::Http(
+        HttpCall::new("HEAD", [RECORD_URL.to_string()], ok)
+            .with_headers([Header::new("If-Match", Value::Literal(etag.into()))]),
+    )
 }
 
 fn mkdir_pvc_1() -> Step {
-    Step::Http(HttpCall {
-        method: "POST".into(),
-        urls: vec!["http://127.0.0.1:8888/buckets/pvc-1/?mode=0777".into()],
-        headers: vec![],
-        body: vec![],
-        ok_status: vec![201, 409],
-    })
+    Step::Http(HttpCall::new("POST", ["http://127.0.0.1:8888/buckets/pvc-1/?mode=0777".to_string()], [201, 409]))
 }
 
 /// The list entry of `127.0.0.1:8888/buckets/pvc-1`: the hex of the volume id, its capacity in a
 /// header the filer keeps.
 fn list_entry_pvc_1(capacity: u64) -> Step {
-    Step::Http(HttpCall {
-        method: "PUT".into(),
-        urls: vec![format!(
-            "http://127.0.0.1:8888/.mounthost/volumes/{}",
-            "3132372e302e302e313a383838382f6275636b6574732f7076632d31"
-        )],
-        headers: vec![Header {
-            name: "Seaweed-Mounthost-Capacity-Bytes".into(),
-            value: Value::Literal(capacity.to_string()),
-        }],
-        body: vec![],
-        ok_status: vec![200, 201, 204],
-    })
+    Step::Http(
+        HttpCall::new(
+            "PUT",
+            [format!(
+                "http://127.0.0.1:8888/.mounthost/volumes/{}",
+                "3132372e302e302e313a383838382f6275636b6574732f7076632d31"
+            )],
+            [200, 201, 204],
+        )
+        .with_headers([Header::new("Seaweed-Mounthost-Capacity-Bytes", Value::Literal(capacity.to_string()))]),
+    )
 }
 
 #[test]
 fn provision_reads_the_record_then_plans_its_check_the_record_and_one_directory() {
     let params = [("replication", "001"), ("filer", "127.0.0.1:8888"), ("csi.storage.k8s.io/pvc/name", "data")];
     // First round: only the record's lookup, which the host makes while planning.
-    let first =
-        Seaweedfs::provision(ProvisionRequest { looked_up: vec![], ..provision_req("pvc-1", &params) }).unwrap();
+    let first = Seaweedfs::provision(provision_req("pvc-1", &params).with_looked_up(Vec::new())).unwrap();
     assert_eq!(first.steps, vec![record_lookup()]);
     // Second round, no record yet: a new volume of the size required.
     let plan = Seaweedfs::provision(provision_req("pvc-1", &params)).unwrap();
@@ -707,13 +672,11 @@ fn provision_reads_the_record_then_plans_its_check_the_record_and_one_directory(
         vec![
             record_lookup(),
             if_match(etag, &[200, 404]),
-            Step::Http(HttpCall {
-                method: "PUT".into(),
-                urls: vec![RECORD_URL.into()],
-                headers: vec![Header { name: "Content-Type".into(), value: Value::Literal("application/json".into()) }],
-                body: content.as_bytes().to_vec(),
-                ok_status: vec![200, 201, 204],
-            }),
+            Step::Http(
+                HttpCall::new("PUT", [RECORD_URL.to_string()], [200, 201, 204])
+                    .with_headers([Header::new("Content-Type", Value::Literal("application/json".into()))])
+                    .with_body(content.as_bytes())
+            ),
             mkdir_pvc_1(),
             list_entry_pvc_1(5 << 30),
         ]
@@ -736,12 +699,10 @@ fn provision_reads_the_record_then_plans_its_check_the_record_and_one_directory(
 #[case(6 << 30, 8 << 30, false)]
 fn a_recorded_capacity_answers_every_compatible_range(#[case] required: u64, #[case] limit: u64, #[case] ok: bool) {
     let recorded = "{\"capacityBytes\":5368709120}\n";
-    let req = ProvisionRequest {
-        required_bytes: required,
-        limit_bytes: limit,
-        looked_up: vec![record_answer(200, recorded)],
-        ..provision_req("pvc-1", &[("filer", "127.0.0.1:8888")])
-    };
+    let req = provision_req("pvc-1", &[("filer", "127.0.0.1:8888")])
+        .with_required_bytes(required)
+        .with_limit_bytes(limit)
+        .with_looked_up([record_answer(200, recorded)]);
     match Seaweedfs::provision(req) {
         Ok(plan) if ok => {
             assert_eq!(plan.capacity_bytes, 5 << 30, "the recorded capacity");
@@ -765,11 +726,8 @@ fn a_recorded_capacity_answers_every_compatible_range(#[case] required: u64, #[c
 #[case(0, 2 << 30, 2 << 30)]
 #[case(0, 0, 0)]
 fn a_new_volume_gets_a_size_in_its_range(#[case] required: u64, #[case] limit: u64, #[case] capacity: u64) {
-    let req = ProvisionRequest {
-        required_bytes: required,
-        limit_bytes: limit,
-        ..provision_req("pvc-1", &[("filer", "127.0.0.1:8888")])
-    };
+    let req =
+        provision_req("pvc-1", &[("filer", "127.0.0.1:8888")]).with_required_bytes(required).with_limit_bytes(limit);
     let plan = Seaweedfs::provision(req).unwrap();
     assert_eq!(plan.capacity_bytes, capacity);
     let put = plan.steps.iter().find_map(|s| match s {
@@ -790,10 +748,7 @@ fn a_new_volume_gets_a_size_in_its_range(#[case] required: u64, #[case] limit: u
 #[test]
 fn a_record_lookup_that_fails_is_unavailable_and_a_foreign_record_is_named() {
     let with = |answer: LookedUp| {
-        Seaweedfs::provision(ProvisionRequest {
-            looked_up: vec![answer],
-            ..provision_req("pvc-1", &[("filer", "127.0.0.1:8888")])
-        })
+        Seaweedfs::provision(provision_req("pvc-1", &[("filer", "127.0.0.1:8888")]).with_looked_up([answer]))
     };
     for status in [0, 500, 401] {
         match with(record_answer(status, "")) {
@@ -809,7 +764,7 @@ fn a_record_lookup_that_fails_is_unavailable_and_a_foreign_record_is_named() {
             other => panic!("{body:?}: {other:?}"),
         }
     }
-    let truncated = LookedUp { truncated: true, ..record_answer(200, "{\"capacityBytes\":1}") };
+    let truncated = record_answer(200, "{\"capacityBytes\":1}").with_truncated(true);
     assert!(matches!(with(truncated), Err(BackendError::Internal(_))));
 }
 
@@ -858,10 +813,7 @@ fn the_record_depends_on_the_capacity_and_the_parameters_not_the_name() {
 #[test]
 fn a_recorded_volume_with_other_parameters_already_exists() {
     let with = |recorded: &str, params: &[(&str, &str)]| {
-        Seaweedfs::provision(ProvisionRequest {
-            looked_up: vec![record_answer(200, recorded)],
-            ..provision_req("pvc-1", params)
-        })
+        Seaweedfs::provision(provision_req("pvc-1", params).with_looked_up([record_answer(200, recorded)]))
     };
     let made =
         Seaweedfs::provision(provision_req("pvc-1", &[("filer", "127.0.0.1:8888"), ("replication", "001")])).unwrap();
@@ -931,10 +883,7 @@ fn names_seaweedfs_refuses_map_to_valid_directories(#[case] name: &str, #[case] 
     assert_eq!(Seaweedfs::provision(provision_req(name, &[("filer", "127.0.0.1:8888")])).unwrap(), plan);
     let (_, parsed) = crate::controller::parse_volume_id(&plan.volume_id).unwrap();
     assert_eq!(parsed, dir, "delete finds the same directory");
-    let staged = Seaweedfs::stage(StageRequest {
-        volume_id: plan.volume_id.clone(),
-        ..stage_req(plan.context.clone(), vec![], rw())
-    });
+    let staged = Seaweedfs::stage(stage_req(plan.context.clone(), vec![], rw()).with_volume_id(plan.volume_id.clone()));
     assert!(staged.is_ok(), "{staged:?}");
 }
 
@@ -979,11 +928,11 @@ fn static_paths_in_buckets_seaweedfs_refuses(#[case] path: &str, #[case] rule: &
     let err = message(stage(&[("path", path)]).unwrap_err());
     assert!(err.contains("\"path\"") && err.contains(rule) && err.contains("S3 bucket"), "{err}");
     let validate = |key: &str| {
-        Seaweedfs::validate(ValidateRequest {
-            parameters: kvs(&[("filer", "127.0.0.1:8888"), (key, path)]),
-            secrets: vec![],
-            capabilities: vec![rw()],
-        })
+        Seaweedfs::validate(
+            ValidateRequest::default()
+                .with_parameters(kvs(&[("filer", "127.0.0.1:8888"), (key, path)]))
+                .with_capabilities([rw()]),
+        )
     };
     let err = message(validate("path").unwrap_err());
     assert!(err.contains(rule), "{err}");
@@ -1009,10 +958,10 @@ fn a_provisioned_volume_stages_whatever_its_name() {
     // Made by an earlier version from the name "Data": its id is <filers><path>.
     let ctx = context(&[("path", "/buckets/Data")]);
     for id in ["127.0.0.1:8888/buckets/Data", "seaweedfs~127.0.0.1:8888/buckets/Data"] {
-        let req = StageRequest { volume_id: id.into(), ..stage_req(ctx.clone(), vec![], rw()) };
+        let req = stage_req(ctx.clone(), vec![], rw()).with_volume_id(id);
         assert!(Seaweedfs::stage(req).is_ok(), "{id}");
     }
-    let req = StageRequest { volume_id: "static-data".into(), ..stage_req(ctx, vec![], rw()) };
+    let req = stage_req(ctx, vec![], rw()).with_volume_id("static-data");
     assert!(Seaweedfs::stage(req).is_err(), "a static volume with that path is refused");
 }
 
@@ -1048,7 +997,7 @@ fn provision_refuses_unknown_secrets_and_bad_capabilities() {
 }
 
 fn delete(id: &str) -> Result<Plan, BackendError> {
-    Seaweedfs::delete(DeleteRequest { volume_id: id.into(), secrets: vec![] })
+    Seaweedfs::delete(DeleteRequest::default().with_volume_id(id))
 }
 
 #[rstest]
@@ -1072,27 +1021,13 @@ fn delete_removes_the_directory_then_the_record(#[case] id: &str, #[case] dirs: 
     assert_eq!(
         plan.steps,
         vec![
-            Step::Http(HttpCall {
-                method: "DELETE".into(),
-                urls: dirs.iter().map(|u| format!("{u}?recursive=true")).collect(),
-                headers: vec![],
-                body: vec![],
-                ok_status: vec![200, 202, 204, 404],
-            }),
-            Step::Http(HttpCall {
-                method: "DELETE".into(),
-                urls: records,
-                headers: vec![],
-                body: vec![],
-                ok_status: vec![200, 202, 204, 404],
-            }),
-            Step::Http(HttpCall {
-                method: "DELETE".into(),
-                urls: entries,
-                headers: vec![],
-                body: vec![],
-                ok_status: vec![200, 202, 204, 404],
-            }),
+            Step::Http(HttpCall::new(
+                "DELETE",
+                dirs.iter().map(|u| format!("{u}?recursive=true")).collect::<Vec<_>>(),
+                [200, 202, 204, 404],
+            )),
+            Step::Http(HttpCall::new("DELETE", records, [200, 202, 204, 404])),
+            Step::Http(HttpCall::new("DELETE", entries, [200, 202, 204, 404])),
         ]
     );
 }
@@ -1150,6 +1085,6 @@ fn provision_and_delete_agree_on_the_directory_and_the_record() {
 
 #[test]
 fn delete_refuses_unknown_secrets() {
-    let req = DeleteRequest { volume_id: "a:1/b/pvc-1".into(), secrets: kvs(&[("x", "y")]) };
+    let req = DeleteRequest::default().with_volume_id("a:1/b/pvc-1").with_secrets(kvs(&[("x", "y")]));
     assert!(message(Seaweedfs::delete(req).unwrap_err()).contains("unknown secret"));
 }

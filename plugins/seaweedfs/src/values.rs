@@ -46,6 +46,8 @@ fn check_endpoint(item: &str) -> Result<(), &'static str> {
         HostPortError::NeedsBrackets | HostPortError::BadPort => "bad port",
         HostPortError::BadIpv4 => "bad IPv4 address",
         HostPortError::BadHostName => "bad host name",
+        // A reason a later SDK adds.
+        _ => "bad address",
     })
 }
 

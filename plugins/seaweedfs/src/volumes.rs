@@ -45,8 +45,6 @@ pub const CAPACITY_HEADER: &str = "Seaweed-Mounthost-Capacity-Bytes";
 pub const MOUNT_SOCKET: &str = "weed.sock";
 /// `weed mount`'s quota method.
 pub const CONFIGURE: &str = "/messaging_pb.SeaweedMount/Configure";
-/// How long a `Configure` call may take.
-const CONFIGURE_TIMEOUT_MS: u32 = 10_000;
 /// The most list entries read from a filer per page (each is about 900 bytes of JSON, and a
 /// lookup's answer is cut at 64 KiB).
 pub const LIST_PAGE: u32 = 50;
@@ -63,7 +61,7 @@ fn answer<'a>(looked: &'a [LookedUp], key: &str, what: &str) -> Result<Option<&'
 }
 
 fn get(key: &str, method: &str, urls: Vec<String>, headers: Vec<Header>) -> Step {
-    Step::Lookup(Lookup { key: key.into(), method: method.into(), urls, headers })
+    Step::Lookup(Lookup::new(key, method, urls).with_headers(headers))
 }
 
 fn urls(filers: &[&str], path: &str, query: &str) -> Vec<String> {
@@ -116,6 +114,7 @@ pub fn expand(req: &ExpandRequest) -> Result<ExpandPlan, BackendError> {
     match req.side {
         ExpandSide::Controller => expand_controller(req, asked),
         ExpandSide::Node => expand_node(req, asked),
+        other => Err(BackendError::Internal(format!("an expansion side this plugin does not know: {other:?}"))),
     }
 }
 
@@ -125,14 +124,10 @@ fn expand_controller(req: &ExpandRequest, asked: u64) -> Result<ExpandPlan, Back
     let (Some(found), Some(rec)) =
         (answer(&req.looked_up, "dir", dir)?, answer(&req.looked_up, "record", &format!("the record of {dir}"))?)
     else {
-        return Ok(ExpandPlan {
-            capacity_bytes: 0,
-            node_expansion_required: true,
-            steps: vec![
-                get("dir", "HEAD", urls(&filers, dir, ""), Vec::new()),
-                get("record", "GET", urls(&filers, &record, ""), Vec::new()),
-            ],
-        });
+        return Ok(ExpandPlan::new(0).with_node_expansion_required(true).with_steps([
+            get("dir", "HEAD", urls(&filers, dir, ""), Vec::new()),
+            get("record", "GET", urls(&filers, &record, ""), Vec::new()),
+        ]));
     };
     match found.status {
         200 => {}
@@ -144,7 +139,7 @@ fn expand_controller(req: &ExpandRequest, asked: u64) -> Result<ExpandPlan, Back
         // Already that large (CSI: an expansion to a size the volume has is OK). The list entry
         // is written again: an earlier call may have grown the record and failed before it.
         let steps = vec![index_entry(&filers, &req.volume_id, current)];
-        return Ok(ExpandPlan { capacity_bytes: current, node_expansion_required: true, steps });
+        return Ok(ExpandPlan::new(current).with_node_expansion_required(true).with_steps(steps));
     }
     // The parameters CreateVolume recorded stay (a record of an earlier version holds none).
     let kept = controller::parameters_of_record(&rec.body).unwrap_or_default();
@@ -159,7 +154,7 @@ fn expand_controller(req: &ExpandRequest, asked: u64) -> Result<ExpandPlan, Back
         ),
         index_entry(&filers, &req.volume_id, asked),
     ];
-    Ok(ExpandPlan { capacity_bytes: asked, node_expansion_required: true, steps })
+    Ok(ExpandPlan::new(asked).with_node_expansion_required(true).with_steps(steps))
 }
 
 fn expand_node(req: &ExpandRequest, asked: u64) -> Result<ExpandPlan, BackendError> {
@@ -184,7 +179,7 @@ fn expand_node(req: &ExpandRequest, asked: u64) -> Result<ExpandPlan, BackendErr
     let filers: Vec<&str> = filer.split(',').collect();
     let Some(rec) = answer(&req.looked_up, "record", &format!("the record of {dir}"))? else {
         let steps = vec![get("record", "GET", urls(&filers, &controller::record_path(dir), ""), Vec::new())];
-        return Ok(ExpandPlan { capacity_bytes: 0, node_expansion_required: false, steps });
+        return Ok(ExpandPlan::new(0).with_steps(steps));
     };
     let Some(size) = recorded_size(rec, dir)? else {
         return Err(BackendError::OutOfRange(format!(
@@ -201,16 +196,16 @@ fn expand_node(req: &ExpandRequest, asked: u64) -> Result<ExpandPlan, BackendErr
     let quota = recorded("quotaMB").and_then(|q| q.parse::<u64>().ok()).unwrap_or(0);
     let collection = recorded("collection").unwrap_or_default();
     let steps = if quota > 0 && !collection.is_empty() {
-        vec![Step::SocketCall(SocketCall {
-            socket: runtime(MOUNT_SOCKET),
-            method: CONFIGURE.into(),
-            message: configure_message(quota_mb(size) * MIB),
-            timeout_ms: CONFIGURE_TIMEOUT_MS,
-        })]
+        // Within the SDK's default timeout, 10 s.
+        vec![Step::SocketCall(SocketCall::new(
+            runtime(MOUNT_SOCKET),
+            CONFIGURE,
+            configure_message(quota_mb(size) * MIB),
+        ))]
     } else {
         Vec::new()
     };
-    Ok(ExpandPlan { capacity_bytes: size, node_expansion_required: false, steps })
+    Ok(ExpandPlan::new(size).with_steps(steps))
 }
 
 /// The list entry of volume `id` with its size: `PUT <INDEX_ROOT>/<hex id>`.
@@ -292,7 +287,7 @@ pub fn list(req: &ListRequest) -> Result<ListAnswer, BackendError> {
         return Err(bad());
     }
     let Some(host) = req.hosts.get(at) else {
-        return Ok(ListAnswer { volumes: Vec::new(), next_token: String::new(), steps: Vec::new() });
+        return Ok(ListAnswer::default());
     };
     let limit = req.max_entries.clamp(1, LIST_PAGE);
     let mut query = format!("?limit={limit}");
@@ -304,13 +299,13 @@ pub fn list(req: &ListRequest) -> Result<ListAnswer, BackendError> {
     let Some(page) = answer(&req.looked_up, &key, &format!("the volume list of {host}"))? else {
         let url = format!("http://{host}{INDEX_ROOT}/{query}");
         let steps = vec![get(&key, "GET", vec![url], vec![controller::header("Accept", "application/json")])];
-        return Ok(ListAnswer { volumes: Vec::new(), next_token: req.starting_token.clone(), steps });
+        return Ok(ListAnswer::default().with_next_token(req.starting_token.clone()).with_steps(steps));
     };
     let next_host = || if at + 1 < req.hosts.len() { format!("{}:", at + 1) } else { String::new() };
     match page.status {
         200 => {}
         // No volume was ever created through this filer.
-        404 => return Ok(ListAnswer { volumes: Vec::new(), next_token: next_host(), steps: Vec::new() }),
+        404 => return Ok(ListAnswer::default().with_next_token(next_host())),
         s => return Err(BackendError::Unavailable(format!("listing {host}{INDEX_ROOT}: the filer answered {s}"))),
     }
     if page.truncated {
@@ -342,29 +337,24 @@ pub fn list(req: &ListRequest) -> Result<ListAnswer, BackendError> {
             .and_then(|s| s.parse::<u64>().ok())
             .unwrap_or(0);
         let context: Vec<Kv> = vec![kv("filer", filers.join(",")), kv("path", dir)];
-        volumes.push(ListedVolume { volume_id: id.clone(), capacity_bytes: capacity, context });
+        volumes.push(ListedVolume::new(id.clone(), capacity).with_context(context));
     }
     let more = doc.get("ShouldDisplayLoadMore").and_then(|m| m.as_bool()).unwrap_or(false);
     let next_token = if more && !last.is_empty() { format!("{at}:{last}") } else { next_host() };
-    Ok(ListAnswer { volumes, next_token, steps: Vec::new() })
+    Ok(ListAnswer::new(volumes).with_next_token(next_token))
 }
 
 /// Plan GetCapacity.
 pub fn capacity(req: &CapacityRequest) -> Result<CapacityAnswer, BackendError> {
     let p = params::open(&req.parameters, ParamSource::Parameter)?;
     let settings = Settings::parse(&p)?;
-    let unknown = CapacityAnswer {
-        available_bytes: None,
-        maximum_volume_bytes: None,
-        minimum_volume_bytes: None,
-        steps: Vec::new(),
-    };
+    let unknown = CapacityAnswer::default();
     let Some(master) = settings.master else {
         return Ok(unknown);
     };
     let Some(status) = answer(&req.looked_up, "master", &format!("{master}/dir/status"))? else {
         let steps = vec![get("master", "GET", vec![format!("http://{master}/dir/status")], Vec::new())];
-        return Ok(CapacityAnswer { steps, ..unknown });
+        return Ok(unknown.with_steps(steps));
     };
     if status.status != 200 {
         return Err(BackendError::Unavailable(format!(
@@ -379,7 +369,7 @@ pub fn capacity(req: &CapacityRequest) -> Result<CapacityAnswer, BackendError> {
     })?;
     let copies = settings.replication.map(copies_of).unwrap_or(1);
     let available = free.saturating_mul(settings.master_volume_size_limit_mb * MIB) / copies;
-    Ok(CapacityAnswer { available_bytes: Some(available), ..unknown })
+    Ok(unknown.with_available_bytes(available))
 }
 
 /// How many copies a replica placement (`xyz`) makes: 1 + x + y + z.
@@ -393,47 +383,42 @@ pub fn describe(req: &DescribeRequest) -> Result<DescribeAnswer, BackendError> {
     // `weed mount` creates at the first stage: a missing directory is no missing volume, and
     // its context is checked by `validate`.
     let Ok((filers, dir)) = controller::parse_volume_id(&req.volume_id) else {
-        return Ok(DescribeAnswer { existence: Existence::Unknown, steps: Vec::new() });
+        return Ok(DescribeAnswer::new(Existence::Unknown));
     };
     let Some(found) = answer(&req.looked_up, "dir", dir)? else {
         let steps = vec![get("dir", "HEAD", urls(&filers, dir, ""), Vec::new())];
-        return Ok(DescribeAnswer { existence: Existence::Unknown, steps });
+        return Ok(DescribeAnswer::new(Existence::Unknown).with_steps(steps));
     };
     let existence = match found.status {
         200 => Existence::Exists,
         404 => Existence::Missing,
         s => return Err(BackendError::Unavailable(format!("checking {dir}: the filer answered {s}"))),
     };
-    Ok(DescribeAnswer { existence, steps: Vec::new() })
+    Ok(DescribeAnswer::new(existence))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mounthost_plugin_sdk::{AccessMode, Plan, StageRequest, VolumeCapability};
+    use mounthost_plugin_sdk::{Plan, StageRequest};
 
     fn answered(key: &str, status: u16, body: &str) -> LookedUp {
-        LookedUp { key: key.into(), status, body: body.as_bytes().to_vec(), truncated: false }
+        LookedUp::new(key, status, body.as_bytes())
     }
 
     fn expand_req(side: ExpandSide, required: u64, looked_up: Vec<LookedUp>) -> ExpandRequest {
-        ExpandRequest {
-            volume_id: "127.0.0.1:8888/buckets/pvc-1".into(),
-            side,
-            required_bytes: required,
-            limit_bytes: 0,
-            secrets: vec![],
-            capability: None,
-            context: vec![],
-            recorded: vec![
+        ExpandRequest::default()
+            .with_volume_id("127.0.0.1:8888/buckets/pvc-1")
+            .with_side(side)
+            .with_required_bytes(required)
+            .with_recorded([
                 kv("filer", "127.0.0.1:8888"),
                 kv("path", "/buckets/pvc-1"),
                 kv("collection", "pvc-1"),
                 kv("readOnly", "false"),
                 kv("quotaMB", "1024"),
-            ],
-            looked_up,
-        }
+            ])
+            .with_looked_up(looked_up)
     }
 
     fn lookups(steps: &[Step]) -> Vec<(String, String, Vec<String>)> {
@@ -514,6 +499,8 @@ mod tests {
         assert_eq!(call.socket, runtime("weed.sock"));
         assert_eq!(call.method, "/messaging_pb.SeaweedMount/Configure");
         assert_eq!(call.message, configure_message(2 << 30));
+        // The SDK's default, as this plugin set it before (10 s).
+        assert_eq!(call.timeout_ms, 10_000);
         // The controller has not grown it yet, or never recorded a size.
         let early =
             expand(&expand_req(ExpandSide::Node, 2 << 30, record("{\"capacityBytes\":1073741824}"))).unwrap_err();
@@ -545,20 +532,11 @@ mod tests {
     fn stage_req(looked_up: Vec<LookedUp>, extra: &[(&str, &str)]) -> StageRequest {
         let mut context = vec![kv("filer", "127.0.0.1:8888"), kv("path", "/buckets/pvc-1")];
         context.extend(extra.iter().map(|(k, v)| kv(*k, *v)));
-        StageRequest {
-            volume_id: "seaweedfs~127.0.0.1:8888/buckets/pvc-1".into(),
-            context,
-            secrets: vec![],
-            capability: VolumeCapability {
-                access_mode: AccessMode::SingleNodeWriter,
-                fs_type: String::new(),
-                mount_flags: vec![],
-            },
-            ephemeral: false,
-            resolved: None,
-            looked_up,
-            node_id: "node-1".into(),
-        }
+        StageRequest::default()
+            .with_volume_id("seaweedfs~127.0.0.1:8888/buckets/pvc-1")
+            .with_context(context)
+            .with_looked_up(looked_up)
+            .with_node_id("node-1")
     }
 
     fn args(plan: &Plan) -> Vec<String> {
@@ -614,12 +592,11 @@ mod tests {
     }
 
     fn list_req(token: &str, looked_up: Vec<LookedUp>) -> ListRequest {
-        ListRequest {
-            hosts: vec!["f1:8888".into(), "f2:8888".into()],
-            starting_token: token.into(),
-            max_entries: 10,
-            looked_up,
-        }
+        ListRequest::default()
+            .with_hosts(["f1:8888".to_string(), "f2:8888".to_string()])
+            .with_starting_token(token)
+            .with_max_entries(10)
+            .with_looked_up(looked_up)
     }
 
     fn entry_json(id: &str, capacity: Option<&str>) -> String {
@@ -670,7 +647,7 @@ mod tests {
     fn capacity_req(params: &[(&str, &str)], looked_up: Vec<LookedUp>) -> CapacityRequest {
         let mut parameters = vec![kv("filer", "127.0.0.1:8888")];
         parameters.extend(params.iter().map(|(k, v)| kv(*k, *v)));
-        CapacityRequest { parameters, capabilities: vec![], looked_up }
+        CapacityRequest::default().with_parameters(parameters).with_looked_up(looked_up)
     }
 
     #[test]
@@ -691,7 +668,7 @@ mod tests {
     }
 
     fn describe_req(id: &str, context: Vec<Kv>, looked_up: Vec<LookedUp>) -> DescribeRequest {
-        DescribeRequest { volume_id: id.into(), context, secrets: vec![], looked_up }
+        DescribeRequest::default().with_volume_id(id).with_context(context).with_looked_up(looked_up)
     }
 
     #[test]

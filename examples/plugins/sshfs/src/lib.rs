@@ -28,8 +28,6 @@ pub struct Sshfs;
 pub const PROGRAM: &str = "sshfs";
 /// The fstype of the mount the host makes (`fuse.<subtype>`).
 pub const FSTYPE: &str = "fuse.sshfs";
-/// How long the host waits for sshfs to connect and answer, in milliseconds.
-pub const READY_TIMEOUT_MS: u32 = 30_000;
 /// The secret holding the private key.
 pub const KEY: &str = "sshPrivateKey";
 /// The secret holding the server's `known_hosts` lines.
@@ -47,12 +45,9 @@ const OPTIONS: &str = "options";
 const MAX_SOURCE: usize = 256;
 
 const SPECS: &[ParamSpec] = &[
-    ParamSpec {
-        required: true,
-        ..ParamSpec::parameter(HOST, ParamKind::Text, None, "The SSH server: a DNS name or an IPv4 address.")
-    },
+    ParamSpec::parameter(HOST, ParamKind::Text, None, "The SSH server: a DNS name or an IPv4 address.").required(),
     ParamSpec::parameter(PORT, ParamKind::Integer, Some("22"), "The SSH server's port, 1 to 65535."),
-    ParamSpec { required: true, ..ParamSpec::parameter(USER, ParamKind::Text, None, "The user to log in as.") },
+    ParamSpec::parameter(USER, ParamKind::Text, None, "The user to log in as.").required(),
     ParamSpec::parameter(
         PATH,
         ParamKind::RemotePath,
@@ -68,14 +63,12 @@ const SPECS: &[ParamSpec] = &[
         "More sshfs -o options, comma-separated (cache=yes,compression=yes); the host's program-argument rules \
          decide which it accepts.",
     ),
-    ParamSpec { required: true, ..ParamSpec::secret(KEY, "The private key (OpenSSH format) to log in with.") },
-    ParamSpec {
-        required: true,
-        ..ParamSpec::secret(
-            KNOWN_HOSTS,
-            "known_hosts lines of the server's host keys ([host]:port for another port than 22).",
-        )
-    },
+    ParamSpec::secret(KEY, "The private key (OpenSSH format) to log in with.").required(),
+    ParamSpec::secret(
+        KNOWN_HOSTS,
+        "known_hosts lines of the server's host keys ([host]:port for another port than 22).",
+    )
+    .required(),
 ];
 
 /// What a volume mounts.
@@ -189,33 +182,24 @@ pub fn plan(s: &Settings, readonly: bool) -> Plan {
     for o in &s.options {
         option(&mut args, arg(o.clone()));
     }
-    Plan {
-        steps: vec![Step::SpawnFuse(SpawnFuse {
-            program: PROGRAM.into(),
-            args,
-            env: Vec::new(),
-            mountpoint: staging(""),
-            fstype: FSTYPE.into(),
-            ready_timeout_ms: READY_TIMEOUT_MS,
-            memory_limit_bytes: s.memory_mib.map(|mib| mib << 20),
-            mount: host_fd(remote, &[], readonly),
-        })],
-        attributes: Vec::new(),
-    }
+    // No environment, and the SDK's default wait for the mount (30 s).
+    let sshfs = SpawnFuse::new(PROGRAM, args, staging(""), FSTYPE)
+        .with_memory_limit_bytes(s.memory_mib.map(|mib| mib << 20))
+        .with_mount(host_fd(remote, &[], readonly));
+    Plan::new([Step::SpawnFuse(sshfs)])
 }
 
 impl Plugin for Sshfs {
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "sshfs".into(),
-            version: "0.1.0".into(),
-            description: "Example plugin: mounts a directory of an SSH server with sshfs, run unprivileged on a FUSE \
-                          connection the host mounts. Needs the program sshfs and the fstype fuse.sshfs granted."
-                .into(),
-            parameters: param_docs(SPECS),
-            programs: vec![PROGRAM.into()],
-            fstypes: vec![FSTYPE.into()],
-        }
+        PluginInfo::new(
+            "sshfs",
+            "0.1.0",
+            "Example plugin: mounts a directory of an SSH server with sshfs, run unprivileged on a FUSE \
+             connection the host mounts. Needs the program sshfs and the fstype fuse.sshfs granted.",
+        )
+        .with_parameters(param_docs(SPECS))
+        .with_programs([PROGRAM])
+        .with_fstypes([FSTYPE])
     }
 
     fn validate(req: ValidateRequest) -> Result<(), BackendError> {
@@ -238,20 +222,12 @@ mod tests {
     use super::*;
 
     fn stage_req(context: Vec<Kv>, secrets: Vec<Kv>) -> StageRequest {
-        StageRequest {
-            volume_id: "v".into(),
-            context,
-            secrets,
-            capability: VolumeCapability {
-                access_mode: AccessMode::MultiNodeMultiWriter,
-                fs_type: String::new(),
-                mount_flags: Vec::new(),
-            },
-            ephemeral: false,
-            resolved: None,
-            looked_up: vec![],
-            node_id: "node-1".into(),
-        }
+        StageRequest::default()
+            .with_volume_id("v")
+            .with_context(context)
+            .with_secrets(secrets)
+            .with_capability(VolumeCapability::new(AccessMode::MultiNodeMultiWriter))
+            .with_node_id("node-1")
     }
 
     fn secrets() -> Vec<Kv> {

@@ -58,31 +58,20 @@ fn env(list: &str) -> Result<Vec<EnvVar>, BackendError> {
                 Some(key) => Value::Secret(key.into()),
                 None => Value::Literal(value.into()),
             };
-            Ok(EnvVar { name: name.into(), value })
+            Ok(EnvVar::new(name, value))
         })
         .collect()
 }
 
 impl Plugin for Argv {
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "argv".into(),
-            version: "0.1.0".into(),
-            description: "Test fixture: plans whatever program and arguments a test asks for.".into(),
-            parameters: PARAMS
-                .iter()
-                .map(|(name, kind, doc)| ParamDoc {
-                    name: name.to_string(),
-                    doc: doc.to_string(),
-                    kind: *kind,
-                    source: ParamSource::Parameter,
-                    required: *name == "program",
-                    default_value: None,
-                })
-                .collect(),
-            programs: vec![],
-            fstypes: vec![],
-        }
+        PluginInfo::new("argv", "0.1.0", "Test fixture: plans whatever program and arguments a test asks for.")
+            .with_parameters(
+                PARAMS
+                    .iter()
+                    .map(|(name, kind, doc)| ParamDoc::new(*name, *kind, *doc).with_required(*name == "program"))
+                    .collect::<Vec<_>>(),
+            )
     }
 
     fn validate(_req: ValidateRequest) -> Result<(), BackendError> {
@@ -98,19 +87,11 @@ impl Plugin for Argv {
             "host-fd" => host_fd("argv", &[], false),
             other => return Err(invalid(format!("mount {other:?} is by-program or host-fd"))),
         };
-        Ok(Plan {
-            steps: vec![Step::SpawnFuse(SpawnFuse {
-                program: program.into(),
-                args,
-                env: env(params.text("env")?.unwrap_or(""))?,
-                mountpoint: staging(""),
-                fstype: params.text("fstype")?.unwrap_or("fuse").into(),
-                ready_timeout_ms: params.integer("timeout", 1, 600_000)?.unwrap_or(5_000) as u32,
-                memory_limit_bytes: None,
-                mount,
-            })],
-            attributes: vec![],
-        })
+        let spawn = SpawnFuse::new(program, args, staging(""), params.text("fstype")?.unwrap_or("fuse"))
+            .with_env(env(params.text("env")?.unwrap_or(""))?)
+            .with_ready_timeout_ms(params.integer("timeout", 1, 600_000)?.unwrap_or(5_000) as u32)
+            .with_mount(mount);
+        Ok(Plan::new([Step::SpawnFuse(spawn)]))
     }
 }
 

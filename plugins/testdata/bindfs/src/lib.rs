@@ -61,7 +61,7 @@ fn env(kvs: &[Kv]) -> Result<Vec<EnvVar>, BackendError> {
     let Some(text) = params.text(ENV)? else { return Ok(Vec::new()) };
     text.split(';')
         .map(|item| match item.split_once('=') {
-            Some((name, value)) => Ok(EnvVar { name: name.into(), value: Value::Literal(value.into()) }),
+            Some((name, value)) => Ok(EnvVar::new(name, literal(value))),
             None => Err(invalid(format!("env item {item:?} is not NAME=VALUE"))),
         })
         .collect()
@@ -74,32 +74,27 @@ fn no_secrets(secrets: &[Kv]) -> Result<(), BackendError> {
 
 impl Plugin for Bindfs {
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "bindfs".into(),
-            version: "0.1.0".into(),
-            description: "Test fixture: stages a bindfs FUSE mirror of a directory in the volume's \
-                          node cache at the staging path. For chaos tests and benchmarks; needs the \
-                          program bindfs and the fstype fuse granted."
-                .into(),
-            parameters: vec![ParamDoc {
-                name: MEMORY.into(),
-                doc: format!("Memory limit of the bindfs process's cgroup in MiB, {MEMORY_MIN} to {MEMORY_MAX}."),
-                kind: ParamKind::Integer,
-                source: ParamSource::Parameter,
-                required: false,
-                default_value: None,
-            }, ParamDoc {
-                name: ENV.into(),
-                doc: "Environment of the bindfs process: NAME=VALUE items separated by ';' (for tests of the host's policy)."
-                    .into(),
-                kind: ParamKind::Text,
-                source: ParamSource::Parameter,
-                required: false,
-                default_value: None,
-            }],
-            programs: vec![PROGRAM.into()],
-            fstypes: vec![FSTYPE.into()],
-        }
+        PluginInfo::new(
+            "bindfs",
+            "0.1.0",
+            "Test fixture: stages a bindfs FUSE mirror of a directory in the volume's \
+             node cache at the staging path. For chaos tests and benchmarks; needs the \
+             program bindfs and the fstype fuse granted.",
+        )
+        .with_parameters([
+            ParamDoc::new(
+                MEMORY,
+                ParamKind::Integer,
+                format!("Memory limit of the bindfs process's cgroup in MiB, {MEMORY_MIN} to {MEMORY_MAX}."),
+            ),
+            ParamDoc::new(
+                ENV,
+                ParamKind::Text,
+                "Environment of the bindfs process: NAME=VALUE items separated by ';' (for tests of the host's policy).",
+            ),
+        ])
+        .with_programs([PROGRAM])
+        .with_fstypes([FSTYPE])
     }
 
     fn validate(req: ValidateRequest) -> Result<(), BackendError> {
@@ -120,7 +115,7 @@ impl Plugin for Bindfs {
         }
         let mut context: Vec<Kv> = memory.map(|n| vec![kv(MEMORY, n.to_string())]).unwrap_or_default();
         context.extend(req.parameters.iter().filter(|p| p.key == ENV).cloned());
-        Ok(ProvisionPlan { volume_id: req.name, capacity_bytes: req.required_bytes, context, steps: Vec::new() })
+        Ok(ProvisionPlan::new(req.name, req.required_bytes).with_context(context))
     }
 
     fn delete(_req: DeleteRequest) -> Result<Plan, BackendError> {
@@ -131,24 +126,14 @@ impl Plugin for Bindfs {
         let memory = memory(&req.context, ParamSource::Context)?;
         let env = env(&req.context)?;
         no_secrets(&req.secrets)?;
-        Ok(Plan {
-            steps: vec![
-                // bindfs refuses a source directory that does not exist.
-                Step::Mkdir(cache(DATA)),
-                Step::SpawnFuse(SpawnFuse {
-                    program: PROGRAM.into(),
-                    // `-f`: stay in the foreground, so the host supervises the FUSE server itself.
-                    args: vec![arg("-f"), path_arg("", cache(DATA)), path_arg("", staging(""))],
-                    env,
-                    mountpoint: staging(""),
-                    fstype: FSTYPE.into(),
-                    ready_timeout_ms: READY_TIMEOUT_MS,
-                    memory_limit_bytes: memory.map(|mib| mib << 20),
-                    mount: FuseMount::ByProgram,
-                }),
-            ],
-            attributes: Vec::new(),
-        })
+        // `-f`: stay in the foreground, so the host supervises the FUSE server itself.
+        let args = [arg("-f"), path_arg("", cache(DATA)), path_arg("", staging(""))];
+        let spawn = SpawnFuse::new(PROGRAM, args, staging(""), FSTYPE)
+            .with_env(env)
+            .with_ready_timeout_ms(READY_TIMEOUT_MS)
+            .with_memory_limit_bytes(memory.map(|mib| mib << 20));
+        // bindfs refuses a source directory that does not exist.
+        Ok(Plan::new([Step::Mkdir(cache(DATA)), Step::SpawnFuse(spawn)]))
     }
 }
 
@@ -159,20 +144,7 @@ mod tests {
     use super::*;
 
     fn stage_req(context: Vec<Kv>) -> StageRequest {
-        StageRequest {
-            volume_id: "v".into(),
-            context,
-            secrets: Vec::new(),
-            capability: VolumeCapability {
-                access_mode: AccessMode::SingleNodeWriter,
-                fs_type: String::new(),
-                mount_flags: Vec::new(),
-            },
-            ephemeral: false,
-            resolved: None,
-            looked_up: vec![],
-            node_id: "node-1".into(),
-        }
+        StageRequest::default().with_volume_id("v").with_context(context).with_node_id("node-1")
     }
 
     fn spawn(plan: &Plan) -> SpawnFuse {
@@ -208,7 +180,7 @@ mod tests {
         let err = Bindfs::stage(stage_req(vec![kv("memory", "64")])).unwrap_err();
         assert_eq!(err, invalid("unknown parameter \"memory\"; accepted: env, memoryLimitMiB"));
         let s = spawn(&Bindfs::stage(stage_req(vec![kv(ENV, "TZ=UTC;A=b=c")])).unwrap());
-        let lit = |n: &str, v: &str| EnvVar { name: n.into(), value: Value::Literal(v.into()) };
+        let lit = |n: &str, v: &str| EnvVar::new(n, literal(v));
         assert_eq!(s.env, vec![lit("TZ", "UTC"), lit("A", "b=c")]);
         assert!(Bindfs::stage(stage_req(vec![kv(ENV, "TZ")])).is_err());
         // Orchestrator keys are not the plugin's business.
@@ -220,15 +192,8 @@ mod tests {
 
     #[test]
     fn provision_names_the_volume_after_the_request() {
-        let req = |name: &str, parameters| ProvisionRequest {
-            name: name.into(),
-            parameters,
-            secrets: Vec::new(),
-            capabilities: Vec::new(),
-            required_bytes: 0,
-            limit_bytes: 0,
-            looked_up: vec![],
-        };
+        let req =
+            |name: &str, parameters: Vec<Kv>| ProvisionRequest::default().with_name(name).with_parameters(parameters);
         let out = Bindfs::provision(req("pvc-1", vec![kv(MEMORY, "32")])).unwrap();
         assert_eq!(out.volume_id, "pvc-1");
         assert_eq!(out.context, vec![kv(MEMORY, "32")]);
@@ -236,9 +201,6 @@ mod tests {
         assert!(Bindfs::provision(req("pvc-1", Vec::new())).unwrap().context.is_empty());
         assert!(Bindfs::provision(req("a b", Vec::new())).is_err());
         assert!(Bindfs::provision(req("pvc-1", vec![kv("nope", "1")])).is_err());
-        assert_eq!(
-            Bindfs::delete(DeleteRequest { volume_id: "pvc-1".into(), secrets: Vec::new() }).unwrap(),
-            Plan::default()
-        );
+        assert_eq!(Bindfs::delete(DeleteRequest::default().with_volume_id("pvc-1")).unwrap(), Plan::default());
     }
 }

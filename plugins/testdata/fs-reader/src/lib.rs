@@ -7,19 +7,12 @@ struct FsReader;
 
 impl Plugin for FsReader {
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "fs-reader".into(),
-            version: "0.1.0".into(),
-            description: "Test fixture that tries to read the node's filesystem.".into(),
-            parameters: vec![],
-            programs: vec![],
-            fstypes: vec![],
-        }
+        PluginInfo::new("fs-reader", "0.1.0", "Test fixture that tries to read the node's filesystem.")
     }
 
     fn stage(_req: StageRequest) -> Result<Plan, BackendError> {
         let text = std::fs::read_to_string("/etc/hostname").map_err(|e| BackendError::Internal(e.to_string()))?;
-        Ok(Plan { steps: vec![], attributes: vec![kv("hostname", text)] })
+        Ok(Plan::default().with_attributes([kv("hostname", text)]))
     }
 }
 

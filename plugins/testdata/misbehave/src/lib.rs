@@ -26,49 +26,24 @@ use mounthost_plugin_sdk::*;
 struct Misbehave;
 
 fn tmpfs() -> Step {
-    Step::Mount(Mount {
-        fstype: "tmpfs".into(),
-        source: MountSource::Named("tmpfs".into()),
-        target: staging(""),
-        options: vec![arg("size=1m")],
-        readonly: false,
-    })
+    Step::Mount(Mount::new("tmpfs", MountSource::Named("tmpfs".into()), staging("")).with_options([arg("size=1m")]))
 }
 
 fn spawn(program: &str, args: Vec<Arg>, env: Vec<EnvVar>) -> Step {
-    Step::SpawnFuse(SpawnFuse {
-        program: program.into(),
-        args,
-        env,
-        mountpoint: staging(""),
-        fstype: "fuse.test".into(),
-        ready_timeout_ms: 1000,
-        memory_limit_bytes: None,
-        mount: FuseMount::ByProgram,
-    })
+    Step::SpawnFuse(SpawnFuse::new(program, args, staging(""), "fuse.test").with_env(env).with_ready_timeout_ms(1000))
 }
 
 fn plan(steps: Vec<Step>) -> Result<Plan, BackendError> {
-    Ok(Plan { steps, attributes: vec![kv("mode", "planned")] })
+    Ok(Plan::new(steps).with_attributes([kv("mode", "planned")]))
 }
 
 impl Plugin for Misbehave {
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "misbehave".into(),
-            version: "0.1.0".into(),
-            description: "Test fixture that misbehaves on request.".into(),
-            parameters: vec![ParamDoc {
-                name: "mode".into(),
-                doc: "What to do when asked to stage.".into(),
-                kind: ParamKind::Choice,
-                source: ParamSource::Parameter,
-                required: false,
-                default_value: Some("ok".into()),
-            }],
-            programs: vec!["fusetest".into()],
-            fstypes: vec!["tmpfs".into(), "fuse.test".into()],
-        }
+        PluginInfo::new("misbehave", "0.1.0", "Test fixture that misbehaves on request.")
+            .with_parameters([ParamDoc::new("mode", ParamKind::Choice, "What to do when asked to stage.")
+                .with_default_value("ok".to_string())])
+            .with_programs(["fusetest"])
+            .with_fstypes(["tmpfs", "fuse.test"])
     }
 
     fn stage(req: StageRequest) -> Result<Plan, BackendError> {
@@ -86,12 +61,7 @@ impl Plugin for Misbehave {
                 plan(vec![Step::Mkdir(staging(&big.len().to_string()))])
             }
             "trap" => panic!("misbehave asked to trap"),
-            "escape" => plan(vec![Step::Bind(Bind {
-                source: staging(""),
-                target: staging("../../etc"),
-                readonly: false,
-                options: vec![],
-            })]),
+            "escape" => plan(vec![Step::Bind(Bind::new(staging(""), staging("../../etc")))]),
             "program-path" => plan(vec![spawn("/bin/sh", vec![arg("-c"), arg("id")], vec![])]),
             "absolute" => plan(vec![Step::Mkdir(cache("/etc/cron.d"))]),
             "argv-secret" => {
@@ -99,18 +69,10 @@ impl Plugin for Misbehave {
                 let token = secrets.required("token")?;
                 plan(vec![spawn("fusetest", vec![arg(format!("-token={token}"))], vec![])])
             }
-            "bad-fstype" => plan(vec![Step::Mount(Mount {
-                fstype: "ext4".into(),
-                source: MountSource::Named("/dev/sda1".into()),
-                target: staging(""),
-                options: vec![],
-                readonly: false,
-            })]),
-            "bad-env" => plan(vec![spawn(
-                "fusetest",
-                vec![],
-                vec![EnvVar { name: "LD_PRELOAD=x".into(), value: Value::Literal("y".into()) }],
-            )]),
+            "bad-fstype" => {
+                plan(vec![Step::Mount(Mount::new("ext4", MountSource::Named("/dev/sda1".into()), staging("")))])
+            }
+            "bad-env" => plan(vec![spawn("fusetest", vec![], vec![EnvVar::new("LD_PRELOAD=x", literal("y"))])]),
             "log-flood" => {
                 for i in 0..10_000 {
                     log(Level::Info, &format!("line {i}"));
@@ -118,16 +80,11 @@ impl Plugin for Misbehave {
                 plan(vec![tmpfs()])
             }
             "error" => Err(BackendError::NotFound("the thing is not there".into())),
-            "host-fd" => plan(vec![Step::SpawnFuse(SpawnFuse {
-                program: "fusetest".into(),
-                args: vec![fuse_fd_arg("", "")],
-                env: vec![],
-                mountpoint: staging(""),
-                fstype: "fuse.test".into(),
-                ready_timeout_ms: 10_000,
-                memory_limit_bytes: None,
-                mount: host_fd("misbehave", &[], false),
-            })]),
+            "host-fd" => plan(vec![Step::SpawnFuse(
+                SpawnFuse::new("fusetest", [fuse_fd_arg("", "")], staging(""), "fuse.test")
+                    .with_ready_timeout_ms(10_000)
+                    .with_mount(host_fd("misbehave", &[], false)),
+            )]),
             other => Err(params::invalid(format!("unknown mode {other:?}"))),
         }
     }
@@ -135,12 +92,7 @@ impl Plugin for Misbehave {
     fn provision(req: ProvisionRequest) -> Result<ProvisionPlan, BackendError> {
         let params = Params::new("parameter", &req.parameters)?;
         match params.text("mode")? {
-            Some("short") => Ok(ProvisionPlan {
-                volume_id: req.name,
-                capacity_bytes: req.required_bytes / 2,
-                context: Vec::new(),
-                steps: Vec::new(),
-            }),
+            Some("short") => Ok(ProvisionPlan::new(req.name, req.required_bytes / 2)),
             _ => Err(BackendError::InvalidArgument(
                 "plugin misbehave does not provision volumes; create a static PersistentVolume instead".into(),
             )),

@@ -46,24 +46,20 @@ fn no_secrets(secrets: &[Kv]) -> Result<(), BackendError> {
 
 impl Plugin for Paths {
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "paths".into(),
-            version: "0.1.0".into(),
-            description: "Test fixture: stages a tmpfs and touches a path in the staging, cache, \
-                          runtime and target directories, for the symlink tests; needs the fstype \
-                          tmpfs granted."
-                .into(),
-            parameters: vec![ParamDoc {
-                name: SUB_PATH.into(),
-                doc: format!("Path inside the staging directory that publish binds (default {SUB_PATH_DEFAULT})."),
-                kind: ParamKind::Text,
-                source: ParamSource::Parameter,
-                required: false,
-                default_value: Some(SUB_PATH_DEFAULT.into()),
-            }],
-            programs: Vec::new(),
-            fstypes: vec!["tmpfs".into()],
-        }
+        PluginInfo::new(
+            "paths",
+            "0.1.0",
+            "Test fixture: stages a tmpfs and touches a path in the staging, cache, \
+             runtime and target directories, for the symlink tests; needs the fstype \
+             tmpfs granted.",
+        )
+        .with_parameters([ParamDoc::new(
+            SUB_PATH,
+            ParamKind::Text,
+            format!("Path inside the staging directory that publish binds (default {SUB_PATH_DEFAULT})."),
+        )
+        .with_default_value(SUB_PATH_DEFAULT.to_string())])
+        .with_fstypes(["tmpfs"])
     }
 
     fn validate(req: ValidateRequest) -> Result<(), BackendError> {
@@ -74,45 +70,28 @@ impl Plugin for Paths {
     fn stage(req: StageRequest) -> Result<Plan, BackendError> {
         sub_path(&req.context, ParamSource::Context)?;
         no_secrets(&req.secrets)?;
-        Ok(Plan {
-            steps: vec![
-                Step::Mount(Mount {
-                    fstype: "tmpfs".into(),
-                    source: MountSource::Named("tmpfs".into()),
-                    target: staging(""),
-                    options: vec![arg("size=4m"), arg("mode=0755")],
-                    readonly: false,
-                }),
-                Step::Mkdir(staging(SUB_PATH_DEFAULT)),
-                Step::Mkdir(cache(CACHE_DIR)),
-                Step::Mkdir(runtime(RUNTIME_DIR)),
-            ],
-            attributes: Vec::new(),
-        })
+        let tmpfs = Mount::new("tmpfs", MountSource::Named("tmpfs".into()), staging(""))
+            .with_options([arg("size=4m"), arg("mode=0755")]);
+        Ok(Plan::new([
+            Step::Mount(tmpfs),
+            Step::Mkdir(staging(SUB_PATH_DEFAULT)),
+            Step::Mkdir(cache(CACHE_DIR)),
+            Step::Mkdir(runtime(RUNTIME_DIR)),
+        ]))
     }
 
     fn publish(req: PublishRequest) -> Result<Plan, BackendError> {
         let sub = sub_path(&req.context, ParamSource::Context)?;
         no_secrets(&req.secrets)?;
-        Ok(Plan {
-            steps: vec![
-                Step::Mkdir(target("")),
-                Step::Bind(Bind {
-                    source: staging(&sub),
-                    target: target(""),
-                    readonly: req.readonly || is_read_only(req.capability.access_mode),
-                    options: Vec::new(),
-                }),
-            ],
-            attributes: Vec::new(),
-        })
+        let readonly = req.readonly || is_read_only(req.capability.access_mode);
+        Ok(Plan::new([
+            Step::Mkdir(target("")),
+            Step::Bind(Bind::new(staging(&sub), target("")).with_readonly(readonly)),
+        ]))
     }
 
     fn unstage(_req: UnstageRequest) -> Result<Plan, BackendError> {
-        Ok(Plan {
-            steps: vec![Step::Remove(cache(CACHE_DIR)), Step::Remove(runtime(RUNTIME_DIR))],
-            attributes: Vec::new(),
-        })
+        Ok(Plan::new([Step::Remove(cache(CACHE_DIR)), Step::Remove(runtime(RUNTIME_DIR))]))
     }
 }
 
@@ -123,32 +102,20 @@ mod tests {
     use super::*;
 
     fn capability(access_mode: AccessMode) -> VolumeCapability {
-        VolumeCapability { access_mode, fs_type: String::new(), mount_flags: Vec::new() }
+        VolumeCapability::new(access_mode)
     }
 
     fn publish_req(context: Vec<Kv>, readonly: bool, access_mode: AccessMode) -> PublishRequest {
-        PublishRequest {
-            volume_id: "v".into(),
-            context,
-            secrets: Vec::new(),
-            capability: capability(access_mode),
-            readonly,
-            recorded: Vec::new(),
-        }
+        PublishRequest::default()
+            .with_volume_id("v")
+            .with_context(context)
+            .with_capability(capability(access_mode))
+            .with_readonly(readonly)
     }
 
     #[test]
     fn stage_touches_the_staging_cache_and_runtime_directories() {
-        let req = StageRequest {
-            volume_id: "v".into(),
-            context: Vec::new(),
-            secrets: Vec::new(),
-            capability: capability(AccessMode::SingleNodeWriter),
-            ephemeral: false,
-            resolved: None,
-            looked_up: vec![],
-            node_id: "node-1".into(),
-        };
+        let req = StageRequest::default().with_volume_id("v").with_node_id("node-1");
         let plan = Paths::stage(req).unwrap();
         let [Step::Mount(m), rest @ ..] = &plan.steps[..] else { panic!("{plan:?}") };
         assert_eq!((m.fstype.as_str(), &m.target), ("tmpfs", &staging("")));
@@ -161,16 +128,14 @@ mod tests {
     #[test]
     fn publish_binds_the_sub_path_and_unstage_removes_what_stage_made() {
         let plan = Paths::publish(publish_req(Vec::new(), false, AccessMode::SingleNodeWriter)).unwrap();
-        let bind = |source: &str, readonly| {
-            Step::Bind(Bind { source: staging(source), target: target(""), readonly, options: Vec::new() })
-        };
+        let bind = |source: &str, readonly| Step::Bind(Bind::new(staging(source), target("")).with_readonly(readonly));
         assert_eq!(plan.steps, vec![Step::Mkdir(target("")), bind("data/sub", false)]);
         let plan = Paths::publish(publish_req(vec![kv(SUB_PATH, "data")], true, AccessMode::SingleNodeWriter)).unwrap();
         assert_eq!(plan.steps[1], bind("data", true));
         let plan = Paths::publish(publish_req(Vec::new(), false, AccessMode::MultiNodeReaderOnly)).unwrap();
         assert_eq!(plan.steps[1], bind("data/sub", true));
         assert!(Paths::publish(publish_req(vec![kv("other", "x")], false, AccessMode::SingleNodeWriter)).is_err());
-        let plan = Paths::unstage(UnstageRequest { volume_id: "v".into(), context: Vec::new(), recorded: Vec::new() });
+        let plan = Paths::unstage(UnstageRequest::default().with_volume_id("v"));
         assert_eq!(plan.unwrap().steps, vec![Step::Remove(cache("c/d")), Step::Remove(runtime("r"))]);
     }
 }

@@ -46,23 +46,19 @@ fn no_secrets(secrets: &[Kv]) -> Result<(), BackendError> {
 
 impl Plugin for Tmpfs {
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "tmpfs".into(),
-            version: "0.1.0".into(),
-            description: "Test fixture: stages an empty tmpfs of sizeMiB at the staging path. \
-                          For benchmarks and restart tests; needs the fstype tmpfs granted."
-                .into(),
-            parameters: vec![ParamDoc {
-                name: SIZE.into(),
-                doc: format!("Size of the tmpfs in MiB, {SIZE_MIN} to {SIZE_MAX} (mount option size=<n>m)."),
-                kind: ParamKind::Integer,
-                source: ParamSource::Parameter,
-                required: false,
-                default_value: Some(SIZE_DEFAULT.to_string()),
-            }],
-            programs: Vec::new(),
-            fstypes: vec!["tmpfs".into()],
-        }
+        PluginInfo::new(
+            "tmpfs",
+            "0.1.0",
+            "Test fixture: stages an empty tmpfs of sizeMiB at the staging path. \
+             For benchmarks and restart tests; needs the fstype tmpfs granted.",
+        )
+        .with_parameters([ParamDoc::new(
+            SIZE,
+            ParamKind::Integer,
+            format!("Size of the tmpfs in MiB, {SIZE_MIN} to {SIZE_MAX} (mount option size=<n>m)."),
+        )
+        .with_default_value(SIZE_DEFAULT.to_string())])
+        .with_fstypes(["tmpfs"])
     }
 
     fn validate(req: ValidateRequest) -> Result<(), BackendError> {
@@ -91,12 +87,8 @@ impl Plugin for Tmpfs {
                 capacity >> 20
             )));
         }
-        Ok(ProvisionPlan {
-            volume_id: req.name,
-            capacity_bytes: capacity,
-            context: size.map(|n| vec![kv(SIZE, n.to_string())]).unwrap_or_default(),
-            steps: Vec::new(),
-        })
+        let context = size.map(|n| vec![kv(SIZE, n.to_string())]).unwrap_or_default();
+        Ok(ProvisionPlan::new(req.name, capacity).with_context(context))
     }
 
     fn delete(_req: DeleteRequest) -> Result<Plan, BackendError> {
@@ -106,16 +98,9 @@ impl Plugin for Tmpfs {
     fn stage(req: StageRequest) -> Result<Plan, BackendError> {
         let size = size(&req.context, ParamSource::Context)?.unwrap_or(SIZE_DEFAULT);
         no_secrets(&req.secrets)?;
-        Ok(Plan {
-            steps: vec![Step::Mount(Mount {
-                fstype: "tmpfs".into(),
-                source: MountSource::Named("tmpfs".into()),
-                target: staging(""),
-                options: vec![arg(format!("size={size}m")), arg("mode=0755")],
-                readonly: false,
-            })],
-            attributes: Vec::new(),
-        })
+        let options = [arg(format!("size={size}m")), arg("mode=0755")];
+        let tmpfs = Mount::new("tmpfs", MountSource::Named("tmpfs".into()), staging("")).with_options(options);
+        Ok(Plan::new([Step::Mount(tmpfs)]))
     }
 }
 
@@ -126,20 +111,7 @@ mod tests {
     use super::*;
 
     fn stage_req(context: Vec<Kv>) -> StageRequest {
-        StageRequest {
-            volume_id: "v".into(),
-            context,
-            secrets: Vec::new(),
-            capability: VolumeCapability {
-                access_mode: AccessMode::SingleNodeWriter,
-                fs_type: String::new(),
-                mount_flags: Vec::new(),
-            },
-            ephemeral: false,
-            resolved: None,
-            looked_up: vec![],
-            node_id: "node-1".into(),
-        }
+        StageRequest::default().with_volume_id("v").with_context(context).with_node_id("node-1")
     }
 
     fn options(plan: &Plan) -> Vec<Arg> {
@@ -177,15 +149,8 @@ mod tests {
 
     #[test]
     fn provision_names_the_volume_after_the_request() {
-        let req = |name: &str, parameters| ProvisionRequest {
-            name: name.into(),
-            parameters,
-            secrets: Vec::new(),
-            capabilities: Vec::new(),
-            required_bytes: 0,
-            limit_bytes: 0,
-            looked_up: vec![],
-        };
+        let req =
+            |name: &str, parameters: Vec<Kv>| ProvisionRequest::default().with_name(name).with_parameters(parameters);
         let out = Tmpfs::provision(req("pvc-1", vec![kv(SIZE, "8")])).unwrap();
         assert_eq!(out.volume_id, "pvc-1");
         assert_eq!(out.context, vec![kv(SIZE, "8")]);
@@ -196,14 +161,11 @@ mod tests {
         // Its capacity is the tmpfs's size; more than that cannot be given.
         assert_eq!(out.capacity_bytes, 8 << 20);
         assert_eq!(Tmpfs::provision(req("pvc-1", Vec::new())).unwrap().capacity_bytes, SIZE_DEFAULT << 20);
-        let sized = |required| ProvisionRequest { required_bytes: required, ..req("pvc-1", vec![kv(SIZE, "8")]) };
+        let sized = |required: u64| req("pvc-1", vec![kv(SIZE, "8")]).with_required_bytes(required);
         assert_eq!(Tmpfs::provision(sized(8 << 20)).unwrap().capacity_bytes, 8 << 20);
         assert!(
             matches!(Tmpfs::provision(sized((8 << 20) + 1)), Err(BackendError::OutOfRange(m)) if m.contains("sizeMiB"))
         );
-        assert_eq!(
-            Tmpfs::delete(DeleteRequest { volume_id: "pvc-1".into(), secrets: Vec::new() }).unwrap(),
-            Plan::default()
-        );
+        assert_eq!(Tmpfs::delete(DeleteRequest::default().with_volume_id("pvc-1")).unwrap(), Plan::default());
     }
 }
