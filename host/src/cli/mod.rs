@@ -6,6 +6,7 @@ pub mod client;
 pub mod dynamic;
 pub mod first_volume;
 pub mod lazyfs;
+pub mod libfuse;
 pub mod model;
 pub mod plugin;
 pub mod plugin_check;

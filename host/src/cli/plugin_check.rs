@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
+use super::libfuse::{self, Linked};
 use super::plugin::{AccessModeArg, CliError, Op, PlanArgs, parse_kv};
 use crate::config::Config;
 use crate::plan::policy::MissingGrant;
@@ -239,12 +240,30 @@ pub async fn run(cfg: &Config, runtime: &PluginRuntime, args: CheckArgs) -> Resu
         let flags = missing.iter().map(|m| m.flag(&plugin.info.name)).collect::<Vec<_>>().join(" ");
         report.add(Outcome::Note, "grants", format!("a node running it needs the host flags: {flags}"));
     }
+    programs(cfg, &plugin.info, &mut report);
     let failed = report.failed();
     let verdict = match failed {
         0 => format!("{}: usable by this host", plugin.info.name),
         n => format!("{}: {n} check(s) failed", plugin.info.name),
     };
     Ok((format!("{}{verdict}", report.render()), failed > 0))
+}
+
+/// Each program the plugin names: the binary this host runs for it and which libfuse that links
+/// (libfuse 2 cannot run on a connection the host mounts).
+fn programs(cfg: &Config, info: &PluginInfo, report: &mut Report) {
+    for name in &info.programs {
+        let Some(path) = cfg.programs.get(name) else {
+            report.add(Outcome::Note, "program", format!("{name}: no binary configured (--program {name}=PATH)"));
+            continue;
+        };
+        let linked = libfuse::linked(path);
+        let outcome = match linked {
+            Linked::Fuse3(_) | Linked::Neither => Outcome::Ok,
+            Linked::Fuse2(_) | Linked::Unknown(_) => Outcome::Note,
+        };
+        report.add(outcome, "program", format!("{name}: {} {}", path.display(), linked.describe()));
+    }
 }
 
 /// An error on one line (some carry a pretty-printed byte dump).
