@@ -11,8 +11,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Plugin crates built here: the stock plugins, then the test fixtures and the example plugin
-/// of `examples/plugins/sshfs` (tests only, like the fixtures).
+/// Plugin crates built here: the stock plugins, then the test fixtures (`sdk1-frozen` against the
+/// frozen SDK 1.0.0 of `plugins/sdk-releases`) and the example plugin of `examples/plugins/sshfs`
+/// (tests only, like the fixtures).
 const PLUGINS: &[&str] = &[
     "seaweedfs",
     "model",
@@ -24,6 +25,8 @@ const PLUGINS: &[&str] = &[
     "paths",
     "legacy",
     "legacy030",
+    "sdk1",
+    "sdk1-frozen",
     "sshfs",
 ];
 

@@ -68,6 +68,6 @@ fn the_guides_plugin_builds_outside_the_workspace_and_passes_plugin_check() {
         .unwrap();
     let report = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{report}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(report.contains("ok    contract   mounthost:plugin@0.4.0 (current)"), "{report}");
+    assert!(report.contains("ok    contract   mounthost:plugin@0.5.0 (current)"), "{report}");
     assert!(report.trim_end().ends_with("scratch: usable by this host"), "{report}");
 }

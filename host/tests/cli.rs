@@ -334,8 +334,8 @@ fn plugin_check_plans_every_operation_and_fails_on_what_would_break_a_node() {
     let sshfs = mounthost::stock::fixtures::path("sshfs");
     let (code, text) = check(state.path(), &[sshfs.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{text}");
-    assert!(text.contains("ok    contract   mounthost:plugin@0.4.0 (current)"), "{text}");
-    assert!(text.contains("ok    exports    mounthost:plugin/planner@0.4.0"), "{text}");
+    assert!(text.contains("ok    contract   mounthost:plugin@0.5.0 (current)"), "{text}");
+    assert!(text.contains("ok    exports    mounthost:plugin/planner@0.5.0"), "{text}");
     for op in ["validate", "provision", "stage", "publish", "unstage", "delete"] {
         assert!(
             text.lines().any(|l| (l.starts_with("ok ") || l.starts_with("note ")) && l[6..].starts_with(op)),
@@ -343,7 +343,7 @@ fn plugin_check_plans_every_operation_and_fails_on_what_would_break_a_node() {
         );
     }
     // It does not provision: an answer, not a defect. Its stage needs grants this host lacks.
-    assert!(text.contains("note  provision  plugin sshfs refused provision"), "{text}");
+    assert!(text.contains("note  provision  not offered: plugin sshfs does not provision volumes"), "{text}");
     assert!(text.contains("--grant sshfs:program=sshfs --program sshfs=/absolute/path/to/sshfs"), "{text}");
     assert!(text.ends_with("sshfs: usable by this host\n"), "{text}");
 
@@ -363,13 +363,15 @@ fn plugin_check_plans_every_operation_and_fails_on_what_would_break_a_node() {
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("ok    stage      planned and passes the policy"), "{text}");
     assert!(!text.contains("needs the host flags"), "{text}");
+    // Which libfuse the granted binary links: Debian 12's sshfs, libfuse 3.
+    assert!(text.contains("ok    program    sshfs: /usr/bin/sshfs links libfuse3.so.3 (libfuse 3:"), "{text}");
 
     // A planner that traps, and one whose plan the policy refuses: failures, exit 1.
     let misbehave = mounthost::stock::fixtures::path("misbehave");
     let (code, text) = check(state.path(), &[misbehave.to_str().unwrap(), "--param", "mode=trap"]);
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("FAIL  stage      plugin misbehave crashed in stage"), "{text}");
-    assert!(text.ends_with("misbehave: 1 check(s) failed\n"), "{text}");
+    assert!(text.ends_with("misbehave: not usable: 1 check(s) failed\n"), "{text}");
     let (code, text) = check(state.path(), &[misbehave.to_str().unwrap(), "--param", "mode=escape"]);
     assert_eq!(code, Some(1), "{text}");
     assert!(text.lines().any(|l| l.starts_with("FAIL  stage")), "{text}");

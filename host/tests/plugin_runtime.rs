@@ -425,7 +425,8 @@ async fn a_contract_0_1_0_plugin_errors_map_and_are_scrubbed() {
             | BackendError::Unavailable(m)
             | BackendError::Internal(m)
             | BackendError::OutOfRange(m)
-            | BackendError::AlreadyExists(m) => m,
+            | BackendError::AlreadyExists(m)
+            | BackendError::Unsupported(m) => m,
         };
         assert_eq!(message, "asked to fail (token <redacted:token>)", "{fail}");
     }

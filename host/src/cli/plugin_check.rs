@@ -13,10 +13,16 @@
 //!   with example parameters — each required parameter's documented default, else a value made
 //!   up from its kind, or what `--param`/`--secret` give — checked by the policy under this
 //!   host's config: grants it lacks are listed with the flags that give them (a node needs
-//!   them, the plugin is not broken); any other refusal is a failure;
+//!   them, the plugin is not broken); an operation the plugin says it does not offer
+//!   (`unsupported`, contract 0.5.0 on) is a note; any other refusal, the plugin's own of its
+//!   example values included, is a failure. A plugin of an earlier contract cannot say
+//!   `unsupported`: its refusal of `provision` is a note, as the SDK's default refused it;
+//! - **programs**: for each program the plugin names, the binary this host runs for it and
+//!   which libfuse that links (`DT_NEEDED`): libfuse 2 cannot take a connection the host mounts;
 //! - **limits**: the deadline and memory its calls run under, and the slowest call.
 //!
-//! Exit status 0 when nothing failed, 1 otherwise (the report is printed either way).
+//! Exit status 0 when nothing failed ("usable by this host"), 1 otherwise ("not usable"; the
+//! report is printed either way).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -31,7 +37,7 @@ use crate::plan::policy::MissingGrant;
 use crate::plugin::contract::Contract;
 use crate::plugin::info::{ParamDoc, PluginInfo};
 use crate::plugin::pulled::MAX_PULLED_BYTES;
-use crate::plugin::{PluginError, PluginRuntime};
+use crate::plugin::{BackendError, PluginError, PluginRuntime};
 
 /// Arguments of `plugin check`.
 #[derive(Debug, Args)]
@@ -211,10 +217,26 @@ pub async fn run(cfg: &Config, runtime: &PluginRuntime, args: CheckArgs) -> Resu
                     }
                 }
             }
-            // The planner answered with an error of its own: a refusal is an answer (an
-            // operation it does not offer, example values it does not accept).
+            // An operation the plugin does not offer.
+            Err(CliError::Plugin(PluginError::Backend { error: BackendError::Unsupported(m), .. })) => {
+                report.add(Outcome::Note, name, format!("not offered: {}", one_line(&m)))
+            }
+            // Before 0.5.0 a plugin could not say so; the SDK's default refused provision.
+            Err(CliError::Plugin(e @ PluginError::Backend { .. }))
+                if op == Op::Provision && contract < Contract::V050 =>
+            {
+                report.add(
+                    Outcome::Note,
+                    name,
+                    format!(
+                        "{}\n(contract {contract} cannot say an operation is not offered: taken as not offered)",
+                        one_line(&e)
+                    ),
+                )
+            }
+            // Any other refusal fails the check: a CO would get it.
             Err(CliError::Plugin(e @ PluginError::Backend { .. })) => report.add(
-                Outcome::Note,
+                Outcome::Fail,
                 name,
                 format!(
                     "{}\n(refused the example values? give real ones with --param KEY=VALUE / --secret KEY=VALUE)",
@@ -244,7 +266,7 @@ pub async fn run(cfg: &Config, runtime: &PluginRuntime, args: CheckArgs) -> Resu
     let failed = report.failed();
     let verdict = match failed {
         0 => format!("{}: usable by this host", plugin.info.name),
-        n => format!("{}: {n} check(s) failed", plugin.info.name),
+        n => format!("{}: not usable: {n} check(s) failed", plugin.info.name),
     };
     Ok((format!("{}{verdict}", report.render()), failed > 0))
 }
@@ -326,6 +348,7 @@ fn example(p: &ParamDoc) -> String {
         "integer" => "1",
         "endpoint" => "127.0.0.1:8888",
         "remote-path" => "/",
+        "url" => "http://127.0.0.1:8080/",
         "oci-reference" => {
             "registry.example:5000/example/artifact@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
         }
@@ -354,6 +377,7 @@ mod tests {
                 doc("size", "integer", "parameter", true, Some("7")),
                 doc("path", "remote-path", "parameter", true, None),
                 doc("optional", "text", "parameter", false, None),
+                doc("site", "url", "parameter", true, None),
                 doc("key", "text", "secret", true, None),
             ],
             programs: vec![],
@@ -363,7 +387,7 @@ mod tests {
         let (params, secrets) = examples(&info, &args);
         assert_eq!(
             params,
-            [("path", "/data"), ("filer", "127.0.0.1:8888"), ("size", "7")]
+            [("path", "/data"), ("filer", "127.0.0.1:8888"), ("size", "7"), ("site", "http://127.0.0.1:8080/")]
                 .map(|(k, v)| (k.to_string(), v.to_string()))
         );
         assert_eq!(secrets, vec![("key".to_string(), "example-secret".to_string())]);

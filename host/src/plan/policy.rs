@@ -401,15 +401,19 @@ struct Seen {
 }
 
 /// Hosts granted by a StorageClass's parameters: every `host:port` in the values of
-/// parameters the plugin documents as `endpoint`, and the registry of the value of each one
-/// it documents as `oci-reference`, normalised like URL hosts ([`HostGrant`]). A value that
-/// does not parse grants nothing. Only pass parameters that come from a StorageClass.
+/// parameters the plugin documents as `endpoint`, the `host:port` of the value of each one it
+/// documents as `url` (parsed as every URL of a plan is, [`parse_url`]), and the registry of
+/// the value of each one it documents as `oci-reference`, normalised like URL hosts
+/// ([`HostGrant`]). A value that does not parse grants nothing. Only pass parameters that come
+/// from a StorageClass.
 pub fn endpoint_hosts<'a>(info: &PluginInfo, params: impl IntoIterator<Item = (&'a str, &'a str)>) -> BTreeSet<String> {
     let mut hosts = BTreeSet::new();
     for (key, value) in params {
         let Some(doc) = info.parameters.iter().find(|p| p.name == key) else { continue };
         let granted: Vec<String> = if doc.is_endpoint() {
             value.split(',').map(|h| h.trim().to_string()).collect()
+        } else if doc.is_url() {
+            parse_url(value.trim()).map(|t| vec![t.authority()]).unwrap_or_default()
         } else if doc.is_oci_reference() {
             // The registry only: the plan still has to name the repository it pulls.
             OciRef::parse(value.trim()).map(|r| vec![r.registry().to_string()]).unwrap_or_default()

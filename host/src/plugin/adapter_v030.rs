@@ -1,5 +1,6 @@
-//! The adapter between contracts `mounthost:plugin@0.3.0` and 0.4.0 (the host's own), which
-//! keeps plugins built against 0.3.0 working; a 0.2.0 plugin's calls pass through here before
+//! The adapter between contracts `mounthost:plugin@0.3.0` and 0.4.0, which keeps plugins built
+//! against 0.3.0 working (after [`super::adapter_v040`], 0.5.0 ↔ 0.4.0); a 0.2.0 plugin's calls
+//! pass through here before
 //! [`super::adapter_v020`], a 0.1.0 plugin's before [`super::adapter`] too.
 //!
 //! 0.4.0 only adds to 0.3.0: the operations `expand`, `capacity`, `list-volumes` and `describe`
@@ -19,8 +20,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::adapter::{AdapterError, Downgrade, Upgrade};
-use super::bindings::types as new;
 use super::bindings_v030::types as old;
+use super::bindings_v040::types as new;
 
 /// `value` in the other contract's type of the same shape.
 fn convert<A: Serialize, B: DeserializeOwned>(value: &A) -> Result<B, serde_json::Error> {

@@ -1,7 +1,7 @@
 //! Host-side bindings of the frozen third contract, `wit/v0.3.0/plugin.wit`
 //! (`mounthost:plugin@0.3.0`), so plugins built against it keep loading. Only the runtime
 //! touches these types: [`super::adapter_v030`] converts requests down to them and the
-//! plugin's answers up to the current contract ([`super::bindings`]); a 0.2.0 plugin's go
+//! plugin's answers up to contract 0.4.0 ([`super::bindings_v040`]); a 0.2.0 plugin's go
 //! through [`super::adapter_v020`] too, a 0.1.0 plugin's through [`super::adapter`] as well.
 //!
 //! Generated with the same options as the current bindings, serde included (the 0.3.0 ↔ 0.4.0

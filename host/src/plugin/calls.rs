@@ -1,8 +1,9 @@
 //! One typed entry point per planner export: the request type says which export to call and
 //! what it returns, so callers write `runtime.call(&plugin, volume, stage_request)`. Requests
-//! and answers are always in the current contract's terms; a plugin of contract 0.3.0 is
-//! called through [`super::adapter_v030`], one of 0.2.0 through it and [`super::adapter_v020`],
-//! one of 0.1.0 through those and [`super::adapter`]. What an earlier contract does not export
+//! and answers are always in the current contract's terms; a plugin of contract 0.4.0 is
+//! called through [`super::adapter_v040`], one of 0.3.0 through it and [`super::adapter_v030`],
+//! one of 0.2.0 through those and [`super::adapter_v020`], one of 0.1.0 through all of them and
+//! [`super::adapter`]. What a contract before 0.4.0 does not export
 //! (`expand`, `capacity`, `list-volumes`, `describe`, new in 0.4.0) is answered by the host for
 //! it, as the SDK's defaults answer: no expansion (`out-of-range`), capacity unknown, no
 //! volumes listed, existence unknown.
@@ -17,6 +18,7 @@ use super::bindings::types as wit;
 use super::bindings_v010::planner::Guest as GuestV010;
 use super::bindings_v020::planner::Guest as GuestV020;
 use super::bindings_v030::planner::Guest as GuestV030;
+use super::bindings_v040::planner::Guest as GuestV040;
 use super::plugin_error::BackendError;
 use super::store::CallState;
 use crate::secrets::Secrets;
@@ -37,22 +39,29 @@ pub trait PlannerCall: Send + Sync {
         planner: &'a Guest,
         store: &'a mut Store<CallState>,
     ) -> impl Future<Output = wasmtime::Result<Result<Self::Output, wit::BackendError>>> + Send + 'a;
-    /// Call the export of a contract 0.3.0 plugin: the request goes down to 0.3.0, the answer
+    /// Call the export of a contract 0.4.0 plugin: the request goes down to 0.4.0, the answer
     /// comes back up.
+    fn invoke_v040<'a>(
+        &'a self,
+        planner: &'a GuestV040,
+        store: &'a mut Store<CallState>,
+    ) -> impl Future<Output = wasmtime::Result<Result<Self::Output, wit::BackendError>>> + Send + 'a;
+    /// Call the export of a contract 0.3.0 plugin: the request goes down to 0.4.0 and 0.3.0, the
+    /// answer comes back up.
     fn invoke_v030<'a>(
         &'a self,
         planner: &'a GuestV030,
         store: &'a mut Store<CallState>,
     ) -> impl Future<Output = wasmtime::Result<Result<Self::Output, wit::BackendError>>> + Send + 'a;
-    /// Call the export of a contract 0.2.0 plugin: the request goes down to 0.3.0 and 0.2.0, the
-    /// answer comes back up.
+    /// Call the export of a contract 0.2.0 plugin: the request goes down to 0.4.0, 0.3.0 and
+    /// 0.2.0, the answer comes back up.
     fn invoke_v020<'a>(
         &'a self,
         planner: &'a GuestV020,
         store: &'a mut Store<CallState>,
     ) -> impl Future<Output = wasmtime::Result<Result<Self::Output, wit::BackendError>>> + Send + 'a;
-    /// Call the export of a contract 0.1.0 plugin: the request goes down to 0.3.0, 0.2.0 and on
-    /// to 0.1.0, the answer comes back up the same way. A request 0.1.0 cannot carry is an
+    /// Call the export of a contract 0.1.0 plugin: the request goes down to 0.4.0, 0.3.0, 0.2.0
+    /// and on to 0.1.0, the answer comes back up the same way. A request 0.1.0 cannot carry is an
     /// `internal` error of the call.
     fn invoke_v010<'a>(
         &'a self,
@@ -75,26 +84,33 @@ impl PlannerCall for InfoCall {
     ) -> wasmtime::Result<Result<wit::PluginInfo, wit::BackendError>> {
         planner.call_info(store).await.map(Ok)
     }
+    async fn invoke_v040<'a>(
+        &'a self,
+        planner: &'a GuestV040,
+        store: &'a mut Store<CallState>,
+    ) -> wasmtime::Result<Result<wit::PluginInfo, wit::BackendError>> {
+        planner.call_info(store).await.map(|info| Ok(info.upgrade()))
+    }
     async fn invoke_v030<'a>(
         &'a self,
         planner: &'a GuestV030,
         store: &'a mut Store<CallState>,
     ) -> wasmtime::Result<Result<wit::PluginInfo, wit::BackendError>> {
-        planner.call_info(store).await.map(|info| Ok(info.upgrade()))
+        planner.call_info(store).await.map(|info| Ok(info.upgrade().upgrade()))
     }
     async fn invoke_v020<'a>(
         &'a self,
         planner: &'a GuestV020,
         store: &'a mut Store<CallState>,
     ) -> wasmtime::Result<Result<wit::PluginInfo, wit::BackendError>> {
-        planner.call_info(store).await.map(|info| Ok(info.upgrade().upgrade()))
+        planner.call_info(store).await.map(|info| Ok(info.upgrade().upgrade().upgrade()))
     }
     async fn invoke_v010<'a>(
         &'a self,
         planner: &'a GuestV010,
         store: &'a mut Store<CallState>,
     ) -> wasmtime::Result<Result<wit::PluginInfo, wit::BackendError>> {
-        planner.call_info(store).await.map(|info| Ok(info.upgrade().upgrade().upgrade()))
+        planner.call_info(store).await.map(|info| Ok(info.upgrade().upgrade().upgrade().upgrade()))
     }
 }
 
@@ -118,9 +134,9 @@ macro_rules! planner_call {
             ) -> wasmtime::Result<Result<$out, wit::BackendError>> {
                 planner.$method(store, self).await
             }
-            async fn invoke_v030<'a>(
+            async fn invoke_v040<'a>(
                 &'a self,
-                planner: &'a GuestV030,
+                planner: &'a GuestV040,
                 store: &'a mut Store<CallState>,
             ) -> wasmtime::Result<Result<$out, wit::BackendError>> {
                 let req = match self.downgrade() {
@@ -130,9 +146,9 @@ macro_rules! planner_call {
                 let out = planner.$method(store, &req).await?;
                 Ok(out.map(Upgrade::upgrade).map_err(Upgrade::upgrade))
             }
-            async fn invoke_v020<'a>(
+            async fn invoke_v030<'a>(
                 &'a self,
-                planner: &'a GuestV020,
+                planner: &'a GuestV030,
                 store: &'a mut Store<CallState>,
             ) -> wasmtime::Result<Result<$out, wit::BackendError>> {
                 let req = match self.downgrade().and_then(|r| r.downgrade()) {
@@ -142,9 +158,9 @@ macro_rules! planner_call {
                 let out = planner.$method(store, &req).await?;
                 Ok(out.map(|o| o.upgrade().upgrade()).map_err(|e| e.upgrade().upgrade()))
             }
-            async fn invoke_v010<'a>(
+            async fn invoke_v020<'a>(
                 &'a self,
-                planner: &'a GuestV010,
+                planner: &'a GuestV020,
                 store: &'a mut Store<CallState>,
             ) -> wasmtime::Result<Result<$out, wit::BackendError>> {
                 let req = match self.downgrade().and_then(|r| r.downgrade()).and_then(|r| r.downgrade()) {
@@ -153,6 +169,25 @@ macro_rules! planner_call {
                 };
                 let out = planner.$method(store, &req).await?;
                 Ok(out.map(|o| o.upgrade().upgrade().upgrade()).map_err(|e| e.upgrade().upgrade().upgrade()))
+            }
+            async fn invoke_v010<'a>(
+                &'a self,
+                planner: &'a GuestV010,
+                store: &'a mut Store<CallState>,
+            ) -> wasmtime::Result<Result<$out, wit::BackendError>> {
+                let req = match self
+                    .downgrade()
+                    .and_then(|r| r.downgrade())
+                    .and_then(|r| r.downgrade())
+                    .and_then(|r| r.downgrade())
+                {
+                    Ok(req) => req,
+                    Err(e) => return Ok(Err(wit::BackendError::Internal(e.to_string()))),
+                };
+                let out = planner.$method(store, &req).await?;
+                Ok(out
+                    .map(|o| o.upgrade().upgrade().upgrade().upgrade())
+                    .map_err(|e| e.upgrade().upgrade().upgrade().upgrade()))
             }
         }
     };
@@ -166,8 +201,9 @@ planner_call!(wit::PublishRequest, wit::Plan, "publish", call_publish, |r| secre
 planner_call!(wit::UnstageRequest, wit::Plan, "unstage", call_unstage, |_| Secrets::default());
 planner_call!(wit::DynamicMountRequest, wit::Plan, "dynamic-mount", call_dynamic_mount, |_| Secrets::default());
 
-/// An export contract 0.4.0 added: a plugin of an earlier contract is not called, the host
-/// answers for it with `$earlier` (what the SDK's default answers).
+/// An export contract 0.4.0 added: a 0.4.0 plugin is called through [`super::adapter_v040`]; a
+/// plugin of an earlier contract is not called, the host answers for it with `$earlier` (what
+/// the SDK's default answers).
 macro_rules! planner_call_since_0_4 {
     ($req:ty, $out:ty, $name:literal, $method:ident, $secrets:expr, $earlier:expr) => {
         impl PlannerCall for $req {
@@ -183,6 +219,18 @@ macro_rules! planner_call_since_0_4 {
                 store: &'a mut Store<CallState>,
             ) -> wasmtime::Result<Result<$out, wit::BackendError>> {
                 planner.$method(store, self).await
+            }
+            async fn invoke_v040<'a>(
+                &'a self,
+                planner: &'a GuestV040,
+                store: &'a mut Store<CallState>,
+            ) -> wasmtime::Result<Result<$out, wit::BackendError>> {
+                let req = match self.downgrade() {
+                    Ok(req) => req,
+                    Err(e) => return Ok(Err(wit::BackendError::Internal(e.to_string()))),
+                };
+                let out = planner.$method(store, &req).await?;
+                Ok(out.map(Upgrade::upgrade).map_err(Upgrade::upgrade))
             }
             async fn invoke_v030<'a>(
                 &'a self,
@@ -258,5 +306,6 @@ pub fn backend_error(e: wit::BackendError, secrets: &Secrets) -> BackendError {
         wit::BackendError::Internal(m) => BackendError::Internal(secrets.scrub(&m)),
         wit::BackendError::OutOfRange(m) => BackendError::OutOfRange(secrets.scrub(&m)),
         wit::BackendError::AlreadyExists(m) => BackendError::AlreadyExists(secrets.scrub(&m)),
+        wit::BackendError::Unsupported(m) => BackendError::Unsupported(secrets.scrub(&m)),
     }
 }

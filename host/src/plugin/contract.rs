@@ -13,8 +13,8 @@ use wasmtime::component::Component;
 /// The WIT package every contract version belongs to.
 pub const PLUGIN_PACKAGE: &str = "mounthost:plugin";
 
-/// A released version of the plugin contract.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// A released version of the plugin contract, ordered oldest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Contract {
     /// The first release (`wit/v0.1.0/plugin.wit`), loaded through both adapters.
     V010,
@@ -25,16 +25,20 @@ pub enum Contract {
     /// unprivileged (`fuse-mount.host-fd`, `arg.fuse-fd`). Loaded through an adapter, the host
     /// answering the operations it lacks (expand, capacity, list, describe) with defaults.
     V030,
-    /// The current contract (`wit/plugin.wit`): expansion, capacity, listing and describing
-    /// volumes, planning-time lookups, socket calls to running programs.
+    /// The fourth release (`wit/v0.4.0/plugin.wit`): expansion, capacity, listing and
+    /// describing volumes, planning-time lookups, socket calls to running programs. Loaded
+    /// through an adapter.
     V040,
+    /// The current contract (`wit/plugin.wit`): the parameter kind `url` and the error
+    /// `unsupported`.
+    V050,
 }
 
 impl Contract {
     /// The version the host's own types follow.
-    pub const CURRENT: Contract = Contract::V040;
+    pub const CURRENT: Contract = Contract::V050;
     /// Every version the host loads, newest first.
-    pub const ALL: [Contract; 4] = [Contract::V040, Contract::V030, Contract::V020, Contract::V010];
+    pub const ALL: [Contract; 5] = [Contract::V050, Contract::V040, Contract::V030, Contract::V020, Contract::V010];
 
     /// The package version, e.g. `0.2.0`.
     pub fn version(self) -> &'static str {
@@ -43,6 +47,7 @@ impl Contract {
             Contract::V020 => "0.2.0",
             Contract::V030 => "0.3.0",
             Contract::V040 => "0.4.0",
+            Contract::V050 => "0.5.0",
         }
     }
 
@@ -83,12 +88,12 @@ mod tests {
 
     #[test]
     fn versions_and_exports() {
-        assert_eq!(Contract::CURRENT.to_string(), "0.4.0");
+        assert_eq!(Contract::CURRENT.to_string(), "0.5.0");
         assert_eq!(Contract::V010.planner_export(), "mounthost:plugin/planner@0.1.0");
         assert_eq!(
             Contract::known_exports(),
-            "mounthost:plugin/planner@0.4.0 or mounthost:plugin/planner@0.3.0 or \
-             mounthost:plugin/planner@0.2.0 or mounthost:plugin/planner@0.1.0"
+            "mounthost:plugin/planner@0.5.0 or mounthost:plugin/planner@0.4.0 or \
+             mounthost:plugin/planner@0.3.0 or mounthost:plugin/planner@0.2.0 or mounthost:plugin/planner@0.1.0"
         );
         assert_eq!(serde_json::to_string(&Contract::V010).unwrap(), "\"0.1.0\"");
     }

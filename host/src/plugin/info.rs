@@ -30,8 +30,8 @@ pub struct ParamDoc {
     pub name: String,
     /// One line of documentation.
     pub doc: String,
-    /// `text`, `boolean`, `integer`, `endpoint`, `remote-path`, `choice`, `comma-list` or
-    /// `oci-reference`.
+    /// `text`, `boolean`, `integer`, `endpoint`, `remote-path`, `choice`, `comma-list`,
+    /// `oci-reference` or `url`.
     pub kind: &'static str,
     /// `parameter`, `secret` or `context`.
     pub source: &'static str,
@@ -46,6 +46,11 @@ impl ParamDoc {
     /// True for parameters whose StorageClass values grant HTTP access to their hosts.
     pub fn is_endpoint(&self) -> bool {
         self.kind == "endpoint"
+    }
+
+    /// True for parameters whose StorageClass values grant HTTP access to their URL's host.
+    pub fn is_url(&self) -> bool {
+        self.kind == "url"
     }
 
     /// True for parameters whose StorageClass values grant pulls from their registry.
@@ -81,6 +86,7 @@ impl From<wit::ParamDoc> for ParamDoc {
                 wit::ParamKind::Choice => "choice",
                 wit::ParamKind::CommaList => "comma-list",
                 wit::ParamKind::OciReference => "oci-reference",
+                wit::ParamKind::Url => "url",
             },
             source: match p.source {
                 wit::ParamSource::Parameter => "parameter",

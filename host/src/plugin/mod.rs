@@ -8,16 +8,18 @@
 //!
 //! Components of every released contract version load side by side: the version a component
 //! exports is read from its type ([`Contract::detect`]), it is pre-instantiated with that
-//! version's bindings, and calls to an older one go through [`adapter_v030`] (then, for 0.2.0,
-//! [`adapter_v020`], and for 0.1.0 [`adapter`] too).
+//! version's bindings, and calls to an older one go through [`adapter_v040`] (then, for 0.3.0,
+//! [`adapter_v030`], for 0.2.0 [`adapter_v020`], and for 0.1.0 [`adapter`] too).
 
 pub mod adapter;
 pub mod adapter_v020;
 pub mod adapter_v030;
+pub mod adapter_v040;
 pub mod bindings;
 pub mod bindings_v010;
 pub mod bindings_v020;
 pub mod bindings_v030;
+pub mod bindings_v040;
 pub mod cache;
 pub mod calls;
 pub mod contract;
@@ -137,10 +139,12 @@ enum PlannerPre {
     V010(bindings_v010::PluginPre<CallState>),
     /// `mounthost:plugin@0.2.0`, called through [`adapter_v030`] and [`adapter_v020`].
     V020(bindings_v020::PluginPre<CallState>),
-    /// `mounthost:plugin@0.3.0`, called through [`adapter_v030`].
+    /// `mounthost:plugin@0.3.0`, called through [`adapter_v040`] and [`adapter_v030`].
     V030(bindings_v030::PluginPre<CallState>),
-    /// `mounthost:plugin@0.4.0`, the host's own terms.
-    V040(bindings::PluginPre<CallState>),
+    /// `mounthost:plugin@0.4.0`, called through [`adapter_v040`].
+    V040(bindings_v040::PluginPre<CallState>),
+    /// `mounthost:plugin@0.5.0`, the host's own terms.
+    V050(bindings::PluginPre<CallState>),
 }
 
 impl PlannerPre {
@@ -150,7 +154,8 @@ impl PlannerPre {
             Contract::V010 => PlannerPre::V010(bindings_v010::PluginPre::new(pre)?),
             Contract::V020 => PlannerPre::V020(bindings_v020::PluginPre::new(pre)?),
             Contract::V030 => PlannerPre::V030(bindings_v030::PluginPre::new(pre)?),
-            Contract::V040 => PlannerPre::V040(bindings::PluginPre::new(pre)?),
+            Contract::V040 => PlannerPre::V040(bindings_v040::PluginPre::new(pre)?),
+            Contract::V050 => PlannerPre::V050(bindings::PluginPre::new(pre)?),
         })
     }
 
@@ -160,6 +165,7 @@ impl PlannerPre {
             PlannerPre::V020(p) => p.instance_pre().component(),
             PlannerPre::V030(p) => p.instance_pre().component(),
             PlannerPre::V040(p) => p.instance_pre().component(),
+            PlannerPre::V050(p) => p.instance_pre().component(),
         }
     }
 
@@ -169,6 +175,7 @@ impl PlannerPre {
             PlannerPre::V020(_) => Contract::V020,
             PlannerPre::V030(_) => Contract::V030,
             PlannerPre::V040(_) => Contract::V040,
+            PlannerPre::V050(_) => Contract::V050,
         }
     }
 }
@@ -209,6 +216,7 @@ impl PluginRuntime {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(setup)?;
         // Every contract's `host` interface: their names differ by version, so they coexist.
         bindings::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).map_err(setup)?;
+        bindings_v040::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).map_err(setup)?;
         bindings_v030::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).map_err(setup)?;
         bindings_v020::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).map_err(setup)?;
         bindings_v010::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).map_err(setup)?;
@@ -265,9 +273,13 @@ impl PluginRuntime {
         });
         let run = async {
             match pre {
-                PlannerPre::V040(pre) => {
+                PlannerPre::V050(pre) => {
                     let instance = pre.instantiate_async(&mut store).await?;
                     req.invoke(instance.mounthost_plugin_planner(), &mut store).await
+                }
+                PlannerPre::V040(pre) => {
+                    let instance = pre.instantiate_async(&mut store).await?;
+                    req.invoke_v040(instance.mounthost_plugin_planner(), &mut store).await
                 }
                 PlannerPre::V030(pre) => {
                     let instance = pre.instantiate_async(&mut store).await?;

@@ -26,6 +26,9 @@ pub enum BackendError {
     /// The plugin says a volume of that name exists with other properties.
     #[error("already exists: {0}")]
     AlreadyExists(String),
+    /// The plugin does not offer the operation (contract 0.5.0 on).
+    #[error("not supported: {0}")]
+    Unsupported(String),
 }
 
 /// Why a plugin could not be found, loaded or called.
@@ -92,6 +95,9 @@ impl PluginError {
                 BackendError::Internal(_) => ErrorKind::Internal,
                 BackendError::OutOfRange(_) => ErrorKind::OutOfRange,
                 BackendError::AlreadyExists(_) => ErrorKind::AlreadyExists,
+                // An operation the plugin does not offer: the request asked for it, as CSI's
+                // INVALID_ARGUMENT says (what plugins answered before contract 0.5.0 had a case).
+                BackendError::Unsupported(_) => ErrorKind::InvalidArgument,
             },
         }
     }

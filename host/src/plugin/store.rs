@@ -10,7 +10,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{Level, mounthost};
 use super::limits::Limiter;
-use super::{bindings_v010, bindings_v020, bindings_v030};
+use super::{bindings_v010, bindings_v020, bindings_v030, bindings_v040};
 use crate::secrets::Secrets;
 
 /// Log lines one call may write; further lines are dropped (and that is said once).
@@ -84,7 +84,7 @@ macro_rules! earlier_host {
     )*};
 }
 
-earlier_host!(bindings_v030, bindings_v020, bindings_v010);
+earlier_host!(bindings_v040, bindings_v030, bindings_v020, bindings_v010);
 
 impl CallState {
     /// One plugin log line: counted, capped, scrubbed of secrets, tagged and emitted.

@@ -26,7 +26,7 @@
 //!
 //! # Resolving an OCI reference
 //!
-//! The contract's `dynamic-mount-request` (0.2.0 to 0.4.0) has no `resolved` field, so the host runs the same
+//! The contract's `dynamic-mount-request` (0.2.0 to 0.5.0) has no `resolved` field, so the host runs the same
 //! two rounds as for a stage and passes the resolution in `recorded`, under reserved keys:
 //!
 //! 1. The first call has none of the [`RESOLVED_KEYS`]. If its plan holds a [`Step::Resolve`](crate::Step::Resolve)

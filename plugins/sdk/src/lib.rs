@@ -27,7 +27,8 @@
 //! the connection with a [`fuse_fd_arg`]; the host opens `/dev/fuse`, mounts it and starts the
 //! program as its configured unprivileged user with that descriptor only.
 //!
-//! The SDK builds plugins of contract `mounthost:plugin@0.4.0` ([`CONTRACT_VERSION`]). A plugin
+//! SDK 1.1 builds plugins of contract `mounthost:plugin@0.5.0` ([`CONTRACT_VERSION`]); the SDK has
+//! versions of its own (its CHANGELOG.md), a new contract being a minor release. A plugin
 //! that needs an OCI artifact's manifest plans a [`Step::Resolve`] first; the host resolves it
 //! and calls `stage` again with [`StageRequest::resolved`] set, and the plan then answers with
 //! the same `Resolve` step followed by [`Step::FetchBlob`] and [`Step::Unpack`] steps.
@@ -41,7 +42,7 @@ pub mod net;
 pub mod params;
 pub mod paths;
 
-/// Bindings generated from `wit/plugin.wit` (contract `mounthost:plugin@0.4.0`). Plugin code
+/// Bindings generated from `wit/plugin.wit` (contract `mounthost:plugin@0.5.0`). Plugin code
 /// normally uses the re-exports at the crate root instead.
 #[doc(hidden)]
 pub mod bindings {
@@ -57,62 +58,62 @@ pub mod bindings {
         // constructors of `construct.rs` and match with a wildcard arm. `kv` and `path-ref` are
         // complete and stay exhaustive.
         additional_type_attributes: {
-            "mounthost:plugin/types@0.4.0/backend-error": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/param-kind": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/param-source": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/param-doc": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/plugin-info": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/access-mode": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/volume-capability": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/dir-root": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/arg": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/fuse-fd-arg": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/path-arg": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/secret-file-arg": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/secret-template": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/value": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/env-var": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/header": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/spawn-fuse": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/fuse-mount": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/host-fd-mount": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/mount-source": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/mount": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/bind": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/fetch": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/registry-auth": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/basic-auth": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/resolve": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/resolved": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/fetch-blob": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/archive": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/unpack": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/http-call": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/lookup": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/looked-up": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/socket-call": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/step": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/plan": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/validate-request": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/provision-request": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/provision-plan": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/delete-request": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/stage-request": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/publish-request": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/unstage-request": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/dynamic-mount-request": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/expand-side": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/expand-request": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/expand-plan": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/capacity-request": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/capacity-answer": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/list-request": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/listed-volume": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/list-answer": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/describe-request": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/existence": [#[non_exhaustive]],
-            "mounthost:plugin/types@0.4.0/describe-answer": [#[non_exhaustive]],
-            "mounthost:plugin/host@0.4.0/level": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/backend-error": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/param-kind": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/param-source": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/param-doc": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/plugin-info": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/access-mode": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/volume-capability": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/dir-root": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/arg": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/fuse-fd-arg": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/path-arg": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/secret-file-arg": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/secret-template": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/value": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/env-var": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/header": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/spawn-fuse": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/fuse-mount": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/host-fd-mount": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/mount-source": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/mount": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/bind": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/fetch": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/registry-auth": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/basic-auth": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/resolve": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/resolved": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/fetch-blob": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/archive": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/unpack": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/http-call": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/lookup": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/looked-up": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/socket-call": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/step": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/plan": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/validate-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/provision-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/provision-plan": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/delete-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/stage-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/publish-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/unstage-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/dynamic-mount-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/expand-side": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/expand-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/expand-plan": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/capacity-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/capacity-answer": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/list-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/listed-volume": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/list-answer": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/describe-request": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/existence": [#[non_exhaustive]],
+            "mounthost:plugin/types@0.5.0/describe-answer": [#[non_exhaustive]],
+            "mounthost:plugin/host@0.5.0/level": [#[non_exhaustive]],
         },
     });
 }
@@ -128,8 +129,8 @@ pub use dynamic::{
 };
 pub use params::Params;
 
-/// The plugin contract these bindings implement (`package mounthost:plugin@0.4.0`).
-pub const CONTRACT_VERSION: &str = "0.4.0";
+/// The plugin contract these bindings implement (`package mounthost:plugin@0.5.0`).
+pub const CONTRACT_VERSION: &str = "0.5.0";
 pub use paths::{
     arg, cache, fuse_fd_arg, host_fd, literal, path_arg, path_arg_with_suffix, path_value, runtime, secret,
     secret_file_arg, secret_file_value, secret_template, staging, target,
@@ -145,9 +146,9 @@ pub trait Plugin {
         Ok(())
     }
 
-    /// Plan CreateVolume. Default: this plugin has no dynamic provisioning.
+    /// Plan CreateVolume. Default: this plugin has no dynamic provisioning (`unsupported`).
     fn provision(_req: ProvisionRequest) -> Result<ProvisionPlan, BackendError> {
-        Err(BackendError::InvalidArgument(format!(
+        Err(BackendError::Unsupported(format!(
             "plugin {} does not provision volumes; create a static PersistentVolume instead",
             Self::info().name
         )))
@@ -173,7 +174,7 @@ pub trait Plugin {
         Ok(Plan::default())
     }
 
-    /// Plan a dynamic mount asked for by a pod. Default: not supported.
+    /// Plan a dynamic mount asked for by a pod. Default: not supported (`unsupported`).
     ///
     /// `req.request` is the pod's and untrusted; `req.context` is the volume's. The plan's
     /// `target` root is the mount's own directory (`<published dir>/mounts/<id>`, so
@@ -182,7 +183,7 @@ pub trait Plugin {
     /// A plan that needs an OCI artifact resolves it in two rounds, the resolution arriving in
     /// `req.recorded` ([`resolved_from_recorded`]). See [`dynamic`].
     fn dynamic_mount(_req: DynamicMountRequest) -> Result<Plan, BackendError> {
-        Err(BackendError::InvalidArgument(format!("plugin {} does not support dynamic mounts", Self::info().name)))
+        Err(BackendError::Unsupported(format!("plugin {} does not support dynamic mounts", Self::info().name)))
     }
 
     /// Plan ControllerExpandVolume (`req.side` controller: the backend's record of the size)

@@ -15,6 +15,9 @@ pub fn invalid(message: impl Into<String>) -> BackendError {
     BackendError::InvalidArgument(message.into())
 }
 
+/// The longest URL [`Params::url`] accepts, in bytes.
+pub const MAX_URL: usize = 2048;
+
 /// A read-only view of one key/value list.
 #[derive(Debug, Clone)]
 pub struct Params<'a> {
@@ -90,6 +93,37 @@ impl<'a> Params<'a> {
             Some(v) if allowed.contains(&v) => Ok(Some(v)),
             Some(v) => Err(invalid(format!("{} {key:?} must be one of {}, not {v:?}", self.what, allowed.join(", ")))),
         }
+    }
+
+    /// An `http://` or `https://` URL (kind [`ParamKind::Url`]): a host (a DNS name, a
+    /// dotted IPv4 address or a bracketed IPv6 one) and an optional port, then an optional path
+    /// and query; no credentials (`user@`: give them as secrets), no fragment, no backslash, no
+    /// space, control or non-ASCII character (percent-encode them), at most 2048 bytes. The host
+    /// judges a URL again with its own parser before a step uses it.
+    pub fn url(&self, key: &str) -> Result<Option<&'a str>, BackendError> {
+        let Some(v) = self.text(key)? else { return Ok(None) };
+        let bad =
+            |why: &str| invalid(format!("{} {key:?} must be an http:// or https:// URL {why}, not {v:?}", self.what));
+        if v.len() > MAX_URL {
+            return Err(bad(&format!("of at most {MAX_URL} bytes")));
+        }
+        if !v.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(bad("without spaces, control or non-ASCII characters (percent-encode them)"));
+        }
+        let rest = v
+            .strip_prefix("http://")
+            .or_else(|| v.strip_prefix("https://"))
+            .ok_or_else(|| bad("(it starts with neither, in lower case)"))?;
+        let (authority, tail) = rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()));
+        if authority.contains('@') {
+            return Err(bad("without credentials (user@): give them as secrets"));
+        }
+        if tail.contains('#') || tail.contains('\\') {
+            return Err(bad("without a fragment (#) or a backslash"));
+        }
+        crate::net::check_host_port(authority, crate::net::Port::Optional)
+            .map_err(|e| bad(&format!("whose host[:port] is valid ({e})")))?;
+        Ok(Some(v))
     }
 
     /// Reject keys that are not documented for `source`. `known` lists each documented key
@@ -228,6 +262,41 @@ mod tests {
         assert!(p.choice("c", &["y"]).is_err());
         assert!(p.text("e").is_err());
         assert!(p.required("missing").is_err());
+    }
+
+    #[test]
+    fn urls_are_http_with_a_host_and_nothing_ambiguous() {
+        let ok =
+            ["http://dav.example:8080/remote.php/dav", "https://10.0.0.1", "http://[::1]:9000/b?x=1", "https://s3.io/"];
+        for v in ok {
+            let kvs = [kv("u", v)];
+            assert_eq!(Params::new("parameter", &kvs).unwrap().url("u").unwrap(), Some(v), "{v}");
+        }
+        let long = format!("http://h/{}", "a".repeat(MAX_URL));
+        let bad = [
+            ("ftp://h/", "neither"),
+            ("HTTP://h/", "neither"),
+            ("h:80", "neither"),
+            ("http://user:pw@h/", "credentials"),
+            ("http://h/x#frag", "fragment"),
+            ("http://h/a b", "spaces"),
+            ("http://h/é", "non-ASCII"),
+            ("http://h\\evil/", "host[:port]"),
+            ("http:///x", "host[:port]"),
+            ("http://h:0/", "host[:port]"),
+            ("http://h:99999/", "host[:port]"),
+            ("http://1.2.3/", "host[:port]"),
+            (long.as_str(), "at most"),
+        ];
+        for (v, says) in bad {
+            let kvs = [kv("u", v)];
+            let err = Params::new("parameter", &kvs).unwrap().url("u").unwrap_err();
+            assert!(
+                matches!(&err, BackendError::InvalidArgument(m) if m.contains(says) && m.contains("\"u\"")),
+                "{v}: {err:?}"
+            );
+        }
+        assert_eq!(Params::new("parameter", &[]).unwrap().url("u").unwrap(), None);
     }
 
     #[test]

@@ -372,12 +372,19 @@ fn endpoint_hosts_come_from_endpoint_parameters_only() {
         name: "t".into(),
         version: "0".into(),
         description: String::new(),
-        parameters: vec![doc("filer", "endpoint"), doc("path", "remote-path")],
+        parameters: vec![doc("filer", "endpoint"), doc("path", "remote-path"), doc("site", "url"), doc("v6", "url")],
         programs: vec![],
         fstypes: vec![],
     };
     let hosts = endpoint_hosts(&info, [("filer", "A:1, b:2"), ("path", "evil:80")]);
     assert_eq!(hosts, BTreeSet::from(["a:1".to_string(), "b:2".to_string()]));
+    // A url value grants its host and port (the scheme's default when it names none), parsed as
+    // a plan's URLs are: one with credentials, or no URL at all, grants nothing.
+    let hosts = endpoint_hosts(&info, [("site", " https://Files.Example/dav "), ("v6", "http://[::1]:9000/b")]);
+    assert_eq!(hosts, BTreeSet::from(["files.example:443".to_string(), "[::1]:9000".to_string()]));
+    for bad in ["http://user@evil/", "evil:80", "ftp://evil/"] {
+        assert!(endpoint_hosts(&info, [("site", bad)]).is_empty(), "{bad}");
+    }
 }
 
 #[test]

@@ -18,8 +18,9 @@
 //! | `host-fd`       | spawns `fusetest` unprivileged on a connection the host mounts |
 //!
 //! Its `provision` planner, with `mode` `short`, answers a volume of half the `required_bytes`
-//! asked for and plans nothing (a size outside the range, which the host must refuse); with any
-//! other mode it provisions nothing, as the SDK's default.
+//! asked for and plans nothing (a size outside the range, which the host must refuse); with
+//! `http`, plans a PUT to its `url` parameter (kind `url`; `stage` plans as with `ok`); with any
+//! other mode it does not provision (`unsupported`), as the SDK's default.
 
 use mounthost_plugin_sdk::*;
 
@@ -40,8 +41,11 @@ fn plan(steps: Vec<Step>) -> Result<Plan, BackendError> {
 impl Plugin for Misbehave {
     fn info() -> PluginInfo {
         PluginInfo::new("misbehave", "0.1.0", "Test fixture that misbehaves on request.")
-            .with_parameters([ParamDoc::new("mode", ParamKind::Choice, "What to do when asked to stage.")
-                .with_default_value("ok".to_string())])
+            .with_parameters([
+                ParamDoc::new("mode", ParamKind::Choice, "What to do when asked to stage.")
+                    .with_default_value("ok".to_string()),
+                ParamDoc::new("url", ParamKind::Url, "What provision's mode `http` calls."),
+            ])
             .with_programs(["fusetest"])
             .with_fstypes(["tmpfs", "fuse.test"])
     }
@@ -49,7 +53,7 @@ impl Plugin for Misbehave {
     fn stage(req: StageRequest) -> Result<Plan, BackendError> {
         let params = Params::new("parameter", &req.context)?;
         match params.text("mode")?.unwrap_or("ok") {
-            "ok" => plan(vec![tmpfs()]),
+            "ok" | "http" => plan(vec![tmpfs()]),
             "spin" => {
                 let mut n: u64 = 0;
                 loop {
@@ -93,7 +97,12 @@ impl Plugin for Misbehave {
         let params = Params::new("parameter", &req.parameters)?;
         match params.text("mode")? {
             Some("short") => Ok(ProvisionPlan::new(req.name, req.required_bytes / 2)),
-            _ => Err(BackendError::InvalidArgument(
+            Some("http") => {
+                let url = params.url("url")?.ok_or_else(|| params::invalid("mode http needs a url"))?;
+                let call = HttpCall::new("PUT", [url], [201]);
+                Ok(ProvisionPlan::new(req.name, req.required_bytes).with_steps([Step::Http(call)]))
+            }
+            _ => Err(BackendError::Unsupported(
                 "plugin misbehave does not provision volumes; create a static PersistentVolume instead".into(),
             )),
         }
