@@ -499,6 +499,10 @@ async fn exports_added_in_0_4_0_are_answered_by_the_host_for_earlier_plugins_and
     let e = env(fast());
     let legacy = e.runtime.load_file(&fixtures::path("legacy")).await.unwrap();
     let v030 = e.runtime.load_file(&fixtures::path("legacy030")).await.unwrap();
+    // A 0.4.0 plugin (SDK 1.0.0) has these exports: called through the adapter, its SDK default
+    // answers, not the host.
+    let v040 = e.runtime.load_file(&fixtures::path("sdk1-frozen")).await.unwrap();
+    assert_eq!(v040.contract(), Contract::V040);
     let current = e.runtime.resolve("misbehave", None).await.unwrap();
     let expand = wit::ExpandRequest {
         volume_id: "vol-1".into(),
@@ -511,8 +515,12 @@ async fn exports_added_in_0_4_0_are_answered_by_the_host_for_earlier_plugins_and
         recorded: vec![],
         looked_up: vec![],
     };
-    for (plugin, says) in [(&legacy, "older than 0.4.0"), (&v030, "older than 0.4.0"), (&current, "cannot be expanded")]
-    {
+    for (plugin, says) in [
+        (&legacy, "older than 0.4.0"),
+        (&v030, "older than 0.4.0"),
+        (&v040, "plugin sdk1's volumes cannot be expanded"),
+        (&current, "cannot be expanded"),
+    ] {
         let err = e.runtime.call(plugin, "vol-1", expand.clone()).await.unwrap_err();
         assert!(
             matches!(&err, PluginError::Backend { error: BackendError::OutOfRange(m), .. } if m.contains(says)),

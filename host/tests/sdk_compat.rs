@@ -102,10 +102,16 @@ fn plugin_check_fails_when_a_dry_plan_is_refused_its_own_example_values_included
             "{text}"
         );
     }
+    // `unsupported` is "not offered" for provision only: a stage answered so fails the check.
+    let (code, text) = check(state.path(), &[&fixture("misbehave"), "--param", "mode=unsupported"]);
+    assert_eq!(code, Some(1), "{text}");
+    let stage = "FAIL  stage      plugin misbehave refused stage: not supported: misbehave does not stage today";
+    assert!(text.contains(stage), "{text}");
+    assert!(text.contains("note  provision  not offered: plugin misbehave does not provision volumes"), "{text}");
 }
 
-/// A `url` parameter (contract 0.5.0): the SDK reads it, and a StorageClass value grants the
-/// plan HTTP access to its host and port (the policy's unit tests show it grants nothing else).
+/// A `url` parameter (contract 0.5.0): the SDK reads it, and a StorageClass value grants its host
+/// and port as an `endpoint` value does (the policy's unit tests show it grants nothing else).
 #[test]
 fn a_url_parameter_grants_its_host_and_nothing_else() {
     let state = tempfile::tempdir().unwrap();

@@ -1,8 +1,9 @@
 //! Which libfuse a program links, read from its ELF file's `DT_NEEDED` entries (what `ldd`
 //! starts from), for `plugin check`: a program linked with libfuse 3 (3.3 or later takes an
 //! already mounted `/dev/fd/N`) can run on a connection the host mounts (`fuse-mount.host-fd`),
-//! one linked with libfuse 2 cannot. A program that links neither (a Go program, a static build,
-//! a script) speaks the kernel protocol itself or through something else: only running it tells.
+//! one linked with libfuse 2 cannot. A program that needs neither itself (a Go program, a static
+//! build, one that gets libfuse through another library) tells nothing here: only running it
+//! tells. Only the program's own entries are read, not those of the libraries it needs.
 
 use std::path::Path;
 
@@ -15,7 +16,7 @@ pub enum Linked {
     Fuse3(String),
     /// `libfuse.so.2` (or another `libfuse.so.*`).
     Fuse2(String),
-    /// An ELF file that needs no libfuse.
+    /// An ELF file whose own `DT_NEEDED` entries name no libfuse.
     Neither,
     /// Not something this can read: the reason.
     Unknown(String),
@@ -24,14 +25,17 @@ pub enum Linked {
 /// The libfuse `program` needs, from its ELF `DT_NEEDED` entries (64-bit, the only binaries
 /// this host runs).
 pub fn linked(program: &Path) -> Linked {
-    let data = match std::fs::read(program) {
-        Ok(d) => d,
+    let file = match std::fs::File::open(program) {
+        Ok(f) => f,
         Err(e) => return Linked::Unknown(format!("cannot read it: {e}")),
     };
-    if !data.starts_with(b"\x7fELF") {
+    // Read as needed (the headers, the dynamic section and its strings), not the whole binary
+    // (weed is over 100 MiB).
+    let data = object::ReadCache::new(file);
+    if object::ReadRef::read_bytes_at(&data, 0, 4) != Ok(b"\x7fELF".as_slice()) {
         return Linked::Unknown("not an ELF file (a script?)".into());
     }
-    let elf = match ElfFile64::<object::Endianness>::parse(&*data) {
+    let elf = match ElfFile64::<object::Endianness, _>::parse(&data) {
         Ok(f) => f,
         Err(e) => return Linked::Unknown(format!("not a 64-bit ELF file it can read: {e}")),
     };
@@ -42,7 +46,7 @@ pub fn linked(program: &Path) -> Linked {
 }
 
 /// The `DT_NEEDED` names of `elf`, in order.
-fn needed(elf: &ElfFile64<'_, object::Endianness>) -> object::Result<Vec<String>> {
+fn needed<'d, R: object::ReadRef<'d>>(elf: &ElfFile64<'d, object::Endianness, R>) -> object::Result<Vec<String>> {
     let (header, data, endian) = (elf.elf_header(), elf.data(), elf.endian());
     let sections = header.sections(endian, data)?;
     let mut out = Vec::new();

@@ -13,10 +13,11 @@
 //!   with example parameters — each required parameter's documented default, else a value made
 //!   up from its kind, or what `--param`/`--secret` give — checked by the policy under this
 //!   host's config: grants it lacks are listed with the flags that give them (a node needs
-//!   them, the plugin is not broken); an operation the plugin says it does not offer
-//!   (`unsupported`, contract 0.5.0 on) is a note; any other refusal, the plugin's own of its
-//!   example values included, is a failure. A plugin of an earlier contract cannot say
-//!   `unsupported`: its refusal of `provision` is a note, as the SDK's default refused it;
+//!   them, the plugin is not broken); `provision` answered `unsupported` (contract 0.5.0 on: the
+//!   plugin does not offer it) is a note; any other refusal, the plugin's own of its example
+//!   values included, is a failure. A plugin of an earlier contract cannot say `unsupported`:
+//!   its refusal of `provision` as the SDK's default worded it ("does not provision volumes")
+//!   is a note;
 //! - **programs**: for each program the plugin names, the binary this host runs for it and
 //!   which libfuse that links (`DT_NEEDED`): libfuse 2 cannot take a connection the host mounts;
 //! - **limits**: the deadline and memory its calls run under, and the slowest call.
@@ -217,32 +218,34 @@ pub async fn run(cfg: &Config, runtime: &PluginRuntime, args: CheckArgs) -> Resu
                     }
                 }
             }
-            // An operation the plugin does not offer.
-            Err(CliError::Plugin(PluginError::Backend { error: BackendError::Unsupported(m), .. })) => {
-                report.add(Outcome::Note, name, format!("not offered: {}", one_line(&m)))
-            }
-            // Before 0.5.0 a plugin could not say so; the SDK's default refused provision.
-            Err(CliError::Plugin(e @ PluginError::Backend { .. }))
-                if op == Op::Provision && contract < Contract::V050 =>
-            {
-                report.add(
-                    Outcome::Note,
-                    name,
-                    format!(
-                        "{}\n(contract {contract} cannot say an operation is not offered: taken as not offered)",
-                        one_line(&e)
+            Err(CliError::Plugin(e @ PluginError::Backend { .. })) => {
+                let PluginError::Backend { error, .. } = &e else { unreachable!("matched above") };
+                match refusal(op, contract, error) {
+                    Refusal::NotOffered => {
+                        let says = match error {
+                            BackendError::Unsupported(m) => one_line(m),
+                            other => one_line(other),
+                        };
+                        report.add(Outcome::Note, name, format!("not offered: {says}"))
+                    }
+                    Refusal::NotOfferedBefore050 => report.add(
+                        Outcome::Note,
+                        name,
+                        format!(
+                            "{}\n(contract {contract} cannot say an operation is not offered: taken as not offered)",
+                            one_line(&e)
+                        ),
                     ),
-                )
+                    Refusal::Refused => report.add(
+                        Outcome::Fail,
+                        name,
+                        format!(
+                            "{}\n(refused the example values? give real ones with --param KEY=VALUE / --secret KEY=VALUE)",
+                            one_line(&e)
+                        ),
+                    ),
+                }
             }
-            // Any other refusal fails the check: a CO would get it.
-            Err(CliError::Plugin(e @ PluginError::Backend { .. })) => report.add(
-                Outcome::Fail,
-                name,
-                format!(
-                    "{}\n(refused the example values? give real ones with --param KEY=VALUE / --secret KEY=VALUE)",
-                    one_line(&e)
-                ),
-            ),
             // A trap, a limit, a plan the policy refuses, an answer the host cannot read.
             Err(e) => report.add(Outcome::Fail, name, one_line(&e)),
         }
@@ -269,6 +272,30 @@ pub async fn run(cfg: &Config, runtime: &PluginRuntime, args: CheckArgs) -> Resu
         n => format!("{}: not usable: {n} check(s) failed", plugin.info.name),
     };
     Ok((format!("{}{verdict}", report.render()), failed > 0))
+}
+
+/// What a planner's own refusal of a dry plan says about the plugin.
+#[derive(Debug, PartialEq, Eq)]
+enum Refusal {
+    /// `provision` answered `unsupported`: the plugin does not offer it (the one dry-planned
+    /// operation without a default that plans).
+    NotOffered,
+    /// `provision` refused by a plugin of a contract before 0.5.0, which cannot say
+    /// `unsupported`, as the SDK's default worded it ("does not provision volumes").
+    NotOfferedBefore050,
+    /// Anything else: a CO would get this refusal, so the check fails.
+    Refused,
+}
+
+fn refusal(op: Op, contract: Contract, error: &BackendError) -> Refusal {
+    match error {
+        _ if op != Op::Provision => Refusal::Refused,
+        BackendError::Unsupported(_) => Refusal::NotOffered,
+        BackendError::InvalidArgument(m) if contract < Contract::V050 && m.contains("does not provision volumes") => {
+            Refusal::NotOfferedBefore050
+        }
+        _ => Refusal::Refused,
+    }
 }
 
 /// Each program the plugin names: the binary this host runs for it and which libfuse that links
@@ -391,6 +418,26 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
         );
         assert_eq!(secrets, vec![("key".to_string(), "example-secret".to_string())]);
+    }
+
+    #[test]
+    fn only_a_provision_the_plugin_does_not_offer_is_not_a_refusal() {
+        let unsupported = BackendError::Unsupported("plugin p does not provision volumes".into());
+        let sdk_default =
+            BackendError::InvalidArgument("plugin p does not provision volumes; create a static PV".into());
+        let refused = BackendError::InvalidArgument("parameter \"site\" must be a URL".into());
+        assert_eq!(refusal(Op::Provision, Contract::V050, &unsupported), Refusal::NotOffered);
+        assert_eq!(refusal(Op::Provision, Contract::V040, &sdk_default), Refusal::NotOfferedBefore050);
+        assert_eq!(refusal(Op::Provision, Contract::V010, &sdk_default), Refusal::NotOfferedBefore050);
+        // A current plugin says unsupported; an old one's other refusals are refusals.
+        assert_eq!(refusal(Op::Provision, Contract::V050, &sdk_default), Refusal::Refused);
+        assert_eq!(refusal(Op::Provision, Contract::V040, &refused), Refusal::Refused);
+        assert_eq!(refusal(Op::Provision, Contract::V040, &BackendError::NotFound("x".into())), Refusal::Refused);
+        // No other dry-planned operation may be "not offered": each has a default that plans.
+        for op in [Op::Validate, Op::Stage, Op::Publish, Op::Unstage, Op::Delete] {
+            assert_eq!(refusal(op, Contract::V050, &unsupported), Refusal::Refused, "{op:?}");
+            assert_eq!(refusal(op, Contract::V040, &sdk_default), Refusal::Refused, "{op:?}");
+        }
     }
 
     #[test]

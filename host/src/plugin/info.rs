@@ -48,7 +48,8 @@ impl ParamDoc {
         self.kind == "endpoint"
     }
 
-    /// True for parameters whose StorageClass values grant HTTP access to their URL's host.
+    /// True for parameters whose StorageClass values grant their URL's `host:port`, as
+    /// endpoint values grant theirs.
     pub fn is_url(&self) -> bool {
         self.kind == "url"
     }

@@ -15,6 +15,7 @@
 //! | `bad-env`       | plans a spawn with an invalid environment variable name     |
 //! | `log-flood`     | logs 10,000 lines, then plans like `ok`                     |
 //! | `error`         | returns `not-found` from the backend                        |
+//! | `unsupported`   | returns `unsupported` (a stage a plugin cannot decline)      |
 //! | `host-fd`       | spawns `fusetest` unprivileged on a connection the host mounts |
 //!
 //! Its `provision` planner, with `mode` `short`, answers a volume of half the `required_bytes`
@@ -84,6 +85,7 @@ impl Plugin for Misbehave {
                 plan(vec![tmpfs()])
             }
             "error" => Err(BackendError::NotFound("the thing is not there".into())),
+            "unsupported" => Err(BackendError::Unsupported("misbehave does not stage today".into())),
             "host-fd" => plan(vec![Step::SpawnFuse(
                 SpawnFuse::new("fusetest", [fuse_fd_arg("", "")], staging(""), "fuse.test")
                     .with_ready_timeout_ms(10_000)
