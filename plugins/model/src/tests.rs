@@ -113,6 +113,26 @@ fn unpack(c: char, format: Archive, dest: &str) -> Step {
     Step::Unpack(Unpack::new(digest(c), format, cache(dest)))
 }
 
+/// The second round's plan for the test manifest without filters: every layer fetched and
+/// unpacked, then `bind`.
+fn every_layer(bind: Step) -> Plan {
+    Plan::new(vec![
+        resolve_step(RegistryAuth::Anonymous),
+        fetch('a', 1000, "weight.v1.tar"),
+        fetch('b', 20, "weight.config.v1.raw"),
+        fetch('e', 30, "doc.v1.tar+gzip"),
+        fetch('f', 5000, "dataset.v1.tar+zstd"),
+        fetch('9', 40, "weight.config.v1.tar"),
+        unpack('a', Archive::Tar, "model"),
+        unpack('b', Archive::Raw, "model/config.json"),
+        unpack('e', Archive::TarGzip, "model"),
+        unpack('f', Archive::TarZstd, "model"),
+        unpack('9', Archive::Tar, "model"),
+        bind,
+    ])
+    .with_attributes([kv("reference", REF), kv("manifestDigest", MANIFEST_DIGEST), kv("files", "5")])
+}
+
 fn model_bind() -> Step {
     Step::Bind(Bind::new(cache("model"), staging("")).with_readonly(true).with_options(["nosuid", "nodev"]))
 }
@@ -209,24 +229,7 @@ fn bad_secrets(#[case] secrets: &[(&str, &str)], #[case] says: &str) {
 fn second_round_plans_every_layer() {
     let staged = stage_model(&[]).unwrap();
     assert!(staged.notes.is_empty());
-    assert_eq!(
-        staged.plan,
-        Plan::new(vec![
-            resolve_step(RegistryAuth::Anonymous),
-            fetch('a', 1000, "weight.v1.tar"),
-            fetch('b', 20, "weight.config.v1.raw"),
-            fetch('e', 30, "doc.v1.tar+gzip"),
-            fetch('f', 5000, "dataset.v1.tar+zstd"),
-            fetch('9', 40, "weight.config.v1.tar"),
-            unpack('a', Archive::Tar, "model"),
-            unpack('b', Archive::Raw, "model/config.json"),
-            unpack('e', Archive::TarGzip, "model"),
-            unpack('f', Archive::TarZstd, "model"),
-            unpack('9', Archive::Tar, "model"),
-            model_bind(),
-        ])
-        .with_attributes([kv("reference", REF), kv("manifestDigest", MANIFEST_DIGEST), kv("files", "5")])
-    );
+    assert_eq!(staged.plan, every_layer(model_bind()));
 }
 
 #[test]
@@ -745,24 +748,7 @@ fn dynamic_first_round_is_one_anonymous_resolve_step() {
 fn dynamic_second_round_plans_every_layer_onto_the_mount() {
     // The volume's `weights: only` does not apply: a dynamic mount has its own filters.
     let plan = Model::dynamic_mount(dynamic_req(volume_ctx(&[]), &[("reference", REF)], model_recorded())).unwrap();
-    assert_eq!(
-        plan,
-        Plan::new(vec![
-            resolve_step(RegistryAuth::Anonymous),
-            fetch('a', 1000, "weight.v1.tar"),
-            fetch('b', 20, "weight.config.v1.raw"),
-            fetch('e', 30, "doc.v1.tar+gzip"),
-            fetch('f', 5000, "dataset.v1.tar+zstd"),
-            fetch('9', 40, "weight.config.v1.tar"),
-            unpack('a', Archive::Tar, "model"),
-            unpack('b', Archive::Raw, "model/config.json"),
-            unpack('e', Archive::TarGzip, "model"),
-            unpack('f', Archive::TarZstd, "model"),
-            unpack('9', Archive::Tar, "model"),
-            dynamic_bind(),
-        ])
-        .with_attributes([kv("reference", REF), kv("manifestDigest", MANIFEST_DIGEST), kv("files", "5")])
-    );
+    assert_eq!(plan, every_layer(dynamic_bind()));
 }
 
 #[test]
