@@ -32,6 +32,7 @@ mod pulls;
 mod push;
 mod registry;
 mod segments;
+pub mod signing;
 mod slots;
 mod stall;
 mod store;
