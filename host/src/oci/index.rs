@@ -10,9 +10,10 @@
 //!  "blobs": {"sha256:<layer>": {"size": 123, "chunks": ["<64 hex>", ...]}}}
 //! ```
 //!
-//! [`push_index`] (`mounthost model index REF`) reads every layer once, pushes the index,
-//! the manifest under its digest, and the referrers tag schema's index (`sha256-<hex>` of the
-//! subject), which registries without the referrers API serve and those with it ignore.
+//! [`push_index`] (`mounthost model index REF`) reads every layer once and attaches the index
+//! as a referrer ([`super::referrer`]): the blobs, the manifest under its digest, and the
+//! referrers tag schema's index (`sha256-<hex>` of the subject), which registries without the
+//! referrers API serve and those with it ignore.
 //! [`Artifacts::index_descriptor`] looks it up when a lazy volume is staged (the referrers API, else
 //! the tag), keeps it in the cache like any blob, and checks that it covers the volume's
 //! layers.
@@ -21,13 +22,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use futures_util::StreamExt;
-use oci_client::Reference;
-use oci_client::manifest::{OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE};
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
-use super::error::{Ctx, OciError, What, chain};
-use super::registry::Registries;
+use super::error::{OciError, chain};
+use super::referrer::{Artifact, Subject};
 use super::store::hex_of;
 use super::{Artifacts, BlobRef, ChunkIndex, Credentials, RegistryConfig, Source};
 use crate::plan::oci_ref::OciRef;
@@ -38,9 +37,6 @@ pub const INDEX_ARTIFACT_TYPE: &str = "application/vnd.mounthost.chunk-index.v1+
 pub const INDEX_MEDIA_TYPE: &str = "application/vnd.mounthost.chunk-index.v1+json";
 /// The largest index read (a 1 TiB model in 1 MiB chunks is about 70 MiB: use larger chunks).
 pub const MAX_INDEX_BYTES: u64 = 64 << 20;
-/// The empty config of OCI 1.1 artifacts.
-const EMPTY_CONFIG: &[u8] = b"{}";
-const EMPTY_CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
 
 /// The index document.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -221,29 +217,11 @@ async fn push(
     credentials: &Credentials,
     chunk: u64,
 ) -> Result<PushedIndex, OciError> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let host = target.registry().to_ascii_lowercase();
-    let plain_http = cfg.insecure.contains(&host);
-    let registries = Registries::new(cfg)?;
-    let src = Source {
-        registry: target.registry().to_string(),
-        repository: target.repository().to_string(),
-        reference: target.digest().or(target.tag()).unwrap_or("latest").to_string(),
-        mirror: None,
-        credentials: credentials.clone(),
-        insecure: plain_http,
-    };
-    let ep = registries.endpoint(&src)?;
-    let resolved = ep.resolve().await?;
-    let manifest: serde_json::Value = serde_json::from_str(&resolved.manifest).map_err(|e| OciError::Protocol {
-        registry: host.clone(),
-        reference: target.to_string(),
-        detail: format!("the manifest is not JSON: {e}"),
-    })?;
-    let media_type = manifest.get("mediaType").and_then(|m| m.as_str()).unwrap_or(OCI_IMAGE_MEDIA_TYPE).to_string();
+    let subject = Subject::resolve(cfg, target, credentials).await?;
+    let (ep, host) = (&subject.endpoint, &subject.host);
     let mut blobs = BTreeMap::new();
     let mut total = 0u64;
-    let layers = manifest.get("layers").and_then(|l| l.as_array()).cloned().unwrap_or_default();
+    let layers = subject.manifest.get("layers").and_then(|l| l.as_array()).cloned().unwrap_or_default();
     for l in &layers {
         let (Some(digest), Some(size)) =
             (l.get("digest").and_then(|d| d.as_str()), l.get("size").and_then(|s| s.as_u64()))
@@ -300,72 +278,18 @@ async fn push(
     }
     let doc = IndexDoc { version: 1, chunk_size: chunk, blobs };
     let index = serde_json::to_vec(&doc).map_err(|e| OciError::Config(e.to_string()))?;
-    let sha = |b: &[u8]| format!("sha256:{}", hex::encode(sha2::Sha256::digest(b)));
-    let index_digest = sha(&index);
-    let client = registries.client(&host, plain_http, true)?;
-    let ctx = Ctx { registry: host.clone(), reference: target.to_string(), given: credentials.given() };
-    let auth = credentials.to_registry_auth();
-    client.store_auth_if_needed(&host, &auth).await;
-    let repository = target.repository().to_string();
-    let at = Reference::with_digest(host.clone(), repository.clone(), resolved.manifest_digest.clone());
-    for (digest, bytes) in [(sha(EMPTY_CONFIG), EMPTY_CONFIG.to_vec()), (index_digest.clone(), index.clone())] {
-        let there = client.blob_exists(&at, &digest).await.map_err(|e| ctx.classify(&e, What::Blob(&digest)))?;
-        if !there {
-            client.push_blob(&at, bytes, &digest).await.map_err(|e| ctx.classify(&e, What::Blob(&digest)))?;
-        }
-    }
-    let referrer = serde_json::to_vec(&serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": OCI_IMAGE_MEDIA_TYPE,
-        "artifactType": INDEX_ARTIFACT_TYPE,
-        "config": {"mediaType": EMPTY_CONFIG_MEDIA_TYPE, "digest": sha(EMPTY_CONFIG), "size": EMPTY_CONFIG.len()},
-        "layers": [{"mediaType": INDEX_MEDIA_TYPE, "digest": index_digest, "size": index.len()}],
-        "subject": {"mediaType": media_type, "digest": resolved.manifest_digest, "size": resolved.manifest.len()},
-        "annotations": {"dev.mounthost.chunk-size": chunk.to_string()},
-    }))
-    .expect("JSON values always serialize");
-    let manifest_digest = sha(&referrer);
-    client
-        .push_manifest_raw(
-            &Reference::with_digest(host.clone(), repository.clone(), manifest_digest.clone()),
-            referrer.clone(),
-            OCI_IMAGE_MEDIA_TYPE.parse().expect("a valid header value"),
-        )
-        .await
-        .map_err(|e| ctx.classify(&e, What::Manifest))?;
-    // The referrers tag schema: the subject's tag lists its referrers, for registries without
-    // the referrers API (those with it answer the API, and the tag is an index like any other).
-    let tag = resolved.manifest_digest.replace(':', "-");
-    let tag_ref = Reference::with_tag(host.clone(), repository.clone(), tag);
-    let mut list: Vec<serde_json::Value> =
-        match client.pull_manifest_raw(&tag_ref, &auth, &[OCI_IMAGE_INDEX_MEDIA_TYPE]).await {
-            Ok((body, _)) => serde_json::from_slice::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|v| v.get("manifests").and_then(|m| m.as_array()).cloned())
-                .unwrap_or_default(),
-            Err(_) => Vec::new(),
-        };
-    list.retain(|m| m.get("digest").and_then(|d| d.as_str()) != Some(manifest_digest.as_str()));
-    list.push(serde_json::json!({
-        "mediaType": OCI_IMAGE_MEDIA_TYPE,
-        "digest": manifest_digest,
-        "size": referrer.len(),
-        "artifactType": INDEX_ARTIFACT_TYPE,
-    }));
-    let tag_index = serde_json::to_vec(&serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": OCI_IMAGE_INDEX_MEDIA_TYPE,
-        "manifests": list,
-    }))
-    .expect("JSON values always serialize");
-    client
-        .push_manifest_raw(&tag_ref, tag_index, OCI_IMAGE_INDEX_MEDIA_TYPE.parse().expect("a valid header value"))
-        .await
-        .map_err(|e| ctx.classify(&e, What::Manifest))?;
+    let layers = [(INDEX_MEDIA_TYPE, index.as_slice())];
+    let attached = subject
+        .attach(&Artifact {
+            artifact_type: INDEX_ARTIFACT_TYPE,
+            layers: &layers,
+            annotations: BTreeMap::from([("dev.mounthost.chunk-size".to_string(), chunk.to_string())]),
+        })
+        .await?;
     Ok(PushedIndex {
-        subject: resolved.manifest_digest,
-        manifest_digest,
-        index_digest,
+        subject: subject.resolved.manifest_digest.clone(),
+        manifest_digest: attached.manifest_digest,
+        index_digest: attached.layers.into_iter().next().expect("one layer"),
         chunk,
         layers: doc.blobs.len(),
         bytes: total,

@@ -30,6 +30,7 @@ mod live;
 mod plugin;
 mod pulls;
 mod push;
+mod referrer;
 mod registry;
 mod segments;
 pub mod signing;
@@ -61,6 +62,7 @@ pub mod fuzzing {
 }
 pub use plugin::PluginPull;
 pub use push::{PushedPlugin, push_plugin};
+pub use referrer::{PREDICATE_ANNOTATION, PushedSignature, SignatureBundle, push_signature};
 pub use store::{Store, hex_of, remove_tree};
 
 /// The node's registry settings (from the daemon's configuration).
