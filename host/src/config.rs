@@ -243,6 +243,19 @@ pub struct Config {
     pub lazy: LazyConfig,
     /// The byte caps as asked (resolved at the host daemon's start).
     pub byte_caps: ByteCaps,
+    /// Model signatures (docs/signing.md).
+    pub signatures: Signatures,
+}
+
+/// The node's trust set and signature policy (docs/signing.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Signatures {
+    /// The directory of trust entries (a ConfigMap mount), read at each verification; none:
+    /// nothing is trusted.
+    pub trust_dir: Option<PathBuf>,
+    /// Every volume whose stage plan resolves or fetches an OCI artifact must be signed by an
+    /// entry of the trust set (its `signedBy` entries when it names some).
+    pub required: bool,
 }
 
 /// How lazy volumes are served.
@@ -424,6 +437,7 @@ impl Config {
             instance: None,
             registries: Registries::default(),
             allow_plugin_tags: false,
+            signatures: Signatures::default(),
             stock_plugins: crate::stock::names().into_iter().map(String::from).collect(),
             lazy: LazyConfig::default(),
             byte_caps: ByteCaps::default(),

@@ -88,6 +88,14 @@ struct RefusalKind {
     kind: String,
 }
 
+/// A signature check: of a model or of a chunk index, and its result (`verified`, or the
+/// refusal's reason: fixed words from the code).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SignatureLabels {
+    kind: String,
+    result: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CacheResult {
     result: String,
@@ -237,6 +245,7 @@ pub struct Metrics {
     fuse_restarts: Family<PluginLabel, Counter>,
     policy_refusals: Family<ProgramRule, Counter>,
     registry_refusals: Family<RefusalKind, Counter>,
+    signature_checks: Family<SignatureLabels, Counter>,
     fuse_oom_kills: Family<PluginLabel, Counter>,
     volumes: Family<VolumeLabels, Gauge>,
     plugin_calls: Family<PluginOutcome, Counter>,
@@ -317,6 +326,12 @@ impl Metrics {
             "mounthost_registry_refusals",
             "Registry replies refused, by kind: reply_too_large, stall, realm, redirect, proof",
             registry_refusals.clone(),
+        );
+        let signature_checks = Family::<SignatureLabels, Counter>::default();
+        registry.register(
+            "mounthost_signature_checks",
+            "Signature checks of models and chunk indexes (docs/signing.md), by kind (model, index) and result: verified, or the refusal's reason",
+            signature_checks.clone(),
         );
         let fuse_oom_kills = Family::<PluginLabel, Counter>::default();
         registry.register(
@@ -411,6 +426,7 @@ impl Metrics {
             fuse_restarts,
             policy_refusals,
             registry_refusals,
+            signature_checks,
             fuse_oom_kills,
             volumes,
             plugin_calls,
@@ -539,6 +555,12 @@ impl Metrics {
     /// A registry's reply was refused (`kind`: reply_too_large, stall, realm, redirect, proof).
     pub fn registry_refusal(&self, kind: &str) {
         self.registry_refusals.get_or_create(&RefusalKind { kind: kind.into() }).inc();
+    }
+
+    /// A signature check of `kind` (`model`, `index`) ended with `result` (`verified`, or a
+    /// refusal's reason).
+    pub fn signature_check(&self, kind: &str, result: &str) {
+        self.signature_checks.get_or_create(&SignatureLabels { kind: kind.into(), result: result.into() }).inc();
     }
 
     /// A plan was refused by `program`'s rule `rule`.
@@ -722,6 +744,7 @@ mod tests {
         m.fuse_restart("p", 1);
         m.policy_refusal("weed", "subcommand");
         m.registry_refusal("stall");
+        m.signature_check("model", "verified");
         m.plugin_call("p", "stage", CallOutcome::Ok, Duration::ZERO);
         m.plugin_loaded("p", true);
         m.set_volumes(&[LiveVolume { plugin: "p".into(), phase: "staged".into(), healthy: true }]);
@@ -747,7 +770,7 @@ mod tests {
                 (format!("mounthost_{}", cells[0].trim_end_matches('`')), cells[1].to_string())
             })
             .collect();
-        assert_eq!(registered.len(), 20, "{registered:?}");
+        assert_eq!(registered.len(), 21, "{registered:?}");
         assert_eq!(documented, registered);
     }
 

@@ -38,13 +38,15 @@ const DRIVER: &str = "csi.mounthost.dev";
 const KUBERNETES_VERSIONS: [&str; 2] = ["1.33.0", "1.37.0"];
 /// Global flags whose values are paths of the node: replaced by a temporary directory when the
 /// binary is run here to check the other values.
-const PATH_FLAGS: [&str; 5] = ["--state-dir", "--plugin-dir", "--kubelet-dir", "--host-socket", "--program-rules-dir"];
-const PATH_ENVS: [&str; 5] = [
+const PATH_FLAGS: [&str; 6] =
+    ["--state-dir", "--plugin-dir", "--kubelet-dir", "--host-socket", "--program-rules-dir", "--trust-dir"];
+const PATH_ENVS: [&str; 6] = [
     "MOUNTHOST_STATE_DIR",
     "MOUNTHOST_PLUGIN_DIR",
     "MOUNTHOST_KUBELET_DIR",
     "MOUNTHOST_HOST_SOCKET",
     "MOUNTHOST_PROGRAM_RULES_DIR",
+    "MOUNTHOST_TRUST_DIR",
 ];
 
 fn workspace() -> PathBuf {

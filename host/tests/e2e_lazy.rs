@@ -6,14 +6,12 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use common::model::Node;
 use common::model::*;
 use common::registry::{PushedModel, Registry, RegistryOptions};
 use common::{in_private_namespace, mounts_below};
@@ -34,11 +32,6 @@ fn behind_relay(repo: &str, weights: u64, rate: u64) -> (Registry, TempDir, Push
     (registry, work, model, weights, relay, reference)
 }
 
-/// The lazy progress of volume `id` as ListVolumes reports it.
-async fn progress(node: &ModelNode, id: &str) -> Option<LazyProgress> {
-    node.volumes().await.into_iter().find(|v| v.volume_id == id).and_then(|v| v.lazy)
-}
-
 /// Wait until `id`'s layers are all complete (at most `limit`).
 async fn until_complete(node: &ModelNode, id: &str, limit: Duration) -> LazyProgress {
     let until = Instant::now() + limit;
@@ -53,17 +46,6 @@ async fn until_complete(node: &ModelNode, id: &str, limit: Duration) -> LazyProg
         assert!(Instant::now() < until, "the fill did not end: {p:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// `len` bytes at `at` of `file`.
-fn read_range(file: &Path, at: u64, len: usize) -> Vec<u8> {
-    let mut buf = vec![0u8; len];
-    std::fs::File::open(file).unwrap().read_exact_at(&mut buf, at).unwrap();
-    buf
-}
-
-fn lazy_ctx(reference: &str) -> HashMap<String, String> {
-    model_ctx(reference, &[("insecure", "true"), ("lazy", "true")])
 }
 
 #[test]
@@ -312,79 +294,6 @@ fn readers_of_one_chunk_share_its_fetch_and_a_sequential_reader_gets_read_ahead(
         unstage(&mut csi, "pv-ahead", &staging, &target).await;
         assert_eq!(mounts_below(node.dirs.root.path()), Vec::<PathBuf>::new());
     });
-}
-
-/// NodeGetVolumeStats of `id` at `path`: its VolumeCondition (abnormal, message).
-async fn condition(csi: &mut Node, id: &str, path: &Path) -> (bool, String) {
-    let r = csi
-        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
-            volume_id: id.into(),
-            volume_path: path.display().to_string(),
-            staging_target_path: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let c = r.volume_condition.unwrap_or_default();
-    (c.abnormal, c.message)
-}
-
-/// Wait until `id`'s progress passes `test` (at most `limit`).
-async fn until_progress(
-    node: &ModelNode,
-    id: &str,
-    limit: Duration,
-    test: impl Fn(&LazyProgress) -> bool,
-) -> LazyProgress {
-    let until = Instant::now() + limit;
-    loop {
-        let p = progress(node, id).await;
-        if let Some(p) = &p
-            && test(p)
-        {
-            return p.clone();
-        }
-        assert!(Instant::now() < until, "not reached: {p:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The errno a read of `len` bytes at `at` of `file` failed with (None: it succeeded).
-fn read_errno(file: &Path, at: u64, len: usize) -> Option<i32> {
-    let mut buf = vec![0u8; len];
-    match std::fs::File::open(file).and_then(|f| f.read_exact_at(&mut buf, at)) {
-        Ok(()) => None,
-        Err(e) => Some(e.raw_os_error().unwrap_or(-1)),
-    }
-}
-
-/// The node's staging, target and a stage of `pv` of `reference` with `ctx`, published.
-async fn staged_and_published(
-    node: &ModelNode,
-    csi: &mut Node,
-    pv: &str,
-    ctx: &HashMap<String, String>,
-) -> (PathBuf, PathBuf) {
-    let staging = node.dirs.staging(pv);
-    csi.node_stage_volume(stage_req(pv, &staging, ctx)).await.unwrap();
-    let target = node.dirs.target(&format!("pod-{pv}"), pv);
-    csi.node_publish_volume(publish_req(pv, &staging, &target, ctx)).await.unwrap();
-    (staging, target)
-}
-
-async fn unstage(csi: &mut Node, pv: &str, staging: &Path, target: &Path) {
-    csi.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: pv.into(),
-        target_path: target.display().to_string(),
-    })
-    .await
-    .unwrap();
-    csi.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: pv.into(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await
-    .unwrap();
 }
 
 #[test]

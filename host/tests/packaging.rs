@@ -22,7 +22,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use mounthost::volume::request::{DIGEST_KEY, DYNAMIC_KEY, DYNAMIC_PLUGINS_KEY, K8S_PREFIX, LAZY_KEY, PLUGIN_KEY};
+use mounthost::volume::request::{
+    CHUNK_INDEX_KEY, DIGEST_KEY, DYNAMIC_KEY, DYNAMIC_PLUGINS_KEY, K8S_PREFIX, LAZY_KEY, PLUGIN_KEY, SIGNED_BY_KEY,
+    is_reserved,
+};
 
 /// The image every document names.
 fn image() -> String {
@@ -873,9 +876,14 @@ fn the_reference_lists_every_seaweedfs_parameter_and_the_reserved_keys() {
         DYNAMIC_KEY.to_string(),
         DYNAMIC_PLUGINS_KEY.to_string(),
         LAZY_KEY.to_string(),
+        SIGNED_BY_KEY.to_string(),
+        CHUNK_INDEX_KEY.to_string(),
         format!("{K8S_PREFIX}*"),
     ]
     .into();
+    for key in &expected {
+        assert!(is_reserved(key.trim_end_matches('*')) || key.ends_with('*'), "{key} is not reserved");
+    }
     if reserved != expected {
         problems
             .push(format!("docs/reference.md `### Reserved keys` lists {reserved:?}; the host reserves {expected:?}"));

@@ -267,7 +267,7 @@ pub async fn run(socket: PathBuf, host_socket: PathBuf, cmd: ClientCommand) -> R
             Value::Array(
                 r.volumes
                     .into_iter()
-                    .map(|v| json!({"volumeId": v.volume_id, "plugin": v.plugin, "digest": v.digest, "phase": v.phase, "stagingPath": v.staging_path, "targets": v.targets, "pid": v.pid, "healthy": v.healthy, "condition": v.condition, "restarts": v.restarts, "oomKills": v.oom_kills, "pull": pull_json(&v), "lazy": lazy_json(&v)}))
+                    .map(|v| json!({"volumeId": v.volume_id, "plugin": v.plugin, "digest": v.digest, "phase": v.phase, "stagingPath": v.staging_path, "targets": v.targets, "pid": v.pid, "healthy": v.healthy, "condition": v.condition, "restarts": v.restarts, "oomKills": v.oom_kills, "pull": pull_json(&v), "lazy": lazy_json(&v), "trust": trust_json(&v)}))
                     .collect(),
             )
         }
@@ -286,6 +286,23 @@ fn pull_json(v: &crate::proto::host::VolumeStatus) -> Value {
         .map(|b| json!({"digest": b.digest, "done": b.done_bytes, "total": b.total_bytes}))
         .collect();
     json!({"doneBytes": v.pull_done_bytes, "totalBytes": v.pull_total_bytes, "blobs": blobs})
+}
+
+/// What a volume's stage verified (docs/signing.md): `signed` (by which trust entry, with
+/// which bundle), `indexed` (which chunk index), or both; `null` when neither and no policy.
+fn trust_json(v: &crate::proto::host::VolumeStatus) -> Value {
+    let Some(t) = &v.verification else { return Value::Null };
+    let text = |s: &str| if s.is_empty() { Value::Null } else { Value::from(s) };
+    let signed = (!t.signer.is_empty())
+        .then(|| json!({"by": t.signer, "identity": text(&t.identity), "bundle": t.bundle, "foundIn": t.found_in}));
+    let indexed =
+        (!t.chunk_index.is_empty()).then(|| json!({"digest": t.chunk_index, "signedBy": text(&t.index_signer)}));
+    json!({
+        "manifest": text(&t.manifest),
+        "signed": signed,
+        "indexed": indexed,
+        "policy": {"signedBy": t.signed_by, "chunkIndexRequired": t.chunk_index_required},
+    })
 }
 
 /// A lazy volume's progress (`null` for other volumes).

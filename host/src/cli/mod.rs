@@ -197,6 +197,16 @@ pub struct GlobalArgs {
     /// when the volume is created or first staged, and pinned) [default: a digest is required].
     #[arg(long, env = "MOUNTHOST_ALLOW_PLUGIN_TAGS", global = true)]
     pub allow_plugin_tags: bool,
+    /// A directory of trust entries for model signatures (NAME.pub, NAME.ca.pem with an
+    /// optional NAME.identity; a ConfigMap mount), read afresh at each verification
+    /// (docs/signing.md) [default: none, nothing is trusted].
+    #[arg(long, env = "MOUNTHOST_TRUST_DIR", global = true)]
+    pub trust_dir: Option<PathBuf>,
+    /// Every volume whose stage plan resolves or fetches an OCI artifact must be signed by an
+    /// entry of the trust set (by its `signedBy` entries when it names some), whatever its
+    /// plugin; no volume attribute turns this off.
+    #[arg(long, env = "MOUNTHOST_REQUIRE_SIGNATURE", global = true)]
+    pub require_signature: bool,
     /// The stock plugins this process offers, comma-separated, or `none`: a StorageClass or
     /// volume naming another one is refused as an unknown plugin.
     #[arg(long, env = "MOUNTHOST_STOCK_PLUGINS", value_delimiter = ',', value_parser = parse_stock_plugin, default_value = "seaweedfs,model", global = true)]
@@ -277,7 +287,8 @@ pub enum Command {
     /// A dynamic volume's mounts, through the socket in its published directory: create,
     /// list, get, delete, wait. Needs no host daemon socket and no root.
     Dynamic(dynamic::DynamicArgs),
-    /// Model artifacts in their registry: publish a model's chunk index.
+    /// Model artifacts in their registry: publish a model's chunk index (signed or not), attach its
+    /// signature.
     #[command(subcommand)]
     Model(model::ModelCommand),
     /// The FUSE server of a lazy model volume: started by the host daemon, unprivileged, with
@@ -368,6 +379,10 @@ impl GlobalArgs {
             dynamic: crate::config::ByteCap::from_mib(self.dynamic_max_mib),
         };
         cfg.allow_plugin_tags = self.allow_plugin_tags;
+        cfg.signatures = crate::config::Signatures {
+            trust_dir: self.trust_dir.as_ref().map(std::path::absolute).transpose()?,
+            required: self.require_signature,
+        };
         cfg.lazy = crate::config::LazyConfig {
             server: match &self.lazy_server {
                 Some(p) => std::path::absolute(p)?,

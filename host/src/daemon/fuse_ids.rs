@@ -192,6 +192,9 @@ mod tests {
             capability: None,
             dynamic: Default::default(),
             fuse_id: None,
+            signed_by: Vec::new(),
+            chunk_index_required: false,
+            verified: None,
             cgroup: format!("mounthost/{}", crate::volume::dirs::volume_key(id)),
         }
     }

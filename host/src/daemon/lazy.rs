@@ -148,11 +148,22 @@ fn entries_of(layer: u32, dest: &str, format: Archive, table: &BlobTable) -> (Ve
     (entries, files)
 }
 
+/// Which chunk index a lazy plan uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IndexChoice {
+    /// The manifest's first, looked up as a referrer (none: chunks are not checked).
+    Lookup,
+    /// This one (digest, size): the volume's pinned index, or the one its signature policy
+    /// verified.
+    Use(String, u64),
+}
+
 impl Node {
     /// The stage plan of a lazy volume: `plan` (checked, its artifact resolved to
     /// `manifest_digest`) lowered into the host's lazy server, its blobs authorized for
     /// `source`, every layer's file table read (from the node, else from the registry's
-    /// headers), and the chunk index of the manifest found when it has one. Returns without
+    /// headers), and the chunk index `index` chooses (the manifest's, found when it has one, or
+    /// the one given). Returns without
     /// waiting for any data; the caller registers the blobs as in use ([`Node::lazy_register`])
     /// once the plan is its volume's or mount's.
     /// `key` is the volume's id, or a dynamic mount's waiter key (its session's name); `control`
@@ -165,6 +176,7 @@ impl Node {
         source: &Source,
         reference: &str,
         manifest_digest: &str,
+        index: IndexChoice,
         control: String,
         admit: &(dyn Fn(u64) -> Result<(), Error> + Sync),
     ) -> Result<Plan, Error> {
@@ -176,7 +188,10 @@ impl Node {
         let artifacts = &self.inner.artifacts;
         let oci = |e| super::pull::oci_error(e, reference);
         // What the manifest and its index's say is fetched, judged before any of it is.
-        let found = artifacts.index_descriptor(source, manifest_digest).await.map_err(oci)?;
+        let found = match index {
+            IndexChoice::Lookup => artifacts.index_descriptor(source, manifest_digest).await.map_err(oci)?,
+            IndexChoice::Use(digest, size) => Some((digest, size)),
+        };
         admit(found.as_ref().map_or(0, |(_, size)| *size))?;
         artifacts.authorize(source, &blobs).await.map_err(oci)?;
         let index = match found {

@@ -30,6 +30,7 @@ pub mod pull;
 pub mod reconcile;
 pub mod secret_files;
 pub mod service;
+pub mod signed;
 pub mod stage;
 pub mod supervise;
 pub mod unstage;

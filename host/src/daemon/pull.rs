@@ -18,9 +18,10 @@
 //! it as a non-final error, so the volume stays "maybe mounted" and kubelet calls
 //! NodeUnstageVolume if the pod goes away meanwhile, which cancels this volume's wait.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::Node;
+use super::lazy::IndexChoice;
 use super::stage::StageAsk;
 use crate::error::Error;
 use crate::exec::artifacts::Prepared;
@@ -34,20 +35,24 @@ use crate::secrets::Secrets;
 use crate::unpriv::lookup::Rounds;
 use crate::volume::VolumeDirs;
 use crate::volume::request;
+use crate::volume::state::Verification;
 
 impl Node {
     /// The checked stage plan of `plugin` for `ask`: one planner call, or two when the first
     /// plan asks to resolve an OCI reference (then every blob the second names is in the cache,
-    /// or the call ends with UNAVAILABLE while they download).
+    /// or the call ends with UNAVAILABLE while they download), and what its signature policy
+    /// verified ([`super::signed`]; `pinned`: what an earlier stage of the volume verified).
     pub(super) async fn stage_plan(
         &self,
         plugin: &LoadedPlugin,
         ask: &StageAsk,
         attrs: &BTreeMap<String, String>,
         dirs: &VolumeDirs,
-    ) -> Result<Plan, Error> {
+        pinned: Option<&Verification>,
+    ) -> Result<(Plan, Option<Verification>), Error> {
         let plan = self.planned_stage(plugin, ask, attrs, dirs, None).await?;
         let lazy = request::lazy(&ask.context)?;
+        let policy = self.policy(&request::signed_by(&ask.context)?, request::chunk_index_required(&ask.context)?);
         let Some(first) = resolve_step(&plan).cloned() else {
             if lazy {
                 return Err(Error::invalid(format!(
@@ -57,16 +62,30 @@ impl Node {
                     plugin.info.name
                 )));
             }
-            return Ok(plan);
+            if policy.required && (!policy.signers.is_empty() || super::signed::names_artifact(&plan)) {
+                return Err(Error::precondition(format!(
+                    "{}: volume {} must be signed ({}), but plugin {} resolves no OCI artifact whose signature the host could check",
+                    super::signed::REFUSED,
+                    ask.id,
+                    if policy.signers.is_empty() {
+                        "--require-signature".to_string()
+                    } else {
+                        format!("{} {}", request::SIGNED_BY_KEY, policy.signers.join(","))
+                    },
+                    plugin.info.name
+                )));
+            }
+            return Ok((plan, None));
         };
         let source = self.source(&first, &ask.secrets)?;
         let reference = source_name(&first);
         let found = self.inner.artifacts.resolve(&source).await.map_err(|e| oci_error(e, &reference))?;
         let asked = match &first {
             Step::Resolve { reference, .. } => reference,
-            _ => return Ok(plan),
+            _ => return Ok((plan, None)),
         };
         let manifest_digest = found.manifest_digest.clone();
+        let manifest = found.manifest.clone();
         let resolved = wit::Resolved {
             reference: asked.clone(),
             manifest_digest: found.manifest_digest,
@@ -80,23 +99,73 @@ impl Node {
                 plugin.info.name
             )));
         }
+        // Before any layer is fetched: the signature, the raw layers' files, a lazy volume's index.
+        let checked = self
+            .check_signature(&policy, &plan, lazy, &source, &reference, &manifest, &manifest_digest, pinned)
+            .await?;
         if lazy {
+            if checked.needs_trees() {
+                // Under a policy, a lazy volume's tar layers are fetched and checked before it
+                // serves anything (a raw layer's chunks are checked against the signed index).
+                let tars: BTreeSet<&str> = checked.tar_digests().collect();
+                let steps = plan
+                    .steps
+                    .iter()
+                    .filter(|s| match s {
+                        Step::FetchBlob { digest, .. } | Step::Unpack { digest, .. } => tars.contains(digest.as_str()),
+                        _ => false,
+                    })
+                    .cloned()
+                    .collect();
+                self.pull_ready(&ask.id, &source, &reference, Plan { steps, ..plan.clone() }).await?;
+                self.checked_trees(&ask.id, &checked)?;
+            }
+            let index = match (&checked.verification.index, pinned) {
+                (Some(d), _) => IndexChoice::Use(d.clone(), checked.verification.index_size),
+                (None, Some(p)) if p.manifest == manifest_digest && p.index.is_some() => {
+                    IndexChoice::Use(p.index.clone().unwrap_or_default(), p.index_size)
+                }
+                _ => IndexChoice::Lookup,
+            };
             // Nothing waits for the blobs: the host's server reads them as its readers ask.
             let control = crate::plan::lazy::STAGE_CONTROL.to_string();
-            let plan =
-                self.lazy_plan(&ask.id, plan, &source, &reference, &manifest_digest, control, &|_| Ok(())).await?;
+            let plan = self
+                .lazy_plan(&ask.id, plan, &source, &reference, &manifest_digest, index, control, &|_| Ok(()))
+                .await?;
             self.lazy_register(&ask.id, &plan);
-            return Ok(plan);
+            let mut verification = checked.verification;
+            verification.index = crate::plan::lazy::layers(&plan).and_then(|l| l.index.clone());
+            if verification.index.is_none() {
+                verification.index_size = 0;
+            } else if verification.index_size == 0 {
+                verification.index_size = pinned.map(|p| p.index_size).unwrap_or_default();
+            }
+            let record = verification.signer.is_some() || verification.index.is_some();
+            return Ok((plan, record.then_some(verification)));
         }
+        let plan = self.pull_ready(&ask.id, &source, &reference, plan).await?;
+        self.checked_trees(&ask.id, &checked)?;
+        let record = checked.verification.signer.is_some();
+        Ok((plan, record.then_some(checked.verification)))
+    }
+
+    /// Round 2 of the signature check; a refusal lets go of the volume's blobs.
+    fn checked_trees(&self, id: &str, checked: &super::signed::Checked) -> Result<(), Error> {
+        self.check_trees(checked).inspect_err(|_| self.inner.artifacts.forget(id))
+    }
+
+    /// `plan` once every blob it fetches is in the node's cache and every archive it unpacks
+    /// has its tree there; UNAVAILABLE while they download or unpack.
+    async fn pull_ready(&self, id: &str, source: &Source, reference: &str, plan: Plan) -> Result<Plan, Error> {
         let blobs = plan_blobs(&plan);
         // A blob some other volume brought into the cache is this volume's only if its
         // credentials may read it from its registry (asked once per source and blob).
-        self.inner.artifacts.authorize(&source, &blobs).await.map_err(|e| oci_error(e, &reference))?;
-        match self.inner.artifacts.ensure(&ask.id, &source, &blobs) {
+        self.inner.artifacts.authorize(source, &blobs).await.map_err(|e| oci_error(e, reference))?;
+        match self.inner.artifacts.ensure(id, source, &blobs) {
             // A blob another source brought between the check above and now is proven too.
             Ensure::Ready => {
-                self.inner.artifacts.authorize(&source, &blobs).await.map_err(|e| oci_error(e, &reference))?;
-                self.trees_ready(&ask.id, plan, &reference)
+                self.inner.artifacts.authorize(source, &blobs).await.map_err(|e| oci_error(e, reference))?;
+                self.trees_ready(id, plan, reference)
             }
             Ensure::Pulling(p) => {
                 // A download that stopped retriably (the registry down, stalled) says why.
@@ -115,8 +184,8 @@ impl Node {
             Ensure::Failed(e) => {
                 // kubelet treats most of these codes as final and may never unstage: the volume
                 // waits no more (and leaves ListVolumes); its next stage starts over.
-                self.inner.artifacts.forget(&ask.id);
-                Err(oci_error(e, &reference))
+                self.inner.artifacts.forget(id);
+                Err(oci_error(e, reference))
             }
         }
     }

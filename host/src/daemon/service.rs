@@ -162,6 +162,7 @@ impl Host for HostService {
             .into_iter()
             .map(|(st, h)| VolumeStatus {
                 lazy: self.node.lazy_status(&st.volume_id).map(|l| lazy_progress(&l)),
+                verification: verification(&st),
                 volume_id: st.volume_id,
                 plugin: st.plugin,
                 digest: st.digest,
@@ -371,4 +372,24 @@ pub fn lazy_progress(l: &crate::daemon::lazy::LazyStatus) -> crate::proto::host:
         failed: l.failed.clone().unwrap_or_default(),
         stalled: l.stalled.clone().unwrap_or_default(),
     }
+}
+
+/// What a volume's record says it verified (ListVolumes), if it is signed, indexed or under a
+/// policy.
+fn verification(st: &crate::volume::state::VolumeState) -> Option<crate::proto::host::Verification> {
+    let v = st.verified.clone().unwrap_or_default();
+    if st.verified.is_none() && st.signed_by.is_empty() && !st.chunk_index_required {
+        return None;
+    }
+    Some(crate::proto::host::Verification {
+        manifest: v.manifest,
+        signer: v.signer.unwrap_or_default(),
+        identity: v.identity.unwrap_or_default(),
+        bundle: v.bundle.unwrap_or_default(),
+        found_in: v.found_in.unwrap_or_default(),
+        chunk_index: v.index.unwrap_or_default(),
+        index_signer: v.index_signer.unwrap_or_default(),
+        signed_by: st.signed_by.clone(),
+        chunk_index_required: st.chunk_index_required,
+    })
 }

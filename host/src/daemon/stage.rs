@@ -126,7 +126,8 @@ impl Node {
         let name = plugin.info.name.clone();
         let attrs = request::plugin_attrs(&ask.context);
         let dirs = self.dirs(&ask.id, Some(&ask.staging), None);
-        let plan = self.stage_plan(&plugin, &ask, &attrs, &dirs).await?;
+        let earlier = existing.as_ref().and_then(|s| s.verified.clone());
+        let (plan, verified) = self.stage_plan(&plugin, &ask, &attrs, &dirs, earlier.as_ref()).await?;
         let lazy = crate::plan::lazy::layers(&plan).is_some();
         let cached = lazy || plan.steps.iter().any(|s| matches!(s, crate::plan::Step::FetchBlob { .. }));
         let mut state = VolumeState {
@@ -153,6 +154,9 @@ impl Node {
                 .unwrap_or_else(|| self.inner.config.volume_cgroup(&crate::volume::dirs::volume_key(&ask.id))),
             published: existing.map(|s| s.published).unwrap_or_default(),
             ephemeral: ask.ephemeral,
+            signed_by: request::signed_by(&ask.context)?,
+            chunk_index_required: request::chunk_index_required(&ask.context)?,
+            verified,
         };
         let staged = self
             .blocking(move |n| {
@@ -213,6 +217,18 @@ impl Node {
         let (staged_lazy, asked_lazy) = (crate::plan::lazy::layers(&st.plan).is_some(), request::lazy(&ask.context)?);
         if staged_lazy != asked_lazy {
             return refuse(format!("{} {staged_lazy}, not {asked_lazy}", request::LAZY_KEY));
+        }
+        let (signed_by, index) = (request::signed_by(&ask.context)?, request::chunk_index_required(&ask.context)?);
+        if signed_by != st.signed_by {
+            return refuse(format!(
+                "{} {:?}, not {:?}",
+                request::SIGNED_BY_KEY,
+                st.signed_by.join(","),
+                signed_by.join(",")
+            ));
+        }
+        if index != st.chunk_index_required {
+            return refuse(format!("{} required {}, not {index}", request::CHUNK_INDEX_KEY, st.chunk_index_required));
         }
         let attrs = request::plugin_attrs(&ask.context);
         if attrs != st.context {

@@ -133,6 +133,8 @@ impl Controller {
         let (plugin, source) = self.plugin(&req.parameters, &secrets, &name).await?;
         request::dynamic_plugins(&req.parameters, &plugin.info.name)?;
         request::lazy(&req.parameters)?;
+        request::signed_by(&req.parameters)?;
+        request::chunk_index_required(&req.parameters)?;
         let params = request::plugin_attrs(&req.parameters);
         let hosts = policy::endpoint_hosts(&plugin.info, params.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let mut rounds = Rounds::default();
@@ -200,9 +202,16 @@ impl Controller {
             .extend(out.context.into_iter().filter(|kv| !request::is_reserved(&kv.key)).map(|kv| (kv.key, kv.value)));
         context.insert(request::PLUGIN_KEY.into(), plugin.info.name.clone());
         // The host's own settings (a pinned build, a dynamic volume's) travel with the volume.
-        for key in [request::DIGEST_KEY, request::DYNAMIC_KEY, request::DYNAMIC_PLUGINS_KEY, request::LAZY_KEY]
-            .into_iter()
-            .chain(request::DYNAMIC_LIMIT_KEYS)
+        for key in [
+            request::DIGEST_KEY,
+            request::DYNAMIC_KEY,
+            request::DYNAMIC_PLUGINS_KEY,
+            request::LAZY_KEY,
+            request::SIGNED_BY_KEY,
+            request::CHUNK_INDEX_KEY,
+        ]
+        .into_iter()
+        .chain(request::DYNAMIC_LIMIT_KEYS)
         {
             if let Some(v) = req.parameters.get(key) {
                 context.insert(key.into(), v.clone());

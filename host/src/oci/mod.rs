@@ -33,6 +33,7 @@ mod push;
 mod referrer;
 mod registry;
 mod segments;
+mod signed;
 pub mod signing;
 mod slots;
 mod stall;
@@ -52,6 +53,7 @@ pub use download::MAX_REFETCH;
 pub use error::{OciError, redact};
 pub use index::{INDEX_ARTIFACT_TYPE, IndexDoc, PushedIndex, index_of, parse_index, push_index};
 pub use lazy::{BlobView, ChunkIndex};
+pub use signed::{MAX_REFERRERS, TreeEntry};
 pub use table::{BlobTable, TableEntry, TableKind};
 
 /// The parsers of registry bytes, for the fuzz targets in `host/fuzz`; not an API.

@@ -47,6 +47,60 @@ pub fn lazy(attrs: &HashMap<String, String>) -> Result<bool, Error> {
     }
 }
 
+/// The trust entries a volume's OCI artifact must be signed by, comma-separated
+/// (docs/signing.md).
+pub const SIGNED_BY_KEY: &str = "signedBy";
+/// `required`: a lazy stage whose model has no chunk index fails (docs/signing.md).
+pub const CHUNK_INDEX_KEY: &str = "chunkIndex";
+/// Most names a `signedBy` value lists.
+pub const MAX_SIGNERS: usize = 16;
+
+/// The trust entries `signedBy` names (empty: the attribute is not set). Each name is a trust
+/// entry's (lowercase letters, digits and `-`, at most 63 characters), at most once.
+pub fn signed_by(attrs: &HashMap<String, String>) -> Result<Vec<String>, Error> {
+    let Some(raw) = attrs.get(SIGNED_BY_KEY) else { return Ok(Vec::new()) };
+    parse_signers(raw)
+        .map_err(|why| Error::invalid(format!("volume attribute {SIGNED_BY_KEY} is {}: {why}", shown(raw))))
+}
+
+/// A `signedBy` value's names, or why it is not one.
+pub fn parse_signers(raw: &str) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    for name in raw.split(',').map(str::trim) {
+        let ok = !name.is_empty()
+            && name.len() <= 63
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !name.starts_with('-')
+            && !name.ends_with('-');
+        if !ok {
+            return Err(format!(
+                "{} is not a trust entry's name (lowercase letters, digits and '-', at most 63); list names separated by commas",
+                shown(name)
+            ));
+        }
+        if out.iter().any(|n| n == name) {
+            return Err(format!("{name} is listed twice"));
+        }
+        out.push(name.to_string());
+    }
+    if out.len() > MAX_SIGNERS {
+        return Err(format!("it lists {} names, at most {MAX_SIGNERS}", out.len()));
+    }
+    Ok(out)
+}
+
+/// Does the volume say `chunkIndex: required`? Anything but `required` is refused.
+pub fn chunk_index_required(attrs: &HashMap<String, String>) -> Result<bool, Error> {
+    match attrs.get(CHUNK_INDEX_KEY).map(String::as_str) {
+        None => Ok(false),
+        Some("required") => Ok(true),
+        Some(other) => Err(Error::invalid(format!(
+            "volume attribute {CHUNK_INDEX_KEY} is {}; the one value is \"required\" (leave it out otherwise)",
+            shown(other)
+        ))),
+    }
+}
+
 /// A dynamic volume's cap on its mounts (at most the node's `--dynamic-max-mounts`).
 pub const DYNAMIC_MAX_MOUNTS_KEY: &str = "dynamicMaxMounts";
 /// A dynamic volume's cap on the bytes its mounts fetch, in MiB (at most `--dynamic-max-mib`).
@@ -265,6 +319,8 @@ pub fn is_reserved(key: &str) -> bool {
         || key == DYNAMIC_KEY
         || key == DYNAMIC_PLUGINS_KEY
         || key == LAZY_KEY
+        || key == SIGNED_BY_KEY
+        || key == CHUNK_INDEX_KEY
         || DYNAMIC_LIMIT_KEYS.contains(&key)
         || key.starts_with(K8S_PREFIX)
 }

@@ -26,13 +26,15 @@
 //! | 1 | mounthost 0.1.0 | first |
 //! | 2 | an earlier release | `cgroup`: the volume's cgroup, recorded, so each daemon owns the groups its records name (schema 1 volumes keep `<cgroup-parent>/<key>`, where every earlier release put them) |
 //! | 3 | an earlier release | lazy volumes (docs/lazy.md): a `spawn-fuse` step's `lazy` (the host's own server and the layers it serves), a dynamic mount's `process`; a schema 2 record has neither and reads as it is |
-//! | 4 | this release | a dynamic volume's limits: a publication's `dynamicLimits` (what its attributes lowered) and a dynamic mount's `bytes` (what it counts against the byte cap); a schema 3 record has neither and reads as it is (no limit lowered; a mount counts what its recorded steps fetch) |
+//! | 4 | an earlier release | a dynamic volume's limits: a publication's `dynamicLimits` (what its attributes lowered) and a dynamic mount's `bytes` (what it counts against the byte cap); a schema 3 record has neither and reads as it is (no limit lowered; a mount counts what its recorded steps fetch) |
+//! | 5 | this release | signatures (docs/signing.md): `signedBy` (the volume's signature policy, which its dynamic mounts inherit), `chunkIndexRequired`, and `verified` (who signed what the stage mounted, the chunk index it pinned); a schema 4 record has none and reads as it is (no policy of its own, nothing verified) |
 //!
 //! A record is written in the oldest schema that holds it ([`VolumeState::oldest_schema`]):
-//! this release writes schema 4 only for dynamic volumes whose attributes lower a limit or
+//! this release writes schema 5 only for volumes with a signature policy or a verified
+//! signature or pinned chunk index, 4 for dynamic volumes whose attributes lower a limit or
 //! whose mounts count bytes, 3 for other lazy volumes, 2 for the rest, so a daemon of an
 //! earlier release reads every volume that uses nothing newer, and refuses (FAILED_PRECONDITION,
-//! naming both versions) one whose limits it would drop at its next save. Records that daemons
+//! naming both versions) one whose limits or signature policy it would drop at its next save. Records that daemons
 //! between schemas 3 and 4 wrote with these fields under an older version still read here.
 //!
 //! Every read and write goes through the executor's [`Files`] (paths resolved below the state
@@ -51,7 +53,7 @@ use crate::exec::process::ProcessId;
 use crate::plan::Plan;
 
 /// The schema version this daemon writes (and the newest it reads).
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// The oldest schema version this daemon reads, migrating it to [`SCHEMA_VERSION`].
 pub const OLDEST_SCHEMA_VERSION: u32 = 1;
@@ -229,6 +231,49 @@ pub struct VolumeState {
     /// get one at their next (re)stage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fuse_id: Option<u32>,
+    /// The volume's signature policy: the trust entries its `signedBy` attribute names
+    /// (docs/signing.md). Kept for its dynamic mounts, which inherit it, and for a restage,
+    /// which must ask for the same.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signed_by: Vec<String>,
+    /// The volume's `chunkIndex: required`: a lazy stage without a chunk index fails.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub chunk_index_required: bool,
+    /// What the stage verified of the OCI artifact it mounts: who signed it, the chunk index it
+    /// pinned. A restage of the same manifest keeps it (the registry's signatures and indexes
+    /// are not looked up again while the volume stays staged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<Verification>,
+}
+
+/// What a stage verified of the artifact it mounts (docs/signing.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Verification {
+    /// The manifest the volume mounts.
+    pub manifest: String,
+    /// The trust entry whose key or CA verified the model's signature (none: not signed, or no
+    /// policy asked for one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signer: Option<String>,
+    /// The certificate identity (subjectAltName) the entry pinned, when it pins one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    /// The digest of the Sigstore bundle that verified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<String>,
+    /// Where that bundle was found: `referrer` or `model.sig` (a file of the artifact).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub found_in: Option<String>,
+    /// The chunk index a lazy volume checks every chunk against, pinned at its first stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<String>,
+    /// That index's size in bytes (to fetch it again by digest).
+    #[serde(default, skip_serializing_if = "is_zero_bytes")]
+    pub index_size: u64,
+    /// The trust entry that signed that index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_signer: Option<String>,
 }
 
 /// The parts of a CSI volume capability a restage must match.
@@ -250,14 +295,17 @@ fn is_zero(n: &u32) -> bool {
 }
 
 impl VolumeState {
-    /// The oldest schema that holds this record: 4 for a dynamic volume whose publication
+    /// The oldest schema that holds this record: 5 for a volume with a signature policy or a
+    /// verification, 4 for a dynamic volume whose publication
     /// lowers a limit or one of whose mounts counts bytes (what schema 4 added), 3 for a lazy
     /// volume, or a volume with a lazy dynamic mount (what schema 3 added), else 2.
     pub fn oldest_schema(&self) -> u32 {
         let lazy = |steps: &[crate::plan::Step]| crate::plan::lazy::layers_of(steps).is_some();
         let limits = self.published.values().any(|p| !p.dynamic_limits.is_default())
             || self.dynamic.values().any(|d| d.bytes != 0);
-        if limits {
+        if !self.signed_by.is_empty() || self.chunk_index_required || self.verified.is_some() {
+            5
+        } else if limits {
             4
         } else if lazy(&self.plan.steps) || self.dynamic.values().any(|d| d.process.is_some() || lazy(&d.steps)) {
             3
@@ -711,6 +759,9 @@ pub(crate) mod tests {
             capability: None,
             dynamic: BTreeMap::new(),
             fuse_id: None,
+            signed_by: Vec::new(),
+            chunk_index_required: false,
+            verified: None,
             cgroup: format!("mounthost-0123456789abcdef/{}", volume_key(id)),
         }
     }

@@ -15,6 +15,7 @@ pub mod dynamic;
 pub mod hostile;
 pub mod model;
 pub mod registry;
+pub mod signing;
 pub mod sshd;
 
 /// Set in the re-executed test to the mount namespace it was launched from.

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use mounthost::proto::csi;
 use mounthost::proto::csi::node_client::NodeClient;
-use mounthost::proto::host::VolumeStatus;
 use mounthost::proto::host::host_client::HostClient;
+use mounthost::proto::host::{LazyProgress, VolumeStatus};
 use mounthost::unpriv::grpc::channel;
 use tonic::Code;
 
@@ -357,4 +358,93 @@ pub fn run(node: &ModelNode, registry: &Registry, body: impl AsyncFnOnce()) {
 pub fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The lazy progress of volume `id` as ListVolumes reports it.
+pub async fn progress(node: &ModelNode, id: &str) -> Option<LazyProgress> {
+    node.volumes().await.into_iter().find(|v| v.volume_id == id).and_then(|v| v.lazy)
+}
+
+/// `len` bytes at `at` of `file`.
+pub fn read_range(file: &Path, at: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    std::fs::File::open(file).unwrap().read_exact_at(&mut buf, at).unwrap();
+    buf
+}
+
+pub fn lazy_ctx(reference: &str) -> HashMap<String, String> {
+    model_ctx(reference, &[("insecure", "true"), ("lazy", "true")])
+}
+
+/// NodeGetVolumeStats of `id` at `path`: its VolumeCondition (abnormal, message).
+pub async fn condition(csi: &mut Node, id: &str, path: &Path) -> (bool, String) {
+    let r = csi
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: id.into(),
+            volume_path: path.display().to_string(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let c = r.volume_condition.unwrap_or_default();
+    (c.abnormal, c.message)
+}
+
+/// Wait until `id`'s progress passes `test` (at most `limit`).
+pub async fn until_progress(
+    node: &ModelNode,
+    id: &str,
+    limit: Duration,
+    test: impl Fn(&LazyProgress) -> bool,
+) -> LazyProgress {
+    let until = Instant::now() + limit;
+    loop {
+        let p = progress(node, id).await;
+        if let Some(p) = &p
+            && test(p)
+        {
+            return p.clone();
+        }
+        assert!(Instant::now() < until, "not reached: {p:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The errno a read of `len` bytes at `at` of `file` failed with (None: it succeeded).
+pub fn read_errno(file: &Path, at: u64, len: usize) -> Option<i32> {
+    let mut buf = vec![0u8; len];
+    match std::fs::File::open(file).and_then(|f| f.read_exact_at(&mut buf, at)) {
+        Ok(()) => None,
+        Err(e) => Some(e.raw_os_error().unwrap_or(-1)),
+    }
+}
+
+/// The node's staging, target and a stage of `pv` of `reference` with `ctx`, published.
+pub async fn staged_and_published(
+    node: &ModelNode,
+    csi: &mut Node,
+    pv: &str,
+    ctx: &HashMap<String, String>,
+) -> (PathBuf, PathBuf) {
+    let staging = node.dirs.staging(pv);
+    csi.node_stage_volume(stage_req(pv, &staging, ctx)).await.unwrap();
+    let target = node.dirs.target(&format!("pod-{pv}"), pv);
+    csi.node_publish_volume(publish_req(pv, &staging, &target, ctx)).await.unwrap();
+    (staging, target)
+}
+
+pub async fn unstage(csi: &mut Node, pv: &str, staging: &Path, target: &Path) {
+    csi.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: pv.into(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    csi.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: pv.into(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
 }

@@ -121,6 +121,7 @@ pub struct MountList {
 pub struct ApiError {
     /// A stable machine-readable code: `bad_request`, `bad_id`, `bad_json`, `too_large`,
     /// `not_found`, `method_not_allowed`, `conflict`, `too_many_mounts`, `too_many_requests`, `forbidden_plugin`,
+    /// `signature_refused`,
     /// `unknown_plugin`, `invalid_parameters`, `unauthenticated`, `permission_denied`, `busy`,
     /// `unavailable`, `resource_exhausted`, `data_loss`, `internal`.
     pub code: String,

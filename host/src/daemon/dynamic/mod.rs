@@ -40,7 +40,9 @@ use tracing::{info, warn};
 
 use super::Node;
 use super::diff::{Desired, Root};
+use super::lazy::IndexChoice;
 use super::pipeline::{Job, Persist};
+use super::signed::{Checked, Policy};
 use crate::error::{Error, ErrorKind};
 use crate::exec::artifacts::Prepared;
 use crate::exec::{FileId, FileKind};
@@ -167,6 +169,8 @@ struct Planning {
     ephemeral: bool,
     /// The volume's registry credentials, for the registries its StorageClass names.
     credentials: credentials::MountCredentials,
+    /// The volume's signature policy, narrowed by the mount's `signedBy` (docs/signing.md).
+    policy: Policy,
 }
 
 /// Abandons a mount's blobs when its task is dropped before its end (aborted).
@@ -190,7 +194,12 @@ struct Planned {
     plan: Plan,
     bytes: u64,
     reservation: ledger::Reservation,
+    /// What its signature policy checked before anything was fetched.
+    checked: Checked,
 }
+
+/// A mount's plan and what its signature policy checked (the tar layers' files remain).
+type Ready = (Plan, Checked);
 
 /// One volume's server.
 struct Served {
@@ -245,6 +254,10 @@ impl From<Error> for ApiErr {
         let (status, code) = match e.kind {
             ErrorKind::InvalidArgument | ErrorKind::OutOfRange => (400, "invalid_parameters"),
             ErrorKind::NotFound => (404, "not_found"),
+            // Its artifact's signature refused (daemon/signed.rs): the pod may not mount it.
+            ErrorKind::FailedPrecondition if e.message.starts_with(super::signed::REFUSED) => {
+                (403, "signature_refused")
+            }
             ErrorKind::AlreadyExists | ErrorKind::FailedPrecondition => (409, "conflict"),
             ErrorKind::Aborted => (503, "busy"),
             ErrorKind::Unavailable | ErrorKind::DeadlineExceeded => (503, "unavailable"),
@@ -659,7 +672,7 @@ impl Node {
                     ),
                 )
             })??;
-        let Planned { plan, bytes, reservation } = planned;
+        let Planned { plan, bytes, reservation, checked } = planned;
         record.bytes = bytes;
         {
             let _guard = self.lock_volume(volume, false).await?;
@@ -676,7 +689,7 @@ impl Node {
             // Its record counts its bytes from now on.
             drop(reservation);
             info!(volume.id = %volume, mount = %id, "dynamic mount accepted");
-            self.spawn_mount(volume, &id, Some(plan), 1);
+            self.spawn_mount(volume, &id, Some((plan, checked)), 1);
         }
         // A mount of files already in the cache is ready in milliseconds: answer with it.
         let deadline = tokio::time::Instant::now() + CREATE_WAIT;
@@ -877,7 +890,7 @@ impl Node {
 
     /// Start (or start again) the task that plans (unless `planned`), pulls and mounts a
     /// recorded mount, in up to `attempts` attempts while it fails retriably.
-    fn spawn_mount(&self, volume: &str, id: &str, planned: Option<Plan>, attempts: u32) {
+    fn spawn_mount(&self, volume: &str, id: &str, planned: Option<Ready>, attempts: u32) {
         let key = waiter(volume, id);
         let (this, volume, id) = (self.clone(), volume.to_string(), id.to_string());
         // Registered before the task can end (its end forgets its own handle only).
@@ -980,7 +993,44 @@ impl Node {
             },
             ephemeral: st.ephemeral,
             credentials,
+            policy: self.mount_policy(st, m)?,
         })
+    }
+
+    /// The signature policy of mount `m` of volume `st`: the volume's, which the mount's own
+    /// `signedBy` may narrow (entries the volume lists) or, on a volume without one, set; and
+    /// `chunkIndex: required` if either says so. A pod never widens its volume's policy.
+    fn mount_policy(&self, st: &VolumeState, m: &DynamicMount) -> Result<Policy, Error> {
+        use crate::volume::request::{CHUNK_INDEX_KEY, SIGNED_BY_KEY, parse_signers, shown};
+        let signers = match m.parameters.get(SIGNED_BY_KEY) {
+            None => st.signed_by.clone(),
+            Some(raw) => {
+                let asked = parse_signers(raw)
+                    .map_err(|why| Error::invalid(format!("parameter {SIGNED_BY_KEY} is {}: {why}", shown(raw))))?;
+                if let Some(other) = asked.iter().find(|n| !st.signed_by.is_empty() && !st.signed_by.contains(n)) {
+                    return Err(Error::new(
+                        ErrorKind::PermissionDenied,
+                        format!(
+                            "parameter {SIGNED_BY_KEY} names {other}, which this volume's {SIGNED_BY_KEY} ({}) does not: a \
+                             mount may narrow its volume's signature policy, never widen it",
+                            st.signed_by.join(", ")
+                        ),
+                    ));
+                }
+                asked
+            }
+        };
+        let index = match m.parameters.get(CHUNK_INDEX_KEY).map(String::as_str) {
+            None => st.chunk_index_required,
+            Some("required") => true,
+            Some(other) => {
+                return Err(Error::invalid(format!(
+                    "parameter {CHUNK_INDEX_KEY} is {}; the one value is \"required\"",
+                    shown(other)
+                )));
+            }
+        };
+        Ok(self.policy(&signers, index))
     }
 
     /// One call of the plugin's `dynamic-mount` planner (with what the host resolved, on the
@@ -995,10 +1045,15 @@ impl Node {
         let req = wit::DynamicMountRequest {
             volume_id: volume.to_string(),
             context: crate::volume::request::kvs(&p.context),
-            // `lazy` is the host's, as a volume's attribute is.
-            request: crate::volume::request::kvs(
-                m.parameters.iter().filter(|(k, _)| k.as_str() != crate::volume::request::LAZY_KEY),
-            ),
+            // `lazy`, `signedBy` and `chunkIndex` are the host's, as a volume's attributes are.
+            request: crate::volume::request::kvs(m.parameters.iter().filter(|(k, _)| {
+                ![
+                    crate::volume::request::LAZY_KEY,
+                    crate::volume::request::SIGNED_BY_KEY,
+                    crate::volume::request::CHUNK_INDEX_KEY,
+                ]
+                .contains(&k.as_str())
+            })),
             subdir: String::new(),
             // The host's resolution first, and no recorded attribute under its prefix.
             recorded: resolved
@@ -1039,9 +1094,16 @@ impl Node {
                     p.plugin.info.name
                 )));
             }
+            if p.policy.required && (!p.policy.signers.is_empty() || super::signed::names_artifact(&plan)) {
+                return Err(Error::precondition(format!(
+                    "{}: mount {id} must be signed, but plugin {} resolves no OCI artifact whose signature the host could check",
+                    super::signed::REFUSED,
+                    p.plugin.info.name
+                )));
+            }
             let bytes = fetched_bytes(&plan);
             let reservation = self.reserve_bytes(volume, id, again, bytes).map_err(exhausted)?;
-            return Ok(Planned { plan, bytes, reservation });
+            return Ok(Planned { plan, bytes, reservation, checked: Checked::default() });
         };
         let source = self.mount_source(&first, &p.credentials)?;
         let Step::Resolve { reference, .. } = &first else { unreachable!("matched above") };
@@ -1059,8 +1121,33 @@ impl Node {
                 p.plugin.info.name
             )));
         }
+        // Before anything but the manifest is fetched: the signature and the raw layers' files.
+        let checked = self
+            .check_signature(
+                &p.policy,
+                &plan,
+                p.lazy,
+                &source,
+                reference,
+                &found.manifest,
+                &found.manifest_digest,
+                None,
+            )
+            .await?;
         let layers = fetched_bytes(&plan);
         if p.lazy {
+            if checked.needs_trees() {
+                return Err(Error::precondition(format!(
+                    "{}: mount {id} is lazy and under a signature policy, which serves raw layers only (their chunks \
+                     checked against the signed index): {reference} has archive layers, whose files can be checked \
+                     only once fetched; mount it with lazy \"false\"",
+                    super::signed::REFUSED
+                )));
+            }
+            let index = match &checked.verification.index {
+                Some(d) => IndexChoice::Use(d.clone(), checked.verification.index_size),
+                None => IndexChoice::Lookup,
+            };
             // Served by a lazy server of its own while its blobs download (docs/lazy.md); its
             // chunk index counts like a blob, reserved before it is fetched.
             let control = crate::plan::lazy::mount_control(id);
@@ -1071,27 +1158,28 @@ impl Node {
                 *lock(&reserved) = Some((r, layers.saturating_add(index)));
                 Ok(())
             };
-            let plan = self.lazy_plan(&key, plan, &source, reference, &found.manifest_digest, control, &admit).await?;
+            let plan =
+                self.lazy_plan(&key, plan, &source, reference, &found.manifest_digest, index, control, &admit).await?;
             let (reservation, bytes) = lock(&reserved)
                 .take()
                 .ok_or_else(|| Error::internal("a lazy mount was planned without its bytes reserved"))?;
-            return Ok(Planned { plan, bytes, reservation });
+            return Ok(Planned { plan, bytes, reservation, checked });
         }
         let reservation = self.reserve_bytes(volume, id, again, layers).map_err(exhausted)?;
-        Ok(Planned { plan, bytes: layers, reservation })
+        Ok(Planned { plan, bytes: layers, reservation, checked })
     }
 
     /// Plan (unless `planned`: what the POST planned), pull and mount one recorded mount.
-    async fn mount_now(&self, volume: &str, id: &str, planned: Option<Plan>) -> Result<(), Error> {
+    async fn mount_now(&self, volume: &str, id: &str, planned: Option<Ready>) -> Result<(), Error> {
         let st = self.inner.store.load(volume)?.ok_or_else(|| Error::unavailable("the volume is gone"))?;
         let Some(m) = st.dynamic.get(id).cloned() else { return Ok(()) };
-        let plan = match planned {
-            Some(plan) => plan,
+        let (plan, checked) = match planned {
+            Some(ready) => ready,
             None => {
                 // Planned again (a restarted daemon): the tag may name a larger artifact now.
                 // Its record takes the new bytes before the reservation goes.
                 let p = self.planning(&st, id, &m).await?;
-                let Planned { plan, bytes, reservation } = self.full_plan(&p, volume, id, &m, true).await?;
+                let Planned { plan, bytes, reservation, checked } = self.full_plan(&p, volume, id, &m, true).await?;
                 let _guard = self.lock_volume(volume, true).await.map_err(|e| Error::unavailable(e.message))?;
                 let Some(mut st) = self.inner.store.load(volume)? else { return Ok(()) };
                 match st.dynamic.get_mut(id) {
@@ -1100,7 +1188,7 @@ impl Node {
                 }
                 self.inner.store.save(&st)?;
                 drop(reservation);
-                plan
+                (plan, checked)
             }
         };
         let lazy = crate::plan::lazy::layers(&plan).is_some();
@@ -1114,6 +1202,9 @@ impl Node {
             let source = self.mount_source(first, &self.mount_credentials_of(&st, &m.plugin).await?)?;
             let Step::Resolve { reference, .. } = first else { unreachable!("matched above") };
             self.pull(volume, id, &source, &plan, reference).await?;
+            // Fetched and unpacked in the cache, nothing linked yet: the tar layers' files.
+            let c = checked.clone();
+            self.blocking(move |n| n.check_trees(&c)).await?;
         }
         // The mount still waits for its blobs (the artifacts keep them from a prune) until its
         // record holds its steps; `settle` forgets it, however this ends.
