@@ -41,15 +41,17 @@ impl Node {
     /// The checked stage plan of `plugin` for `ask`: one planner call, or two when the first
     /// plan asks to resolve an OCI reference (then every blob the second names is in the cache,
     /// or the call ends with UNAVAILABLE while they download), and what its signature policy
-    /// verified ([`super::signed`]; `pinned`: what an earlier stage of the volume verified).
+    /// verified ([`super::signed`]; `earlier`: what an earlier stage of the volume verified, and
+    /// its plan).
     pub(super) async fn stage_plan(
         &self,
         plugin: &LoadedPlugin,
         ask: &StageAsk,
         attrs: &BTreeMap<String, String>,
         dirs: &VolumeDirs,
-        pinned: Option<&Verification>,
+        earlier: Option<(&Verification, &Plan)>,
     ) -> Result<(Plan, Option<Verification>), Error> {
+        let pinned = earlier.map(|(v, _)| v);
         let plan = self.planned_stage(plugin, ask, attrs, dirs, None).await?;
         let lazy = request::lazy(&ask.context)?;
         let policy = self.policy(&request::signed_by(&ask.context)?, request::chunk_index_required(&ask.context)?);
@@ -100,8 +102,9 @@ impl Node {
             )));
         }
         // Before any layer is fetched: the signature, the raw layers' files, a lazy volume's index.
+        let served = earlier.map(|(v, p)| (v, super::signed::layout(p).unwrap_or_default()));
         let checked = self
-            .check_signature(&policy, &plan, lazy, &source, &reference, &manifest, &manifest_digest, pinned)
+            .check_signature(&policy, &plan, lazy, &source, &reference, &manifest, &manifest_digest, served)
             .await?;
         if lazy {
             if checked.needs_trees() {

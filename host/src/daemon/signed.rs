@@ -86,12 +86,48 @@ impl Checked {
 
 /// The served layout of a checked plan: each unpacked blob and where it goes below the
 /// volume's root (`None`: the plan does not have the shape a signature can be checked on).
-fn layout(plan: &Plan) -> Option<Vec<LazyLayer>> {
+pub fn layout(plan: &Plan) -> Option<Vec<LazyLayer>> {
     if let Some(l) = crate::plan::lazy::layers(plan) {
         return Some(l.layers.clone());
     }
     let lowered = crate::plan::lazy::lower(plan.clone(), std::path::Path::new("/")).ok()?;
     crate::plan::lazy::layers(&lowered).map(|l| l.layers.clone())
+}
+
+/// Why `plan` (its layout found) serves something besides its unpacked layers, if it does: under
+/// a policy a plan may resolve, fetch and unpack blobs, make directories, bind its layers'
+/// directory (or below it), and run the host's own lazy server; a mount, another program, a
+/// bind of anything else would put bytes no signature covers in front of the pod.
+fn beside_layers(plan: &Plan) -> Option<String> {
+    let root = plan.steps.iter().find_map(|s| match s {
+        Step::SpawnFuse { lazy: Some(_), mountpoint, .. } => Some(mountpoint.clone()),
+        _ => None,
+    });
+    let unpacked: Vec<&std::path::Path> = plan
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Unpack { dest, .. } => Some(dest.as_path()),
+            _ => None,
+        })
+        .collect();
+    for step in &plan.steps {
+        match step {
+            Step::Resolve { .. } | Step::FetchBlob { .. } | Step::Unpack { .. } | Step::Mkdir { .. } => {}
+            Step::SpawnFuse { lazy: Some(_), .. } => {}
+            Step::Bind { source, .. } => {
+                let covered = match &root {
+                    Some(r) => source.starts_with(r),
+                    None => unpacked.iter().all(|d| d.starts_with(source)) && !unpacked.is_empty(),
+                };
+                if !covered {
+                    return Some(format!("binds {}, which holds no signed layer", source.display()));
+                }
+            }
+            other => return Some(format!("has a {} step", other.kind())),
+        }
+    }
+    None
 }
 
 /// `rel` below `dest`.
@@ -193,8 +229,9 @@ impl Node {
 
     /// Round 1 (see the module): the signature of the artifact `plan` mounts (resolved to
     /// `manifest_digest`, its manifest `manifest`), its raw layers' files, and a lazy plan's
-    /// chunk index. `pinned`: what this volume's earlier stage verified, kept as it is while
-    /// the manifest is the same (nothing is looked up again). Returns what to record, and
+    /// chunk index. `pinned`: what this volume's earlier stage verified and the layout it
+    /// served, kept as it is while the manifest and the layout are the same (nothing is looked
+    /// up again). Returns what to record, and
     /// what round 2 checks. `lazy`: the plan is a lazy volume's (it needs a signed index).
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn check_signature(
@@ -206,7 +243,7 @@ impl Node {
         reference: &str,
         manifest: &str,
         manifest_digest: &str,
-        pinned: Option<&Verification>,
+        pinned: Option<(&Verification, Vec<LazyLayer>)>,
     ) -> Result<Checked, Error> {
         let mut checked = Checked {
             verification: Verification { manifest: manifest_digest.to_string(), ..Verification::default() },
@@ -217,12 +254,6 @@ impl Node {
         if policy.none() {
             return Ok(checked);
         }
-        if let Some(p) = pinned.filter(|p| p.manifest == manifest_digest) {
-            info!(reference = %reference, signer = ?p.signer, index = ?p.index, "restaged: the verification of its first stage stands");
-            checked.verification = p.clone();
-            checked.enforced = false;
-            return Ok(checked);
-        }
         let Some(layers) = layout(plan) else {
             return Err(refusal(
                 reference,
@@ -231,6 +262,24 @@ impl Node {
                 "the plan does not unpack its blobs into one directory that it then mounts, so the files it serves cannot be checked against a signature".into(),
             ));
         };
+        if policy.required
+            && let Some(why) = beside_layers(plan)
+        {
+            return Err(refusal(
+                reference,
+                "unsupported",
+                "model",
+                format!("the plan {why}: a signature covers only the files of the artifact's layers"),
+            ));
+        }
+        // A restage of the same manifest laid out the same way: what its first stage verified
+        // stands (the registry is not asked again).
+        if let Some((p, _)) = pinned.filter(|(p, earlier)| p.manifest == manifest_digest && *earlier == layers) {
+            info!(reference = %reference, signer = ?p.signer, index = ?p.index, "restaged: the verification of its first stage stands");
+            checked.verification = p.clone();
+            checked.enforced = false;
+            return Ok(checked);
+        }
         let trust = self.trust();
         let allowed = Self::allowed(policy, &trust);
         if policy.required {
@@ -526,6 +575,38 @@ mod tests {
         let (paths, sig) = manifest_paths(&m);
         assert_eq!(paths, ["w.bin", "model.sig", "tokenizer"]);
         assert_eq!(sig, Some(("sha256:bb".into(), 9, "application/vnd.cncf.model.doc.v1.raw".into())));
+    }
+
+    #[test]
+    fn a_plan_under_a_policy_serves_its_layers_and_nothing_beside_them() {
+        let d = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+        let root = std::path::PathBuf::from("/v/cache/model");
+        let mut steps = vec![
+            Step::FetchBlob { digest: d('a'), size: 3, media_type: "m".into() },
+            Step::Unpack { digest: d('a'), format: Archive::Raw, dest: root.join("w.bin") },
+            Step::Bind { source: root.clone(), target: "/staging".into(), readonly: true, options: vec![] },
+        ];
+        let plan = |steps: Vec<Step>| Plan { plugin: "p".into(), digest: String::new(), steps, attributes: vec![] };
+        assert_eq!(beside_layers(&plan(steps.clone())), None);
+        assert_eq!(layout(&plan(steps.clone())).unwrap()[0].dest, "w.bin");
+        let lowered = crate::plan::lazy::lower(plan(steps.clone()), std::path::Path::new("/bin/x")).unwrap();
+        assert_eq!(beside_layers(&lowered), None, "the host's own lazy server");
+        let mut other = steps.clone();
+        other.push(Step::Bind {
+            source: "/etc".into(),
+            target: "/staging/etc".into(),
+            readonly: true,
+            options: vec![],
+        });
+        assert!(beside_layers(&plan(other)).unwrap().contains("/etc"));
+        steps.push(Step::Mount {
+            fstype: "tmpfs".into(),
+            source: "x".into(),
+            target: "/staging/x".into(),
+            options: vec![],
+            readonly: true,
+        });
+        assert!(beside_layers(&plan(steps)).unwrap().contains("mount"));
     }
 
     #[test]

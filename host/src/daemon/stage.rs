@@ -126,8 +126,8 @@ impl Node {
         let name = plugin.info.name.clone();
         let attrs = request::plugin_attrs(&ask.context);
         let dirs = self.dirs(&ask.id, Some(&ask.staging), None);
-        let earlier = existing.as_ref().and_then(|s| s.verified.clone());
-        let (plan, verified) = self.stage_plan(&plugin, &ask, &attrs, &dirs, earlier.as_ref()).await?;
+        let earlier = existing.as_ref().and_then(|s| s.verified.as_ref().map(|v| (v, &s.plan)));
+        let (plan, verified) = self.stage_plan(&plugin, &ask, &attrs, &dirs, earlier).await?;
         let lazy = crate::plan::lazy::layers(&plan).is_some();
         let cached = lazy || plan.steps.iter().any(|s| matches!(s, crate::plan::Step::FetchBlob { .. }));
         let mut state = VolumeState {

@@ -1080,6 +1080,52 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_signature_policy_is_schema_5_and_an_older_daemon_refuses_it() {
+        let (rec, store) = store();
+        let written = |id: &str| -> serde_json::Value {
+            serde_json::from_slice(&rec.read_file(&store.path(id)).unwrap().unwrap()).unwrap()
+        };
+        let signed = |id: &str| {
+            let mut st = state(id);
+            st.phase = Phase::Staged;
+            st.signed_by = vec!["corp".into()];
+            st.verified = Some(Verification {
+                manifest: format!("sha256:{}", "a".repeat(64)),
+                signer: Some("corp".into()),
+                bundle: Some(format!("sha256:{}", "b".repeat(64))),
+                found_in: Some("referrer".into()),
+                ..Verification::default()
+            });
+            st
+        };
+        let mut indexed = state("indexed");
+        indexed.verified = Some(Verification {
+            manifest: format!("sha256:{}", "a".repeat(64)),
+            index: Some(format!("sha256:{}", "c".repeat(64))),
+            index_size: 4096,
+            ..Verification::default()
+        });
+        let mut required = state("required");
+        required.chunk_index_required = true;
+        for st in [signed("signed"), indexed, required] {
+            store.save(&st).unwrap();
+            assert_eq!(written(&st.volume_id)["version"], 5, "{}", st.volume_id);
+            assert_eq!(store.load(&st.volume_id).unwrap(), Some(st.clone()), "reads back whole");
+        }
+        store.save(&state("plain")).unwrap();
+        assert_eq!(written("plain")["version"], 2, "no policy, nothing verified: nothing of schema 5");
+        // A daemon of the release before (schema 4) refuses it by version (it would drop the
+        // policy its dynamic mounts inherit), and leaves the file as it is.
+        let older = Schema { newest: 4, legacy_cgroup_parent: "mounthost".into() };
+        let old_daemon = StateStore::open(Path::new(DIR), rec.clone(), older).unwrap();
+        let before = rec.read_file(&store.path("signed")).unwrap().unwrap();
+        let err = old_daemon.load("signed").unwrap_err();
+        assert!(err.to_string().contains("has schema version 5, written by a newer mounthost"), "{err}");
+        assert_eq!(rec.read_file(&store.path("signed")).unwrap().unwrap(), before, "never rewritten");
+        assert!(old_daemon.load("plain").unwrap().is_some());
+    }
+
+    #[test]
     fn a_daemon_built_with_schema_1_refuses_a_schema_2_record_and_leaves_it() {
         let (rec, store) = store();
         store.save(&state("new")).unwrap();
