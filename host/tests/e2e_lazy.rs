@@ -545,10 +545,7 @@ fn an_indexed_volume_checks_every_chunk_before_a_reader_gets_it() {
     assert_eq!(pushed["layers"], model.layers.len(), "{pushed}");
     // Then one chunk of the weights is corrupted in the registry.
     let digest = model.layer("model.safetensors").digest.clone();
-    let stored = registry.blob_storage_path(&digest);
-    let mut bytes = std::fs::read(&stored).unwrap();
-    bytes[(9 << 20) + 7] ^= 0xff;
-    std::fs::write(&stored, &bytes).unwrap();
+    registry.corrupt(&digest, (9 << 20) + 7);
     relay.throttle(2 << 20);
     run(&node, &registry, async || {
         let mut csi = node.node().await;

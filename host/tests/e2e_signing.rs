@@ -11,7 +11,7 @@ use std::time::Duration;
 use tonic::Code;
 
 use common::model::*;
-use common::registry::{PushedModel, Registry, RegistryOptions};
+use common::registry::{Class, Content, ModelBuilder, Packing, PushedModel, Registry, RegistryOptions};
 use common::signing::*;
 use common::{in_private_namespace, mounts_below};
 use mounthost::proto::csi;
@@ -140,6 +140,28 @@ fn only_a_model_signed_by_a_trusted_key_mounts_and_a_staged_one_survives_its_sig
         )
         .await;
         println!("checked: a signed file the artifact lacks refused: {msg}");
+        // A registry writer drops a signed file: its layer repacked without it (annotation kept),
+        // or its layer given a media type the plugin skips. Both mount without a policy.
+        // (The repacked layer holds a signed file with its signed bytes: nothing unlisted is served.)
+        let config = std::fs::read(good.join("config.json")).unwrap();
+        let other = registry.push_blob(&signed.repo, tar_of("config.json", &config).as_slice());
+        let emptied = tampered_manifest(&registry, &signed, "emptied", "tokenizer.json", |l| {
+            l["digest"] = other.digest.clone().into();
+            l["size"] = other.size.into();
+            l["mediaType"] = "application/vnd.cncf.model.weight.config.v1.tar".into();
+        });
+        let skipped = tampered_manifest(&registry, &signed, "skipped", "tokenizer.json", |l| {
+            l["mediaType"] = "application/vnd.cncf.model.weight.config.v9.tar".into();
+        });
+        for (pv, reference) in [("pv-open-3", &emptied), ("pv-open-4", &skipped)] {
+            stage(&node, &mut csi, pv, &signed_ctx(reference, "", &[])).await.unwrap();
+        }
+        let msg = refused(&node, &mut csi, "pv-emptied", &signed_ctx(&emptied, "corp", &[]), &["tokenizer.json"]).await;
+        println!("checked: a signed file's layer repacked without it refused: {msg}");
+        let msg =
+            refused(&node, &mut csi, "pv-skipped", &signed_ctx(&skipped, "corp", &[]), &["tokenizer.json", "v9"]).await;
+        println!("checked: a signed file's layer given a media type no filter selects refused: {msg}");
+
         // signedBy naming an entry the trust set does not have.
         refused(&node, &mut csi, "pv-nobody", &signed_ctx(&signed.reference, "nobody", &[]), &["nobody"]).await;
 
@@ -243,13 +265,43 @@ fn the_node_requires_a_signature_for_every_model_and_a_storage_class_cannot_turn
     let signed = push_dir(&registry, &dir, "models/corp", Some(&sign(&dir, &corp_key, &work.path().join("c.sig"))));
     let team = push_dir(&registry, &dir, "models/team", Some(&sign(&dir, &team_key, &work.path().join("t.sig"))));
     let unsigned = push_dir(&registry, &dir, "models/plain", None);
-    let node = ModelNode::start(vec![
-        format!("--insecure-registry={}", registry.host()),
-        format!("--trust-dir={}", trust.path().display()),
-        "--require-signature".into(),
-    ]);
+    let flags = |required: bool| {
+        let mut f =
+            vec![format!("--insecure-registry={}", registry.host()), format!("--trust-dir={}", trust.path().display())];
+        f.extend(required.then(|| "--require-signature".to_string()));
+        f
+    };
+    // A model whose tag later moves to a signed model with fewer files.
+    let moving = push_dir(&registry, &dir, "models/moving", Some(&sign(&dir, &corp_key, &work.path().join("v1.sig"))));
+    let node = ModelNode::start(flags(false));
     run(&node, &registry, async || {
         let mut csi = node.node().await;
+        // Staged before the node required signatures: an unsigned volume, and the moving one.
+        stage(&node, &mut csi, "pv-before", &signed_ctx(&unsigned.reference, "", &[])).await.unwrap();
+        stage(&node, &mut csi, "pv-moving", &signed_ctx(&moving.reference, "", &[])).await.unwrap();
+        node.restart_host(flags(true));
+        let mut csi = node.node().await;
+        // Its restage (the staging mount lost) is checked against the policy now in force.
+        let staging = node.dirs.staging("pv-before");
+        nix::mount::umount2(&staging, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        let err = stage(&node, &mut csi, "pv-before", &signed_ctx(&unsigned.reference, "", &[])).await.unwrap_err();
+        assert!(err.code() == Code::FailedPrecondition && err.message().contains("not signed"), "{err:?}");
+        assert!(mounts_below(&staging).is_empty());
+        // The tag moved to a signed model without the README: a restage serves that model's
+        // files only, nothing its earlier stage left.
+        std::fs::remove_file(dir.join("README.md")).unwrap();
+        let fewer = ModelBuilder::new()
+            .file("config.json", Content::File(dir.join("config.json")), Class::Config, Packing::Tar)
+            .file("tokenizer.json", Content::File(dir.join("tokenizer.json")), Class::Config, Packing::TarGzip)
+            .file("model.safetensors", Content::File(dir.join("model.safetensors")), Class::Weight, Packing::Raw)
+            .file("model.sig", sign(&dir, &corp_key, &work.path().join("v2.sig")).as_slice(), Class::Doc, Packing::Raw)
+            .push(&registry, "models/moving", "v1");
+        let staging_m = node.dirs.staging("pv-moving");
+        assert!(staging_m.join("README.md").exists());
+        nix::mount::umount2(&staging_m, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        stage(&node, &mut csi, "pv-moving", &signed_ctx(&moving.reference, "", &[])).await.unwrap();
+        assert_eq!(tree(&staging_m), expected(&fewer, |_| true), "the new manifest's files, and no other");
+        println!("checked: volumes staged before --require-signature were checked again at their restage");
         // No signedBy: any entry of the trust set.
         stage(&node, &mut csi, "pv-any", &signed_ctx(&signed.reference, "", &[])).await.unwrap();
         refused(&node, &mut csi, "pv-plain", &signed_ctx(&unsigned.reference, "", &[]), &["not signed"]).await;
@@ -340,10 +392,7 @@ fn a_lazy_volume_under_a_policy_needs_a_signed_index_and_never_serves_a_corrupte
         let pushed = index(&["--sign-key", corp_key.to_str().unwrap()]);
         // One chunk of the weights is corrupted in the registry, after the index was made.
         let digest = model.layer("model.safetensors").digest.clone();
-        let stored = registry.blob_storage_path(&digest);
-        let mut bytes = std::fs::read(&stored).unwrap();
-        bytes[(9 << 20) + 7] ^= 0xff;
-        std::fs::write(&stored, &bytes).unwrap();
+        registry.corrupt(&digest, (9 << 20) + 7);
         relay.throttle(2 << 20);
         stage(&node, &mut csi, "pv-lazy", &ctx).await.unwrap();
         let staging = node.dirs.staging("pv-lazy");

@@ -231,6 +231,17 @@ impl Node {
         }
         let dirs = self.dirs(&id, Some(&staging), Some(&content));
         let plan = self.check(&plugin, Operation::Publish, &dirs, &state.context, state.ephemeral, &secrets, wplan)?;
+        // A signed volume's publication shows the pod the staged files, read-only, and nothing else.
+        if self.signed(&state)
+            && let Some(why) = super::signed::publish_beside(&plan, &staging)
+        {
+            return Err(super::signed::refusal(
+                &format!("volume {id}"),
+                "unsupported",
+                "model",
+                format!("plugin {}'s publish plan {why}: a signature covers only the staged files", plugin.info.name),
+            ));
+        }
         // A read-only publish gets a read-only volume whatever the plugin planned (a dynamic
         // volume's tmpfs and socket are the host's own steps, added below, and not judged), and
         // so does a read-only access mode: kubelet leaves `readonly` false for a ReadOnlyMany

@@ -65,17 +65,20 @@ impl Node {
                 )));
             }
             if policy.required && (!policy.signers.is_empty() || super::signed::names_artifact(&plan)) {
-                return Err(Error::precondition(format!(
-                    "{}: volume {} must be signed ({}), but plugin {} resolves no OCI artifact whose signature the host could check",
-                    super::signed::REFUSED,
-                    ask.id,
-                    if policy.signers.is_empty() {
-                        "--require-signature".to_string()
-                    } else {
-                        format!("{} {}", request::SIGNED_BY_KEY, policy.signers.join(","))
-                    },
-                    plugin.info.name
-                )));
+                let asked = if policy.signers.is_empty() {
+                    "--require-signature".to_string()
+                } else {
+                    format!("{} {}", request::SIGNED_BY_KEY, policy.signers.join(","))
+                };
+                return Err(super::signed::refusal(
+                    &format!("volume {}", ask.id),
+                    "unsupported",
+                    "model",
+                    format!(
+                        "it must be signed ({asked}), but plugin {} resolves no OCI artifact whose signature the host could check",
+                        plugin.info.name
+                    ),
+                ));
             }
             return Ok((plan, None));
         };
@@ -121,7 +124,7 @@ impl Node {
                     .cloned()
                     .collect();
                 self.pull_ready(&ask.id, &source, &reference, Plan { steps, ..plan.clone() }).await?;
-                self.checked_trees(&ask.id, &checked)?;
+                self.checked_trees(&ask.id, &checked).await?;
             }
             let index = match (&checked.verification.index, pinned) {
                 (Some(d), _) => IndexChoice::Use(d.clone(), checked.verification.index_size),
@@ -146,15 +149,25 @@ impl Node {
             let record = verification.signer.is_some() || verification.index.is_some();
             return Ok((plan, record.then_some(verification)));
         }
-        let plan = self.pull_ready(&ask.id, &source, &reference, plan).await?;
-        self.checked_trees(&ask.id, &checked)?;
+        let mut plan = self.pull_ready(&ask.id, &source, &reference, plan).await?;
+        self.checked_trees(&ask.id, &checked).await?;
+        if policy.required
+            && let Some(root) = super::signed::layout_root(&plan)
+            && let Some(first) = plan.steps.iter().position(|s| matches!(s, Step::Unpack { .. }))
+        {
+            // What an earlier stage left in the layers' directory is not what was verified now:
+            // it goes before the layers are linked in again.
+            plan.steps.insert(first, Step::Remove { path: root });
+        }
         let record = checked.verification.signer.is_some();
         Ok((plan, record.then_some(checked.verification)))
     }
 
-    /// Round 2 of the signature check; a refusal lets go of the volume's blobs.
-    fn checked_trees(&self, id: &str, checked: &super::signed::Checked) -> Result<(), Error> {
-        self.check_trees(checked).inspect_err(|_| self.inner.artifacts.forget(id))
+    /// Round 2 of the signature check (off the async workers: it reads every byte of the tar
+    /// layers); a refusal lets go of the volume's blobs.
+    async fn checked_trees(&self, id: &str, checked: &super::signed::Checked) -> Result<(), Error> {
+        let (c, id) = (checked.clone(), id.to_string());
+        self.blocking(move |n| n.check_trees(&c).inspect_err(|_| n.inner.artifacts.forget(&id))).await
     }
 
     /// `plan` once every blob it fetches is in the node's cache and every archive it unpacks

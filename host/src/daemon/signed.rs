@@ -54,6 +54,16 @@ impl Policy {
     }
 }
 
+/// The signature that verified.
+struct Found {
+    verified: signing::Verified,
+    /// The bundle's digest (a referrer's blob, or the sha256 of the signature file).
+    bundle: String,
+    found_in: &'static str,
+    /// See [`Checked::sig_file`].
+    sig_file: Option<String>,
+}
+
 /// What round 1 found, for round 2.
 #[derive(Debug, Clone, Default)]
 pub struct Checked {
@@ -65,9 +75,14 @@ pub struct Checked {
     tar_layers: Vec<(String, String)>,
     /// Signed paths round 1 could not place (a tar layer may hold them).
     unplaced: Vec<String>,
-    /// The manifest's layer paths (ModelPack `org.cncf.model.filepath`), for files the filters
-    /// leave out.
-    artifact_paths: Vec<String>,
+    /// The manifest's layers with a path (ModelPack `org.cncf.model.filepath`), for files the
+    /// filters leave out.
+    artifact_layers: Vec<ArtifactLayer>,
+    /// The digests of the layers the plan serves.
+    unpacked: BTreeSet<String>,
+    /// The sha256 (hex) of the signature file the artifact's `model.sig` layer holds, when it
+    /// is a bundle: the one `model.sig` the volume may serve unlisted.
+    sig_file: Option<String>,
     reference: String,
     enforced: bool,
 }
@@ -84,6 +99,25 @@ impl Checked {
     }
 }
 
+/// A layer of the manifest that names its path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ArtifactLayer {
+    path: String,
+    digest: String,
+    media_type: String,
+}
+
+/// Is `media_type` a ModelPack layer of a class the model plugin's filters select by
+/// (`application/vnd.cncf.model.<class>.v1.<format>`)? A signed file in a layer of another type
+/// was not left out by a filter.
+fn filterable(media_type: &str) -> bool {
+    const CLASSES: [&str; 5] = ["weight", "weight.config", "doc", "code", "dataset"];
+    const FORMATS: [&str; 4] = ["raw", "tar", "tar+gzip", "tar+zstd"];
+    media_type
+        .strip_prefix("application/vnd.cncf.model.")
+        .is_some_and(|rest| CLASSES.iter().any(|c| FORMATS.iter().any(|f| rest == format!("{c}.v1.{f}"))))
+}
+
 /// The served layout of a checked plan: each unpacked blob and where it goes below the
 /// volume's root (`None`: the plan does not have the shape a signature can be checked on).
 pub fn layout(plan: &Plan) -> Option<Vec<LazyLayer>> {
@@ -96,14 +130,43 @@ pub fn layout(plan: &Plan) -> Option<Vec<LazyLayer>> {
 
 /// Why `plan` (its layout found) serves something besides its unpacked layers, if it does: under
 /// a policy a plan may resolve, fetch and unpack blobs, make directories, bind its layers'
-/// directory (or below it), and run the host's own lazy server; a mount, another program, a
-/// bind of anything else would put bytes no signature covers in front of the pod.
+/// directory (read-only, that very directory) and run the host's own lazy server; a mount,
+/// another program, a writable bind or a bind of anything else would put bytes no signature
+/// covers (or a way to change the node's cache) in front of the pod.
 fn beside_layers(plan: &Plan) -> Option<String> {
-    let root = plan.steps.iter().find_map(|s| match s {
+    let root = layout_root(plan)?;
+    for step in &plan.steps {
+        match step {
+            Step::Resolve { .. } | Step::FetchBlob { .. } | Step::Unpack { .. } | Step::Mkdir { .. } => {}
+            Step::SpawnFuse { lazy: Some(_), .. } => {}
+            Step::Bind { source, readonly, .. } => {
+                if *source != root {
+                    return Some(format!(
+                        "binds {}, not the directory its layers are served from ({})",
+                        source.display(),
+                        root.display()
+                    ));
+                }
+                if !readonly {
+                    return Some(format!("binds {} read-write", source.display()));
+                }
+            }
+            other => return Some(format!("has a {} step", other.kind())),
+        }
+    }
+    None
+}
+
+/// The directory a plan serves its layers from: its lazy server's mount point, else the first
+/// bind's source that holds every unpack (as `plan::lazy::lower` finds it).
+pub fn layout_root(plan: &Plan) -> Option<std::path::PathBuf> {
+    if let Some(root) = plan.steps.iter().find_map(|s| match s {
         Step::SpawnFuse { lazy: Some(_), mountpoint, .. } => Some(mountpoint.clone()),
         _ => None,
-    });
-    let unpacked: Vec<&std::path::Path> = plan
+    }) {
+        return Some(root);
+    }
+    let unpacks: Vec<&std::path::Path> = plan
         .steps
         .iter()
         .filter_map(|s| match s {
@@ -111,18 +174,28 @@ fn beside_layers(plan: &Plan) -> Option<String> {
             _ => None,
         })
         .collect();
+    plan.steps.iter().find_map(|s| match s {
+        Step::Bind { source, .. } if !unpacks.is_empty() && unpacks.iter().all(|d| d.starts_with(source)) => {
+            Some(source.clone())
+        }
+        _ => None,
+    })
+}
+
+/// Why a publish `plan` of a signed volume staged at `staging` shows the pod more than its
+/// staged files, read-only, if it does: it may only make directories and bind the staging path
+/// (or below it) read-only.
+pub fn publish_beside(plan: &Plan, staging: &std::path::Path) -> Option<String> {
     for step in &plan.steps {
         match step {
-            Step::Resolve { .. } | Step::FetchBlob { .. } | Step::Unpack { .. } | Step::Mkdir { .. } => {}
-            Step::SpawnFuse { lazy: Some(_), .. } => {}
-            Step::Bind { source, .. } => {
-                let covered = match &root {
-                    Some(r) => source.starts_with(r),
-                    None => unpacked.iter().all(|d| d.starts_with(source)) && !unpacked.is_empty(),
-                };
-                if !covered {
-                    return Some(format!("binds {}, which holds no signed layer", source.display()));
-                }
+            Step::Mkdir { .. } => {}
+            Step::Bind { source, readonly: true, .. } if source.starts_with(staging) => {}
+            Step::Bind { source, readonly, .. } => {
+                return Some(if *readonly {
+                    format!("binds {}, not the staged volume", source.display())
+                } else {
+                    format!("binds {} read-write", source.display())
+                });
             }
             other => return Some(format!("has a {} step", other.kind())),
         }
@@ -140,34 +213,34 @@ fn join(dest: &str, rel: &str) -> String {
 }
 
 /// The refusal of `reference` for `why`.
-fn refusal(reference: &str, reason: &'static str, kind: &'static str, why: String) -> Error {
+pub fn refusal(reference: &str, reason: &'static str, kind: &'static str, why: String) -> Error {
     crate::metrics::global().signature_check(kind, reason);
     warn!(reference = %reference, reason, kind, detail = %why, "{REFUSED}");
     Error::precondition(format!("{REFUSED} for {reference}: {why}"))
 }
 
-/// The paths the manifest's layers give (ModelPack), and the `model.sig` layer if any:
+/// The layers of the manifest that name a path (ModelPack), and the `model.sig` layer if any:
 /// `(digest, size, media type)`.
 type SigLayer = (String, u64, String);
-fn manifest_paths(manifest: &str) -> (Vec<String>, Option<SigLayer>) {
+fn manifest_layers(manifest: &str) -> (Vec<ArtifactLayer>, Option<SigLayer>) {
     let doc: serde_json::Value = serde_json::from_str(manifest).unwrap_or_default();
-    let mut paths = Vec::new();
+    let mut layers = Vec::new();
     let mut sig = None;
     for l in doc.get("layers").and_then(|l| l.as_array()).map(Vec::as_slice).unwrap_or_default() {
         let Some(path) = l.get("annotations").and_then(|a| a.get(FILEPATH_ANNOTATION)).and_then(|p| p.as_str()) else {
             continue;
         };
         let path = path.trim_start_matches("./").trim_end_matches('/').to_string();
+        let digest = l.get("digest").and_then(|d| d.as_str()).unwrap_or_default().to_string();
+        let media_type = l.get("mediaType").and_then(|m| m.as_str()).unwrap_or_default().to_string();
         if path == SIGNATURE_FILE
-            && let (Some(d), Some(s)) =
-                (l.get("digest").and_then(|d| d.as_str()), l.get("size").and_then(|s| s.as_u64()))
+            && let Some(size) = l.get("size").and_then(|s| s.as_u64())
         {
-            let media = l.get("mediaType").and_then(|m| m.as_str()).unwrap_or_default().to_string();
-            sig.get_or_insert((d.to_string(), s, media));
+            sig.get_or_insert((digest.clone(), size, media_type.clone()));
         }
-        paths.push(path);
+        layers.push(ArtifactLayer { path, digest, media_type });
     }
-    (paths, sig)
+    (layers, sig)
 }
 
 /// The file `model.sig` from the bytes of a layer of media type `media`: the layer itself
@@ -209,6 +282,14 @@ impl Node {
             required: !signed_by.is_empty() || self.inner.config.signatures.required,
             index_required,
         }
+    }
+
+    /// Is volume `st` under a signature policy (its own, or the node's for a plan that names an
+    /// OCI artifact)?
+    pub(super) fn signed(&self, st: &crate::volume::state::VolumeState) -> bool {
+        !st.signed_by.is_empty()
+            || st.verified.as_ref().is_some_and(|v| v.signer.is_some())
+            || (self.inner.config.signatures.required && names_artifact(&st.plan))
     }
 
     /// The trust set as its directory holds it now (read at each verification, so a changed
@@ -274,7 +355,16 @@ impl Node {
         }
         // A restage of the same manifest laid out the same way: what its first stage verified
         // stands (the registry is not asked again).
-        if let Some((p, _)) = pinned.filter(|(p, earlier)| p.manifest == manifest_digest && *earlier == layers) {
+        // Under a policy, only a record that satisfies it: signed by an entry it allows, and a
+        // lazy volume's index signed too (a volume staged before the policy is checked again).
+        let satisfies = |p: &Verification| {
+            !policy.required
+                || (p.signer.as_ref().is_some_and(|s| policy.signers.is_empty() || policy.signers.contains(s))
+                    && (!lazy || p.index_signer.is_some()))
+        };
+        if let Some((p, _)) =
+            pinned.filter(|(p, earlier)| p.manifest == manifest_digest && *earlier == layers && satisfies(p))
+        {
             info!(reference = %reference, signer = ?p.signer, index = ?p.index, "restaged: the verification of its first stage stands");
             checked.verification = p.clone();
             checked.enforced = false;
@@ -283,15 +373,18 @@ impl Node {
         let trust = self.trust();
         let allowed = Self::allowed(policy, &trust);
         if policy.required {
-            let (artifact_paths, sig_layer) = manifest_paths(manifest);
-            let verified =
+            let (artifact_layers, sig_layer) = manifest_layers(manifest);
+            let found =
                 self.find_model_signature(&trust, &allowed, source, reference, manifest_digest, sig_layer).await?;
-            checked.verification.signer = Some(verified.0.signer.clone());
-            checked.verification.identity = verified.0.identity.clone();
-            checked.verification.bundle = Some(verified.1);
-            checked.verification.found_in = Some(verified.2.into());
-            checked.files = verified.0.files;
-            checked.artifact_paths = artifact_paths;
+            let verified = found.verified;
+            checked.verification.signer = Some(verified.signer.clone());
+            checked.verification.identity = verified.identity.clone();
+            checked.verification.bundle = Some(found.bundle);
+            checked.verification.found_in = Some(found.found_in.into());
+            checked.files = verified.files;
+            checked.artifact_layers = artifact_layers;
+            checked.unpacked = layers.iter().map(|l| l.digest.clone()).collect();
+            checked.sig_file = found.sig_file;
             // Raw layers: the file is the blob, verified against its digest as it arrives.
             let mut served = BTreeSet::new();
             for l in &layers {
@@ -308,7 +401,10 @@ impl Node {
                 if served.contains(path) {
                     continue;
                 }
-                let in_tar = checked.tar_layers.iter().any(|(_, d)| d.is_empty() || path.starts_with(&format!("{d}/")));
+                let in_tar = checked
+                    .tar_layers
+                    .iter()
+                    .any(|(_, d)| d.is_empty() || *path == *d || path.starts_with(&format!("{d}/")));
                 if in_tar {
                     checked.unplaced.push(path.clone());
                 } else {
@@ -316,7 +412,7 @@ impl Node {
                 }
             }
             crate::metrics::global().signature_check("model", "verified");
-            info!(reference = %reference, signer = %verified.0.signer, found_in = verified.2, "the model's signature verified");
+            info!(reference = %reference, signer = %verified.signer, found_in = found.found_in, "the model's signature verified");
         }
         if lazy {
             self.check_index(&mut checked, policy, &trust, &allowed, source, reference, manifest_digest).await?;
@@ -324,8 +420,8 @@ impl Node {
         Ok(checked)
     }
 
-    /// The first bundle an allowed entry verifies, with its digest and where it was found: the
-    /// artifact's `model.sig` layer, then the manifest's referrers.
+    /// The first bundle an allowed entry verifies, and where it was found: the artifact's
+    /// `model.sig` layer, then the manifest's referrers (fetched and judged one at a time).
     async fn find_model_signature(
         &self,
         trust: &TrustSet,
@@ -334,23 +430,43 @@ impl Node {
         reference: &str,
         manifest_digest: &str,
         sig_layer: Option<SigLayer>,
-    ) -> Result<(signing::Verified, String, &'static str), Error> {
+    ) -> Result<Found, Error> {
         let oci = |e: crate::oci::OciError| super::pull::oci_error(e, reference);
-        let mut candidates: Vec<(String, Vec<u8>, &'static str)> = Vec::new();
+        let now = SystemTime::now();
         let mut reasons: Vec<String> = Vec::new();
+        let mut first_reason = None;
+        let mut sig_file = None;
+        let judge = |bytes: &[u8], digest: &str, found_in: &'static str, reasons: &mut Vec<String>| {
+            signing::verify(bytes, trust, allowed, MODEL_PREDICATE, now).map_err(|r| {
+                reasons.push(format!("the bundle {digest} ({found_in}): {r}"));
+                r.reason
+            })
+        };
+        let seen_layer = sig_layer.is_some();
         if let Some((digest, size, media)) = sig_layer {
-            let bytes = self.inner.artifacts.signature_blob(source, &digest, size).await.map_err(oci)?;
-            match signature_in_layer(bytes, &media) {
-                Ok(b) => candidates.push((digest, b, SIGNATURE_FILE)),
+            let read = self.inner.artifacts.signature_blob(source, &digest, size).await;
+            match read.map_err(|e| e.to_string()).and_then(|b| signature_in_layer(b, &media)) {
+                Ok(bytes) => {
+                    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+                    match judge(&bytes, &digest, SIGNATURE_FILE, &mut reasons) {
+                        Ok(v) => {
+                            let bundle = format!("sha256:{sha}");
+                            return Ok(Found { verified: v, bundle, found_in: SIGNATURE_FILE, sig_file: Some(sha) });
+                        }
+                        // A bundle, another signer's or the wrong one: served as the file it is.
+                        Err(reason) if reason != "malformed" => {
+                            sig_file = Some(sha);
+                            first_reason.get_or_insert(reason);
+                        }
+                        Err(reason) => _ = first_reason.get_or_insert(reason),
+                    }
+                }
                 Err(e) => reasons.push(format!("its {SIGNATURE_FILE} layer {digest}: {e}")),
             }
         }
-        for (digest, bytes) in
-            self.inner.artifacts.referrer_bundles(source, manifest_digest, MODEL_PREDICATE).await.map_err(oci)?
-        {
-            candidates.push((digest, bytes, "referrer"));
-        }
-        if candidates.is_empty() && reasons.is_empty() {
+        let referrers =
+            self.inner.artifacts.bundle_referrers(source, manifest_digest, MODEL_PREDICATE).await.map_err(oci)?;
+        if referrers.is_empty() && !seen_layer {
             return Err(refusal(
                 reference,
                 "unsigned",
@@ -361,33 +477,31 @@ impl Node {
                 ),
             ));
         }
-        let now = SystemTime::now();
-        let mut first_reason = "unsigned";
-        for (digest, bytes, found_in) in candidates {
-            match signing::verify(&bytes, trust, allowed, MODEL_PREDICATE, now) {
-                Ok(v) => return Ok((v, digest, found_in)),
-                Err(r) => {
-                    if reasons.is_empty() {
-                        first_reason = r.reason;
-                    }
-                    reasons.push(format!("the bundle {digest} ({found_in}): {r}"));
+        for (digest, size) in referrers {
+            let bytes = match self.inner.artifacts.signature_blob(source, &digest, size).await {
+                Ok(b) => b,
+                Err(e) => {
+                    reasons.push(format!("the bundle {digest} (referrer): {e}"));
+                    continue;
                 }
+            };
+            match judge(&bytes, &digest, "referrer", &mut reasons) {
+                Ok(v) => return Ok(Found { verified: v, bundle: digest, found_in: "referrer", sig_file }),
+                Err(reason) => _ = first_reason.get_or_insert(reason),
             }
         }
         Err(refusal(
             reference,
-            first_reason,
+            first_reason.unwrap_or("unsigned"),
             "model",
             format!("no signature verifies against trust entries {}: {}", allowed_text(allowed), reasons.join("; ")),
         ))
     }
 
     /// A served file at `path` whose sha256 is `hex` (`None`: a symbolic link) must be listed
-    /// with that sha256 (the signature file itself excepted).
+    /// with that sha256; the one exception is `model.sig` at the root holding exactly the
+    /// signature file the artifact's `model.sig` layer holds.
     fn check_file(&self, c: &Checked, path: &str, hex: Option<&str>) -> Result<(), Error> {
-        if path == SIGNATURE_FILE {
-            return Ok(());
-        }
         let Some(hex) = hex else {
             return Err(refusal(
                 &c.reference,
@@ -396,6 +510,9 @@ impl Node {
                 format!("{path} is a symbolic link, which no model signature lists"),
             ));
         };
+        if path == SIGNATURE_FILE && c.sig_file.as_deref().is_some_and(|s| s.eq_ignore_ascii_case(hex)) {
+            return Ok(());
+        }
         match c.files.get(path) {
             None => Err(refusal(
                 &c.reference,
@@ -413,14 +530,31 @@ impl Node {
         }
     }
 
-    /// A signed file the volume does not serve: fine when a layer of the artifact holds it (the
-    /// volume's filters left it out); a refusal when none does (the artifact lacks it).
+    /// A signed file the volume does not serve: fine only when the layers of the artifact that
+    /// hold it are ModelPack layers the plan does not mount (the volume's filters left them
+    /// out); a refusal when none holds it (the artifact lacks it), when a layer the plan mounts
+    /// should hold it and does not, and when its layer is of a type the plugin does not read.
     fn left_out(&self, c: &Checked, path: &str) -> Result<(), Error> {
-        let held = c.artifact_paths.iter().any(|p| p == path || path.starts_with(&format!("{p}/")));
-        if held {
-            return Ok(());
+        let holding: Vec<&ArtifactLayer> =
+            c.artifact_layers.iter().filter(|l| l.path == path || path.starts_with(&format!("{}/", l.path))).collect();
+        let missing = |why: String| Err(refusal(&c.reference, "missing", "model", why));
+        if holding.is_empty() {
+            return missing(format!("the signature lists {path}, which the artifact lacks"));
         }
-        Err(refusal(&c.reference, "missing", "model", format!("the signature lists {path}, which the artifact lacks")))
+        if let Some(l) = holding.iter().find(|l| c.unpacked.contains(&l.digest)) {
+            return missing(format!(
+                "the signature lists {path}, which layer {} ({}) should hold and does not",
+                l.digest, l.path
+            ));
+        }
+        if let Some(l) = holding.iter().find(|l| !filterable(&l.media_type)) {
+            return missing(format!(
+                "the signature lists {path}, whose layer {} has media type {:?}, which no filter selects: the volume would \
+                 lack it",
+                l.digest, l.media_type
+            ));
+        }
+        Ok(())
     }
 
     /// Round 2 (blocking): the files of every tar layer the volume serves, hashed from its
@@ -431,11 +565,17 @@ impl Node {
         }
         let mut served = BTreeSet::new();
         for (digest, dest) in &c.tar_layers {
-            let files = self.inner.artifacts.tree_files(digest).map_err(|e| {
-                Error::unavailable(format!(
+            let files = self.inner.artifacts.tree_files(digest).map_err(|e| match e.kind() {
+                std::io::ErrorKind::InvalidData => refusal(
+                    &c.reference,
+                    "unsupported",
+                    "model",
+                    format!("layer {digest} holds a file no signature can name: {e}"),
+                ),
+                _ => Error::unavailable(format!(
                     "reading the unpacked layer {digest} of {} in the node's cache: {e}",
                     c.reference
-                ))
+                )),
             })?;
             for (rel, f) in files {
                 let path = join(dest, &rel);
@@ -447,21 +587,8 @@ impl Node {
                 served.insert(path);
             }
         }
-        for path in &c.unplaced {
-            if !served.contains(path) {
-                // In no served layer: held by one the filters left out, or lacking.
-                let held_by_served_layer =
-                    c.tar_layers.iter().any(|(_, d)| !d.is_empty() && path.starts_with(&format!("{d}/")));
-                if held_by_served_layer {
-                    return Err(refusal(
-                        &c.reference,
-                        "missing",
-                        "model",
-                        format!("the signature lists {path}, which the layer that should hold it lacks"),
-                    ));
-                }
-                self.left_out(c, path)?;
-            }
+        for path in c.unplaced.iter().filter(|p| !served.contains(*p)) {
+            self.left_out(c, path)?;
         }
         Ok(())
     }
@@ -499,11 +626,18 @@ impl Node {
             return Ok(());
         }
         let bundles =
-            self.inner.artifacts.referrer_bundles(source, manifest_digest, INDEX_PREDICATE).await.map_err(oci)?;
+            self.inner.artifacts.bundle_referrers(source, manifest_digest, INDEX_PREDICATE).await.map_err(oci)?;
         let now = SystemTime::now();
         let mut reasons = Vec::new();
         let mut first_reason = "no_index";
-        for (bdigest, bytes) in bundles {
+        for (bdigest, size) in bundles {
+            let bytes = match self.inner.artifacts.signature_blob(source, &bdigest, size).await {
+                Ok(b) => b,
+                Err(e) => {
+                    reasons.push(format!("the bundle {bdigest}: {e}"));
+                    continue;
+                }
+            };
             let v = match signing::verify(&bytes, trust, allowed, INDEX_PREDICATE, now) {
                 Ok(v) => v,
                 Err(r) => {
@@ -572,8 +706,11 @@ mod tests {
              "annotations": {FILEPATH_ANNOTATION: "tokenizer/"}},
         ]})
         .to_string();
-        let (paths, sig) = manifest_paths(&m);
+        let (layers, sig) = manifest_layers(&m);
+        let paths: Vec<&str> = layers.iter().map(|l| l.path.as_str()).collect();
         assert_eq!(paths, ["w.bin", "model.sig", "tokenizer"]);
+        assert!(filterable(&layers[0].media_type) && filterable(&layers[2].media_type));
+        assert!(!filterable("application/vnd.cncf.model.weight.v2.raw") && !filterable("application/octet-stream"));
         assert_eq!(sig, Some(("sha256:bb".into(), 9, "application/vnd.cncf.model.doc.v1.raw".into())));
     }
 
@@ -599,6 +736,17 @@ mod tests {
             options: vec![],
         });
         assert!(beside_layers(&plan(other)).unwrap().contains("/etc"));
+        let mut writable = steps.clone();
+        writable[2] = Step::Bind { source: root.clone(), target: "/staging".into(), readonly: false, options: vec![] };
+        assert!(beside_layers(&plan(writable)).unwrap().contains("read-write"));
+        let mut file = steps.clone();
+        file.push(Step::Bind {
+            source: root.join("w.bin"),
+            target: "/staging/model.safetensors".into(),
+            readonly: true,
+            options: vec![],
+        });
+        assert!(beside_layers(&plan(file)).unwrap().contains("w.bin"), "a file of the layers under another name");
         steps.push(Step::Mount {
             fstype: "tmpfs".into(),
             source: "x".into(),
@@ -607,6 +755,32 @@ mod tests {
             readonly: true,
         });
         assert!(beside_layers(&plan(steps)).unwrap().contains("mount"));
+    }
+
+    #[test]
+    fn a_signed_volumes_publication_binds_its_staged_files_read_only_and_nothing_else() {
+        let staging = std::path::Path::new("/k/staging");
+        let plan = |steps: Vec<Step>| Plan { plugin: "p".into(), digest: String::new(), steps, attributes: vec![] };
+        let bind = |source: &str, readonly| Step::Bind {
+            source: source.into(),
+            target: "/k/t".into(),
+            readonly,
+            options: vec![],
+        };
+        assert_eq!(
+            publish_beside(&plan(vec![Step::Mkdir { path: "/k/t".into() }, bind("/k/staging", true)]), staging),
+            None
+        );
+        assert!(publish_beside(&plan(vec![bind("/k/staging", false)]), staging).unwrap().contains("read-write"));
+        assert!(publish_beside(&plan(vec![bind("/etc", true)]), staging).unwrap().contains("/etc"));
+        let mount = Step::Mount {
+            fstype: "tmpfs".into(),
+            source: "x".into(),
+            target: "/k/t".into(),
+            options: vec![],
+            readonly: true,
+        };
+        assert!(publish_beside(&plan(vec![mount]), staging).unwrap().contains("mount"));
     }
 
     #[test]

@@ -30,15 +30,15 @@ pub enum TreeEntry {
 
 impl Artifacts {
     /// The Sigstore bundles attached to manifest `manifest_digest` of `src`'s repository whose
-    /// predicate type is `predicate` (a referrer without the annotation is read too, and the
-    /// verification judges its statement): each `(digest, bytes)`, read whole and checked
-    /// against its digest, at most [`MAX_REFERRERS`] of them.
-    pub async fn referrer_bundles(
+    /// predicate type is `predicate` (a referrer without the annotation is listed too, and the
+    /// verification judges its statement): each bundle blob's digest and size, at most
+    /// [`MAX_REFERRERS`] of them. Read each with [`Artifacts::signature_blob`], one at a time.
+    pub async fn bundle_referrers(
         &self,
         src: &Source,
         manifest_digest: &str,
         predicate: &str,
-    ) -> Result<Vec<(String, Vec<u8>)>, OciError> {
+    ) -> Result<Vec<(String, u64)>, OciError> {
         let found = async {
             let ep = self.core.registries.endpoint(src)?;
             let mut out = Vec::new();
@@ -49,30 +49,25 @@ impl Artifacts {
                 if annotated.is_some_and(|p| p != predicate) {
                     continue;
                 }
-                let Some((digest, size)) = layer_of(&manifest, BUNDLE_MEDIA_TYPE) else { continue };
-                if size > MAX_BUNDLE_BYTES {
-                    return Err(ep.size_mismatch(
-                        &digest,
-                        format!("the signature bundle is {size} bytes; at most {MAX_BUNDLE_BYTES} are read"),
-                    ));
+                if let Some(found) = layer_of(&manifest, BUNDLE_MEDIA_TYPE) {
+                    out.push(found);
                 }
-                let bytes = ep.small_blob(&digest, size).await?;
-                out.push((digest, bytes));
             }
             Ok(out)
         };
         found.await.map_err(OciError::redacted)
     }
 
-    /// The blob `digest` of `size` bytes of `src` (a layer holding a signature file), read
-    /// whole from the registry and checked against its digest; at most [`MAX_BUNDLE_BYTES`].
+    /// The blob `digest` of `size` bytes of `src` (a bundle, or a layer holding a signature
+    /// file), read whole from the registry and checked against its digest; at most
+    /// [`MAX_BUNDLE_BYTES`] (a larger one is refused before any of it is read).
     pub async fn signature_blob(&self, src: &Source, digest: &str, size: u64) -> Result<Vec<u8>, OciError> {
         let read = async {
             let ep = self.core.registries.endpoint(src)?;
             if size > MAX_BUNDLE_BYTES {
                 return Err(ep.size_mismatch(
                     digest,
-                    format!("the signature file's layer is {size} bytes; at most {MAX_BUNDLE_BYTES} are read"),
+                    format!("it is {size} bytes; a signature is read only up to {MAX_BUNDLE_BYTES}"),
                 ));
             }
             ep.small_blob(digest, size).await

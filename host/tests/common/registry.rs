@@ -397,6 +397,15 @@ impl Registry {
         digest
     }
 
+    /// Flip the byte at `at` of blob `digest` in the registry's storage (it then serves the
+    /// blob corrupted, under the same digest).
+    pub fn corrupt(&self, digest: &str, at: usize) {
+        let stored = self.blob_storage_path(digest);
+        let mut bytes = std::fs::read(&stored).unwrap();
+        bytes[at] ^= 0xff;
+        std::fs::write(&stored, &bytes).unwrap();
+    }
+
     /// SIGKILL the registry and reap it (no-op when it is not running).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -217,3 +217,35 @@ pub fn trust_file(trust: &Path, file: &str, bytes: &[u8]) {
         std::os::unix::fs::symlink(format!("..data/{file}"), &link).unwrap();
     }
 }
+
+/// Push `model`'s manifest again to `repo:tag` with its layer `filepath` changed by `edit` (the
+/// layer's JSON descriptor), as a registry writer could; returns the new reference.
+pub fn tampered_manifest(
+    registry: &Registry,
+    model: &PushedModel,
+    tag: &str,
+    filepath: &str,
+    edit: impl Fn(&mut serde_json::Value),
+) -> String {
+    let mut doc: serde_json::Value = serde_json::from_str(&model.manifest).unwrap();
+    let layer = doc["layers"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|l| l["annotations"]["org.cncf.model.filepath"] == filepath)
+        .unwrap_or_else(|| panic!("no layer {filepath}"));
+    edit(layer);
+    registry.push_manifest(&model.repo, tag, &doc.to_string());
+    format!("{}/{}:{tag}", registry.host(), model.repo)
+}
+
+/// A plain tar holding one file `name` with `bytes`.
+pub fn tar_of(name: &str, bytes: &[u8]) -> Vec<u8> {
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(bytes.len() as u64);
+    h.set_mode(0o644);
+    h.set_cksum();
+    tar.append_data(&mut h, name, bytes).unwrap();
+    tar.into_inner().unwrap()
+}

@@ -1095,11 +1095,15 @@ impl Node {
                 )));
             }
             if p.policy.required && (!p.policy.signers.is_empty() || super::signed::names_artifact(&plan)) {
-                return Err(Error::precondition(format!(
-                    "{}: mount {id} must be signed, but plugin {} resolves no OCI artifact whose signature the host could check",
-                    super::signed::REFUSED,
-                    p.plugin.info.name
-                )));
+                return Err(super::signed::refusal(
+                    &format!("mount {id}"),
+                    "unsupported",
+                    "model",
+                    format!(
+                        "it must be signed, but plugin {} resolves no OCI artifact whose signature the host could check",
+                        p.plugin.info.name
+                    ),
+                ));
             }
             let bytes = fetched_bytes(&plan);
             let reservation = self.reserve_bytes(volume, id, again, bytes).map_err(exhausted)?;
@@ -1137,12 +1141,16 @@ impl Node {
         let layers = fetched_bytes(&plan);
         if p.lazy {
             if checked.needs_trees() {
-                return Err(Error::precondition(format!(
-                    "{}: mount {id} is lazy and under a signature policy, which serves raw layers only (their chunks \
-                     checked against the signed index): {reference} has archive layers, whose files can be checked \
-                     only once fetched; mount it with lazy \"false\"",
-                    super::signed::REFUSED
-                )));
+                return Err(super::signed::refusal(
+                    reference,
+                    "unsupported",
+                    "model",
+                    format!(
+                        "mount {id} is lazy and under a signature policy, which serves raw layers only (their chunks \
+                         checked against the signed index): it has archive layers, whose files can be checked only \
+                         once fetched; mount it with lazy \"false\""
+                    ),
+                ));
             }
             let index = match &checked.verification.index {
                 Some(d) => IndexChoice::Use(d.clone(), checked.verification.index_size),
