@@ -23,7 +23,11 @@
 #   after   once the fill is over, the weights file opened again (passthrough) and read whole,
 #           against the cached blob read directly (the same file, outside FUSE): both with the
 #           page cache dropped (cold) and with it warm, each path twice in the order A B B A
-#           after one priming read (goal: at least 0.9x).
+#           after one priming read (goal: at least 0.9x);
+#   signed  a lazy volume under a signature policy (docs/signing.md: `signedBy`) of the same
+#           files signed by `model_signing` (a `model.sig` layer, pushed as tag `signed`) with a
+#           chunk index signed by `mounthost model index --sign-key`: the time from the stage
+#           call to the first byte of the weights, against `first` (goal: at most 1 s).
 #
 # Reads are 4 MiB into one buffer; the bytes read during the fill are checked with the CRC-32
 # of every 8th block (against the file pushed), so the reader's time is its reads'.
@@ -44,6 +48,8 @@ BENCH_TMP=${BENCH_TMP:-/var/tmp}
 REPO=bench/lazy
 TAG=v1
 
+model_signing=.local/venv/bin/model_signing
+[ -x "$model_signing" ] || { echo "bench/lazy.sh needs $model_signing (scripts/test.sh installs it)" >&2; exit 1; }
 for tool in docker-registry curl openssl python3 tar; do
     command -v "$tool" >/dev/null || { echo "bench/lazy.sh needs $tool (scripts/test.sh installs it)" >&2; exit 1; }
 done
@@ -174,13 +180,30 @@ curl -fsS --noproxy '*' -X PUT -H 'Content-Type: application/vnd.oci.image.manif
     --data-binary "@$work/manifest.json" -o /dev/null "http://$host/v2/$REPO/manifests/$TAG"
 ref=$host/$REPO:$TAG
 weights_sha=$(read_all "$work/src/model.safetensors")
-rm -f "$work"/src/model.safetensors "$work"/*.tar
 echo "pushed $ref: weights $weights_digest ($size bytes)"
+# The same files signed by model_signing, its signature one more (raw) layer: tag `signed`.
+openssl ecparam -name prime256v1 -genkey -noout -out "$work/sign.key" 2>/dev/null
+mkdir -p "$work/trust"
+openssl ec -in "$work/sign.key" -pubout -out "$work/trust/bench.pub" 2>/dev/null
+"$model_signing" sign key "$work/src" --private_key "$work/sign.key" --signature "$work/model.sig" >/dev/null
+sig_digest=$(push_blob "$work/model.sig")
+layers="$layers,{\"mediaType\":\"application/vnd.cncf.model.doc.v1.raw\",\"digest\":\"$sig_digest\",\"size\":$(stat -c %s "$work/model.sig"),\"annotations\":{\"org.cncf.model.filepath\":\"model.sig\"}}"
+diff_ids="$diff_ids,\"$sig_digest\""
+printf '{"descriptor":{"name":"bench-lazy-signed"},"config":{"format":"test"},"modelfs":{"type":"layers","diffIds":[%s]}}' "$diff_ids" >"$work/config-signed.cfg"
+config_digest=$(push_blob "$work/config-signed.cfg")
+printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","artifactType":"application/vnd.cncf.model.manifest.v1+json","config":{"mediaType":"application/vnd.cncf.model.config.v1+json","digest":"%s","size":%d},"layers":[%s]}' \
+    "$config_digest" "$(stat -c %s "$work/config-signed.cfg")" "$layers" >"$work/manifest-signed.json"
+curl -fsS --noproxy '*' -X PUT -H 'Content-Type: application/vnd.oci.image.manifest.v1+json' \
+    --data-binary "@$work/manifest-signed.json" -o /dev/null "http://$host/v2/$REPO/manifests/signed"
+signed_ref=$host/$REPO:signed
+"$mounthost" --insecure-registry "$host" --log warn model index "$signed_ref" --sign-key "$work/sign.key" >/dev/null
+rm -f "$work"/src/model.safetensors "$work"/*.tar
+echo "pushed $signed_ref: the same files, signed, with a signed chunk index"
 
 # --- the node -------------------------------------------------------------------------------
-mh() { "$mounthost" --state-dir "$work/mh" --insecure-registry "$host" --log warn "$@"; }
+mh() { "$mounthost" --state-dir "$work/mh" --insecure-registry "$host" --trust-dir "$work/trust" --log warn "$@"; }
 # Started directly (not through mh), so that $! is its pid.
-"$mounthost" --state-dir "$work/mh" --insecure-registry "$host" --log warn local --no-demo >"$work/local.log" 2>&1 &
+"$mounthost" --state-dir "$work/mh" --insecure-registry "$host" --trust-dir "$work/trust" --log warn local --no-demo >"$work/local.log" 2>&1 &
 local_pid=$!
 for _ in $(seq 300); do
     [ -S "$work/mh/csi.sock" ] && mh client info >/dev/null 2>&1 && break
@@ -188,14 +211,15 @@ for _ in $(seq 300); do
     sleep 0.1
 done
 kubelet=$work/mh/kubelet
-# stage ID LAZY: stage volume ID at a new staging path (printed); answers once
-# NodeStageVolume is OK.
+# stage ID LAZY [SIGNED_BY]: stage volume ID at a new staging path (printed); answers once
+# NodeStageVolume is OK. With SIGNED_BY, the signed copy under that policy.
 stage() {
-    local id=$1 lazy=$2 staging
+    local id=$1 lazy=$2 staging policy=() reference=$ref
+    if [ -n "${3:-}" ]; then policy=(--param "signedBy=$3"); reference=$signed_ref; fi
     staging=$kubelet/plugins/bench/$id/globalmount
     mkdir -p "$(dirname "$staging")"
     until mh client stage --volume-id "$id" --staging "$staging" --param plugin=model \
-        --param "reference=$ref" --param insecure=true --param "lazy=$lazy" >"$work/stage.log" 2>&1; do
+        --param "reference=$reference" --param insecure=true --param "lazy=$lazy" "${policy[@]}" >"$work/stage.log" 2>&1; do
         grep -q Unavailable "$work/stage.log" || { cat "$work/stage.log" >&2; exit 1; }
         sleep 0.05
     done
@@ -261,6 +285,17 @@ for run in $(seq "$RUNS"); do
     unstage "$id" "$s"
 
     reset
+    id=bench-lazy-signed-$run
+    t0=$EPOCHREALTIME
+    s=$(stage "$id" true bench)
+    signed_staged=$(since "$t0")
+    head -c 1 "$s/model.safetensors" >/dev/null
+    signed_first=$(since "$t0")
+    signer=$(mh client list | python3 -c 'import json,sys; v=[v for v in json.load(sys.stdin) if v["volumeId"] == sys.argv[1]][0]["trust"]; print(v["signed"]["by"], v["indexed"]["signedBy"])' "$id")
+    [ "$signer" = "bench bench" ] || { echo "the signed volume reports signer and index signer \"$signer\"" >&2; exit 1; }
+    unstage "$id" "$s"
+
+    reset
     id=bench-lazy-seq-$run
     t0=$EPOCHREALTIME
     s=$(stage "$id" true)
@@ -300,7 +335,7 @@ print(v["demandRequests"], v["demandBytes"], v["fillBytes"])' "$id")
     passthrough=$(mh client list | python3 -c 'import json,sys; print([v for v in json.load(sys.stdin) if v["volumeId"] == sys.argv[1]][0]["lazy"]["passthroughFiles"])' "$id")
     unstage "$id" "$s"
 
-    echo "$eager $staged $first $header $seq_s $pt_cold $plain_cold $pt_warm $plain_warm" >>"$results"
+    echo "$eager $staged $first $header $seq_s $pt_cold $plain_cold $pt_warm $plain_warm $signed_staged $signed_first" >>"$results"
     read -r demand_requests demand_bytes fill_bytes <<<"$fetched"
     echo "lazy: during that read $demand_requests ranges ($((demand_bytes >> 20)) MiB) fetched for the reader, $((fill_bytes >> 20)) MiB by the fill"
     awk -v b="$size" -v p="$passthrough" '{
@@ -308,6 +343,7 @@ print(v["demandRequests"], v["demandBytes"], v["fillBytes"])' "$id")
         printf "lazy: staged %.3f s, first byte %.3f s, header + 64 MiB range %.3f s\n", $2, $3, $4
         printf "lazy: whole file read in order from the stage call %.2f s (%.0f MB/s) = %.2fx the eager pull\n", $5, b / $5 / 1e6, $1 / $5
         printf "after the fill (%d files in passthrough): cold %.2f s vs plain %.2f s = %.2fx; warm %.2f s vs plain %.2f s = %.2fx\n", p, $6, $7, $7 / $6, $8, $9, $9 / $8
+        printf "lazy under a signature policy (signed model, signed index): staged %.3f s, first byte %.3f s = %.2fx the unsigned lazy volume'"'"'s\n", $10, $11, $11 / $3
     }' <<<"$(tail -n 1 "$results")"
 done
 
@@ -316,7 +352,7 @@ awk -v b="$size" '
 function upd(i, v) { if (NR == 1 || v < lo[i]) lo[i] = v; if (NR == 1 || v > hi[i]) hi[i] = v }
 {
     upd(1, $1); upd(2, $3); upd(3, $4); upd(4, $1 / $5); upd(5, $7 / $6); upd(6, $9 / $8)
-    upd(7, b / $1 / 1e6); upd(8, b / $5 / 1e6)
+    upd(7, b / $1 / 1e6); upd(8, b / $5 / 1e6); upd(9, $11); upd(10, $11 / $3)
 }
 END {
     printf "eager pull: %.2f-%.2f s (%.0f-%.0f MB/s)\n", lo[1], hi[1], lo[7], hi[7]
@@ -324,4 +360,5 @@ END {
     printf "lazy header + 64 MiB range: %.3f-%.3f s (goal <= 1.5 s)\n", lo[3], hi[3]
     printf "lazy sequential read during the fill / eager pull: %.2f-%.2fx (%.0f-%.0f MB/s; goal >= 0.8x)\n", lo[4], hi[4], lo[8], hi[8]
     printf "passthrough / plain bind, cold: %.2f-%.2fx; warm: %.2f-%.2fx (goal >= 0.9x)\n", lo[5], hi[5], lo[6], hi[6]
+    printf "signed lazy first byte: %.3f-%.3f s (goal <= 1 s), %.2f-%.2fx the unsigned lazy volume'"'"'s\n", lo[9], hi[9], lo[10], hi[10]
 }' "$results"
