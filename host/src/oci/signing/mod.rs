@@ -23,6 +23,21 @@ mod ec;
 mod statement;
 mod trust;
 
+/// The parsers of signature bytes, for the fuzz targets in `host/fuzz`; not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// The files a bundle's statement lists, read as `predicate` (no signature checked).
+    pub fn read_bundle(bundle: &[u8], predicate: &str) -> Result<Vec<String>, super::Refusal> {
+        let env = super::bundle::parse(bundle)?;
+        read_statement(&env.payload, predicate)
+    }
+
+    /// The files an in-toto statement lists, read as `predicate`.
+    pub fn read_statement(payload: &[u8], predicate: &str) -> Result<Vec<String>, super::Refusal> {
+        Ok(super::statement::read(payload, predicate)?.files.into_keys().collect())
+    }
+}
+
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
