@@ -453,6 +453,11 @@ fn a_lazy_volume_under_a_policy_needs_a_signed_index_and_never_serves_a_corrupte
         let mut csi = node.node().await;
         let staging2 = node.dirs.staging("pv-pinned");
         csi.node_stage_volume(stage_req("pv-pinned", &staging2, &ctx2)).await.unwrap();
+        // The staging mount lost: the restage plans again, and uses the recorded index (the
+        // registry has no index or signature of it any more).
+        nix::mount::umount2(&staging2, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        stage(&node, &mut csi, "pv-pinned", &ctx2).await.unwrap();
+        assert!(!mounts_below(&staging2).is_empty(), "restaged");
         let target2 = node.dirs.target("pod-pinned", "pv-pinned");
         csi.node_publish_volume(publish_req("pv-pinned", &staging2, &target2, &ctx2)).await.unwrap();
         let after =
@@ -479,7 +484,7 @@ fn a_lazy_volume_under_a_policy_needs_a_signed_index_and_never_serves_a_corrupte
         assert!(p.indexed && p.failed.is_empty(), "{p:?}");
         assert_eq!(tree(&target2), expected(&fine, |_| true));
         println!(
-            "checked: the index deleted from the registry changed nothing for the staged lazy volume, through a restart and a heal: {}",
+            "checked: the index deleted from the registry changed nothing for the staged lazy volume, through a restart, a restage and a heal: {}",
             after.chunk_index
         );
         unstage(&mut csi, "pv-pinned", &staging2, &target2).await;
