@@ -1,5 +1,5 @@
-//! The `model` plugin: mounts AI models packaged as ModelPack artifacts (CNCF model-spec) from
-//! OCI registries, read-only, into pods.
+//! The `model` plugin: mounts AI models packaged as ModelPack artifacts (CNCF model-spec), and
+//! ordinary container images carrying a model, from OCI registries, read-only, into pods.
 //!
 //! A pure planner. It never touches the network: it asks the host to resolve the reference,
 //! reads the manifest and config the host hands back, and plans fetches by digest that the
@@ -41,7 +41,8 @@ impl Plugin for Model {
              registries, read-only. The host resolves the reference, fetches the \
              selected layers by digest into its node cache and unpacks them; filters \
              choose files by path and by layer class (weights, config, docs, code, \
-             datasets). Registry credentials come from CSI secrets, by key. Pods of a \
+             datasets). Ordinary container images (OCI or Docker) mount as the tree a \
+             runtime builds from their layers, or one directory of it (path). Registry credentials come from CSI secrets, by key. Pods of a \
              dynamic volume may mount further models read-only at mounts/<id>/, naming \
              reference, include, exclude, weights and types (the volume's mirror and \
              insecure apply, and its CSI secrets go to the registries its \

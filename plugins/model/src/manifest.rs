@@ -30,6 +30,25 @@ pub const MODEL_CONFIG_TYPE: &str = "application/vnd.cncf.model.config.v1+json";
 pub const FILEPATH_ANNOTATION: &str = "org.cncf.model.filepath";
 /// Media type of an OCI image manifest.
 pub const OCI_MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+/// Media type of a Docker image manifest (schema 2).
+pub const DOCKER_MANIFEST_TYPE: &str = "application/vnd.docker.distribution.manifest.v2+json";
+/// Media types of the layers of ordinary container images (OCI and Docker), each a changeset
+/// the host applies in order with its whiteouts, and how each is packed.
+pub const IMAGE_LAYER_TYPES: [(&str, Archive); 5] = [
+    ("application/vnd.oci.image.layer.v1.tar", Archive::Tar),
+    ("application/vnd.oci.image.layer.v1.tar+gzip", Archive::TarGzip),
+    ("application/vnd.oci.image.layer.v1.tar+zstd", Archive::TarZstd),
+    ("application/vnd.docker.image.rootfs.diff.tar", Archive::Tar),
+    ("application/vnd.docker.image.rootfs.diff.tar.gzip", Archive::TarGzip),
+];
+/// Foreign (non-distributable) layers: their blobs live at `urls` outside the registry, which
+/// the host never contacts; they are skipped.
+const FOREIGN_LAYER_TYPES: [&str; 4] = [
+    "application/vnd.oci.image.layer.nondistributable.v1.tar",
+    "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip",
+    "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd",
+    "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip",
+];
 /// Prefix of ModelPack layer media types.
 const LAYER_PREFIX: &str = "application/vnd.cncf.model.";
 /// Longest file path accepted (the host's plan texts are bounded).
@@ -60,6 +79,8 @@ struct Descriptor {
     size: u64,
     #[serde(default)]
     annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    urls: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -112,16 +133,112 @@ pub struct Artifact {
     pub skipped: Vec<Skipped>,
 }
 
+/// One layer of an ordinary container image: a changeset of the image's tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageLayer {
+    /// Its index in the manifest's `layers`.
+    pub index: usize,
+    /// `sha256:<64 hex>`.
+    pub digest: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// The media type, as the manifest gives it.
+    pub media_type: String,
+    /// How it is packed.
+    pub format: Archive,
+}
+
+/// The layers of an ordinary container image, bottom first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    /// Every layer the host applies, in manifest order.
+    pub layers: Vec<ImageLayer>,
+    /// Foreign layers (blobs outside the registry), left out.
+    pub skipped: Vec<Skipped>,
+}
+
+/// What a resolved reference holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parsed {
+    /// A ModelPack model: one file (or directory) per layer.
+    Model(Artifact),
+    /// An ordinary container image: layers applied in order.
+    Image(Image),
+}
+
+/// Read the manifest and config the host resolved for `reference`: a ModelPack model, or an
+/// ordinary container image (OCI or Docker schema 2) whose layers are all image layers (or
+/// foreign ones).
+pub fn read(reference: &str, manifest: &str, config: &str) -> Result<Parsed, BackendError> {
+    if let Some(image) = image(reference, manifest)? {
+        return Ok(Parsed::Image(image));
+    }
+    parse(reference, manifest, config).map(Parsed::Model)
+}
+
+/// The image `manifest` describes, or `None` when it is not an ordinary image (a ModelPack
+/// manifest, or anything [`parse`] explains better).
+fn image(reference: &str, manifest: &str) -> Result<Option<Image>, BackendError> {
+    let Ok(m) = serde_json::from_str::<Manifest>(manifest) else { return Ok(None) };
+    let docker = m.media_type.as_deref() == Some(DOCKER_MANIFEST_TYPE);
+    let oci = m.media_type.as_deref().is_none_or(|t| t == OCI_MANIFEST_TYPE);
+    let config_type = m.config.as_ref().map(|c| c.media_type.as_str()).unwrap_or_default();
+    if m.schema_version != Some(2)
+        || !(docker || oci)
+        || m.layers.is_empty()
+        || m.artifact_type.as_deref() == Some(MODEL_ARTIFACT_TYPE)
+        || config_type == MODEL_CONFIG_TYPE
+        || m.layers.iter().any(|l| l.annotations.contains_key(FILEPATH_ANNOTATION))
+        || !m.layers.iter().any(|l| image_format(&l.media_type).is_some())
+    {
+        return Ok(None);
+    }
+    let mut image = Image { layers: Vec::new(), skipped: Vec::new() };
+    for (index, d) in m.layers.into_iter().enumerate() {
+        let name = || format!("layers[{index}] ({}) of image {reference}", d.media_type);
+        if FOREIGN_LAYER_TYPES.contains(&d.media_type.as_str()) || !d.urls.is_empty() {
+            image.skipped.push(Skipped { index, media_type: d.media_type });
+            continue;
+        }
+        let format = image_format(&d.media_type).ok_or_else(|| {
+            invalid(format!(
+                "{}: not an image layer media type ({}), so the image's tree cannot be built",
+                name(),
+                IMAGE_LAYER_TYPES.map(|(t, _)| t).join(", ")
+            ))
+        })?;
+        if !is_sha256_digest(&d.digest) {
+            return Err(invalid(format!(
+                "{}: digest {:?} is not sha256: and 64 lower-case hex digits",
+                name(),
+                d.digest
+            )));
+        }
+        image.layers.push(ImageLayer { index, digest: d.digest, size: d.size, media_type: d.media_type, format });
+    }
+    if image.layers.is_empty() {
+        return Err(invalid(format!(
+            "image {reference} has only foreign layers (blobs outside the registry, which the host never fetches)"
+        )));
+    }
+    Ok(Some(image))
+}
+
+/// How an image layer of `media_type` is packed; `None` for other media types.
+pub fn image_format(media_type: &str) -> Option<Archive> {
+    IMAGE_LAYER_TYPES.iter().find(|(t, _)| *t == media_type).map(|(_, f)| *f)
+}
+
 /// Read the manifest and config the host resolved for `reference`.
 pub fn parse(reference: &str, manifest: &str, config: &str) -> Result<Artifact, BackendError> {
     let m: Manifest = serde_json::from_str(manifest).map_err(|e| {
         invalid(format!(
-            "the manifest of {reference} is not an OCI image manifest ({e}); the reference must name a ModelPack model"
+            "the manifest of {reference} is not an OCI image manifest ({e}); the reference must name a ModelPack model or a container image"
         ))
     })?;
     if let Some(t) = m.media_type.as_deref().filter(|t| *t != OCI_MANIFEST_TYPE) {
         return Err(invalid(format!(
-            "{reference} is a {t}, not an OCI image manifest ({OCI_MANIFEST_TYPE}); the reference must name a ModelPack model"
+            "{reference} is a {t}, not an OCI image manifest ({OCI_MANIFEST_TYPE}); the reference must name a ModelPack model or a container image"
         )));
     }
     if m.schema_version != Some(2) {
@@ -142,9 +259,9 @@ pub fn parse(reference: &str, manifest: &str, config: &str) -> Result<Artifact, 
     let is_model = m.artifact_type.as_deref() == Some(MODEL_ARTIFACT_TYPE) || config_type == MODEL_CONFIG_TYPE;
     if !is_model && !m.layers.iter().any(|l| l.annotations.contains_key(FILEPATH_ANNOTATION)) {
         return Err(invalid(format!(
-            "{reference} is not a ModelPack model: its manifest has neither artifactType \
-             {MODEL_ARTIFACT_TYPE} nor a config of media type {MODEL_CONFIG_TYPE}, and no layer \
-             carries the {FILEPATH_ANNOTATION} annotation"
+            "{reference} is neither a ModelPack model nor a container image: its manifest has neither \
+             artifactType {MODEL_ARTIFACT_TYPE} nor a config of media type {MODEL_CONFIG_TYPE}, no \
+             layer carries the {FILEPATH_ANNOTATION} annotation, and no layer is an image layer"
         )));
     }
     if config_type == MODEL_CONFIG_TYPE {

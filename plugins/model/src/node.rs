@@ -38,7 +38,7 @@ use mounthost_plugin_sdk::{
     cache, kv, resolved_from_recorded, staging, target,
 };
 
-use crate::manifest::{self, Artifact, Layer};
+use crate::manifest::{self, Artifact, Image, Layer, Parsed};
 use crate::params::{self, Settings};
 use crate::reference::is_sha256_digest;
 
@@ -133,7 +133,17 @@ fn plan_model(
             resolve.reference, resolved.manifest_digest
         )));
     }
-    let artifact = manifest::parse(&resolve.reference, &resolved.manifest, &resolved.config)?;
+    let artifact = match manifest::read(&resolve.reference, &resolved.manifest, &resolved.config)? {
+        Parsed::Model(artifact) => artifact,
+        Parsed::Image(image) => return plan_image(settings, resolve, resolved, &image, onto),
+    };
+    if let Some(path) = &settings.path {
+        return Err(invalid(format!(
+            "parameter \"path\" ({path:?}) mounts a directory of an ordinary container image, but {} \
+             is a ModelPack model; select its files with include and exclude",
+            resolve.reference
+        )));
+    }
     let selected: Vec<&Layer> = artifact.layers.iter().filter(|l| settings.filters.selects(&l.path, l.class)).collect();
     if selected.is_empty() {
         return Err(nothing_selected(&resolve.reference, settings, &artifact));
@@ -171,6 +181,73 @@ fn plan_model(
         ]),
         notes,
     })
+}
+
+/// Plan the second round for an ordinary container image: the same `resolve`, one `fetch-blob`
+/// per distinct layer blob, one `unpack` per layer in manifest order (bottom first) into
+/// [`MODEL_DIR`] (the host applies an image layer's whiteouts and keeps its owners and modes,
+/// because the blob's media type says it is one), and a read-only bind of `model/` or of the
+/// directory `path` names in it. Layers are never deduplicated among the unpacks: a blob
+/// applied twice (an empty layer, say) is applied in both places, as a runtime would.
+fn plan_image(
+    settings: &Settings,
+    resolve: Resolve,
+    resolved: &Resolved,
+    image: &Image,
+    onto: PathRef,
+) -> Result<Staged, BackendError> {
+    if !settings.filter_keys.is_empty() {
+        return Err(invalid(format!(
+            "parameter(s) {} select files of a ModelPack model, but {} is an ordinary container \
+             image: its layers have no classes and are applied whole, in order; remove them, and \
+             mount one directory of the image with parameter \"path\" (such as /models)",
+            settings.filter_keys.join(", "),
+            resolve.reference
+        )));
+    }
+    let mut steps = vec![Step::Resolve(resolve.clone())];
+    let mut fetched = BTreeSet::new();
+    for layer in image.layers.iter().filter(|l| fetched.insert(l.digest.as_str())) {
+        steps.push(Step::FetchBlob(FetchBlob::new(layer.digest.clone(), layer.size, layer.media_type.clone())));
+    }
+    for layer in &image.layers {
+        steps.push(Step::Unpack(Unpack::new(layer.digest.clone(), layer.format, cache(MODEL_DIR))));
+    }
+    let source = match &settings.path {
+        Some(path) => format!("{MODEL_DIR}/{path}"),
+        None => MODEL_DIR.to_string(),
+    };
+    steps.push(Step::Bind(
+        Bind::new(cache(&source), onto).with_readonly(true).with_options(BIND_OPTIONS.map(String::from)),
+    ));
+    let notes = foreign_note(&resolve.reference, image).into_iter().collect();
+    let mut attributes = vec![
+        kv("reference", resolve.reference),
+        kv("manifestDigest", resolved.manifest_digest.as_str()),
+        kv("image", "true"),
+        kv("layers", image.layers.len().to_string()),
+    ];
+    if let Some(path) = &settings.path {
+        attributes.push(kv("path", format!("/{path}")));
+    }
+    Ok(Staged { plan: Plan::new(steps).with_attributes(attributes), notes })
+}
+
+/// One log line naming the foreign layers an image's tree is built without, if any.
+fn foreign_note(reference: &str, image: &Image) -> Option<String> {
+    if image.skipped.is_empty() {
+        return None;
+    }
+    let shown: Vec<String> =
+        image.skipped.iter().take(SKIPPED_SHOWN).map(|s| format!("layers[{}] ({})", s.index, s.media_type)).collect();
+    let more = image.skipped.len().saturating_sub(SKIPPED_SHOWN);
+    Some(format!(
+        "image {reference}: skipped {} foreign layer(s), whose blobs live outside the registry and are \
+         never fetched: {}{}; the volume's tree is built without them",
+        image.skipped.len(),
+        shown.join(", "),
+        if more > 0 { format!(" and {more} more") } else { String::new() }
+    ))
 }
 
 /// Plan NodePublishVolume: bind the staged files onto the target, always read-only.

@@ -69,6 +69,13 @@ pub const SPECS: &[ParamSpec] = &[
         "Layer classes to mount, comma-separated: weight, config, doc, code, dataset.",
     ),
     ParamSpec::parameter(
+        "path",
+        ParamKind::Text,
+        None,
+        "An ordinary container image only: mount this directory of the image's tree \
+         (/models) instead of its root.",
+    ),
+    ParamSpec::parameter(
         "insecure",
         ParamKind::Boolean,
         Some("false"),
@@ -104,6 +111,12 @@ pub struct Settings {
     pub filters: Filters,
     /// Plain HTTP.
     pub insecure: bool,
+    /// `path`: the directory of an image's tree to mount, relative (`models`); `None` for the
+    /// root.
+    pub path: Option<String>,
+    /// The filter parameters given (`include`, `exclude`, `weights`, `types`), which an
+    /// ordinary image refuses: its layers have no classes and its files are laid out whole.
+    pub filter_keys: Vec<&'static str>,
 }
 
 impl Settings {
@@ -112,7 +125,7 @@ impl Settings {
         let reference = reference(p)?;
         let mirror = mirror(p)?;
         let filters = filters(p)?;
-        Ok(Settings { reference, mirror, filters, insecure: insecure(p)? })
+        Ok(Settings { reference, mirror, filters, insecure: insecure(p)?, path: path(p)?, filter_keys: filter_keys(p) })
     }
 
     /// A dynamic mount's settings: the model and its filters from the pod's `request` (only
@@ -125,14 +138,21 @@ impl Settings {
         let volume = Params::new("parameter", context)?;
         let reference = reference(&pod)?;
         let filters = filters(&pod)?;
-        Ok(Settings { reference, mirror: mirror(&volume)?, filters, insecure: insecure(&volume)? })
+        Ok(Settings {
+            reference,
+            mirror: mirror(&volume)?,
+            filters,
+            insecure: insecure(&volume)?,
+            path: path(&pod)?,
+            filter_keys: filter_keys(&pod),
+        })
     }
 }
 
 /// The keys a pod's dynamic-mount request may hold, in the order `SPECS` lists them: the model
 /// and its filters. The registry settings (`mirror`, `insecure`) are the volume's, and so are
 /// the credentials, which the host adds (the plan's `resolve` step names none).
-pub const DYNAMIC: &[&str] = &["reference", "include", "exclude", "weights", "types"];
+pub const DYNAMIC: &[&str] = &["reference", "include", "exclude", "weights", "types", "path"];
 
 /// Open a pod's dynamic-mount request and refuse any key but [`DYNAMIC`] ones. Strict: unlike
 /// [`open`], keys with a `/` are refused too (a pod's request carries no orchestrator keys).
@@ -185,6 +205,28 @@ fn filters(p: &Params<'_>) -> Result<Filters, BackendError> {
         weights: p.choice("weights", filters::WEIGHTS)?,
         types: p.text("types")?,
     })
+}
+
+/// The filter parameters given, in table order.
+fn filter_keys(p: &Params<'_>) -> Vec<&'static str> {
+    ["include", "exclude", "weights", "types"].into_iter().filter(|k| p.get(k).is_some()).collect()
+}
+
+/// `path`: `/models`, `models/` or `models` name the directory `models` of the image's tree;
+/// `/` (or nothing) its root. Components are checked as a model's file paths are.
+fn path(p: &Params<'_>) -> Result<Option<String>, BackendError> {
+    let Some(raw) = p.text("path")? else { return Ok(None) };
+    let rel = raw.trim_start_matches('/').trim_end_matches('/');
+    if rel.is_empty() {
+        return Ok(None);
+    }
+    crate::manifest::check_file_path(rel).map_err(|why| {
+        invalid(format!(
+            "parameter \"path\" {raw:?} is not a directory of an image ({why}); give a path such as \
+             /models, without . or .. components"
+        ))
+    })?;
+    Ok(Some(rel.to_string()))
 }
 
 /// `insecure`, default `false`.

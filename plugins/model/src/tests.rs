@@ -164,7 +164,7 @@ fn info_documents_every_key() {
     };
     assert_eq!(
         names(ParamSource::Parameter),
-        ["reference", "mirror", "include", "exclude", "weights", "types", "insecure"]
+        ["reference", "mirror", "include", "exclude", "weights", "types", "path", "insecure"]
     );
     assert_eq!(names(ParamSource::Secret), ["username", "password", "token", ".dockerconfigjson"]);
     let doc = |name: &str| info.parameters.iter().find(|d| d.name == name).unwrap();
@@ -378,12 +378,12 @@ fn ordinary_image_manifests_with_file_paths_are_accepted() {
     let staged = stage_with(&m, &json!({})).unwrap();
     assert_eq!(fetched(&staged.plan).len(), 5);
 
-    let mut plain = manifest(&[layer("application/vnd.oci.image.layer.v1.tar+gzip", 'a', 1, None)]);
+    let mut plain = manifest(&[layer("application/vnd.example.blob.v1", 'a', 1, None)]);
     plain.as_object_mut().unwrap().remove("artifactType");
     plain["config"]["mediaType"] = json!("application/vnd.oci.image.config.v1+json");
     let msg = message(stage_with(&plain, &json!({})).unwrap_err());
     assert!(
-        msg.starts_with(&format!("{REF} is not a ModelPack model: its manifest has neither artifactType")),
+        msg.starts_with(&format!("{REF} is neither a ModelPack model nor a container image: its manifest has neither")),
         "{msg}"
     );
 }
@@ -581,7 +581,7 @@ fn validate_accepts_a_full_storage_class_and_every_access_mode() {
 #[case(&[("reference", REF), ("types", "weights")], "parameter \"types\": \"weights\" is not a layer class")]
 #[case(&[("reference", REF), ("types", "doc"), ("weights", "only")], "together they select no layer class")]
 #[case(&[("reference", REF), ("insecure", "yes")], "parameter \"insecure\" must be \"true\" or \"false\"")]
-#[case(&[("reference", REF), ("filter", "x")], "unknown parameter \"filter\"; accepted: exclude, include, insecure, mirror, reference, types, weights")]
+#[case(&[("reference", REF), ("filter", "x")], "unknown parameter \"filter\"; accepted: exclude, include, insecure, mirror, path, reference, types, weights")]
 #[case(&[("reference", REF), ("reference", REF)], "parameter \"reference\" is given twice")]
 fn bad_parameters(#[case] params: &[(&str, &str)], #[case] says: &str) {
     let m = message(validate(params, &[], vec![]).unwrap_err());
@@ -794,12 +794,12 @@ fn dynamic_mounts_use_the_volumes_mirror_and_insecure_and_no_credentials() {
 }
 
 #[rstest]
-#[case(&[("reference", REF), ("mirror", "evil.example.com")], "unknown parameter \"mirror\" for a dynamic mount (the volume's registry settings apply: mirror and insecure come from its StorageClass); accepted: exclude, include, reference, types, weights")]
-#[case(&[("reference", REF), ("insecure", "true")], "unknown parameter \"insecure\" for a dynamic mount (the volume's registry settings apply: mirror and insecure come from its StorageClass); accepted: exclude, include, reference, types, weights")]
-#[case(&[("reference", REF), ("token", "t")], "unknown parameter \"token\" for a dynamic mount (a pod's request carries no credentials: the host gives the mount the volume's own, for the registries its StorageClass names); accepted: exclude, include, reference, types, weights")]
+#[case(&[("reference", REF), ("mirror", "evil.example.com")], "unknown parameter \"mirror\" for a dynamic mount (the volume's registry settings apply: mirror and insecure come from its StorageClass); accepted: exclude, include, path, reference, types, weights")]
+#[case(&[("reference", REF), ("insecure", "true")], "unknown parameter \"insecure\" for a dynamic mount (the volume's registry settings apply: mirror and insecure come from its StorageClass); accepted: exclude, include, path, reference, types, weights")]
+#[case(&[("reference", REF), ("token", "t")], "unknown parameter \"token\" for a dynamic mount (a pod's request carries no credentials: the host gives the mount the volume's own, for the registries its StorageClass names); accepted: exclude, include, path, reference, types, weights")]
 #[case(&[("reference", REF), (".dockerconfigjson", "{}")], "unknown parameter \".dockerconfigjson\" for a dynamic mount (a pod's request carries no credentials")]
 #[case(&[("reference", REF), ("username", "u"), ("password", "p")], "unknown parameter \"username\" for a dynamic mount (a pod's request carries no credentials")]
-#[case(&[("reference", REF), ("filter", "x")], "unknown parameter \"filter\" for a dynamic mount; accepted: exclude, include, reference, types, weights")]
+#[case(&[("reference", REF), ("filter", "x")], "unknown parameter \"filter\" for a dynamic mount; accepted: exclude, include, path, reference, types, weights")]
 #[case(&[("reference", REF), ("plugin", "model")], "unknown parameter \"plugin\" for a dynamic mount; accepted:")]
 #[case(&[("reference", REF), ("csi.storage.k8s.io/pod.name", "p")], "unknown parameter \"csi.storage.k8s.io/pod.name\" for a dynamic mount; accepted:")]
 #[case(&[], "parameter \"reference\" is required")]
@@ -862,4 +862,135 @@ fn dynamic_keys_are_documented_parameters() {
         assert!(SPECS.iter().any(|s| s.name == *key && s.source == ParamSource::Parameter), "{key}");
         assert!(info.description.contains(key), "the description does not name {key}");
     }
+}
+
+/// An ordinary image manifest (OCI, or Docker schema 2 with `docker`) with these layers.
+fn image_manifest(layers: &[Json], docker: bool) -> Json {
+    let (manifest, config) = if docker {
+        ("application/vnd.docker.distribution.manifest.v2+json", "application/vnd.docker.container.image.v1+json")
+    } else {
+        ("application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.config.v1+json")
+    };
+    json!({
+        "schemaVersion": 2,
+        "mediaType": manifest,
+        "config": { "mediaType": config, "digest": digest('c'), "size": 300 },
+        "layers": layers,
+    })
+}
+
+fn stage_image(m: &Json, ctx: &[(&str, &str)]) -> Result<Staged, BackendError> {
+    let mut all = vec![("reference", REF)];
+    all.extend_from_slice(ctx);
+    node::stage(&stage_req(&all, &[], Some(resolved(m, &json!({"rootfs": {"type": "layers"}})))))
+}
+
+#[rstest]
+#[case(
+    false,
+    "application/vnd.oci.image.layer.v1.tar+gzip",
+    "application/vnd.oci.image.layer.v1.tar+zstd",
+    Archive::TarZstd
+)]
+#[case(
+    true,
+    "application/vnd.docker.image.rootfs.diff.tar.gzip",
+    "application/vnd.docker.image.rootfs.diff.tar",
+    Archive::Tar
+)]
+fn an_image_applies_every_layer_in_order(
+    #[case] docker: bool,
+    #[case] lower: &str,
+    #[case] upper: &str,
+    #[case] upper_format: Archive,
+) {
+    // The same blob twice (an empty layer, say) is fetched once and applied twice.
+    let m = image_manifest(
+        &[layer(lower, 'a', 10, None), layer(upper, 'b', 20, None), layer(lower, 'a', 10, None)],
+        docker,
+    );
+    let staged = stage_image(&m, &[]).unwrap();
+    let image_bind =
+        Step::Bind(Bind::new(cache("model"), staging("")).with_readonly(true).with_options(["nosuid", "nodev"]));
+    let expected = Plan::new(vec![
+        resolve_step(RegistryAuth::Anonymous),
+        Step::FetchBlob(FetchBlob::new(digest('a'), 10, lower)),
+        Step::FetchBlob(FetchBlob::new(digest('b'), 20, upper)),
+        Step::Unpack(Unpack::new(digest('a'), Archive::TarGzip, cache("model"))),
+        Step::Unpack(Unpack::new(digest('b'), upper_format, cache("model"))),
+        Step::Unpack(Unpack::new(digest('a'), Archive::TarGzip, cache("model"))),
+        image_bind,
+    ])
+    .with_attributes([
+        kv("reference", REF),
+        kv("manifestDigest", MANIFEST_DIGEST),
+        kv("image", "true"),
+        kv("layers", "3"),
+    ]);
+    assert_eq!(staged.plan, expected);
+    assert!(staged.notes.is_empty());
+}
+
+#[rstest]
+#[case("/models")]
+#[case("models/")]
+#[case("models")]
+fn path_binds_one_directory_of_the_image(#[case] path: &str) {
+    let m = image_manifest(&[layer("application/vnd.oci.image.layer.v1.tar", 'a', 10, None)], false);
+    let staged = stage_image(&m, &[("path", path)]).unwrap();
+    let Some(Step::Bind(bind)) = staged.plan.steps.last() else { panic!("{:?}", staged.plan) };
+    assert_eq!(bind.source, cache("model/models"));
+    assert!(staged.plan.attributes.contains(&kv("path", "/models")));
+    // `/` is the root.
+    let staged = stage_image(&m, &[("path", "/")]).unwrap();
+    let Some(Step::Bind(bind)) = staged.plan.steps.last() else { panic!() };
+    assert_eq!(bind.source, cache("model"));
+}
+
+#[rstest]
+#[case(&[("path", "../etc")], "parameter \"path\" \"../etc\" is not a directory of an image")]
+#[case(&[("path", "/a//b")], "parameter \"path\" \"/a//b\" is not a directory of an image")]
+#[case(&[("weights", "only")], "parameter(s) weights select files of a ModelPack model")]
+#[case(&[("include", "*.bin"), ("types", "weight")], "parameter(s) include, types select files of a ModelPack model")]
+fn an_image_refuses_filters_and_bad_paths(#[case] ctx: &[(&str, &str)], #[case] says: &str) {
+    let m = image_manifest(&[layer("application/vnd.oci.image.layer.v1.tar", 'a', 10, None)], false);
+    let msg = message(stage_image(&m, ctx).unwrap_err());
+    assert!(msg.starts_with(says), "{msg}");
+}
+
+#[test]
+fn path_is_refused_for_a_modelpack_model() {
+    let msg = message(stage_model(&[("path", "/models")]).unwrap_err());
+    assert!(msg.contains("is a ModelPack model; select its files with include and exclude"), "{msg}");
+}
+
+#[test]
+fn foreign_layers_are_skipped_with_a_note_and_unknown_ones_refused() {
+    let mut foreign = layer("application/vnd.oci.image.layer.v1.tar+gzip", 'f', 99, None);
+    foreign["urls"] = json!(["https://example.com/blob"]);
+    let m = image_manifest(
+        &[
+            foreign,
+            layer("application/vnd.docker.image.rootfs.foreign.diff.tar.gzip", 'e', 5, None),
+            layer("application/vnd.oci.image.layer.v1.tar", 'a', 10, None),
+        ],
+        false,
+    );
+    let staged = stage_image(&m, &[]).unwrap();
+    assert_eq!(fetched(&staged.plan), [digest('a')], "foreign blobs are never fetched");
+    assert!(staged.notes[0].contains("skipped 2 foreign layer(s)"), "{:?}", staged.notes);
+
+    let m = image_manifest(
+        &[
+            layer("application/vnd.oci.image.layer.v1.tar", 'a', 10, None),
+            layer("application/vnd.example.blob", 'b', 1, None),
+        ],
+        false,
+    );
+    let msg = message(stage_image(&m, &[]).unwrap_err());
+    assert!(
+        msg.contains("layers[1] (application/vnd.example.blob) of image")
+            && msg.contains("not an image layer media type"),
+        "{msg}"
+    );
 }
