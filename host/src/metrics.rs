@@ -246,6 +246,7 @@ pub struct Metrics {
     policy_refusals: Family<ProgramRule, Counter>,
     registry_refusals: Family<RefusalKind, Counter>,
     signature_checks: Family<SignatureLabels, Counter>,
+    image_left_out: Family<RefusalKind, Counter>,
     fuse_oom_kills: Family<PluginLabel, Counter>,
     volumes: Family<VolumeLabels, Gauge>,
     plugin_calls: Family<PluginOutcome, Counter>,
@@ -332,6 +333,12 @@ impl Metrics {
             "mounthost_signature_checks",
             "Signature checks of models and chunk indexes (docs/signing.md), by kind (model, index) and result: verified, or the refusal's reason",
             signature_checks.clone(),
+        );
+        let image_left_out = Family::<RefusalKind, Counter>::default();
+        registry.register(
+            "mounthost_image_entries_left_out",
+            "Entries of container image layers left out when unpacked (docs/plugins/model.md), by kind: device, fifo, hard_link, other; and set_id_cleared, entries kept without their set-id bits",
+            image_left_out.clone(),
         );
         let fuse_oom_kills = Family::<PluginLabel, Counter>::default();
         registry.register(
@@ -427,6 +434,7 @@ impl Metrics {
             policy_refusals,
             registry_refusals,
             signature_checks,
+            image_left_out,
             fuse_oom_kills,
             volumes,
             plugin_calls,
@@ -561,6 +569,14 @@ impl Metrics {
     /// refusal's reason).
     pub fn signature_check(&self, kind: &str, result: &str) {
         self.signature_checks.get_or_create(&SignatureLabels { kind: kind.into(), result: result.into() }).inc();
+    }
+
+    /// `n` entries of an image layer were left out (`kind`: device, fifo, hard_link, other) or
+    /// kept without their set-id bits (`set_id_cleared`).
+    pub fn image_entries_left_out(&self, kind: &str, n: u64) {
+        if n > 0 {
+            self.image_left_out.get_or_create(&RefusalKind { kind: kind.into() }).inc_by(n);
+        }
     }
 
     /// A plan was refused by `program`'s rule `rule`.
@@ -745,6 +761,7 @@ mod tests {
         m.policy_refusal("weed", "subcommand");
         m.registry_refusal("stall");
         m.signature_check("model", "verified");
+        m.image_entries_left_out("device", 2);
         m.plugin_call("p", "stage", CallOutcome::Ok, Duration::ZERO);
         m.plugin_loaded("p", true);
         m.set_volumes(&[LiveVolume { plugin: "p".into(), phase: "staged".into(), healthy: true }]);
@@ -770,7 +787,7 @@ mod tests {
                 (format!("mounthost_{}", cells[0].trim_end_matches('`')), cells[1].to_string())
             })
             .collect();
-        assert_eq!(registered.len(), 21, "{registered:?}");
+        assert_eq!(registered.len(), 22, "{registered:?}");
         assert_eq!(documented, registered);
     }
 

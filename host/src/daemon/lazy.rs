@@ -26,8 +26,10 @@ use crate::exec::artifacts::Prepared;
 use crate::exec::lazy::{Link, Opening};
 use crate::oci::{BlobRef, BlobTable, ChunkIndex, Source, TableKind};
 use crate::plan::{Archive, Lazy, Plan, Step};
-use crate::unpriv::lazy_wire::{self, Data, FileEntry, Hello, Kind, LayerState, Span, ToHost, ToServer};
+use crate::unpriv::lazy_wire::{self, FileEntry, Hello, LayerState, Span, ToHost, ToServer};
 use crate::volume::state::{MountPhase, Phase};
+
+mod image;
 
 /// A lazy volume's progress and state, as the host API, the CLI, a dynamic mount's view and the
 /// metrics show it.
@@ -131,21 +133,20 @@ fn entries_of(layer: u32, dest: &str, format: Archive, table: &BlobTable) -> (Ve
     let mut entries = Vec::with_capacity(table.entries.len());
     let mut files = Vec::new();
     for e in &table.entries {
-        let kind = match &e.kind {
-            TableKind::Dir => Kind::Dir,
-            TableKind::Symlink { target } => Kind::Symlink { target: target.clone() },
-            TableKind::File { size, offset } => {
-                files.push((join(dest, &e.path), e.path.clone()));
-                let data = match format {
-                    Archive::TarGzip | Archive::TarZstd => Data::Tree { layer, rel: e.path.clone() },
-                    Archive::Raw | Archive::Tar => Data::Blob { layer, offset: *offset },
-                };
-                Kind::File { size: *size, data }
-            }
-        };
-        entries.push(FileEntry { path: join(dest, &e.path), kind, mtime: e.mtime });
+        if let TableKind::File { .. } = e.kind {
+            files.push((join(dest, &e.path), e.path.clone()));
+        }
+        let kind = image::wire_kind(layer, format, e);
+        let (path, owner) = (join(dest, &e.path), e.owner);
+        entries.push(FileEntry { path, kind, mtime: e.mtime, owner, open: false, inode: None });
     }
     (entries, files)
+}
+
+/// Are these layers a container image's (any of them an image layer)? Then the server gets
+/// them merged ([`image::image_files`]).
+fn is_image(media_types: impl IntoIterator<Item = impl AsRef<str>>) -> bool {
+    media_types.into_iter().any(|m| crate::plan::tar_rules::image_layer(m.as_ref()))
 }
 
 /// Which chunk index a lazy plan uses.
@@ -258,6 +259,8 @@ impl Node {
         let mut layers = Vec::new();
         let mut states = Vec::new();
         let mut entries: Vec<FileEntry> = Vec::new();
+        let image = is_image(lazy.layers.iter().map(|l| &l.media_type));
+        let mut tables = Vec::new();
         let mut failed = None;
         for (i, l) in lazy.layers.iter().enumerate() {
             let i = i as u32;
@@ -275,6 +278,7 @@ impl Node {
                 }
             };
             entries.append(&mut layer_entries);
+            tables.push(table);
             let view = artifacts.lazy_view(&blob, index.get(&l.digest));
             if let Some(e) = &view.failed {
                 failed.get_or_insert_with(|| format!("layer {} failed verification: {e}", l.digest));
@@ -301,6 +305,7 @@ impl Node {
                 bad: view.bad.clone(),
                 complete: compressed_done,
                 pending: pending.then(|| l.dest.clone()),
+                image: crate::plan::tar_rules::image_layer(&l.media_type),
             });
             layers.push(LayerCtx {
                 blob,
@@ -308,11 +313,18 @@ impl Node {
                 dest: l.dest.clone(),
                 files: layer_files,
                 pending,
-                sent_complete: compressed_done,
+                // An image's unpacked layer is finished again (its files registered for
+                // passthrough with this server): the server may not open a file of the tree
+                // its owner's mode keeps from it.
+                sent_complete: compressed_done && !image,
                 sent_readable: view.readable,
                 sent_bad: view.bad,
                 backing: 0,
             });
+        }
+        if image {
+            let shape: Vec<(Archive, &str)> = lazy.layers.iter().map(|l| (l.format, l.dest.as_str())).collect();
+            entries = image::image_files(&shape, &tables);
         }
         let hello = Hello {
             volume: id.to_string(),
@@ -727,7 +739,11 @@ impl Node {
             }
         }
         if l.format != Archive::Raw {
-            match self.inner.assembler.prepare(&l.blob.digest, l.format) {
+            match self.inner.assembler.prepare(
+                &l.blob.digest,
+                l.format,
+                crate::plan::tar_rules::Layering::of(&l.blob.media_type),
+            ) {
                 Prepared::Ready => {}
                 Prepared::Working => return Ok(Finish::Later(None)),
                 // Without its tree, a tar layer is served from the blob as before (no
@@ -757,6 +773,8 @@ impl Node {
             }
         }
         let mut layer = l.clone();
+        let image = is_image(c.layers.iter().map(|l| &l.blob.media_type));
+        let mut added = None;
         if l.pending {
             // A compressed layer's files, now that it is unpacked.
             let table = artifacts
@@ -764,7 +782,10 @@ impl Node {
                 .await
                 .map_err(|e| e.into_error(&l.blob.digest))?
                 .ok_or_else(|| Error::internal(format!("layer {} is unpacked but has no tree", l.blob.digest)))?;
-            let (entries, files) = entries_of(i as u32, &l.dest, l.format, &table);
+            let (mut entries, files) = entries_of(i as u32, &l.dest, l.format, &table);
+            if image {
+                entries = self.lazy_image_files(c, i, table).await?;
+            }
             let blob = l.blob.clone();
             let dir = self
                 .blocking(move |n| {
@@ -774,11 +795,15 @@ impl Node {
                         .map_err(|e| super::pipeline::io_error(e, &PathBuf::from(&blob.digest)))
                 })
                 .await?;
+            let msg = ToServer::Added { layer: i as u32, files: entries };
             if !self.tell(c, ToServer::Files { layers: vec![i as u32] }, vec![dir]).await
-                || !self.tell(c, ToServer::Added { layer: i as u32, files: entries }, Vec::new()).await
+                || (!image && !self.tell(c, msg.clone(), Vec::new()).await)
             {
                 return Err(Error::unavailable(format!("telling the lazy server of layer {}", l.blob.digest)));
             }
+            // An image's files join once their backing ids are there (below): the server may
+            // not be able to open a file of the unpacked tree itself (its owner's mode).
+            added = image.then_some(msg);
             layer.files = files;
             layer.pending = false;
         }
@@ -813,10 +838,40 @@ impl Node {
         if !self.tell(c, ToServer::Complete { layer: i as u32, backing }, Vec::new()).await {
             return Err(Error::unavailable(format!("telling the lazy server of layer {}", l.blob.digest)));
         }
+        if let Some(msg) = added
+            && !self.tell(c, msg, Vec::new()).await
+        {
+            return Err(Error::unavailable(format!("telling the lazy server of layer {}", l.blob.digest)));
+        }
         layer.sent_complete = true;
         info!(volume.id = %id, digest = %l.blob.digest, passthrough = layer.backing, "a lazy layer is complete and verified");
         c.layers[i] = layer;
         Ok(Finish::Done)
+    }
+}
+
+impl Node {
+    /// The merged table of an image's layers in `c` now that its pending layer `i` is known
+    /// (`table`): the others' tables as kept on the node, those still pending unknown (what is
+    /// below them is not served yet). The tables are read off the runtime.
+    async fn lazy_image_files(&self, c: &Connected, i: usize, table: BlobTable) -> Result<Vec<FileEntry>, Error> {
+        let layers: Vec<(BlobRef, Archive, String, bool)> =
+            c.layers.iter().map(|l| (l.blob.clone(), l.format, l.dest.clone(), l.pending)).collect();
+        self.blocking(move |n| {
+            let mut table = Some(table);
+            let tables: Vec<Option<BlobTable>> = layers
+                .iter()
+                .enumerate()
+                .map(|(k, (blob, format, _, pending))| match k == i {
+                    true => table.take(),
+                    false if *pending => None,
+                    false => n.inner.artifacts.lazy_stored_table(blob, *format),
+                })
+                .collect();
+            let shape: Vec<(Archive, &str)> = layers.iter().map(|(_, f, d, _)| (*f, d.as_str())).collect();
+            Ok(image::image_files(&shape, &tables))
+        })
+        .await
     }
 }
 

@@ -393,17 +393,20 @@ impl Node {
                 Ok(None)
             }
             Step::Bind { source, target, readonly, options } => {
-                exec.bind(source, target, *readonly, options)?;
+                exec.bind(source, target, *readonly, options).map_err(|e| bind_error(e, source))?;
                 Ok(None)
             }
-            Step::Unpack { digest, format, dest } => {
+            Step::Unpack { digest, format, dest, layering } => {
                 let dirs = self.dirs(id, None, None);
                 // The root that holds `dest` (the policy put it inside one of the volume's
                 // directories); the cache links below it without following any link.
                 let below = dirs.host_dirs().into_iter().find(|d| dest.starts_with(d)).ok_or_else(|| {
                     Error::internal(format!("unpack into {} outside the volume's cache", dest.display()))
                 })?;
-                self.inner.assembler.assemble(digest, *format, dest, &below).map_err(|e| io_error(e, dest))?;
+                self.inner
+                    .assembler
+                    .assemble(digest, *format, *layering, dest, &below)
+                    .map_err(|e| io_error(e, dest))?;
                 Ok(None)
             }
             Step::Socket { path } => {
@@ -577,4 +580,24 @@ mod tests {
             assert!(!err.message.contains("hunter22"), "{}", err.message);
         }
     }
+}
+
+/// A bind that failed because its source is missing or not a directory (a model volume of a
+/// container image whose `path` names nothing, or a file, in the image) is the request's to fix:
+/// FAILED_PRECONDITION, saying so. Anything else as the executor reports it.
+fn bind_error(e: crate::exec::mount::MountError, source: &Path) -> Error {
+    if !matches!(e.errno, Errno::ENOENT | Errno::ENOTDIR | Errno::EINVAL) {
+        return e.into();
+    }
+    // Only for the message: the bind has failed already, and nothing is done with the answer.
+    let what = match std::fs::symlink_metadata(source) {
+        Err(_) => "does not exist",
+        Ok(m) if m.is_file() => "is a file, not a directory",
+        _ => return e.into(),
+    };
+    Error::precondition(format!(
+        "cannot bind {}: it {what} (for a model volume of a container image: its parameter path names no \
+         directory of the image)",
+        source.display()
+    ))
 }

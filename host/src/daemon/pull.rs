@@ -82,7 +82,8 @@ impl Node {
             }
             return Ok((plan, None));
         };
-        let source = self.source(&first, &ask.secrets)?;
+        let mut source = self.source(&first, &ask.secrets)?;
+        source.platform = crate::volume::request::platform(&ask.context)?;
         let reference = source_name(&first);
         let found = self.inner.artifacts.resolve(&source).await.map_err(|e| oci_error(e, &reference))?;
         let asked = match &first {
@@ -240,8 +241,8 @@ impl Node {
     fn trees_ready(&self, id: &str, plan: Plan, reference: &str) -> Result<Plan, Error> {
         let mut working = 0;
         for step in &plan.steps {
-            if let Step::Unpack { digest, format, .. } = step {
-                match self.inner.assembler.prepare(digest, *format) {
+            if let Step::Unpack { digest, format, layering, .. } = step {
+                match self.inner.assembler.prepare(digest, *format, *layering) {
                     Prepared::Ready => {}
                     Prepared::Working => working += 1,
                     Prepared::Failed(e) => {
@@ -299,6 +300,7 @@ impl Node {
             mirror,
             credentials,
             insecure,
+            platform: None,
         })
     }
 

@@ -25,6 +25,7 @@ use super::Node;
 use crate::error::Error;
 use crate::oci::signing::{self, INDEX_PREDICATE, MODEL_PREDICATE, TrustSet};
 use crate::oci::{Source, TreeEntry};
+use crate::plan::tar_rules::{Layering, image_layer};
 use crate::plan::{Archive, LazyLayer, Plan, Step};
 use crate::volume::state::Verification;
 
@@ -334,6 +335,18 @@ impl Node {
         };
         if policy.none() {
             return Ok(checked);
+        }
+        let image = plan.steps.iter().any(|s| matches!(s, Step::Unpack { layering: Layering::Image, .. }))
+            || crate::plan::lazy::layers(plan).is_some_and(|l| l.layers.iter().any(|l| image_layer(&l.media_type)));
+        if image {
+            return Err(refusal(
+                reference,
+                "unsupported",
+                "model",
+                "it is an ordinary container image, whose files are the result of its layers applied with \
+                 their whiteouts; mounthost verifies the signatures of ModelPack models only"
+                    .into(),
+            ));
         }
         let Some(layers) = layout(plan) else {
             return Err(refusal(
@@ -720,7 +733,12 @@ mod tests {
         let root = std::path::PathBuf::from("/v/cache/model");
         let mut steps = vec![
             Step::FetchBlob { digest: d('a'), size: 3, media_type: "m".into() },
-            Step::Unpack { digest: d('a'), format: Archive::Raw, dest: root.join("w.bin") },
+            Step::Unpack {
+                digest: d('a'),
+                format: Archive::Raw,
+                dest: root.join("w.bin"),
+                layering: Default::default(),
+            },
             Step::Bind { source: root.clone(), target: "/staging".into(), readonly: true, options: vec![] },
         ];
         let plan = |steps: Vec<Step>| Plan { plugin: "p".into(), digest: String::new(), steps, attributes: vec![] };

@@ -135,6 +135,7 @@ impl Controller {
         request::lazy(&req.parameters)?;
         request::signed_by(&req.parameters)?;
         request::chunk_index_required(&req.parameters)?;
+        request::platform(&req.parameters)?;
         let params = request::plugin_attrs(&req.parameters);
         let hosts = policy::endpoint_hosts(&plugin.info, params.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let mut rounds = Rounds::default();
@@ -209,6 +210,7 @@ impl Controller {
             request::LAZY_KEY,
             request::SIGNED_BY_KEY,
             request::CHUNK_INDEX_KEY,
+            request::PLATFORM_KEY,
         ]
         .into_iter()
         .chain(request::DYNAMIC_LIMIT_KEYS)

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::state::Shared;
-use super::table::{NodeKind, Table};
+use super::table::Table;
 use crate::unpriv::lazy_wire::{self, ToHost, ToServer};
 
 /// Take connections for the life of the process.
@@ -57,16 +57,20 @@ fn apply(
     fds: Vec<OwnedFd>,
 ) -> std::io::Result<()> {
     let mut g = shared.lock();
+    // Inodes whose attributes changed (an image's directory a lower layer gave its owner).
+    let mut changed = Vec::new();
     match msg {
         ToServer::Hello(hello) => {
-            let table = Table::new(&hello.files);
+            let image = hello.layers.iter().any(|l| l.image);
             match g.table.as_mut() {
                 None => {
                     tracing::info!(volume = %hello.volume, entries = hello.files.len(), layers = hello.layers.len(), "table received");
-                    g.table = Some(table);
+                    g.table = Some(Table::new(&hello.files));
                 }
                 // A later opening (the host restarted): what the kernel may hold stays as it is,
-                // files the server lacks (a layer unpacked meanwhile) join.
+                // files the server lacks (a layer unpacked meanwhile) join; an image's
+                // directories take what the host says of them now.
+                Some(t) if image => changed = t.refresh(&hello.files),
                 Some(t) => {
                     let new: Vec<_> = hello.files.iter().filter(|e| t.by_path(&e.path).is_none()).cloned().collect();
                     if !new.is_empty() {
@@ -76,6 +80,7 @@ fn apply(
                 }
             }
             Shared::set_layers(&mut g, hello.layers);
+            g.place_unplaced();
             g.read_wait = Duration::from_millis(hello.read_wait_ms.clamp(100, 600_000));
             g.chunk = hello.chunk.clamp(4096, 256 << 20);
             if let Some(reason) = hello.failed {
@@ -114,24 +119,22 @@ fn apply(
             }
             // Only the files this layer serves: a path a later layer gave again is that
             // layer's file, and its bytes are not these.
-            let ours = |t: &Table, ino: u64| matches!(t.get(ino).map(|n| &n.kind), Some(NodeKind::File { data, .. }) if data.layer() == layer);
-            let inodes: Vec<(u64, u32)> = match &g.table {
-                Some(t) => backing
-                    .iter()
-                    .filter_map(|(path, id)| t.by_path(path).filter(|ino| ours(t, *ino)).map(|ino| (ino, *id)))
-                    .collect(),
-                None => Vec::new(),
-            };
-            g.backing.extend(inodes);
+            g.place_backing(backing.into_iter().map(|(path, id)| (layer, path, id)).collect());
         }
         ToServer::Added { layer, files } => {
+            let image = g.image;
             if let Some(t) = g.table.as_mut() {
-                t.add(&files);
+                if image {
+                    changed = t.refresh(&files);
+                } else {
+                    t.add(&files);
+                }
             }
             if let Some(l) = g.layers.get_mut(layer as usize) {
                 l.pending = None;
                 l.complete = true;
             }
+            g.place_unplaced();
         }
         ToServer::Bad { layer, ranges } => {
             if let Some(l) = g.layers.get_mut(layer as usize) {
@@ -153,6 +156,9 @@ fn apply(
         }
     }
     drop(g);
+    for ino in changed {
+        let _ = notifier.inval_inode(fuser::INodeNo(ino), -1, 0);
+    }
     shared.changed.notify_all();
     Ok(())
 }

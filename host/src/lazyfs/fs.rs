@@ -90,12 +90,21 @@ impl LazyFs {
         Some(g)
     }
 
+    /// What `stat` says of inode `ino`: an image's entries with their owner and mode (the
+    /// mount's `default_permissions` makes the kernel check them), the others read-only and
+    /// owned by root.
     fn attr(table: &Table, ino: u64) -> Option<FileAttr> {
         let node = table.get(ino)?;
         let (kind, perm, size, nlink) = match &node.kind {
             NodeKind::Dir(children) => (FileType::Directory, 0o555, 0, 2 + children.len() as u32),
-            NodeKind::File { size, .. } => (FileType::RegularFile, 0o444, *size, 1),
+            NodeKind::File { size, .. } => (FileType::RegularFile, 0o444, *size, node.links.max(1)),
             NodeKind::Symlink(t) => (FileType::Symlink, 0o777, t.len() as u64, 1),
+        };
+        let (uid, gid, perm) = match node.owner {
+            // A link's own mode means nothing; set-uid and set-gid never reach a reader.
+            Some(o) if kind != FileType::Symlink => (o.uid, o.gid, (o.mode & 0o1777) as u16),
+            Some(o) => (o.uid, o.gid, perm),
+            None => (0, 0, perm),
         };
         let time = UNIX_EPOCH + Duration::from_secs(node.mtime.max(0) as u64);
         Some(FileAttr {
@@ -109,8 +118,8 @@ impl LazyFs {
             kind,
             perm,
             nlink,
-            uid: 0,
-            gid: 0,
+            uid,
+            gid,
             rdev: 0,
             blksize: BLOCK,
             flags: 0,
@@ -138,8 +147,15 @@ impl LazyFs {
         }
     }
 
-    /// The layers whose files are still to come that may put something at `path`.
-    fn pending_at(g: &Inner, path: &str) -> Vec<u32> {
+    /// The layers whose files are still to come that may put something at `path` in
+    /// directory `dir`: for an image, all of them while the table says the directory is open
+    /// (a layer above the ones served is pending, and nothing served hides its entries there),
+    /// none once it is not; else those whose files go at or below `path`.
+    fn pending_at(g: &Inner, dir: u64, path: &str) -> Vec<u32> {
+        if g.image {
+            let open = g.table.as_ref().and_then(|t| t.get(dir)).is_some_and(|n| n.open);
+            return (0..g.layers.len() as u32).filter(|i| open && g.layers[*i as usize].pending.is_some()).collect();
+        }
         (0..g.layers.len() as u32)
             .filter(|i| {
                 g.layers[*i as usize].pending.as_deref().is_some_and(|p| {
@@ -150,6 +166,32 @@ impl LazyFs {
                 })
             })
             .collect()
+    }
+
+    /// Wait for a change while `pending` layers are still to come, asking for them first
+    /// (they are fetched at once, ahead of the fill's turn); `None` past `deadline`.
+    fn wait_for_layers<'a>(
+        &'a self,
+        mut g: std::sync::MutexGuard<'a, Inner>,
+        pending: Vec<u32>,
+        deadline: Instant,
+    ) -> Option<std::sync::MutexGuard<'a, Inner>> {
+        let asks: Vec<_> = pending
+            .into_iter()
+            .filter_map(|l| {
+                let size = g.layers[l as usize].size;
+                self.shared.asking(&mut g, l, 0, size, true)
+            })
+            .collect();
+        if !asks.is_empty() {
+            drop(g);
+            for m in &asks {
+                self.shared.send(m);
+            }
+            return Some(self.shared.lock());
+        }
+        let (next, left) = self.shared.wait_until(g, deadline);
+        left.then_some(next)
     }
 
     /// Read `size` bytes at `offset` of the file `id` whose bytes are `data`, waiting for them
@@ -305,31 +347,14 @@ impl Filesystem for LazyFs {
                 p if p.is_empty() => name.to_string_lossy().into_owned(),
                 p => format!("{p}/{}", name.to_string_lossy()),
             };
-            let pending = Self::pending_at(&g, &path);
+            let pending = Self::pending_at(&g, parent.0, &path);
             if pending.is_empty() || g.failed.is_some() {
                 return reply.error(Errno::ENOENT);
             }
-            // Those layers are fetched at once, ahead of the fill's turn.
-            let asks: Vec<_> = pending
-                .into_iter()
-                .filter_map(|l| {
-                    let size = g.layers[l as usize].size;
-                    self.shared.asking(&mut g, l, 0, size, true)
-                })
-                .collect();
-            if !asks.is_empty() {
-                drop(g);
-                for m in &asks {
-                    self.shared.send(m);
-                }
-                g = self.shared.lock();
-                continue;
-            }
-            let (next, left) = self.shared.wait_until(g, deadline);
-            g = next;
-            if !left {
-                return reply.error(Errno::EAGAIN);
-            }
+            g = match self.wait_for_layers(g, pending, deadline) {
+                Some(g) => g,
+                None => return reply.error(Errno::EAGAIN),
+            };
         }
     }
 
@@ -434,7 +459,21 @@ impl Filesystem for LazyFs {
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let Some(g) = self.with_table() else { return reply.error(Errno::EIO) };
+        let Some(mut g) = self.with_table() else { return reply.error(Errno::EIO) };
+        // An image's directory that a pending layer may still add to is listed once it is
+        // complete (up to the read wait): a listing never leaves out what the layers below
+        // put there, nor shows what a layer above deletes.
+        let deadline = Instant::now() + g.read_wait;
+        loop {
+            let pending = Self::pending_at(&g, ino.0, "");
+            if !g.image || pending.is_empty() || g.failed.is_some() {
+                break;
+            }
+            g = match self.wait_for_layers(g, pending, deadline) {
+                Some(g) => g,
+                None => return reply.error(Errno::EAGAIN),
+            };
+        }
         let table = g.table.as_ref().expect("waited for");
         let Some(node) = table.get(ino.0) else { return reply.error(Errno::ENOENT) };
         let NodeKind::Dir(children) = &node.kind else { return reply.error(Errno::ENOTDIR) };
@@ -467,7 +506,57 @@ impl Filesystem for LazyFs {
 
 #[cfg(test)]
 mod tests {
-    use super::Handle;
+    use super::{Handle, LazyFs};
+    use crate::lazyfs::state::{Inner, Layer};
+    use crate::lazyfs::table::{ROOT, Table};
+    use crate::unpriv::lazy_wire::{Data, FileEntry, Kind, Owner};
+
+    fn entry(path: &str, kind: Kind, owner: Option<Owner>, open: bool) -> FileEntry {
+        FileEntry { path: path.into(), kind, mtime: 0, owner, open, inode: None }
+    }
+
+    fn file(layer: u32) -> Kind {
+        Kind::File { size: 4, data: Data::Blob { layer, offset: 0 } }
+    }
+
+    /// An image's files show their owner and mode (the kernel checks them: the mount has
+    /// `default_permissions`), never a set-id bit; a model's are read-only and root's.
+    #[test]
+    fn an_images_entries_show_their_owner_and_mode() {
+        let o = |uid, mode| Some(Owner { uid, gid: uid + 1, mode });
+        let t = Table::new(&[
+            entry("secret", file(0), o(1000, 0o600), false),
+            entry("suid", file(0), o(0, 0o4755), false),
+            entry("tmp", Kind::Dir, o(0, 0o1777), false),
+            entry("link", Kind::Symlink { target: "/etc/passwd".into() }, o(3, 0o644), false),
+            entry("model", file(1), None, false),
+        ]);
+        let attr = |p: &str| LazyFs::attr(&t, t.by_path(p).unwrap()).unwrap();
+        assert_eq!((attr("secret").uid, attr("secret").gid, attr("secret").perm), (1000, 1001, 0o600));
+        assert_eq!(attr("suid").perm, 0o755);
+        assert_eq!(attr("tmp").perm, 0o1777);
+        assert_eq!((attr("link").uid, attr("link").perm), (3, 0o777));
+        assert_eq!((attr("model").uid, attr("model").perm), (0, 0o444));
+    }
+
+    /// Lookups and listings of an image wait where a pending layer may add entries (an open
+    /// directory), and nowhere else; a model's wait below a pending layer's path.
+    #[test]
+    fn an_image_waits_for_pending_layers_only_in_open_directories() {
+        let t = Table::new(&[
+            entry("", Kind::Dir, Some(Owner::DIR), true),
+            entry("app", Kind::Dir, None, true),
+            entry("opaque", Kind::Dir, None, false),
+        ]);
+        let (app, opaque) = (t.by_path("app").unwrap(), t.by_path("opaque").unwrap());
+        let layers = || vec![Layer { pending: Some(String::new()), ..Default::default() }, Layer::default()];
+        let g = Inner { image: true, table: Some(t.clone()), layers: layers(), ..Default::default() };
+        assert_eq!(LazyFs::pending_at(&g, ROOT, "x"), [0]);
+        assert_eq!(LazyFs::pending_at(&g, app, "app/x"), [0]);
+        assert!(LazyFs::pending_at(&g, opaque, "opaque/x").is_empty(), "nothing below can show there");
+        let g = Inner { image: false, table: Some(t), layers: layers(), ..Default::default() };
+        assert_eq!(LazyFs::pending_at(&g, opaque, "opaque/x"), [0], "a model: by the layer's path");
+    }
 
     const K: u64 = 128 << 10;
     const CHUNK: u64 = 4 << 20;

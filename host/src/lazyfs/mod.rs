@@ -10,7 +10,10 @@
 //! ([`crate::unpriv::lazy_wire`]).
 //!
 //! It has no network, no credentials and no path into the node's cache: it reads only the
-//! descriptors it was handed, and only the ranges the host declared readable. A read whose
+//! descriptors it was handed, and only the ranges the host declared readable (a compressed
+//! layer's unpacked tree is handed as a directory descriptor: a container image's tree keeps
+//! the image's modes, so an entry the image made world-writable is writable through it). A
+//! read whose
 //! bytes do not arrive within the read wait fails with EIO instead of hanging. Once a file's
 //! blob is complete and verified, the host registers it as the file's passthrough backing on
 //! this connection, and the kernel serves later opens of it without this process.

@@ -9,7 +9,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::table::Table;
+use super::table::{NodeKind, Table};
 use crate::unpriv::lazy_wire::{self, LayerState, Span, ToHost};
 
 /// One layer.
@@ -55,6 +55,44 @@ pub struct Inner {
     pub asked: HashMap<(u32, u64), Instant>,
     /// Descriptors of files of unpacked trees, by file id.
     pub tree_files: HashMap<u32, Arc<File>>,
+    /// The layers are a container image's ([`LayerState::image`]): lookups and listings wait
+    /// in the directories the table says are open, and nowhere else.
+    pub image: bool,
+    /// Passthrough backing ids of complete layers' files the table does not serve yet, by
+    /// layer and path (an image's lower layer, served once the layers above it are known).
+    pub unplaced: HashMap<(u32, String), u32>,
+}
+
+impl Inner {
+    /// Give the files of `backing` (`(layer, path, id)`, of complete layers) their backing ids:
+    /// those the table serves from that layer now; an image's others wait in
+    /// [`Inner::unplaced`] for the table to reach them (a path served from another layer never
+    /// comes back to this one: the tree only grows).
+    pub fn place_backing(&mut self, backing: Vec<(u32, String, u32)>) {
+        let Some(t) = self.table.as_ref() else { return };
+        let mut later = HashMap::new();
+        for (layer, path, id) in backing {
+            match t.by_path(&path) {
+                Some(ino) => {
+                    if matches!(t.get(ino).map(|n| &n.kind), Some(NodeKind::File { data, .. }) if data.layer() == layer)
+                    {
+                        self.backing.insert(ino, id);
+                    }
+                }
+                None if self.image => {
+                    later.insert((layer, path), id);
+                }
+                None => {}
+            }
+        }
+        self.unplaced.extend(later);
+    }
+
+    /// [`Inner::place_backing`] of the ids still unplaced (the table grew).
+    pub fn place_unplaced(&mut self) {
+        let unplaced = std::mem::take(&mut self.unplaced);
+        self.place_backing(unplaced.into_iter().map(|((layer, path), id)| (layer, path, id)).collect());
+    }
 }
 
 /// An asked-for chunk not delivered in this time is asked for again (the host may have lost it
@@ -98,6 +136,7 @@ impl Shared {
 
     /// Apply what a host's opening says of the layers (the table is set by the caller).
     pub fn set_layers(inner: &mut Inner, layers: Vec<LayerState>) {
+        inner.image = layers.iter().any(|l| l.image);
         let old = std::mem::take(&mut inner.layers);
         let mut old = old.into_iter();
         inner.layers = layers
@@ -163,7 +202,33 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
-    use super::Layer;
+    use super::{Inner, Layer};
+    use crate::lazyfs::table::Table;
+    use crate::unpriv::lazy_wire::{Data, FileEntry, Kind};
+
+    fn file(path: &str, layer: u32) -> FileEntry {
+        let kind = Kind::File { size: 1, data: Data::Blob { layer, offset: 0 } };
+        FileEntry { path: path.into(), kind, mtime: 0, owner: None, open: false, inode: None }
+    }
+
+    /// An image's lower layer completes before the table reaches it: its backing ids wait for
+    /// its files, and go only to the files that layer serves.
+    #[test]
+    fn backing_ids_wait_for_an_images_files_to_join_the_table() {
+        let mut g = Inner { image: true, table: Some(Table::new(&[file("top", 1)])), ..Default::default() };
+        g.place_backing(vec![(0, "low".into(), 7), (0, "top".into(), 8), (1, "top".into(), 9)]);
+        let top = g.table.as_ref().unwrap().by_path("top").unwrap();
+        assert_eq!(g.backing.get(&top), Some(&9), "the top layer's file, not the lower one's");
+        assert_eq!(g.unplaced, [((0, "low".to_string()), 7)].into());
+        g.table.as_mut().unwrap().refresh(&[file("top", 1), file("low", 0)]);
+        g.place_unplaced();
+        let low = g.table.as_ref().unwrap().by_path("low").unwrap();
+        assert_eq!((g.backing.get(&low), g.unplaced.len()), (Some(&7), 0));
+        // A model's (not an image's) ids for paths it does not serve are dropped.
+        let mut g = Inner { table: Some(Table::new(&[])), ..Default::default() };
+        g.place_backing(vec![(0, "x".into(), 1)]);
+        assert!(g.unplaced.is_empty() && g.backing.is_empty());
+    }
 
     #[test]
     fn a_bad_range_fails_reads_until_the_blob_is_complete() {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 
-use crate::unpriv::lazy_wire::{Data, FileEntry, Kind};
+use crate::unpriv::lazy_wire::{Data, FileEntry, Kind, Owner};
 
 /// The root's inode number (FUSE's).
 pub const ROOT: u64 = 1;
@@ -19,6 +19,14 @@ pub struct Node {
     pub kind: NodeKind,
     /// Modification time, seconds since the epoch.
     pub mtime: i64,
+    /// Its owner and mode (an image's entries); `None`: files 0444, directories 0555, links
+    /// 0777, owned by root.
+    pub owner: Option<Owner>,
+    /// A directory that a layer still pending may add entries to (an image's,
+    /// [`FileEntry::open`]): a lookup of a name it lacks, and its listing, wait.
+    pub open: bool,
+    /// The names it has (a file of an image may have several: hard links).
+    pub links: u32,
 }
 
 /// What an inode is.
@@ -39,6 +47,8 @@ pub struct Table {
     nodes: Vec<Node>,
     /// Entries in the table, so the next added one gets the next id.
     files: u32,
+    /// An image's files by layer and [`FileEntry::inode`]: a hard link joins its target's inode.
+    linked: std::collections::HashMap<(u32, u64), u64>,
 }
 
 impl Table {
@@ -46,8 +56,9 @@ impl Table {
     /// later entry replaces an earlier one of the same path, and an entry below a path that
     /// is not a directory (the host refuses such tables) is left out.
     pub fn new(entries: &[FileEntry]) -> Table {
-        let mut t =
-            Table { nodes: vec![Node { parent: ROOT, kind: NodeKind::Dir(BTreeMap::new()), mtime: 0 }], files: 0 };
+        let root =
+            Node { parent: ROOT, kind: NodeKind::Dir(BTreeMap::new()), mtime: 0, owner: None, open: false, links: 1 };
+        let mut t = Table { nodes: vec![root], files: 0, linked: Default::default() };
         t.add(entries);
         t
     }
@@ -66,7 +77,8 @@ impl Table {
             let Some((name, parents)) = components.split_last() else {
                 // The root itself: only a directory entry can name it.
                 if let Kind::Dir = e.kind {
-                    self.nodes[0].mtime = e.mtime;
+                    let root = &mut self.nodes[0];
+                    (root.mtime, root.owner, root.open) = (e.mtime, e.owner, e.open);
                 }
                 continue;
             };
@@ -81,21 +93,72 @@ impl Table {
                     let node = &mut self.nodes[(existing - 1) as usize];
                     match (&node.kind, kind) {
                         // A directory named again keeps its entries.
-                        (NodeKind::Dir(_), NodeKind::Dir(_)) => node.mtime = e.mtime,
-                        (NodeKind::File { .. }, new @ NodeKind::File { .. })
-                        | (NodeKind::Symlink(_), new @ NodeKind::Symlink(_)) => {
+                        (NodeKind::Dir(_), NodeKind::Dir(_)) => {
+                            (node.mtime, node.owner, node.open) = (e.mtime, e.owner, e.open);
+                        }
+                        // A file of several names is left as it is (its other names keep it).
+                        (NodeKind::File { .. }, new @ NodeKind::File { .. }) if node.links == 1 => {
                             node.kind = new;
-                            node.mtime = e.mtime;
+                            (node.mtime, node.owner) = (e.mtime, e.owner);
+                        }
+                        (NodeKind::Symlink(_), new @ NodeKind::Symlink(_)) => {
+                            node.kind = new;
+                            (node.mtime, node.owner) = (e.mtime, e.owner);
                         }
                         _ => {}
                     }
                 }
                 None => {
-                    let ino = self.push(Node { parent, kind, mtime: e.mtime });
+                    // A hard link: another name of a file this layer already has.
+                    let key = match (&kind, e.inode) {
+                        (NodeKind::File { data, .. }, Some(inode)) => Some((data.layer(), inode)),
+                        _ => None,
+                    };
+                    if let Some(ino) = key.and_then(|k| self.linked.get(&k).copied())
+                        && let Some(node) = self.nodes.get_mut((ino - 1) as usize)
+                        && matches!(node.kind, NodeKind::File { .. })
+                    {
+                        node.links += 1;
+                        self.link(parent, name, ino);
+                        continue;
+                    }
+                    let open = e.open && matches!(kind, NodeKind::Dir(_));
+                    let ino = self.push(Node { parent, kind, mtime: e.mtime, owner: e.owner, open, links: 1 });
                     self.link(parent, name, ino);
+                    if let Some(k) = key {
+                        self.linked.insert(k, ino);
+                    }
                 }
             }
         }
+    }
+
+    /// Take an image's merged table again (the host's `Added`, or its opening after a restart):
+    /// the paths it lacks join; those it has keep their inode and what they are (the layers
+    /// below the ones served add to the tree, never change it), and take their owner, time
+    /// and openness. Returns the inodes whose attributes changed (the kernel's copy is stale).
+    pub fn refresh(&mut self, entries: &[FileEntry]) -> Vec<u64> {
+        let mut changed = Vec::new();
+        let mut new = Vec::new();
+        for e in entries {
+            let Some(ino) = self.by_path(&e.path) else {
+                new.push(e.clone());
+                continue;
+            };
+            let node = &mut self.nodes[(ino - 1) as usize];
+            let dir = match (&node.kind, &e.kind) {
+                (NodeKind::Dir(_), Kind::Dir) => true,
+                (NodeKind::File { .. }, Kind::File { .. }) | (NodeKind::Symlink(_), Kind::Symlink { .. }) => false,
+                _ => continue,
+            };
+            if (node.owner, node.mtime) != (e.owner, e.mtime) {
+                (node.owner, node.mtime) = (e.owner, e.mtime);
+                changed.push(ino);
+            }
+            node.open = dir && e.open;
+        }
+        self.add(&new);
+        changed
     }
 
     /// The directory at `components` below the root, made where missing; `None` if one of
@@ -107,7 +170,8 @@ impl Table {
                 Some(ino) if matches!(self.nodes[(ino - 1) as usize].kind, NodeKind::Dir(_)) => ino,
                 Some(_) => return None,
                 None => {
-                    let ino = self.push(Node { parent: at, kind: NodeKind::Dir(BTreeMap::new()), mtime });
+                    let dir = NodeKind::Dir(BTreeMap::new());
+                    let ino = self.push(Node { parent: at, kind: dir, mtime, owner: None, open: false, links: 1 });
                     self.link(at, c, ino);
                     ino
                 }
@@ -210,7 +274,14 @@ mod tests {
     use super::*;
 
     fn file(path: &str, size: u64, layer: u32) -> FileEntry {
-        FileEntry { path: path.into(), kind: Kind::File { size, data: Data::Blob { layer, offset: 0 } }, mtime: 5 }
+        FileEntry {
+            path: path.into(),
+            kind: Kind::File { size, data: Data::Blob { layer, offset: 0 } },
+            mtime: 5,
+            owner: None,
+            open: false,
+            inode: None,
+        }
     }
 
     #[test]
@@ -218,9 +289,16 @@ mod tests {
         let t = Table::new(&[
             file("config.json", 10, 0),
             file("tokenizer/vocab.txt", 20, 1),
-            FileEntry { path: "tokenizer".into(), kind: Kind::Dir, mtime: 9 },
+            FileEntry { path: "tokenizer".into(), kind: Kind::Dir, mtime: 9, owner: None, open: false, inode: None },
             file("config.json", 11, 2),
-            FileEntry { path: "link".into(), kind: Kind::Symlink { target: "config.json".into() }, mtime: 1 },
+            FileEntry {
+                path: "link".into(),
+                kind: Kind::Symlink { target: "config.json".into() },
+                mtime: 1,
+                owner: None,
+                open: false,
+                inode: None,
+            },
         ]);
         let config = t.child(ROOT, OsStr::new("config.json")).unwrap();
         assert!(matches!(t.get(config).unwrap().kind, NodeKind::File { id: 3, size: 11, .. }), "the later one");
@@ -242,10 +320,76 @@ mod tests {
         assert!(t.child(a, OsStr::new("b")).is_none());
     }
 
+    fn image(path: &str, kind: Kind, owner: Option<Owner>, open: bool) -> FileEntry {
+        FileEntry { path: path.into(), kind, mtime: 1, owner, open, inode: None }
+    }
+
+    fn tree_file(path: &str, layer: u32) -> Kind {
+        Kind::File { size: 3, data: Data::Tree { layer, rel: path.into() } }
+    }
+
+    /// An image's table: first the layers above a pending one (open directories), then, once
+    /// it is known, the merge again reaching further down. What was served keeps its inode
+    /// and what it is; directories take their owner and close.
+    #[test]
+    fn an_images_table_grows_as_its_pending_layers_become_known() {
+        let user = Some(Owner { uid: 1000, gid: 1000, mode: 0o600 });
+        let above = [
+            image("", Kind::Dir, Some(Owner::DIR), true),
+            image("app", Kind::Dir, Some(Owner::DIR), true),
+            image("app/config.json", tree_file("app/config.json", 2), user, false),
+            image("etc", Kind::Dir, Some(Owner { uid: 0, gid: 0, mode: 0o700 }), false),
+        ];
+        let mut t = Table::new(&above);
+        let (app, config, etc) =
+            (t.by_path("app").unwrap(), t.by_path("app/config.json").unwrap(), t.by_path("etc").unwrap());
+        assert!(t.get(ROOT).unwrap().open && t.get(app).unwrap().open && !t.get(etc).unwrap().open);
+        assert_eq!(t.get(config).unwrap().owner, user);
+        let app_owner = Some(Owner { uid: 5, gid: 6, mode: 0o750 });
+        let all = [
+            image("", Kind::Dir, Some(Owner::DIR), false),
+            image("app", Kind::Dir, app_owner, false),
+            image("app/config.json", tree_file("app/config.json", 2), user, false),
+            image("app/model.bin", tree_file("app/model.bin", 0), None, false),
+            image("etc", Kind::Dir, Some(Owner { uid: 0, gid: 0, mode: 0o700 }), false),
+            // Not what was served: left as it is (a merge that grows never changes a kind).
+            image("app/config.json/x", tree_file("x", 0), None, false),
+        ];
+        let changed = t.refresh(&all);
+        assert_eq!(changed, [app], "the directory a lower layer gave its owner");
+        assert_eq!((t.by_path("app"), t.by_path("app/config.json")), (Some(app), Some(config)), "same inodes");
+        assert_eq!(t.get(app).unwrap().owner, app_owner);
+        assert!(t.by_path("app/model.bin").is_some(), "the lower layer's file joined");
+        assert!(!t.get(ROOT).unwrap().open && !t.get(app).unwrap().open, "nothing is pending any more");
+        assert!(t.by_path("app/config.json/x").is_none());
+        assert!(t.refresh(&all).is_empty(), "taken again, nothing changes");
+    }
+
+    /// Hard links of an image's layer are one inode of several names (a later layer's file of
+    /// the same offset is another file).
+    #[test]
+    fn an_images_hard_links_are_one_inode() {
+        let linked = |path: &str, layer: u32, inode: u64| FileEntry {
+            inode: Some(inode),
+            ..image(path, Kind::File { size: 3, data: Data::Blob { layer, offset: inode } }, None, false)
+        };
+        let t = Table::new(&[linked("a", 0, 512), linked("d/b", 0, 512), linked("c", 1, 512), linked("e", 0, 1024)]);
+        let ino = |p: &str| t.by_path(p).unwrap();
+        assert_eq!(ino("a"), ino("d/b"));
+        assert_eq!(t.get(ino("a")).unwrap().links, 2);
+        assert_ne!(ino("a"), ino("c"), "another layer's");
+        assert_ne!(ino("a"), ino("e"));
+        assert_eq!(t.file_inodes().count(), 3);
+        assert_eq!(t.bytes(), 9, "a file of two names counts once");
+    }
+
     #[test]
     fn added_layers_join_the_tree_without_changing_a_kind() {
         let mut t = Table::new(&[file("w/a.bin", 1, 0)]);
-        t.add(&[file("w/b.bin", 2, 1), FileEntry { path: "w/a.bin".into(), kind: Kind::Dir, mtime: 0 }]);
+        t.add(&[
+            file("w/b.bin", 2, 1),
+            FileEntry { path: "w/a.bin".into(), kind: Kind::Dir, mtime: 0, owner: None, open: false, inode: None },
+        ]);
         let w = t.child(ROOT, OsStr::new("w")).unwrap();
         assert!(t.child(w, OsStr::new("b.bin")).is_some());
         let a = t.child(w, OsStr::new("a.bin")).unwrap();

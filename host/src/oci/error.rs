@@ -60,6 +60,9 @@ pub enum OciError {
     /// The registry sent something this puller cannot use (a bad manifest, a config too large).
     #[error("{reference} from registry {registry}: {detail}")]
     Protocol { registry: String, reference: String, detail: String },
+    /// The image index has no manifest for the platform asked for (plan/platform.rs).
+    #[error("{reference} from registry {registry}: {detail}")]
+    NoPlatform { registry: String, reference: String, detail: String },
     /// A local file of the cache could not be read or written.
     #[error("the model cache at {path}: {detail}")]
     Local { path: String, detail: String, kind: io::ErrorKind },
@@ -120,7 +123,8 @@ impl OciError {
             | OciError::InsecureRefused { .. }
             | OciError::Config(_)
             | OciError::TooLarge { .. }
-            | OciError::Refused { .. } => ErrorKind::FailedPrecondition,
+            | OciError::Refused { .. }
+            | OciError::NoPlatform { .. } => ErrorKind::FailedPrecondition,
             OciError::ProofFailed { .. } => ErrorKind::PermissionDenied,
             OciError::Stalled { .. } => ErrorKind::Unavailable,
             OciError::DigestMismatch { .. } | OciError::SizeMismatch { .. } => ErrorKind::DataLoss,
@@ -205,6 +209,9 @@ impl OciError {
             },
             OciError::Protocol { registry, reference, detail } => {
                 OciError::Protocol { registry: r(registry), reference: r(reference), detail: r(detail) }
+            }
+            OciError::NoPlatform { registry, reference, detail } => {
+                OciError::NoPlatform { registry: r(registry), reference: r(reference), detail: r(detail) }
             }
             OciError::Local { path, detail, kind } => OciError::Local { path: r(path), detail: r(detail), kind },
             OciError::Config(detail) => OciError::Config(r(detail)),

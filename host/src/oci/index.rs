@@ -200,7 +200,7 @@ pub struct PushedIndex {
 }
 
 /// Read every layer of `target` (a tag or a digest) once, and publish its chunk index as a
-/// referrer of its manifest (an index resolves to its first manifest, as volumes do). Errors
+/// referrer of its manifest (an index resolves to the manifest of the node's platform, as volumes do). Errors
 /// are redacted as the cache's are.
 pub async fn push_index(
     cfg: RegistryConfig,

@@ -358,12 +358,13 @@ impl Artifacts {
         std::fs::OpenOptions::new().read(true).custom_flags(nofollow).open(store.partial(hex))
     }
 
-    /// A descriptor (`O_PATH`) of the unpacked tree of blob `b`, below which the lazy server
-    /// opens a compressed layer's files without following links. Blocking.
+    /// A descriptor (`O_PATH`) of the unpacked tree of blob `b` (an image layer's own tree for
+    /// one fetched as such), below which the lazy server opens a compressed layer's files
+    /// without following links. Blocking.
     pub fn lazy_open_tree(&self, b: &BlobRef) -> io::Result<File> {
         let hex = hex_of(&b.digest).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let fd = rustix::fs::open(
-            self.core.store.tree(hex),
+            self.core.store.tree_of(hex, crate::plan::tar_rules::Layering::of(&b.media_type)),
             rustix::fs::OFlags::PATH
                 | rustix::fs::OFlags::DIRECTORY
                 | rustix::fs::OFlags::NOFOLLOW

@@ -48,13 +48,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+pub use crate::plan::platform::Platform;
 pub use auth::{Credentials, credentials_from_docker_config};
 pub use download::MAX_REFETCH;
 pub use error::{OciError, redact};
 pub use index::{INDEX_ARTIFACT_TYPE, IndexDoc, PushedIndex, index_of, parse_index, push_index};
 pub use lazy::{BlobView, ChunkIndex};
 pub use signed::{MAX_REFERRERS, TreeEntry};
-pub use table::{BlobTable, TableEntry, TableKind};
+pub use table::image::{MergeLayer, Merged, merge as merge_image_layers};
+pub use table::{BlobTable, Owner, TableEntry, TableKind, Whiteout};
 
 /// The parsers of registry bytes, for the fuzz targets in `host/fuzz`; not an API.
 #[doc(hidden)]
@@ -167,12 +169,14 @@ pub struct Source {
     pub credentials: Credentials,
     /// Reach the registry over plain HTTP (refused unless the node lists it as insecure).
     pub insecure: bool,
+    /// The platform an image index resolves to; `None`: the node's ([`Platform::node`]).
+    pub platform: Option<Platform>,
 }
 
 /// A reference resolved to its manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
-    /// `sha256:…` of the manifest (for an index: of its first manifest).
+    /// `sha256:…` of the manifest (for an index: of the manifest chosen for the platform).
     pub manifest_digest: String,
     /// The manifest's JSON, as the registry sent it.
     pub manifest: String,
@@ -278,7 +282,8 @@ impl Artifacts {
     }
 
     /// Resolve `src` to its manifest and config. A tag is looked up on every call; an image
-    /// index resolves to its first manifest (no platform selection).
+    /// index (or Docker manifest list) resolves to the manifest of `src.platform` or the
+    /// node's, or to its first manifest when no entry names a platform (plan/platform.rs).
     pub async fn resolve(&self, src: &Source) -> Result<Resolved, OciError> {
         let resolved = async { self.core.registries.endpoint(src)?.resolve().await };
         resolved.await.map_err(OciError::redacted)

@@ -94,6 +94,7 @@ impl PluginPull {
             reference: r.digest().or(r.tag()).unwrap_or("latest").to_string(),
             mirror,
             credentials,
+            platform: None,
         };
         let found = timeout_at(until.into(), self.artifacts.resolve(&src))
             .await

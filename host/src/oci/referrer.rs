@@ -51,7 +51,7 @@ pub(super) struct Subject {
     registries: Registries,
     /// The endpoint the manifest was resolved through (its blobs are read through it too).
     pub endpoint: Endpoint,
-    /// The manifest (for an index: its first manifest, as volumes resolve it).
+    /// The manifest (for an index: the one of the node's platform, as volumes resolve it).
     pub resolved: Resolved,
     /// The manifest's JSON.
     pub manifest: serde_json::Value,
@@ -84,7 +84,7 @@ pub(super) struct Attached {
 }
 
 impl Subject {
-    /// Resolve `target` (a tag or a digest; an index resolves to its first manifest) under the
+    /// Resolve `target` (a tag or a digest; an index resolves to the node's platform's manifest) under the
     /// node's registry settings; plain HTTP when they list its host as insecure.
     pub async fn resolve(cfg: RegistryConfig, target: &OciRef, credentials: &Credentials) -> Result<Subject, OciError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -98,6 +98,7 @@ impl Subject {
             mirror: None,
             credentials: credentials.clone(),
             insecure: plain_http,
+            platform: None,
         };
         let endpoint = registries.endpoint(&src)?;
         let resolved = endpoint.resolve().await?;
@@ -298,7 +299,7 @@ pub struct PushedSignature {
 }
 
 /// Attach `bundle` as a referrer of `target`'s manifest (a tag or a digest; an index resolves
-/// to its first manifest, as [`super::push_index`] resolves it). Errors are redacted as the
+/// to the node's platform's manifest, as [`super::push_index`] resolves it). Errors are redacted as the
 /// cache's are.
 pub async fn push_signature(
     cfg: RegistryConfig,

@@ -14,6 +14,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::plan::platform::Platform;
 use bytes::Bytes;
 use futures_util::Stream;
 use oci_client::Client;
@@ -79,6 +80,8 @@ pub(super) struct Endpoint {
     repository: String,
     /// The tag or digest asked for.
     reference: String,
+    /// The platform an index resolves to (`None`: the node's).
+    platform: Option<Platform>,
     pub ctx: Ctx,
     pub scope: Scope,
 }
@@ -169,6 +172,7 @@ impl Registries {
             wire,
             repository,
             reference: src.reference.clone(),
+            platform: src.platform.clone(),
             scope,
             ctx: Ctx { registry: host, reference: shown, given: src.credentials.given() },
         })
@@ -302,25 +306,24 @@ impl Endpoint {
         Call { ctx: &self.ctx, repository: &self.repository, what, reply }
     }
 
-    /// The manifest the reference names (an index: its first manifest) and its config.
+    /// The manifest the reference names (an index: the manifest of the platform asked for, else the node's; plan/platform.rs) and its config.
     pub async fn resolve(&self) -> Result<Resolved, OciError> {
         let (body, digest) = self.manifest(&self.reference).await?;
         let doc: serde_json::Value =
             serde_json::from_slice(&body).map_err(|e| self.protocol(format!("the manifest is not JSON: {e}")))?;
         let (body, digest, doc) = if is_index(&doc) {
-            let first = doc
-                .get("manifests")
-                .and_then(|m| m.as_array())
-                .and_then(|m| m.first())
-                .and_then(|m| m.get("digest"))
-                .and_then(|d| d.as_str())
-                .ok_or_else(|| self.protocol("the image index lists no manifest"))?;
+            let want = self.platform.clone().unwrap_or_else(Platform::node);
+            let first = crate::plan::platform::choose(&doc, &want).map_err(|detail| OciError::NoPlatform {
+                registry: self.ctx.registry.clone(),
+                reference: self.ctx.reference.clone(),
+                detail,
+            })?;
             super::store::hex_of(first)?;
             let (body, digest) = self.manifest(first).await?;
             let doc: serde_json::Value = serde_json::from_slice(&body)
                 .map_err(|e| self.protocol(format!("manifest {first} is not JSON: {e}")))?;
             if is_index(&doc) {
-                return Err(self.protocol(format!("{first}, the first entry of the index, is an index itself")));
+                return Err(self.protocol(format!("{first}, the entry chosen of the index, is an index itself")));
             }
             (body, digest, doc)
         } else {
@@ -572,6 +575,7 @@ mod tests {
             mirror: None,
             credentials: Default::default(),
             insecure: false,
+            platform: None,
         }
     }
 

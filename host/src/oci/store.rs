@@ -28,6 +28,7 @@ use std::time::SystemTime;
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
 use super::error::OciError;
+use crate::plan::tar_rules::Layering;
 
 /// The cache's directories.
 #[derive(Debug, Clone)]
@@ -78,7 +79,9 @@ impl Store {
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
         }
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(store.blob_dir())?;
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(store.tree_dir())?;
+        for dir in store.tree_dirs() {
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+        }
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(store.table_dir())?;
         store.sweep_trees()?;
         store.sweep_sidecars()?;
@@ -88,7 +91,9 @@ impl Store {
     /// Remove unpacks no process holds (another daemon sharing the cache may be unpacking into
     /// one: it holds a lock on it) and trees whose removal was interrupted.
     fn sweep_trees(&self) -> io::Result<()> {
-        for entry in std::fs::read_dir(self.tree_dir())? {
+        for entry in
+            self.tree_dirs().iter().map(std::fs::read_dir).collect::<io::Result<Vec<_>>>()?.into_iter().flatten()
+        {
             let entry = entry?;
             let name = entry.file_name();
             let name = name.to_string_lossy();
@@ -178,6 +183,25 @@ impl Store {
         self.tree_dir().join(hex)
     }
 
+    /// Where blobs unpacked as image layers go (whiteouts kept as markers, owners and modes
+    /// kept: `exec::artifacts`), apart from the plain trees of the same blobs.
+    pub fn image_tree_dir(&self) -> PathBuf {
+        self.root.join("trees/image")
+    }
+
+    /// The tree of `hex` laid out as `layering` says.
+    pub fn tree_of(&self, hex: &str, layering: Layering) -> PathBuf {
+        match layering {
+            Layering::Files => self.tree(hex),
+            Layering::Image => self.image_tree_dir().join(hex),
+        }
+    }
+
+    /// Both directories of trees.
+    fn tree_dirs(&self) -> [PathBuf; 2] {
+        [self.tree_dir(), self.image_tree_dir()]
+    }
+
     /// Where the file tables of lazily served tar layers are kept.
     pub fn table_dir(&self) -> PathBuf {
         self.root.join("tables/sha256")
@@ -190,10 +214,11 @@ impl Store {
 
     /// A fresh, empty directory (0700) for an unpack, and the `flock` that tells another
     /// daemon's [`Store::open`] it is in use: held until the returned descriptor is dropped.
-    pub fn new_tree_tmp(&self, hex: &str) -> io::Result<(PathBuf, OwnedFd)> {
+    pub fn new_tree_tmp(&self, hex: &str, layering: Layering) -> io::Result<(PathBuf, OwnedFd)> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = self.tree_dir().join(format!(".{hex}.tmp.{}.{n}", std::process::id()));
+        let dir = self.tree_of(hex, layering).parent().map(Path::to_path_buf).unwrap_or_else(|| self.tree_dir());
+        let path = dir.join(format!(".{hex}.tmp.{}.{n}", std::process::id()));
         std::fs::DirBuilder::new().mode(0o700).create(&path)?;
         let fd = rustix::fs::open(
             &path,
@@ -215,7 +240,7 @@ impl Store {
             last_access: rustix::fs::Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_NOW },
             last_modification: rustix::fs::Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_OMIT },
         };
-        for path in [self.blob(hex), self.tree(hex)] {
+        for path in [self.blob(hex), self.tree(hex), self.tree_of(hex, Layering::Image)] {
             let _ = rustix::fs::utimensat(rustix::fs::CWD, &path, &now, rustix::fs::AtFlags::SYMLINK_NOFOLLOW);
         }
     }
@@ -244,7 +269,9 @@ impl Store {
                 },
             );
         }
-        for entry in std::fs::read_dir(self.tree_dir())? {
+        for entry in
+            self.tree_dirs().iter().map(std::fs::read_dir).collect::<io::Result<Vec<_>>>()?.into_iter().flatten()
+        {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().into_owned();
             if !is_hex64(&name) {
@@ -259,7 +286,7 @@ impl Store {
                 last_used: atime(&meta),
                 linked: false,
             });
-            e.tree_bytes = bytes;
+            e.tree_bytes += bytes;
             e.linked |= linked;
         }
         Ok(found.into_values().collect())
@@ -269,6 +296,7 @@ impl Store {
     /// blob without its tree is re-unpacked).
     pub fn evict(&self, hex: &str) -> io::Result<()> {
         remove_tree(&self.tree(hex))?;
+        remove_tree(&self.tree_of(hex, Layering::Image))?;
         let _ = std::fs::remove_file(self.table(hex));
         match std::fs::remove_file(self.blob(hex)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),

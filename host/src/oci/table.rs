@@ -8,24 +8,31 @@
 //! 10 GiB layer of a few files costs a few requests of 64 KiB. Entries obey the rules the
 //! host's unpacking applies ([`crate::plan::tar_rules`]); what unpacking would refuse, the
 //! table refuses. A table read over the network is unverified until the blob is complete:
-//! [`Artifacts::lazy_check_table`] then reads it again from the verified bytes and compares.
+//! [`crate::oci::Artifacts::lazy_check_table`] then reads it again from the verified bytes and
+//! compares.
+//!
+//! Container image layers ([`image`]) are read by the image spec's rules instead: owners and
+//! modes kept, any link target, whiteouts, skipped device nodes; a compressed one's table comes
+//! from its archive, decompressed once it is on the node (its unpacked tree keeps no whiteouts).
 //!
 //! Tables are kept beside the blobs (`tables/sha256/<hex>.json`), so a restarted daemon or a
-//! healed server has them without the network, and removed with their blob.
+//! healed server has them without the network, and removed with their blob ([`kept`]).
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+mod entry;
+pub mod image;
+mod kept;
 
+pub use entry::{BlobTable, Owner, TableEntry, TableKind, Whiteout};
+
+use super::OciError;
 use super::registry::Endpoint;
-use super::store::hex_of;
-use super::{Artifacts, BlobRef, OciError, Source};
-use crate::plan::Archive;
 use crate::plan::tar_rules::{check_link_target, clean};
 
 /// The bytes one read of headers takes.
@@ -35,61 +42,64 @@ const MAX_META: u64 = 1 << 20;
 /// The most entries one layer's table holds.
 const MAX_ENTRIES: usize = 1_000_000;
 
-/// A layer's entries, in archive order (a later one replaces an earlier one of the same path).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BlobTable {
-    /// Read from verified bytes (the complete blob, or an unpacked tree).
-    pub verified: bool,
-    pub entries: Vec<TableEntry>,
-}
-
-/// The schema of a kept table (`tables/sha256/<hex>.json`).
-pub const TABLE_SCHEMA_VERSION: u32 = 1;
-
-/// A table as kept on the node.
-#[derive(Serialize, Deserialize)]
-struct KeptTable {
-    version: u32,
-    #[serde(flatten)]
-    table: BlobTable,
-}
-
-/// One entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TableEntry {
-    /// Its path in the layer (relative, plain components).
-    pub path: String,
-    pub kind: TableKind,
-    /// Modification time, seconds since the epoch.
-    pub mtime: i64,
-}
-
-/// What an entry is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", rename_all_fields = "camelCase")]
-pub enum TableKind {
-    Dir,
-    /// A file: `size` bytes at `offset` in the blob (0 for a tree's file).
-    File {
-        size: u64,
-        offset: u64,
-    },
-    Symlink {
-        target: String,
-    },
-}
-
 /// Reads byte ranges of one blob.
 enum Source_<'a> {
     Local(&'a File),
     Remote(&'a Endpoint, &'a str),
+    /// A compressed layer's archive, decompressed as it is read: ranges only forward.
+    Stream(std::sync::Mutex<Stream>),
+}
+
+/// A forward-only reader of a decompressed archive, keeping the bytes from the last range read
+/// on (the next range may start inside it).
+struct Stream {
+    reader: Box<dyn io::Read + Send>,
+    /// The offset of `buf[0]`.
+    at: u64,
+    buf: Vec<u8>,
+}
+
+impl Stream {
+    /// Up to `len` bytes at `offset` (fewer at the archive's end); `offset` never goes back.
+    fn read(&mut self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        if offset < self.at {
+            return Err(io::Error::other("a read of a decompressed archive went back"));
+        }
+        let skip = offset - self.at;
+        if skip >= self.buf.len() as u64 {
+            let over = skip - self.buf.len() as u64;
+            self.buf.clear();
+            io::copy(&mut io::Read::take(&mut self.reader, over), &mut io::sink())?;
+        } else {
+            self.buf.drain(..skip as usize);
+        }
+        self.at = offset;
+        let mut chunk = vec![0u8; 64 << 10];
+        while (self.buf.len() as u64) < len {
+            let want = chunk.len().min((len - self.buf.len() as u64) as usize);
+            match self.reader.read(&mut chunk[..want]) {
+                Ok(0) => break,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(self.buf[..self.buf.len().min(len as usize)].to_vec())
+    }
 }
 
 impl Source_<'_> {
+    /// Does a stream end at `pos` (an archive without its end blocks)? Blobs end at their size.
+    fn ended(&self, pos: u64) -> Result<bool, OciError> {
+        match self {
+            Source_::Stream(s) => Ok(stream(s).read(pos, 1).map_err(stream_error)?.is_empty()),
+            _ => Ok(false),
+        }
+    }
+
     async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, OciError> {
         match self {
+            Source_::Stream(s) => stream(s).read(offset, len).map_err(stream_error),
             Source_::Local(f) => {
                 let mut buf = vec![0u8; len as usize];
                 let mut at = 0;
@@ -139,6 +149,14 @@ impl Source_<'_> {
     }
 }
 
+fn stream(s: &std::sync::Mutex<Stream>) -> std::sync::MutexGuard<'_, Stream> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn stream_error(e: io::Error) -> OciError {
+    OciError::Local { path: "<archive>".into(), detail: format!("decompressing the layer: {e}"), kind: e.kind() }
+}
+
 /// How deep unpacking nests directories (`exec/artifacts/unpack.rs` seals at most this deep).
 const MAX_DEPTH: usize = 256;
 
@@ -151,8 +169,15 @@ fn bad(digest: &str, detail: String) -> OciError {
     }
 }
 
-/// Read the table of the tar archive `digest` (`size` bytes) from `src`.
-async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<TableEntry>, OciError> {
+/// Read the table of the tar archive `digest` (`size` bytes) from `src`: by the rules of image
+/// layers when `image` ([`image`]), with its whiteouts.
+async fn read_tar(
+    src: &Source_<'_>,
+    digest: &str,
+    size: u64,
+    image: bool,
+) -> Result<(Vec<TableEntry>, Vec<Whiteout>), OciError> {
+    let mut image = image.then(image::LayerReader::default);
     let mut entries: Vec<TableEntry> = Vec::new();
     // Regular files by path, for hard links (to a file before them).
     let mut files: BTreeMap<PathBuf, (u64, u64)> = BTreeMap::new();
@@ -179,6 +204,9 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
         }
         if size - pos < 512 {
             return Err(bad(digest, format!("the blob ends inside the header at byte {pos}")));
+        }
+        if src.ended(pos)? {
+            break;
         }
         let header_bytes = read_at(src, &mut window, pos, 512, size).await?;
         if header_bytes.iter().all(|b| *b == 0) {
@@ -294,7 +322,19 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
             String::from_utf8(bytes).map(PathBuf::from).map_err(|_| refuse(&format!("{what} is not UTF-8")))
         };
         let raw = utf8(raw_path, "its name")?;
-        let rel = clean(&raw).map_err(refuse)?;
+        let rel = match (clean(&raw), image.as_mut()) {
+            (Ok(rel), _) => rel,
+            // An image layer's `/a` is `a`, as a runtime reads it; one with `..` is left out.
+            (Err(_), Some(reader)) => match clean(raw.strip_prefix("/").unwrap_or(&raw)) {
+                Ok(rel) => rel,
+                Err(_) => {
+                    reader.skip();
+                    pos = next;
+                    continue;
+                }
+            },
+            (Err(why), None) => return Err(refuse(why)),
+        };
         // What the unpacked tree's filesystem and its sealing take: names of at most 255
         // bytes, directories at most 256 deep.
         if rel.components().any(|c| c.as_os_str().len() > 255) {
@@ -303,6 +343,20 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
         let depth = rel.components().count().saturating_sub(usize::from(kind != tar::EntryType::Directory));
         if depth > MAX_DEPTH {
             return Err(refuse(&format!("it is nested deeper than {MAX_DEPTH} directories")));
+        }
+        if let Some(reader) = image.as_mut() {
+            // As unpacking takes them: the header's numeric ids (0 when unreadable), its mode
+            // without the set-id bits.
+            let (uid, gid) = (header.uid().unwrap_or(0) as u32, header.gid().unwrap_or(0) as u32);
+            let mode = header.mode().map_err(|e| refuse(&format!("its mode: {e}")))? & 0o1777;
+            let owner = Owner { uid, gid, mode };
+            let m = image::Member { rel, kind, size: data_size, offset: data_at, mtime, link: raw_link, owner };
+            reader.member(m).map_err(|why| refuse(&why))?;
+            if reader.len() > MAX_ENTRIES {
+                return Err(bad(digest, format!("more than {MAX_ENTRIES} entries")));
+            }
+            pos = next;
+            continue;
         }
         if rel.as_os_str().is_empty() {
             if kind.is_dir() {
@@ -358,7 +412,7 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
         if mode & 0o6000 != 0 {
             return Err(refuse("it has the set-uid or set-gid bit"));
         }
-        entries.push(TableEntry { path, kind: entry_kind, mtime });
+        entries.push(TableEntry { path, kind: entry_kind, mtime, owner: None });
         if entries.len() > MAX_ENTRIES {
             return Err(bad(digest, format!("more than {MAX_ENTRIES} entries")));
         }
@@ -367,7 +421,10 @@ async fn read_tar(src: &Source_<'_>, digest: &str, size: u64) -> Result<Vec<Tabl
     if long_name.is_some() || long_link.is_some() || pax.is_some() {
         return Err(bad(digest, "its last extension header describes no member after it".into()));
     }
-    Ok(entries)
+    Ok(match image {
+        Some(reader) => reader.finish(digest),
+        None => (entries, Vec::new()),
+    })
 }
 
 /// The table of the tar archive in file `blob`, as a lazy volume serves it (for the fuzz
@@ -376,7 +433,20 @@ pub fn tar_table_of(blob: &Path) -> Result<Vec<TableEntry>, OciError> {
     let f = File::open(blob).map_err(|e| OciError::local(blob, &e, "", "sha256:fuzz"))?;
     let size = f.metadata().map_err(|e| OciError::local(blob, &e, "", "sha256:fuzz"))?.len();
     let rt = tokio::runtime::Builder::new_current_thread().build().map_err(|e| OciError::local(blob, &e, "", ""))?;
-    rt.block_on(read_tar(&Source_::Local(&f), "sha256:fuzz", size))
+    rt.block_on(read_tar(&Source_::Local(&f), "sha256:fuzz", size, false)).map(|(entries, _)| entries)
+}
+
+/// The result of a read of local bytes (a file, a stream), which never waits for anything.
+fn at_once<T>(read: impl std::future::Future<Output = Result<T, OciError>>) -> Result<T, OciError> {
+    let mut read = std::pin::pin!(read);
+    match read.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+        std::task::Poll::Ready(r) => r,
+        std::task::Poll::Pending => Err(OciError::Local {
+            path: "<archive>".into(),
+            detail: "a local read waited".into(),
+            kind: io::ErrorKind::Other,
+        }),
+    }
 }
 
 /// `len` bytes at `at`, from the window when it holds them, else from a new window there.
@@ -420,161 +490,6 @@ fn check_sum(h: &[u8]) -> Result<(), String> {
         .map_err(|_| "not a tar header (no checksum)".to_string())?;
     let sum: u32 = h.iter().enumerate().map(|(i, b)| if (148..156).contains(&i) { 32 } else { u32::from(*b) }).sum();
     if sum == want { Ok(()) } else { Err(format!("not a tar header (checksum {want}, computed {sum})")) }
-}
-
-/// The table of an unpacked tree at `root`.
-fn tree_table(root: &Path) -> io::Result<Vec<TableEntry>> {
-    let mut out = Vec::new();
-    let mut stack = vec![(root.to_path_buf(), 0usize)];
-    while let Some((dir, depth)) = stack.pop() {
-        if depth > 256 {
-            return Err(io::Error::other(format!("{} is nested too deep", dir.display())));
-        }
-        let mut names: Vec<std::fs::DirEntry> = std::fs::read_dir(&dir)?.collect::<Result<_, _>>()?;
-        names.sort_by_key(|e| e.file_name());
-        for e in names {
-            let path = e.path();
-            let meta = path.symlink_metadata()?;
-            let rel = path.strip_prefix(root).expect("below the root").to_string_lossy().into_owned();
-            let kind = if meta.is_dir() {
-                stack.push((path.clone(), depth + 1));
-                TableKind::Dir
-            } else if meta.file_type().is_symlink() {
-                TableKind::Symlink { target: std::fs::read_link(&path)?.to_string_lossy().into_owned() }
-            } else if meta.is_file() {
-                TableKind::File { size: meta.len(), offset: 0 }
-            } else {
-                continue;
-            };
-            out.push(TableEntry { path: rel, kind, mtime: meta.mtime() });
-        }
-    }
-    Ok(out)
-}
-
-impl Artifacts {
-    /// The file table of layer `b` (`format`): the one kept for it, else read now — a raw blob
-    /// is one file, a tar layer's headers are read from the complete blob or with range
-    /// requests to `src`, a compressed layer's from its unpacked tree. `None` for a compressed
-    /// layer not yet unpacked (its files come once it is fetched and unpacked).
-    pub async fn lazy_table(&self, src: &Source, b: &BlobRef, format: Archive) -> Result<Option<BlobTable>, OciError> {
-        let hex = hex_of(&b.digest)?.to_string();
-        match format {
-            Archive::Raw => {
-                return Ok(Some(BlobTable {
-                    verified: true,
-                    entries: vec![TableEntry {
-                        path: String::new(),
-                        kind: TableKind::File { size: b.size, offset: 0 },
-                        mtime: 0,
-                    }],
-                }));
-            }
-            Archive::TarGzip | Archive::TarZstd => {
-                let tree = self.core.store.tree(&hex);
-                if !tree.is_dir() {
-                    return Ok(None);
-                }
-                let entries = tokio::task::spawn_blocking(move || tree_table(&tree))
-                    .await
-                    .map_err(|e| OciError::Local {
-                        path: String::new(),
-                        detail: e.to_string(),
-                        kind: io::ErrorKind::Other,
-                    })?
-                    .map_err(|e| OciError::local(&self.core.store.tree(&hex), &e, "", &b.digest))?;
-                return Ok(Some(BlobTable { verified: true, entries }));
-            }
-            Archive::Tar => {}
-        }
-        if let Some(t) = self.lazy_stored_table(b, format) {
-            return Ok(Some(t));
-        }
-        let (entries, verified) = if self.core.store.present(&hex, b.size) {
-            let file = File::open(self.core.store.blob(&hex))
-                .map_err(|e| OciError::local(&self.core.store.blob(&hex), &e, "", &b.digest))?;
-            (read_tar(&Source_::Local(&file), &b.digest, b.size).await?, true)
-        } else {
-            let ep = self.core.registries.endpoint(src)?;
-            (read_tar(&Source_::Remote(&ep, &b.digest), &b.digest, b.size).await.map_err(OciError::redacted)?, false)
-        };
-        let table = BlobTable { verified, entries };
-        self.store_table(&hex, &table);
-        Ok(Some(table))
-    }
-
-    /// The table kept for tar layer `b` (no network): what a restarted daemon or a healed server
-    /// serves. Raw and unpacked layers need none kept ([`Artifacts::lazy_table`] reads them).
-    pub fn lazy_stored_table(&self, b: &BlobRef, format: Archive) -> Option<BlobTable> {
-        let hex = hex_of(&b.digest).ok()?;
-        match format {
-            Archive::Tar => {
-                let text = std::fs::read(self.core.store.table(hex)).ok()?;
-                // Another schema's table is read again from the layer's headers.
-                serde_json::from_slice::<KeptTable>(&text)
-                    .ok()
-                    .filter(|k| k.version == TABLE_SCHEMA_VERSION)
-                    .map(|k| k.table)
-            }
-            Archive::Raw => Some(BlobTable {
-                verified: true,
-                entries: vec![TableEntry {
-                    path: String::new(),
-                    kind: TableKind::File { size: b.size, offset: 0 },
-                    mtime: 0,
-                }],
-            }),
-            Archive::TarGzip | Archive::TarZstd => {
-                let tree = self.core.store.tree(hex);
-                tree.is_dir()
-                    .then(|| tree_table(&tree).ok())
-                    .flatten()
-                    .map(|entries| BlobTable { verified: true, entries })
-            }
-        }
-    }
-
-    /// Read the table of the complete tar layer `b` again from its verified bytes and compare it
-    /// with the one kept (read before from a registry's ranges): equal, it is marked verified;
-    /// different, the registry served headers that are not the blob's (an error, and the kept
-    /// table is removed). Blocking-free: the reads run on the runtime.
-    pub async fn lazy_check_table(&self, b: &BlobRef) -> Result<(), OciError> {
-        let hex = hex_of(&b.digest)?.to_string();
-        let kept = self.lazy_stored_table(b, Archive::Tar);
-        if kept.as_ref().is_some_and(|t| t.verified) {
-            return Ok(());
-        }
-        let file = File::open(self.core.store.blob(&hex))
-            .map_err(|e| OciError::local(&self.core.store.blob(&hex), &e, "", &b.digest))?;
-        let entries = read_tar(&Source_::Local(&file), &b.digest, b.size).await?;
-        if let Some(k) = &kept
-            && k.entries != entries
-        {
-            let _ = std::fs::remove_file(self.core.store.table(&hex));
-            return Err(OciError::DigestMismatch {
-                registry: String::new(),
-                reference: String::new(),
-                digest: b.digest.clone(),
-                actual: "a table of files other than the one its headers gave while it was downloading".into(),
-            });
-        }
-        self.store_table(&hex, &BlobTable { verified: true, entries });
-        Ok(())
-    }
-
-    /// Keep a table (best effort: without it a restart reads the headers again).
-    fn store_table(&self, hex: &str, table: &BlobTable) {
-        let path = self.core.store.table(hex);
-        let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
-        let written = serde_json::to_vec(&KeptTable { version: TABLE_SCHEMA_VERSION, table: table.clone() })
-            .map_err(io::Error::other)
-            .and_then(|bytes| std::fs::write(&tmp, bytes))
-            .and_then(|()| std::fs::rename(&tmp, &path));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            tracing::warn!(path = %path.display(), error = %e, "keeping a lazy layer's file table failed");
-        }
-    }
 }
 
 #[cfg(test)]
@@ -848,7 +763,7 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
         std::fs::write(dir.path().join("a/b/f"), b"hello").unwrap();
         std::os::unix::fs::symlink("b/f", dir.path().join("a/l")).unwrap();
-        let t = tree_table(dir.path()).unwrap();
+        let t = kept::tree_table(dir.path()).unwrap();
         let paths: Vec<&str> = t.iter().map(|e| e.path.as_str()).collect();
         assert!(paths.contains(&"a") && paths.contains(&"a/b") && paths.contains(&"a/b/f") && paths.contains(&"a/l"));
         assert!(t.iter().any(|e| e.path == "a/b/f" && e.kind == TableKind::File { size: 5, offset: 0 }));

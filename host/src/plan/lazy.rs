@@ -3,7 +3,9 @@
 //!
 //! [`lower`] is a pure function of a checked plan: every `unpack` step goes into one
 //! `spawn-fuse` of the host's lazy server ([`LAZY_PROGRAM`]) mounted at the directory they
-//! unpack into (the source of a later `bind`), with the blobs in the steps' order, and the
+//! unpack into (the source of a later `bind`; for a container image, whose layers all unpack
+//! into one directory, that directory even when the bind takes a directory below it: the
+//! image's `path`), with the blobs in the steps' order, and the
 //! `fetch-blob` steps go (nothing waits for the blobs: the server fetches what its readers
 //! ask for, and the fill the rest). What the plan's other steps say (the `resolve`, the binds
 //! onto the staging path or a dynamic mount's directory) stays as it is; so does what the
@@ -58,7 +60,7 @@ pub fn lower(plan: Plan, server: &Path) -> Result<Plan, NotLazy> {
         .steps
         .iter()
         .filter_map(|s| match s {
-            Step::Unpack { digest, format, dest } => Some((digest, *format, dest)),
+            Step::Unpack { digest, format, dest, .. } => Some((digest, *format, dest)),
             _ => None,
         })
         .collect();
@@ -71,6 +73,15 @@ pub fn lower(plan: Plan, server: &Path) -> Result<Plan, NotLazy> {
         .find_map(|s| match s {
             Step::Bind { source, .. } if unpacks.iter().all(|(_, _, d)| d.starts_with(source)) => Some(source.clone()),
             _ => None,
+        })
+        // A container image: every layer unpacked into one directory, and a bind of it or of
+        // a directory below it (the model inside the image). The server is mounted at that
+        // directory; the bind's source is then inside it, and stays as it is.
+        .or_else(|| {
+            let dest = unpacks[0].2;
+            let shared = unpacks.iter().all(|(_, _, d)| *d == dest);
+            let bound = plan.steps.iter().any(|s| matches!(s, Step::Bind { source, .. } if source.starts_with(dest)));
+            (shared && bound).then(|| dest.clone())
         })
         .ok_or_else(|| {
             NotLazy::NoSharedRoot(
@@ -175,8 +186,18 @@ pub(crate) mod tests {
                     size: 2048,
                     media_type: "application/vnd.cncf.model.doc.v1.tar".into(),
                 },
-                Step::Unpack { digest: d('a'), format: Archive::Raw, dest: cache.join("w/model.safetensors") },
-                Step::Unpack { digest: d('b'), format: Archive::Tar, dest: cache.clone() },
+                Step::Unpack {
+                    digest: d('a'),
+                    format: Archive::Raw,
+                    dest: cache.join("w/model.safetensors"),
+                    layering: Default::default(),
+                },
+                Step::Unpack {
+                    digest: d('b'),
+                    format: Archive::Tar,
+                    dest: cache.clone(),
+                    layering: Default::default(),
+                },
                 Step::Bind {
                     source: cache,
                     target: "/k/staging".into(),
@@ -210,6 +231,80 @@ pub(crate) mod tests {
         assert_eq!((lazy.layers[1].dest.as_str(), lazy.layers[1].format), ("", Archive::Tar));
         assert_eq!(layers(&plan), Some(&**lazy));
         assert_eq!(plan.attributes, model_plan().attributes, "attributes stay");
+    }
+
+    /// A container image's plan: its layers unpacked in order into `model/`, the bind of
+    /// `path` below it (or of `model/` itself).
+    fn image_plan(bound: &str) -> Plan {
+        let root = PathBuf::from("/s/cache/v/model");
+        let mut steps = vec![Step::Resolve {
+            reference: "r.io/img:1".into(),
+            mirror: None,
+            auth: RegistryAuth::Anonymous,
+            insecure: false,
+        }];
+        let layers = [
+            ('a', "application/vnd.oci.image.layer.v1.tar+gzip", Archive::TarGzip),
+            ('b', "application/vnd.oci.image.layer.v1.tar", Archive::Tar),
+            ('c', "application/vnd.docker.image.rootfs.diff.tar.gzip", Archive::TarGzip),
+        ];
+        for (c, media_type, _) in layers {
+            steps.push(Step::FetchBlob { digest: d(c), size: 512, media_type: media_type.into() });
+        }
+        for (c, media_type, format) in layers {
+            let layering = crate::plan::tar_rules::Layering::of(media_type);
+            steps.push(Step::Unpack { digest: d(c), format, dest: root.clone(), layering });
+        }
+        steps.push(Step::Bind {
+            source: root.join(bound),
+            target: "/k/staging".into(),
+            readonly: true,
+            options: vec!["nosuid".into()],
+        });
+        Plan { plugin: "model".into(), digest: "sha256:p".into(), steps, attributes: Vec::new() }
+    }
+
+    #[test]
+    fn an_images_layers_are_served_at_their_directory_and_the_bind_below_it_stays() {
+        for bound in ["models", "models/llama", ""] {
+            let plan = lower(image_plan(bound), Path::new("/m")).unwrap();
+            assert_eq!(plan.steps.len(), 3, "{:#?}", plan.steps);
+            let Step::SpawnFuse { mountpoint, lazy: Some(lazy), .. } = &plan.steps[1] else {
+                panic!("{:?}", plan.steps[1])
+            };
+            assert_eq!(mountpoint, Path::new("/s/cache/v/model"), "{bound:?}");
+            let got: Vec<(&str, Archive, &str)> =
+                lazy.layers.iter().map(|l| (l.digest.as_str(), l.format, l.dest.as_str())).collect();
+            assert_eq!(
+                got,
+                [(d('a').as_str(), Archive::TarGzip, ""), (&d('b'), Archive::Tar, ""), (&d('c'), Archive::TarGzip, "")],
+                "every layer in the manifest's order, at the root"
+            );
+            assert_eq!(lazy.layers[2].media_type, "application/vnd.docker.image.rootfs.diff.tar.gzip");
+            let Step::Bind { source, .. } = &plan.steps[2] else { panic!("{:?}", plan.steps[2]) };
+            assert_eq!(source, &Path::new("/s/cache/v/model").join(bound), "the bind is the plan's own");
+        }
+    }
+
+    #[test]
+    fn a_bind_below_the_unpacks_needs_them_all_in_one_directory() {
+        // Layers in two directories, a bind below one of them: no directory holds them all.
+        let mut p = image_plan("models");
+        if let Some(Step::Unpack { dest, .. }) = p.steps.iter_mut().rfind(|s| matches!(s, Step::Unpack { .. })) {
+            *dest = PathBuf::from("/s/cache/v/model/other");
+        }
+        assert!(matches!(lower(p, Path::new("/m")).unwrap_err(), NotLazy::NoSharedRoot(_)));
+        // A bind beside the directory, not below it.
+        let mut p = image_plan("models");
+        if let Some(Step::Bind { source, .. }) = p.steps.last_mut() {
+            *source = PathBuf::from("/s/cache/v/elsewhere");
+        }
+        assert!(matches!(lower(p, Path::new("/m")).unwrap_err(), NotLazy::NoSharedRoot(_)));
+        // The model plugin's shape keeps its root: the bind's source, above the unpacks.
+        let plan = lower(model_plan(), Path::new("/m")).unwrap();
+        assert!(
+            matches!(&plan.steps[1], Step::SpawnFuse { mountpoint, .. } if mountpoint == Path::new("/s/cache/v/model"))
+        );
     }
 
     #[test]

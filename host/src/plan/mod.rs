@@ -8,6 +8,7 @@
 
 pub mod lazy;
 pub mod oci_ref;
+pub mod platform;
 pub mod policy;
 pub mod rules;
 pub mod tar_rules;
@@ -33,6 +34,26 @@ pub struct Plan {
     /// Attributes the plugin asked the host to record.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attributes: Vec<(String, String)>,
+}
+
+impl Plan {
+    /// How the blob `digest` is laid out when an `unpack` step applies it: as an image layer
+    /// when a `fetch-blob` step of the plan fetched it under an image layer media type
+    /// ([`tar_rules::IMAGE_LAYER_TYPES`]), else as a plain archive.
+    pub fn layering(&self, digest: &str) -> tar_rules::Layering {
+        layering_in(&self.steps, digest)
+    }
+}
+
+/// [`Plan::layering`] of these steps.
+pub fn layering_in(steps: &[Step], digest: &str) -> tar_rules::Layering {
+    steps
+        .iter()
+        .find_map(|s| match s {
+            Step::FetchBlob { digest: d, media_type, .. } if d == digest => Some(tar_rules::Layering::of(media_type)),
+            _ => None,
+        })
+        .unwrap_or_default()
 }
 
 /// A value: plain text, a path, or a reference to a CSI secret by key.
@@ -283,7 +304,15 @@ pub enum Step {
     /// Fetch a blob of the resolved artifact into the node's cache.
     FetchBlob { digest: String, size: u64, media_type: String },
     /// Unpack a fetched blob.
-    Unpack { digest: String, format: Archive, dest: PathBuf },
+    Unpack {
+        digest: String,
+        format: Archive,
+        dest: PathBuf,
+        /// How it is laid out: as an image layer when the plan fetched the blob under an
+        /// image layer media type (the policy decides; records before it have none: files).
+        #[serde(default, skip_serializing_if = "tar_rules::Layering::is_files")]
+        layering: tar_rules::Layering,
+    },
     /// An HTTP call (controller side).
     Http {
         method: String,

@@ -41,6 +41,7 @@ use crate::volume::dirs::root_name;
 
 use super::oci_ref::OciRef;
 use super::rules::{self, HostFd, ProgramRules, RuleSet};
+use super::tar_rules::Layering;
 use super::url::{HostGrant, Target, parse as parse_url};
 use super::{Archive, EnvVar, Header, MountOption, Plan, SpawnArg, Step, Value};
 
@@ -335,8 +336,11 @@ fn check_steps(ctx: &Context<'_>, plan: wit::Plan) -> Result<Plan, PolicyError> 
             dynamic_mount_step(ctx, &step).map_err(|e| refuse(e.into()))?;
         }
         match &step {
-            Step::Fetch { digest, .. } | Step::FetchBlob { digest, .. } => {
-                seen.fetched.insert(digest.clone());
+            Step::Fetch { digest, .. } => {
+                seen.fetched.insert(digest.clone(), Layering::Files);
+            }
+            Step::FetchBlob { digest, media_type, .. } => {
+                seen.fetched.insert(digest.clone(), Layering::of(media_type));
             }
             Step::Resolve { .. } => seen.resolved = true,
             _ => {}
@@ -394,8 +398,9 @@ fn dynamic_mount_step(ctx: &Context<'_>, step: &Step) -> R<()> {
 /// What the steps before the one being checked did.
 #[derive(Debug, Default)]
 struct Seen {
-    /// Digests fetched (by `fetch` or `fetch-blob`).
-    fetched: BTreeSet<String>,
+    /// Digests fetched (by `fetch` or `fetch-blob`), and how an `unpack` lays each out (by the
+    /// media type it was fetched under).
+    fetched: BTreeMap<String, Layering>,
     /// Whether a `resolve` step came.
     resolved: bool,
 }
@@ -545,20 +550,20 @@ fn check_step(ctx: &Context<'_>, step: wit::Step, seen: &Seen) -> G<Step> {
         S::Resolve(r) => oci::resolve(ctx, r, seen.resolved)?,
         S::FetchBlob(f) => oci::fetch_blob(ctx, f, seen.resolved)?,
         S::Unpack(u) => {
-            if !seen.fetched.contains(&u.digest) {
+            let Some(&layering) = seen.fetched.get(&u.digest) else {
                 return Err(format!(
                     "blob {} is not fetched by an earlier step (a fetch or fetch-blob of it)",
                     u.digest
                 )
                 .into());
-            }
+            };
             let format = match u.format {
                 wit::Archive::Raw => Archive::Raw,
                 wit::Archive::Tar => Archive::Tar,
                 wit::Archive::TarGzip => Archive::TarGzip,
                 wit::Archive::TarZstd => Archive::TarZstd,
             };
-            Step::Unpack { digest: u.digest, format, dest: path(ctx, &u.dest)? }
+            Step::Unpack { digest: u.digest, format, dest: path(ctx, &u.dest)?, layering }
         }
         S::Http(h) => {
             const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"];

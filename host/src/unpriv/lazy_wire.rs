@@ -51,10 +51,14 @@ pub enum ToServer {
     Readable { layer: u32, ranges: Vec<Span> },
     /// The layer's blob is complete and verified: every byte can be read. Files (by path) with
     /// a backing id the host registered on the FUSE connection are opened with passthrough from
-    /// now on.
+    /// now on (of an image layer, also those the table gets later: a lower layer's files join
+    /// it once the layers above it are known).
     Complete { layer: u32, backing: Vec<(String, u32)> },
     /// A layer whose files were not known at the start (a compressed archive) is unpacked:
     /// its files, whose data is in the tree directory handed over with [`ToServer::Files`].
+    /// For image layers ([`LayerState::image`]): the whole merged table again, now reaching
+    /// down to the next layer still pending (paths already served keep what they are; new
+    /// ones join, directories take their owners and whether they are still open).
     Added { layer: u32, files: Vec<FileEntry> },
     /// These ranges failed verification twice: reads of them fail (EIO).
     Bad { layer: u32, ranges: Vec<Span> },
@@ -99,6 +103,13 @@ pub struct LayerState {
     /// files go below (`""`: the root), so a lookup there waits for them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<String>,
+    /// A container image's layer (`plan::tar_rules::image_layer`): the table the server gets
+    /// is the layers merged as the image spec applies them (whiteouts applied, every path
+    /// once, owners and modes), of the layers above the highest one still pending only, and
+    /// its directories say whether a pending layer may still add to them
+    /// ([`FileEntry::open`]): lookups and listings there wait, and nowhere else.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub image: bool,
 }
 
 /// A file, directory or symbolic link of the table.
@@ -112,6 +123,33 @@ pub struct FileEntry {
     /// Modification time, seconds since the epoch.
     #[serde(default)]
     pub mtime: i64,
+    /// Its owner and mode (an image layer's entry); without one, the server shows files 0444,
+    /// directories 0555, owned by root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Owner>,
+    /// A directory to which a layer still pending may add entries ([`LayerState::image`]): a
+    /// lookup of a name it lacks, and its listing, wait for that layer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub open: bool,
+    /// An image layer's file: where its data starts in its layer's (uncompressed) archive.
+    /// Files of one layer with the same one are one inode, hard links of each other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inode: Option<u64>,
+}
+
+/// An entry's owner and mode, from its tar header: numeric ids, and the permission bits with
+/// the sticky bit (never set-uid or set-gid).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+    /// `st_mode & 0o1777`.
+    pub mode: u32,
+}
+
+impl Owner {
+    /// What a directory no entry gave gets (an implicit parent, the volume's root): 0755, root.
+    pub const DIR: Owner = Owner { uid: 0, gid: 0, mode: 0o755 };
 }
 
 /// What an entry is.
@@ -122,7 +160,8 @@ pub enum Kind {
     Dir,
     /// A regular file of `size` bytes.
     File { size: u64, data: Data },
-    /// A symbolic link (relative, inside the tree: the host checked).
+    /// A symbolic link: relative and inside the tree (the host checked), or for an image
+    /// layer's, any target (never followed by the server: the kernel resolves it).
     Symlink { target: String },
 }
 
@@ -303,8 +342,18 @@ mod tests {
                 path: "w.bin".into(),
                 kind: Kind::File { size: 7, data: Data::Blob { layer: 0, offset: 0 } },
                 mtime: 1,
+                owner: None,
+                open: false,
+                inode: None,
             }],
-            layers: vec![LayerState { size: 7, readable: vec![(0, 3)], bad: vec![], complete: false, pending: None }],
+            layers: vec![LayerState {
+                size: 7,
+                readable: vec![(0, 3)],
+                bad: vec![],
+                complete: false,
+                pending: None,
+                image: false,
+            }],
             read_wait_ms: 1000,
             chunk: 4 << 20,
             failed: None,

@@ -52,6 +52,25 @@ pub fn lazy(attrs: &HashMap<String, String>) -> Result<bool, Error> {
 pub const SIGNED_BY_KEY: &str = "signedBy";
 /// `required`: a lazy stage whose model has no chunk index fails (docs/signing.md).
 pub const CHUNK_INDEX_KEY: &str = "chunkIndex";
+/// `os/architecture[/variant]`: the platform an image index or Docker manifest list resolves
+/// to, instead of the node's own (docs/plugins/model.md).
+pub const PLATFORM_KEY: &str = "platform";
+
+/// The platform `platform` names, if set.
+pub fn platform(attrs: &HashMap<String, String>) -> Result<Option<crate::plan::platform::Platform>, Error> {
+    attrs
+        .get(PLATFORM_KEY)
+        .map(|raw| {
+            crate::plan::platform::Platform::parse(raw).map_err(|why| {
+                Error::invalid(format!(
+                    "volume attribute {PLATFORM_KEY} is {}: {why}; give os/architecture[/variant], such as linux/arm64",
+                    shown(raw)
+                ))
+            })
+        })
+        .transpose()
+}
+
 /// Most names a `signedBy` value lists.
 pub const MAX_SIGNERS: usize = 16;
 
@@ -321,6 +340,7 @@ pub fn is_reserved(key: &str) -> bool {
         || key == LAZY_KEY
         || key == SIGNED_BY_KEY
         || key == CHUNK_INDEX_KEY
+        || key == PLATFORM_KEY
         || DYNAMIC_LIMIT_KEYS.contains(&key)
         || key.starts_with(K8S_PREFIX)
 }

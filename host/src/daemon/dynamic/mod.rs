@@ -1269,9 +1269,9 @@ impl Node {
             }
         }
         for step in &plan.steps {
-            if let Step::Unpack { digest, format, .. } = step {
+            if let Step::Unpack { digest, format, layering, .. } = step {
                 loop {
-                    match self.inner.assembler.prepare(digest, *format) {
+                    match self.inner.assembler.prepare(digest, *format, *layering) {
                         Prepared::Ready => break,
                         Prepared::Working => tokio::time::sleep(PULL_TICK).await,
                         Prepared::Failed(e) => return Err(oci(e)),

@@ -22,23 +22,72 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Stat};
+use rustix::fs::{AtFlags, Dir, FileType, Gid, Mode, OFlags, Stat, Uid};
 use rustix::io::Errno;
 
+use super::unpack::IMPLICIT_MARKER;
 use crate::exec::beneath::Anchors;
+use crate::plan::tar_rules::{Layering, OPAQUE_MARKER, Whiteout, whiteout};
 
 /// How deep a tree may be.
 const MAX_DEPTH: usize = 256;
 
 /// Hardlink (or copy) every entry of the cache's `tree` into the directory `dest`, creating it
 /// and its missing parents (0755) below `below`.
-pub(super) fn link_tree(tree: &Path, dest: &Path, below: &Path) -> io::Result<()> {
+///
+/// An image layer's tree ([`Layering::Image`], laid out by `unpack_layer`) is applied over what
+/// the layers below it put in `dest`, as a runtime applies a layer: in each directory, its
+/// opaque marker first removes every entry there, its whiteouts `.wh.<name>` remove `<name>`
+/// (a whole directory included), then its entries replace those of the same name whatever
+/// their types (a directory over a directory merges, and takes the layer's owner and mode
+/// unless the layer only implied it: [`IMPLICIT_MARKER`]). Markers are never placed.
+pub(super) fn link_tree(tree: &Path, dest: &Path, below: &Path, layering: Layering) -> io::Result<()> {
     let anchors = Anchors::new([below.to_path_buf()]);
     anchors.mkdir(dest, below, 0o755)?;
     let dst = anchors.open(dest, OFlags::RDONLY | OFlags::DIRECTORY)?;
     let src = rustix::fs::open(tree, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
         .map_err(|e| with_path(e.into(), tree))?;
-    walk(&src, &dst, dest, 0)
+    walk(&src, &dst, dest, 0, layering == Layering::Image)
+}
+
+/// Remove `name` from `dir` without following it: a directory with everything below it.
+pub(super) fn remove_at(dir: &OwnedFd, name: &OsStr, depth: usize) -> io::Result<()> {
+    if name == "." || name == ".." || name.as_bytes().contains(&b'/') || name.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} names no entry to remove", name.display()),
+        ));
+    }
+    if depth > MAX_DEPTH {
+        return Err(io::Error::other(format!("{} is nested deeper than {MAX_DEPTH} levels", name.display())));
+    }
+    let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Err(Errno::NOENT) => return Ok(()),
+        other => other?,
+    };
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        return Ok(rustix::fs::unlinkat(dir, name, AtFlags::empty())?);
+    }
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let sub = rustix::fs::openat(dir, name, flags, Mode::empty())?;
+    for child in children(&sub)? {
+        remove_at(&sub, &child, depth + 1)?;
+    }
+    Ok(rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)?)
+}
+
+/// The names in the directory `dir`, but `.` and `..`.
+fn children(dir: &OwnedFd) -> io::Result<Vec<OsString>> {
+    let listing = rustix::fs::openat(dir, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    let mut names = Vec::new();
+    for entry in Dir::read_from(&listing)? {
+        let entry = entry?;
+        let name = OsStr::from_bytes(entry.file_name().to_bytes()).to_os_string();
+        if name != "." && name != ".." {
+            names.push(name);
+        }
+    }
+    Ok(names)
 }
 
 /// Hardlink (or copy) the file `file` of the cache to the path `dest`, creating its missing
@@ -57,10 +106,10 @@ pub(super) fn link_file(file: &Path, dest: &Path, below: &Path) -> io::Result<()
     let st = rustix::fs::statat(&src, src_name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| with_path(e.into(), file))?;
     let parent_shown = dest.parent().unwrap_or(dest);
     sweep_temps(&dst, &HashSet::from([truncated(&name).to_vec()]), parent_shown)?;
-    place(&src, src_name, &st, &dst, &name, dest)
+    place(&src, src_name, &st, &dst, &name, dest, false)
 }
 
-fn walk(src: &OwnedFd, dst: &OwnedFd, shown: &Path, depth: usize) -> io::Result<()> {
+fn walk(src: &OwnedFd, dst: &OwnedFd, shown: &Path, depth: usize, image: bool) -> io::Result<()> {
     if depth > MAX_DEPTH {
         return Err(io::Error::other(format!("{} is nested deeper than {MAX_DEPTH} levels", shown.display())));
     }
@@ -73,9 +122,35 @@ fn walk(src: &OwnedFd, dst: &OwnedFd, shown: &Path, depth: usize) -> io::Result<
         }
     }
     sweep_temps(dst, &names.iter().map(|n| truncated(n).to_vec()).collect(), shown)?;
+    if image {
+        // What the layers below put here goes first: everything (opaque), or what the
+        // whiteouts name.
+        if names.iter().any(|n| n == OPAQUE_MARKER) {
+            for name in children(dst)? {
+                remove_at(dst, &name, depth).map_err(|e| with_path(e, &shown.join(&name)))?;
+            }
+        }
+        for name in &names {
+            if let Whiteout::Hides(hidden) = whiteout(name.as_bytes()) {
+                let hidden = OsStr::from_bytes(hidden);
+                remove_at(dst, hidden, depth).map_err(|e| with_path(e, &shown.join(hidden)))?;
+            }
+        }
+        names.retain(|n| whiteout(n.as_bytes()) == Whiteout::No);
+    }
     for name in names {
         let here = shown.join(&name);
         let st = rustix::fs::statat(src, &name, AtFlags::SYMLINK_NOFOLLOW)?;
+        let is_dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
+        if image {
+            // An entry of another type below is replaced, as the layer's entry replaces it.
+            match rustix::fs::statat(dst, &name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(d) if (FileType::from_raw_mode(d.st_mode) == FileType::Directory) != is_dir => {
+                    remove_at(dst, &name, depth).map_err(|e| with_path(e, &here))?;
+                }
+                _ => {}
+            }
+        }
         match FileType::from_raw_mode(st.st_mode) {
             FileType::Directory => {
                 match rustix::fs::mkdirat(dst, &name, Mode::from_raw_mode(0o755)) {
@@ -91,16 +166,35 @@ fn walk(src: &OwnedFd, dst: &OwnedFd, shown: &Path, depth: usize) -> io::Result<
                     e => with_path(e.into(), &here),
                 })?;
                 let sub_src = rustix::fs::openat(src, &name, flags, Mode::empty())?;
-                walk(&sub_src, &sub_dst, &here, depth + 1)?;
+                walk(&sub_src, &sub_dst, &here, depth + 1, image)?;
+                let implied = image && rustix::fs::statat(&sub_src, IMPLICIT_MARKER, AtFlags::SYMLINK_NOFOLLOW).is_ok();
+                if image && !implied {
+                    let uid = Some(Uid::from_raw(st.st_uid));
+                    rustix::fs::fchown(&sub_dst, uid, Some(Gid::from_raw(st.st_gid)))
+                        .map_err(|e| with_path(e.into(), &here))?;
+                    rustix::fs::fchmod(&sub_dst, Mode::from_raw_mode(st.st_mode & 0o1777))
+                        .map_err(|e| with_path(e.into(), &here))?;
+                }
             }
-            FileType::RegularFile => place(src, &name, &st, dst, &name, &here)?,
+            FileType::RegularFile if image && name == IMPLICIT_MARKER => {}
+            FileType::RegularFile => place(src, &name, &st, dst, &name, &here, image)?,
             FileType::Symlink => {
                 let target = rustix::fs::readlinkat(src, &name, Vec::new())?;
                 match rustix::fs::readlinkat(dst, &name, Vec::new()) {
-                    Ok(t) if t == target => {}
+                    Ok(t) if t == target && !image => {}
                     _ => {
                         let tmp = temp_name(&name);
                         rustix::fs::symlinkat(target.as_c_str(), dst, &tmp).map_err(|e| with_path(e.into(), &here))?;
+                        if image {
+                            rustix::fs::chownat(
+                                dst,
+                                &tmp,
+                                Some(Uid::from_raw(st.st_uid)),
+                                Some(Gid::from_raw(st.st_gid)),
+                                AtFlags::SYMLINK_NOFOLLOW,
+                            )
+                            .map_err(|e| with_path(e.into(), &here))?;
+                        }
                         rename_into(dst, &tmp, &name, &here)?;
                     }
                 }
@@ -114,14 +208,29 @@ fn walk(src: &OwnedFd, dst: &OwnedFd, shown: &Path, depth: usize) -> io::Result<
 
 /// Put the file `name` of `src` (stat `st`) at `dst_name` in `dst`: already there (the same
 /// inode, or a copy made earlier), or linked (copied across filesystems) and renamed in.
-fn place(src: &OwnedFd, name: &OsStr, st: &Stat, dst: &OwnedFd, dst_name: &OsStr, shown: &Path) -> io::Result<()> {
+///
+/// A copy is recognised by its size, mode, owner and modification time, which is enough for a
+/// plain archive (one tree per destination); an image layer's file may replace a lower layer's
+/// of the same size and time (a reproducible build's), so over another filesystem an image
+/// layer (`image`) always copies again.
+fn place(
+    src: &OwnedFd,
+    name: &OsStr,
+    st: &Stat,
+    dst: &OwnedFd,
+    dst_name: &OsStr,
+    shown: &Path,
+    image: bool,
+) -> io::Result<()> {
     match rustix::fs::statat(dst, dst_name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(d) if d.st_dev == st.st_dev && d.st_ino == st.st_ino => return Ok(()),
         Ok(d)
-            if d.st_dev != st.st_dev
+            if !image
+                && d.st_dev != st.st_dev
                 && FileType::from_raw_mode(d.st_mode) == FileType::RegularFile
                 && d.st_size == st.st_size
-                && d.st_mode & 0o7777 == 0o444
+                && d.st_mode & 0o7777 == st.st_mode & 0o7777
+                && (d.st_uid, d.st_gid) == (st.st_uid, st.st_gid)
                 && d.st_mtime == st.st_mtime =>
         {
             return Ok(());
@@ -146,7 +255,7 @@ fn place(src: &OwnedFd, name: &OsStr, st: &Stat, dst: &OwnedFd, dst_name: &OsStr
     rename_into(dst, &tmp, dst_name, shown)
 }
 
-/// Copy across filesystems (the kernel may reflink): mode 0444 and the source's times, which
+/// Copy across filesystems (the kernel may reflink): the source's mode, owner and times, which
 /// is how a later assemble recognises it.
 fn copy(src: &OwnedFd, name: &OsStr, st: &Stat, dst: &OwnedFd, tmp: &OsStr) -> io::Result<()> {
     let from = rustix::fs::openat(src, name, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
@@ -154,7 +263,8 @@ fn copy(src: &OwnedFd, name: &OsStr, st: &Stat, dst: &OwnedFd, tmp: &OsStr) -> i
     let to = rustix::fs::openat(dst, tmp, flags, Mode::from_raw_mode(0o444))?;
     let (mut from, mut to) = (std::fs::File::from(from), std::fs::File::from(to));
     io::copy(&mut from, &mut to)?;
-    rustix::fs::fchmod(&to, Mode::from_raw_mode(0o444))?;
+    rustix::fs::fchown(&to, Some(Uid::from_raw(st.st_uid)), Some(Gid::from_raw(st.st_gid)))?;
+    rustix::fs::fchmod(&to, Mode::from_raw_mode(st.st_mode & 0o1777))?;
     let times = rustix::fs::Timestamps {
         last_access: rustix::fs::Timespec { tv_sec: st.st_atime, tv_nsec: st.st_atime_nsec as _ },
         last_modification: rustix::fs::Timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec as _ },

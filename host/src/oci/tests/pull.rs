@@ -35,6 +35,7 @@ impl Env {
             mirror: None,
             credentials: Credentials::Anonymous,
             insecure: true,
+            platform: None,
         }
     }
 
@@ -481,6 +482,7 @@ async fn tls_to_a_plain_http_registry_says_how_to_ask_for_plain_http() {
         mirror: None,
         credentials: Credentials::Anonymous,
         insecure: false,
+        platform: None,
     };
     let err = a.resolve(&src).await.unwrap_err();
     assert!(matches!(err, OciError::Tls { .. }), "{err:?}");
@@ -568,6 +570,7 @@ async fn the_configured_proxy_carries_the_traffic() {
         mirror: None,
         credentials: Credentials::Anonymous,
         insecure: true,
+        platform: None,
     };
     let until = Instant::now() + Duration::from_secs(30);
     let got = loop {

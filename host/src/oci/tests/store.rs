@@ -32,7 +32,7 @@ fn cache() -> (tempfile::TempDir, PathBuf, std::sync::Arc<Artifacts>) {
 /// hardlinked into the volume).
 fn link_into_volume(a: &std::sync::Arc<Artifacts>, root: &Path, digest: &str) {
     let asm = crate::exec::artifacts::Assembler::new(a.clone());
-    asm.assemble(digest, Archive::Tar, &root.join("vol/m"), &root.join("vol")).unwrap();
+    asm.assemble(digest, Archive::Tar, Default::default(), &root.join("vol/m"), &root.join("vol")).unwrap();
 }
 
 #[test]
@@ -72,6 +72,7 @@ fn entries_linked_into_a_volume_or_asked_for_are_kept() {
         mirror: None,
         credentials: Default::default(),
         insecure: false,
+        platform: None,
     };
     let blob = super::super::BlobRef { digest: asked.clone(), size: 9, media_type: String::new() };
     assert_eq!(a.ensure("vol-1", &src, &[blob]), super::super::Ensure::Ready);

@@ -64,6 +64,7 @@ fn source(host: &str) -> Source {
         mirror: None,
         credentials: Credentials::Anonymous,
         insecure: true,
+        platform: None,
     }
 }
 

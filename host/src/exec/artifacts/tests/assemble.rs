@@ -6,6 +6,7 @@ use super::super::{Assembler, Prepared};
 use super::*;
 use crate::oci::{Artifacts, RegistryConfig};
 use crate::plan::Archive;
+use crate::plan::tar_rules::Layering;
 
 /// An empty cache with `blob` stored in it (as a download leaves it: 0444), and a volume
 /// directory to assemble into.
@@ -25,7 +26,7 @@ fn a_layer_is_unpacked_once_and_linked_into_each_destination() {
     let (_t, a, digest, root) = cache_with(&gzip(&good_tar()));
     let below = root.join("vol");
     let dest = below.join("models/m1");
-    a.assemble(&digest, Archive::TarGzip, &dest, &below).unwrap();
+    a.assemble(&digest, Archive::TarGzip, Layering::Files, &dest, &below).unwrap();
     let tree = root.join("cache/trees/sha256").join(digest.trim_start_matches("sha256:"));
     assert_eq!(ino(&dest.join("a/b.txt")), ino(&tree.join("a/b.txt")), "hardlinked, not copied");
     assert_eq!(std::fs::read(dest.join("x/y/z.bin")).unwrap(), vec![7u8; 3000]);
@@ -35,10 +36,10 @@ fn a_layer_is_unpacked_once_and_linked_into_each_destination() {
     let tree_mtime = std::fs::metadata(&tree).unwrap().mtime_nsec();
 
     // Again into the same place: nothing changes. Into a second place: the same tree.
-    a.assemble(&digest, Archive::TarGzip, &dest, &below).unwrap();
+    a.assemble(&digest, Archive::TarGzip, Layering::Files, &dest, &below).unwrap();
     assert_eq!(ino(&dest.join("a/b.txt")), ino(&tree.join("a/b.txt")));
     let dest2 = below.join("other");
-    a.assemble(&digest, Archive::TarGzip, &dest2, &below).unwrap();
+    a.assemble(&digest, Archive::TarGzip, Layering::Files, &dest2, &below).unwrap();
     assert_eq!(ino(&dest2.join("a/b.txt")), ino(&tree.join("a/b.txt")));
     assert_eq!(std::fs::metadata(&tree).unwrap().mtime_nsec(), tree_mtime, "not unpacked twice");
     let leftovers: Vec<_> = std::fs::read_dir(&dest).unwrap().map(|e| e.unwrap().file_name()).collect();
@@ -50,8 +51,8 @@ fn a_raw_blob_is_linked_as_the_destination_file() {
     let (_t, a, digest, root) = cache_with(b"weights");
     let below = root.join("vol");
     let dest = below.join("m/model.bin");
-    a.assemble(&digest, Archive::Raw, &dest, &below).unwrap();
-    a.assemble(&digest, Archive::Raw, &dest, &below).unwrap();
+    a.assemble(&digest, Archive::Raw, Layering::Files, &dest, &below).unwrap();
+    a.assemble(&digest, Archive::Raw, Layering::Files, &dest, &below).unwrap();
     let blob = root.join("cache/blobs/sha256").join(digest.trim_start_matches("sha256:"));
     assert_eq!(ino(&dest), ino(&blob));
     assert_eq!(std::fs::read(&dest).unwrap(), b"weights");
@@ -68,20 +69,20 @@ fn a_planted_link_is_replaced_never_followed() {
     std::os::unix::fs::symlink(elsewhere.join("victim"), dest.join("a/b.txt")).unwrap();
 
     // The file link is replaced by the file itself, not written through.
-    a.assemble(&digest, Archive::Tar, &dest, &below).unwrap();
+    a.assemble(&digest, Archive::Tar, Layering::Files, &dest, &below).unwrap();
     assert!(std::fs::symlink_metadata(dest.join("a/b.txt")).unwrap().is_file());
     assert_eq!(std::fs::read(elsewhere.join("victim")).unwrap(), b"keep");
 
     // A link where the tree has a directory: refused, nothing written there.
     std::fs::remove_dir_all(dest.join("x")).unwrap();
     std::os::unix::fs::symlink(&elsewhere, dest.join("x")).unwrap();
-    let e = a.assemble(&digest, Archive::Tar, &dest, &below).unwrap_err();
+    let e = a.assemble(&digest, Archive::Tar, Layering::Files, &dest, &below).unwrap_err();
     assert!(e.to_string().contains("not a directory"), "{e}");
     assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 1);
 
     // A link on the way to the destination is refused.
     std::os::unix::fs::symlink(&elsewhere, below.join("via")).unwrap();
-    let e = a.assemble(&digest, Archive::Tar, &below.join("via/m"), &below).unwrap_err();
+    let e = a.assemble(&digest, Archive::Tar, Layering::Files, &below.join("via/m"), &below).unwrap_err();
     assert!(crate::exec::beneath::is_link_refused(&e), "{e}");
     assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 1);
 }
@@ -91,7 +92,7 @@ fn a_refused_archive_leaves_no_tree() {
     let bad = TarOf::new().file("ok", b"fine").file("../evil", b"x").bytes();
     let (_t, a, digest, root) = cache_with(&bad);
     let below = root.join("vol");
-    let e = a.assemble(&digest, Archive::Tar, &below.join("m"), &below).unwrap_err();
+    let e = a.assemble(&digest, Archive::Tar, Layering::Files, &below.join("m"), &below).unwrap_err();
     assert!(e.to_string().contains("../evil"), "{e}");
     assert_eq!(std::fs::read_dir(root.join("cache/trees/sha256")).unwrap().count(), 0, "no tree, no temp");
 }
@@ -100,7 +101,7 @@ fn a_refused_archive_leaves_no_tree() {
 fn a_missing_blob_says_so() {
     let (_t, a, _digest, root) = cache_with(b"x");
     let other = sha256(b"not there");
-    let e = a.assemble(&other, Archive::Tar, &root.join("vol/m"), &root.join("vol")).unwrap_err();
+    let e = a.assemble(&other, Archive::Tar, Layering::Files, &root.join("vol/m"), &root.join("vol")).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
     assert!(e.to_string().contains(&other), "{e}");
 }
@@ -117,11 +118,11 @@ fn another_filesystem_gets_a_copy() {
     let other = tempfile::tempdir_in(shm).unwrap();
     let below = other.path().canonicalize().unwrap();
     let dest = below.join("m");
-    a.assemble(&digest, Archive::Tar, &dest, &below).unwrap();
+    a.assemble(&digest, Archive::Tar, Layering::Files, &dest, &below).unwrap();
     assert_eq!(std::fs::read(dest.join("a/b.txt")).unwrap(), b"bee");
     assert_eq!(mode(&dest.join("a/b.txt")), 0o444);
     let first = ino(&dest.join("a/b.txt"));
-    a.assemble(&digest, Archive::Tar, &dest, &below).unwrap();
+    a.assemble(&digest, Archive::Tar, Layering::Files, &dest, &below).unwrap();
     assert_eq!(ino(&dest.join("a/b.txt")), first, "a copy already made is kept");
 }
 
@@ -129,7 +130,7 @@ fn another_filesystem_gets_a_copy() {
 fn prepared(a: &Arc<Assembler>, digest: &str, format: Archive) -> Prepared {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
-        match a.prepare(digest, format) {
+        match a.prepare(digest, format, Layering::Files) {
             Prepared::Working if std::time::Instant::now() < until => {
                 std::thread::sleep(std::time::Duration::from_millis(5))
             }
@@ -145,10 +146,10 @@ fn prepare_unpacks_in_the_background_once_and_assemble_only_links() {
     let (_t, a, digest, root) = cache_with(&zstd(&big));
     let tree = root.join("cache/trees/sha256").join(digest.trim_start_matches("sha256:"));
     let started = std::time::Instant::now();
-    assert_eq!(a.prepare(&digest, Archive::TarZstd), Prepared::Working);
+    assert_eq!(a.prepare(&digest, Archive::TarZstd, Layering::Files), Prepared::Working);
     assert!(started.elapsed() < std::time::Duration::from_millis(200), "prepare blocked");
     // Asked again while it runs: the same unpack.
-    assert_eq!(a.prepare(&digest, Archive::TarZstd), Prepared::Working);
+    assert_eq!(a.prepare(&digest, Archive::TarZstd, Layering::Files), Prepared::Working);
     assert_eq!(prepared(&a, &digest, Archive::TarZstd), Prepared::Ready);
     assert!(tree.join("w.bin").is_file());
     let trees: Vec<_> =
@@ -157,16 +158,16 @@ fn prepare_unpacks_in_the_background_once_and_assemble_only_links() {
     let unpacked = std::fs::metadata(&tree).unwrap().mtime_nsec();
 
     let below = root.join("vol");
-    a.assemble(&digest, Archive::TarZstd, &below.join("m"), &below).unwrap();
+    a.assemble(&digest, Archive::TarZstd, Layering::Files, &below.join("m"), &below).unwrap();
     assert_eq!(ino(&below.join("m/w.bin")), ino(&tree.join("w.bin")));
     assert_eq!(std::fs::metadata(&tree).unwrap().mtime_nsec(), unpacked, "assemble did not unpack again");
-    assert_eq!(a.prepare(&digest, Archive::TarZstd), Prepared::Ready);
+    assert_eq!(a.prepare(&digest, Archive::TarZstd, Layering::Files), Prepared::Ready);
 }
 
 #[test]
 fn prepare_says_ready_at_once_for_a_raw_blob() {
     let (_t, a, digest, _root) = cache_with(b"weights");
-    assert_eq!(a.prepare(&digest, Archive::Raw), Prepared::Ready);
+    assert_eq!(a.prepare(&digest, Archive::Raw, Layering::Files), Prepared::Ready);
 }
 
 #[test]
@@ -177,12 +178,12 @@ fn a_failed_unpack_is_reported_once_then_tried_again() {
     assert!(e.to_string().contains("../evil") && e.to_string().contains("refused"), "{e}");
     assert_eq!(std::fs::read_dir(root.join("cache/trees/sha256")).unwrap().count(), 0, "no tree, no temp");
     // Reported once: the next call starts over (and fails again).
-    assert!(matches!(a.prepare(&digest, Archive::Tar), Prepared::Working | Prepared::Failed(_)));
+    assert!(matches!(a.prepare(&digest, Archive::Tar, Layering::Files), Prepared::Working | Prepared::Failed(_)));
     assert!(matches!(prepared(&a, &digest, Archive::Tar), Prepared::Failed(_)));
     // A blob the cache does not hold.
-    let Prepared::Failed(e) = a.prepare(&sha256(b"absent"), Archive::Tar) else { panic!("must fail") };
+    let Prepared::Failed(e) = a.prepare(&sha256(b"absent"), Archive::Tar, Layering::Files) else { panic!("must fail") };
     assert!(e.to_string().contains("not in the model cache"), "{e}");
-    assert!(matches!(a.prepare("sha256:nope", Archive::Tar), Prepared::Failed(_)));
+    assert!(matches!(a.prepare("sha256:nope", Archive::Tar, Layering::Files), Prepared::Failed(_)));
 }
 
 #[test]
@@ -200,7 +201,7 @@ fn temporary_names_an_interrupted_assemble_left_are_removed() {
         std::fs::write(dest.join(keep), b"pod's").unwrap();
     }
     std::fs::create_dir(dest.join("a/.hard.mh-link.1.3")).unwrap();
-    a.assemble(&digest, Archive::Tar, &dest, &below).unwrap();
+    a.assemble(&digest, Archive::Tar, Layering::Files, &dest, &below).unwrap();
     for left in ["a/.b.txt.mh-link.1.17", "a/.link.mh-link.1.18", ".x.mh-link.7.7"] {
         assert!(dest.join(left).symlink_metadata().is_err(), "{left} is still there");
     }
@@ -215,7 +216,7 @@ fn temporary_names_an_interrupted_assemble_left_are_removed() {
     let below = root.join("vol");
     std::fs::create_dir_all(below.join("m")).unwrap();
     std::fs::write(below.join("m/.model.bin.mh-link.9.9"), b"stale").unwrap();
-    a.assemble(&digest, Archive::Raw, &below.join("m/model.bin"), &below).unwrap();
+    a.assemble(&digest, Archive::Raw, Layering::Files, &below.join("m/model.bin"), &below).unwrap();
     let names: Vec<_> = std::fs::read_dir(below.join("m")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, ["model.bin"]);
 }
@@ -229,8 +230,8 @@ fn two_daemons_unpacking_the_same_layer_at_once_both_succeed() {
     std::fs::create_dir(root.join("vol2")).unwrap();
     let (va, vb) = (root.join("vol"), root.join("vol2"));
     std::thread::scope(|s| {
-        let one = s.spawn(|| a.assemble(&digest, Archive::Tar, &va.join("m"), &va));
-        let two = s.spawn(|| b.assemble(&digest, Archive::Tar, &vb.join("m"), &vb));
+        let one = s.spawn(|| a.assemble(&digest, Archive::Tar, Layering::Files, &va.join("m"), &va));
+        let two = s.spawn(|| b.assemble(&digest, Archive::Tar, Layering::Files, &vb.join("m"), &vb));
         one.join().unwrap().unwrap();
         two.join().unwrap().unwrap();
     });
