@@ -372,18 +372,7 @@ mod tests {
 
         /// An entry of `kind` owned by `uid` (its group `uid + 1`), mode `mode`.
         fn raw(mut self, name: &str, kind: T, link: Option<&str>, mode: u32, uid: u64, data: &[u8]) -> Layer {
-            let mut h = tar::Header::new_gnu();
-            h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
-            if let Some(l) = link {
-                h.as_old_mut().linkname[..l.len()].copy_from_slice(l.as_bytes());
-            }
-            h.set_entry_type(kind);
-            h.set_mode(mode);
-            h.set_uid(uid);
-            h.set_gid(uid + 1);
-            h.set_size(data.len() as u64);
-            h.set_mtime(1_700_000_000);
-            h.set_cksum();
+            let h = crate::oci::tests::header(name, kind, link, mode, (uid, uid + 1), data.len());
             self.0.append(&h, data).unwrap();
             self
         }

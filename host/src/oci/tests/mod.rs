@@ -21,17 +21,7 @@ impl TarOf {
     }
 
     pub fn raw(mut self, name: &str, kind: tar::EntryType, link: Option<&str>, mode: u32, data: &[u8]) -> TarOf {
-        let mut h = tar::Header::new_gnu();
-        h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
-        if let Some(l) = link {
-            h.as_old_mut().linkname[..l.len()].copy_from_slice(l.as_bytes());
-        }
-        h.set_entry_type(kind);
-        h.set_mode(mode);
-        h.set_size(data.len() as u64);
-        h.set_mtime(1_700_000_000);
-        h.set_cksum();
-        self.0.append(&h, data).unwrap();
+        self.0.append(&header(name, kind, link, mode, (0, 0), data.len()), data).unwrap();
         self
     }
 
@@ -54,6 +44,31 @@ impl TarOf {
     pub fn bytes(self) -> Vec<u8> {
         self.0.into_inner().unwrap()
     }
+}
+
+/// A tar header written byte by byte (raw names and link names, however malicious), owned by
+/// `owner` (uid, gid), for `size` bytes of data.
+pub(crate) fn header(
+    name: &str,
+    kind: tar::EntryType,
+    link: Option<&str>,
+    mode: u32,
+    owner: (u64, u64),
+    size: usize,
+) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+    if let Some(l) = link {
+        h.as_old_mut().linkname[..l.len()].copy_from_slice(l.as_bytes());
+    }
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_uid(owner.0);
+    h.set_gid(owner.1);
+    h.set_size(size as u64);
+    h.set_mtime(1_700_000_000);
+    h.set_cksum();
+    h
 }
 
 /// A tree most tests unpack: nested files, an implicit parent, links inside.

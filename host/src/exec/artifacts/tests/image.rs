@@ -22,19 +22,7 @@ fn entry(
     owner: u64,
     data: &[u8],
 ) {
-    let mut h = tar::Header::new_gnu();
-    h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
-    if let Some(l) = link {
-        h.as_old_mut().linkname[..l.len()].copy_from_slice(l.as_bytes());
-    }
-    h.set_entry_type(kind);
-    h.set_mode(mode);
-    h.set_uid(owner);
-    h.set_gid(owner);
-    h.set_size(data.len() as u64);
-    h.set_mtime(1_700_000_000);
-    h.set_cksum();
-    b.append(&h, data).unwrap();
+    b.append(&header(name, kind, link, mode, (owner, owner), data.len()), data).unwrap();
 }
 
 use tar::EntryType::{Block, Char, Directory as Dir, Fifo, Link, Regular as File, Symlink};
