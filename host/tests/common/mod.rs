@@ -13,6 +13,7 @@ use mounthost::proto::csi;
 
 pub mod dynamic;
 pub mod hostile;
+pub mod image;
 pub mod model;
 pub mod registry;
 pub mod signing;
