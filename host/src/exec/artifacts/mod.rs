@@ -28,6 +28,16 @@ use crate::plan::tar_rules::Layering;
 #[doc(hidden)]
 pub mod fuzzing {
     pub use super::unpack::{LeftOut, unpack, unpack_layer};
+
+    /// Apply the image layer tree `tree` (made by [`unpack_layer`]) over the directory `dest`
+    /// below `below`, as a stage applies it into a volume.
+    pub fn apply_image_layer(
+        tree: &std::path::Path,
+        dest: &std::path::Path,
+        below: &std::path::Path,
+    ) -> std::io::Result<()> {
+        super::link::link_tree(tree, dest, below, crate::plan::tar_rules::Layering::Image)
+    }
 }
 
 /// What [`Assembler::prepare`] found.
