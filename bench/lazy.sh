@@ -27,7 +27,22 @@
 #   signed  a lazy volume under a signature policy (docs/signing.md: `signedBy`) of the same
 #           files signed by `model_signing` (a `model.sig` layer, pushed as tag `signed`) with a
 #           chunk index signed by `mounthost model index --sign-key`: the time from the stage
-#           call to the first byte of the weights, against `first` (goal: at most 1 s).
+#           call to the first byte of the weights, against `first` (goal: at most 1 s);
+#   img-first, img-header, img-seq
+#           the same three measurements as first, header and seq, of a lazy volume of an
+#           ordinary OCI container image of the same files (tag `image`: an image config with
+#           `rootfs.diff_ids`, uncompressed `application/vnd.oci.image.layer.v1.tar` layers, the
+#           weights file under models/ in one layer, config.json and tokenizer.json under models/
+#           in another above it), staged with `path: /models` so the files are at the volume's
+#           root as in the ModelPack volume; img-seq against the same run's eager pull of the
+#           ModelPack model (goals: at most 1 s, at most 1.5 s, at least 0.8x);
+#   gz-first, gz-header, gz-seq
+#           the same of the image whose weights layer is `...layer.v1.tar+gzip` (tag
+#           `image-gzip`, gzip -1): no goal, a compressed layer is served only once it is
+#           fetched and unpacked.
+#
+# IMAGE=0 leaves the two images out (neither built nor pushed nor measured); with them, the
+# registry's storage holds two more copies of the weights (and the build a third for a while).
 #
 # Reads are 4 MiB into one buffer; the bytes read during the fill are checked with the CRC-32
 # of every 8th block (against the file pushed), so the reader's time is its reads'.
@@ -37,6 +52,7 @@
 #
 #   bench/lazy.sh
 #   SIZE_MIB=1024 RUNS=1 bench/lazy.sh
+#   IMAGE=0 bench/lazy.sh                         # the ModelPack model only
 #   MOUNTHOST_LAZY_CHUNK_MIB=16 bench/lazy.sh     # another chunk size (--lazy-chunk-mib)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,13 +60,14 @@ cd "$(dirname "$0")/.."
 SIZE_MIB=${SIZE_MIB:-4096}
 HEADER_KIB=${HEADER_KIB:-64}
 RUNS=${RUNS:-3}
+IMAGE=${IMAGE:-1}
 BENCH_TMP=${BENCH_TMP:-/var/tmp}
 REPO=bench/lazy
 TAG=v1
 
 model_signing=.local/venv/bin/model_signing
 [ -x "$model_signing" ] || { echo "bench/lazy.sh needs $model_signing (scripts/test.sh installs it)" >&2; exit 1; }
-for tool in docker-registry curl openssl python3 tar; do
+for tool in docker-registry curl openssl python3 tar gzip; do
     command -v "$tool" >/dev/null || { echo "bench/lazy.sh needs $tool (scripts/test.sh installs it)" >&2; exit 1; }
 done
 [ -w /proc/sys/vm/drop_caches ] || { echo "bench/lazy.sh needs root (it drops the page cache and mounts)" >&2; exit 1; }
@@ -161,6 +178,11 @@ push_blob() {
         --upload-file "$path" -o /dev/null "$location"
     echo "$digest"
 }
+# push_manifest FILE TAG: an OCI image manifest.
+push_manifest() {
+    curl -fsS --noproxy '*' -X PUT -H 'Content-Type: application/vnd.oci.image.manifest.v1+json' \
+        --data-binary "@$1" -o /dev/null "http://$host/v2/$REPO/manifests/$2"
+}
 layers=
 diff_ids=
 for f in config.json tokenizer.json; do
@@ -176,8 +198,7 @@ printf '{"descriptor":{"name":"bench-lazy"},"config":{"format":"test"},"modelfs"
 config_digest=$(push_blob "$work/config.cfg")
 printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","artifactType":"application/vnd.cncf.model.manifest.v1+json","config":{"mediaType":"application/vnd.cncf.model.config.v1+json","digest":"%s","size":%d},"layers":[%s]}' \
     "$config_digest" "$(stat -c %s "$work/config.cfg")" "$layers" >"$work/manifest.json"
-curl -fsS --noproxy '*' -X PUT -H 'Content-Type: application/vnd.oci.image.manifest.v1+json' \
-    --data-binary "@$work/manifest.json" -o /dev/null "http://$host/v2/$REPO/manifests/$TAG"
+push_manifest "$work/manifest.json" "$TAG"
 ref=$host/$REPO:$TAG
 weights_sha=$(read_all "$work/src/model.safetensors")
 echo "pushed $ref: weights $weights_digest ($size bytes)"
@@ -193,12 +214,56 @@ printf '{"descriptor":{"name":"bench-lazy-signed"},"config":{"format":"test"},"m
 config_digest=$(push_blob "$work/config-signed.cfg")
 printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","artifactType":"application/vnd.cncf.model.manifest.v1+json","config":{"mediaType":"application/vnd.cncf.model.config.v1+json","digest":"%s","size":%d},"layers":[%s]}' \
     "$config_digest" "$(stat -c %s "$work/config-signed.cfg")" "$layers" >"$work/manifest-signed.json"
-curl -fsS --noproxy '*' -X PUT -H 'Content-Type: application/vnd.oci.image.manifest.v1+json' \
-    --data-binary "@$work/manifest-signed.json" -o /dev/null "http://$host/v2/$REPO/manifests/signed"
+push_manifest "$work/manifest-signed.json" signed
 signed_ref=$host/$REPO:signed
 "$mounthost" --insecure-registry "$host" --log warn model index "$signed_ref" --sign-key "$work/sign.key" >/dev/null
-rm -f "$work"/src/model.safetensors "$work"/*.tar
+rm -f "$work"/*.tar
 echo "pushed $signed_ref: the same files, signed, with a signed chunk index"
+
+# --- the images -----------------------------------------------------------------------------
+# The same files as an ordinary OCI container image, two layers of plain tars holding them
+# under models/ (each with the directory's own entry; root's, mtime 0): the weights file at
+# the bottom, config.json and tokenizer.json above it. Tag `image` has both uncompressed, tag
+# `image-gzip` the same with its weights layer gzipped (-1; the diff_ids are the same).
+image_ref=
+gzip_ref=
+if [ "$IMAGE" != 0 ]; then
+    echo "--- building the same files as container images, pushing them to $host/$REPO:image and :image-gzip"
+    mkdir -p "$work/img/models"
+    chmod 0755 "$work/img/models"
+    for f in model.safetensors config.json tokenizer.json; do
+        chmod 0644 "$work/src/$f"
+        ln "$work/src/$f" "$work/img/models/$f"
+    done
+    img_tar() { tar -C "$work/img" --owner=0 --group=0 --numeric-owner --mtime=@0 --no-recursion -cf "$@"; }
+    img_tar "$work/weights.tar" models models/model.safetensors
+    img_tar "$work/files.tar" models models/config.json models/tokenizer.json
+    rm -rf "$work/img" "$work/src/model.safetensors"
+    weights_tar_digest=$(push_blob "$work/weights.tar")
+    files_tar_digest=$(push_blob "$work/files.tar")
+    printf '{"architecture":"amd64","os":"linux","config":{},"rootfs":{"type":"layers","diff_ids":["%s","%s"]}}' \
+        "$weights_tar_digest" "$files_tar_digest" >"$work/config-image.cfg"
+    config_digest=$(push_blob "$work/config-image.cfg")
+    # push_image TAG MEDIA_TYPE FILE: the image whose weights layer is FILE, of MEDIA_TYPE.
+    push_image() {
+        local digest
+        digest=$(push_blob "$3")
+        printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"%s","size":%d},"layers":[{"mediaType":"%s","digest":"%s","size":%d},{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"%s","size":%d}]}' \
+            "$config_digest" "$(stat -c %s "$work/config-image.cfg")" "$2" "$digest" "$(stat -c %s "$3")" \
+            "$files_tar_digest" "$(stat -c %s "$work/files.tar")" >"$work/manifest-$1.json"
+        push_manifest "$work/manifest-$1.json" "$1"
+    }
+    push_image image application/vnd.oci.image.layer.v1.tar "$work/weights.tar"
+    image_ref=$host/$REPO:image
+    echo "pushed $image_ref: weights layer $weights_tar_digest ($(stat -c %s "$work/weights.tar") bytes)"
+    gzip -1 -n -c "$work/weights.tar" >"$work/weights.tar.gz"
+    rm -f "$work/weights.tar"
+    push_image image-gzip application/vnd.oci.image.layer.v1.tar+gzip "$work/weights.tar.gz"
+    gzip_ref=$host/$REPO:image-gzip
+    echo "pushed $gzip_ref: weights layer gzipped ($(stat -c %s "$work/weights.tar.gz") bytes)"
+    rm -f "$work/weights.tar.gz" "$work/files.tar"
+fi
+rm -f "$work/src/model.safetensors"
 
 # --- the node -------------------------------------------------------------------------------
 mh() { "$mounthost" --state-dir "$work/mh" --insecure-registry "$host" --trust-dir "$work/trust" --log warn "$@"; }
@@ -211,15 +276,17 @@ for _ in $(seq 300); do
     sleep 0.1
 done
 kubelet=$work/mh/kubelet
-# stage ID LAZY [SIGNED_BY]: stage volume ID at a new staging path (printed); answers once
-# NodeStageVolume is OK. With SIGNED_BY, the signed copy under that policy.
+# stage ID LAZY REFERENCE [KEY=VALUE...]: stage volume ID of REFERENCE, with these further
+# parameters (signedBy=, path=), at a new staging path (printed); answers once
+# NodeStageVolume is OK.
 stage() {
-    local id=$1 lazy=$2 staging policy=() reference=$ref
-    if [ -n "${3:-}" ]; then policy=(--param "signedBy=$3"); reference=$signed_ref; fi
+    local id=$1 lazy=$2 reference=$3 staging params=() kv
+    shift 3
+    for kv in "$@"; do params+=(--param "$kv"); done
     staging=$kubelet/plugins/bench/$id/globalmount
     mkdir -p "$(dirname "$staging")"
     until mh client stage --volume-id "$id" --staging "$staging" --param plugin=model \
-        --param "reference=$reference" --param insecure=true --param "lazy=$lazy" "${policy[@]}" >"$work/stage.log" 2>&1; do
+        --param "reference=$reference" --param insecure=true --param "lazy=$lazy" "${params[@]}" >"$work/stage.log" 2>&1; do
         grep -q Unavailable "$work/stage.log" || { cat "$work/stage.log" >&2; exit 1; }
         sleep 0.05
     done
@@ -242,7 +309,8 @@ path, size = sys.argv[1], int(sys.argv[2])
 with open(path, "rb", buffering=0) as f:
     n = struct.unpack("<Q", f.read(8))[0]
     f.read(n)
-    at = random.randrange(1, size // (64 << 20)) * (64 << 20)
+    # Past the first 64 MiB (the header's); at a small SIZE_MIB, the end of the file.
+    at = random.randrange(1, max(2, size // (64 << 20))) * (64 << 20)
     f.seek(at)
     left = 64 << 20
     while left:
@@ -262,21 +330,60 @@ v = v[0].get("lazy")
 print("yes" if v and v["layers"] and v["layersComplete"] == v["layers"] else "no")' "$1"
 }
 
+# image_run NAME REFERENCE: img-first and img-header (one lazy volume), then img-seq (another)
+# of the image REFERENCE mounted at path /models, each from an emptied cache; prints
+# "staged first header seq".
+image_run() {
+    local id=bench-$1-$run s t0 staged first header seq got
+    reset
+    t0=$EPOCHREALTIME
+    s=$(stage "$id" true "$2" path=/models)
+    staged=$(since "$t0")
+    head -c 1 "$s/model.safetensors" >/dev/null
+    first=$(since "$t0")
+    read_header "$s/model.safetensors"
+    header=$(since "$t0")
+    lazy_status "$id" >/dev/null
+    unstage "$id" "$s"
+
+    reset
+    id=bench-$1-seq-$run
+    t0=$EPOCHREALTIME
+    s=$(stage "$id" true "$2" path=/models)
+    got=$(read_all "$s/model.safetensors")
+    seq=$(since "$t0")
+    [ "$got" = "$weights_sha" ] || { echo "the lazy volume of $2 read other bytes ($got)" >&2; exit 1; }
+    lazy_status "$id" >/dev/null
+    unstage "$id" "$s"
+    echo "$staged $first $header $seq"
+}
+# lazy_status ID: the volume's lazy status (ListVolumes); fails if it was staged otherwise.
+lazy_status() {
+    mh client list | python3 -c '
+import json, sys
+v = [v for v in json.load(sys.stdin) if v["volumeId"] == sys.argv[1]]
+if not v or not v[0].get("lazy"):
+    sys.exit("volume " + sys.argv[1] + " is not a lazy volume")
+print(json.dumps(v[0]["lazy"]))' "$1"
+}
+
 results=$work/results
+images=$work/results-image
 : >"$results"
+: >"$images"
 for run in $(seq "$RUNS"); do
     echo "--- run $run"
     reset
     id=bench-eager-$run
     t0=$EPOCHREALTIME
-    s=$(stage "$id" false)
+    s=$(stage "$id" false "$ref")
     eager=$(since "$t0")
     unstage "$id" "$s"
 
     reset
     id=bench-lazy-first-$run
     t0=$EPOCHREALTIME
-    s=$(stage "$id" true)
+    s=$(stage "$id" true "$ref")
     staged=$(since "$t0")
     head -c 1 "$s/model.safetensors" >/dev/null
     first=$(since "$t0")
@@ -287,7 +394,7 @@ for run in $(seq "$RUNS"); do
     reset
     id=bench-lazy-signed-$run
     t0=$EPOCHREALTIME
-    s=$(stage "$id" true bench)
+    s=$(stage "$id" true "$signed_ref" signedBy=bench)
     signed_staged=$(since "$t0")
     head -c 1 "$s/model.safetensors" >/dev/null
     signed_first=$(since "$t0")
@@ -298,7 +405,7 @@ for run in $(seq "$RUNS"); do
     reset
     id=bench-lazy-seq-$run
     t0=$EPOCHREALTIME
-    s=$(stage "$id" true)
+    s=$(stage "$id" true "$ref")
     got=$(read_all "$s/model.safetensors")
     seq_s=$(since "$t0")
     [ "$got" = "$weights_sha" ] || { echo "the lazy volume read other bytes ($got)" >&2; exit 1; }
@@ -345,6 +452,17 @@ print(v["demandRequests"], v["demandBytes"], v["fillBytes"])' "$id")
         printf "after the fill (%d files in passthrough): cold %.2f s vs plain %.2f s = %.2fx; warm %.2f s vs plain %.2f s = %.2fx\n", p, $6, $7, $7 / $6, $8, $9, $9 / $8
         printf "lazy under a signature policy (signed model, signed index): staged %.3f s, first byte %.3f s = %.2fx the unsigned lazy volume'"'"'s\n", $10, $11, $11 / $3
     }' <<<"$(tail -n 1 "$results")"
+
+    [ "$IMAGE" != 0 ] || continue
+    img=$(image_run img "$image_ref")
+    gz=$(image_run gz "$gzip_ref")
+    echo "$eager $img $gz" >>"$images"
+    awk -v b="$size" '{
+        printf "image (tar layers, path /models): staged %.3f s, first byte %.3f s, header + 64 MiB range %.3f s\n", $2, $3, $4
+        printf "image: whole file read in order from the stage call %.2f s (%.0f MB/s) = %.2fx the eager pull\n", $5, b / $5 / 1e6, $1 / $5
+        printf "image, weights layer gzipped: staged %.3f s, first byte %.3f s, header + 64 MiB range %.3f s\n", $6, $7, $8
+        printf "image, weights layer gzipped: whole file read in order from the stage call %.2f s (%.0f MB/s) = %.2fx the eager pull\n", $9, b / $9 / 1e6, $1 / $9
+    }' <<<"$(tail -n 1 "$images")"
 done
 
 echo "--- over $RUNS runs (min-max)"
@@ -362,3 +480,16 @@ END {
     printf "passthrough / plain bind, cold: %.2f-%.2fx; warm: %.2f-%.2fx (goal >= 0.9x)\n", lo[5], hi[5], lo[6], hi[6]
     printf "signed lazy first byte: %.3f-%.3f s (goal <= 1 s), %.2f-%.2fx the unsigned lazy volume'"'"'s\n", lo[9], hi[9], lo[10], hi[10]
 }' "$results"
+[ "$IMAGE" != 0 ] || exit 0
+awk -v b="$size" '
+function upd(i, v) { if (NR == 1 || v < lo[i]) lo[i] = v; if (NR == 1 || v > hi[i]) hi[i] = v }
+{
+    upd(1, $3); upd(2, $4); upd(3, $1 / $5); upd(4, b / $5 / 1e6)
+    upd(5, $7); upd(6, $8); upd(7, $1 / $9); upd(8, b / $9 / 1e6)
+}
+END {
+    printf "image lazy first byte: %.3f-%.3f s (goal <= 1 s)\n", lo[1], hi[1]
+    printf "image lazy header + 64 MiB range: %.3f-%.3f s (goal <= 1.5 s)\n", lo[2], hi[2]
+    printf "image lazy sequential read during the fill / eager pull: %.2f-%.2fx (%.0f-%.0f MB/s; goal >= 0.8x)\n", lo[3], hi[3], lo[4], hi[4]
+    printf "gzipped image lazy first byte: %.3f-%.3f s; header + 64 MiB range: %.3f-%.3f s; sequential read / eager pull: %.2f-%.2fx (%.0f-%.0f MB/s) (no goal: a compressed layer is served once fetched and unpacked)\n", lo[5], hi[5], lo[6], hi[6], lo[7], hi[7], lo[8], hi[8]
+}' "$images"
