@@ -120,8 +120,7 @@ pub fn whiteout(name: &[u8]) -> Whiteout<'_> {
 /// the last) that starts with `.wh.`. Such entries are left out by both readers (eager and
 /// lazy): a marker is a file, never a directory of the image.
 pub fn below_marker(path: &std::path::Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let mut parts: Vec<&[u8]> = path.iter().map(|c| c.as_bytes()).collect();
+    let mut parts: Vec<&[u8]> = path.iter().map(|c| c.as_encoded_bytes()).collect();
     parts.pop();
     parts.iter().any(|c| c.starts_with(WHITEOUT_PREFIX.as_bytes()))
 }
