@@ -44,7 +44,7 @@ impl Plugin for Model {
              datasets). Ordinary container images (OCI or Docker) mount as the tree a \
              runtime builds from their layers, or one directory of it (path). Registry credentials come from CSI secrets, by key. Pods of a \
              dynamic volume may mount further models read-only at mounts/<id>/, naming \
-             reference, include, exclude, weights and types (the volume's mirror and \
+             reference, include, exclude, weights, types and path (the volume's mirror and \
              insecure apply, and its CSI secrets go to the registries its \
              StorageClass names, never to others).",
         )

@@ -286,6 +286,8 @@ pub fn unpack_layer(
                     let source = clean(target.strip_prefix("/").unwrap_or(&target))
                         .ok()
                         .filter(|t| !t.as_os_str().is_empty())
+                        // A link to its own path names no file left once it is placed.
+                        .filter(|t| !image || *t != rel)
                         // A marker is no file of the image (the lazy reader keeps none).
                         .filter(|t| {
                             !image

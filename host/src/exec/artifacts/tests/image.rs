@@ -200,13 +200,16 @@ fn an_entry_below_a_link_of_its_layer_and_a_large_skipped_entry_are_left_out() {
     entry(&mut b, "models/lnk/passwd-x", File, None, 0o644, 0, b"no");
     entry(&mut b, "../escape.bin", File, None, 0o644, 0, &vec![7u8; 2 << 20]);
     entry(&mut b, "models/.wh..wh.big", File, None, 0o644, 0, &vec![7u8; 2 << 20]);
+    entry(&mut b, "models/self", File, None, 0o644, 0, b"self");
+    entry(&mut b, "models/self", Link, Some("models/self"), 0o644, 0, b"");
     entry(&mut b, "models/after", File, None, 0o644, 0, b"after");
     let (t, root) = tempdir();
     let blob = root.join("blob");
     std::fs::write(&blob, b.into_inner().unwrap()).unwrap();
     let left = unpack_layer(&blob, "sha256:x", Archive::Tar, Layering::Image, &root.join("tree")).unwrap();
     // The reserved name is dropped without being counted; the other two are counted.
-    assert_eq!(left.others, 2, "{left:?}");
+    assert_eq!((left.others, left.hard_links), (2, 1), "{left:?}");
+    assert_eq!(std::fs::read(root.join("tree/models/self")).unwrap(), b"self", "a link to itself leaves the file");
     assert!(!root.join("escape.bin").exists() && !root.join("tree/models/lnk/passwd-x").exists());
     assert_eq!(std::fs::read(root.join("tree/models/after")).unwrap(), b"after");
     drop(t);
