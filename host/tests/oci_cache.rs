@@ -43,6 +43,7 @@ fn source(reg: &Registry, model: &PushedModel, credentials: Credentials, insecur
         mirror: None,
         credentials,
         insecure,
+        platform: None,
     }
 }
 
@@ -136,8 +137,8 @@ fn a_model_is_resolved_pulled_verified_and_assembled_and_a_second_ensure_fetches
             _ => Archive::Raw,
         };
         let to = if format == Archive::Raw { dest.join(&layer.filepath) } else { dest.clone() };
-        asm.assemble(&layer.descriptor.digest, format, &to, &below).unwrap();
-        asm.assemble(&layer.descriptor.digest, format, &to, &below).unwrap();
+        asm.assemble(&layer.descriptor.digest, format, Default::default(), &to, &below).unwrap();
+        asm.assemble(&layer.descriptor.digest, format, Default::default(), &to, &below).unwrap();
     }
     for (path, sha, size) in &model.files {
         let file = dest.join(path);
@@ -413,6 +414,7 @@ fn a_download_stopped_by_a_passing_failure_is_not_started_again_at_once() {
         mirror: None,
         credentials: Credentials::Anonymous,
         insecure: true,
+        platform: None,
     };
     let blob = BlobRef { digest: format!("sha256:{}", "a".repeat(64)), size: 10, media_type: "x/y".into() };
     let rt = runtime();
